@@ -1,0 +1,735 @@
+//! The contract: its typed form, and the parser that refuses any contract
+//! that cannot run. Invariant: a `Contract` value always satisfies every rule
+//! of SPEC.md section 2 (the engine relies on it and does not re-check).
+
+use std::fmt;
+use std::ops::Range;
+
+use toml_edit::{Document, Item, Table, Value};
+
+use crate::duration::{format_duration_ms, parse_duration_ms};
+use crate::rule::{parse_rule, Expr, FieldPath};
+
+#[derive(Debug, Clone)]
+pub struct Contract {
+    pub pipeline: Pipeline,
+    pub source: Source,
+    pub window: WindowSpec,
+    pub dedup: Option<Dedup>,
+    pub aggregates: Vec<Aggregate>,
+    /// FNV-1a hash of the contract's text: names this exact contract in
+    /// snapshots and provenance.
+    pub text_hash: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    pub name: String,
+    pub version: u32,
+    pub owner: String,
+    pub steward: String,
+    pub decision: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub topic: String,
+    pub event_time: FieldPath,
+    pub key: Vec<FieldPath>,
+    pub event_id: Option<FieldPath>,
+    pub rule: Option<(String, Expr)>,
+    pub max_delay_ms: i64,
+    pub max_event_bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowKind {
+    Tumbling { size_ms: i64 },
+    Hopping { size_ms: i64, slide_ms: i64 },
+    Session { gap_ms: i64 },
+    Global,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatePolicy {
+    Discard,
+    Hold,
+    Revise,
+}
+
+impl LatePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LatePolicy::Discard => "discard",
+            LatePolicy::Hold => "hold",
+            LatePolicy::Revise => "revise",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowSpec {
+    pub kind: WindowKind,
+    pub allowed_lateness_ms: i64,
+    pub late: LatePolicy,
+    pub early: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dedup {
+    pub horizon_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AggFn {
+    Count,
+    Sum,
+    Min,
+    Max,
+    Avg,
+    CountDistinct,
+    First,
+    Last,
+}
+
+impl AggFn {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AggFn::Count => "count",
+            AggFn::Sum => "sum",
+            AggFn::Min => "min",
+            AggFn::Max => "max",
+            AggFn::Avg => "avg",
+            AggFn::CountDistinct => "count_distinct",
+            AggFn::First => "first",
+            AggFn::Last => "last",
+        }
+    }
+
+    fn parse(text: &str) -> Option<AggFn> {
+        Some(match text {
+            "count" => AggFn::Count,
+            "sum" => AggFn::Sum,
+            "min" => AggFn::Min,
+            "max" => AggFn::Max,
+            "avg" => AggFn::Avg,
+            "count_distinct" => AggFn::CountDistinct,
+            "first" => AggFn::First,
+            "last" => AggFn::Last,
+            _ => return None,
+        })
+    }
+
+    /// Whether the function reads its field as a decimal number.
+    pub fn is_numeric(self) -> bool {
+        matches!(self, AggFn::Sum | AggFn::Min | AggFn::Max | AggFn::Avg)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Aggregate {
+    pub name: String,
+    pub func: AggFn,
+    /// `None` only for `count`, which then counts events.
+    pub field: Option<FieldPath>,
+    pub rule: Option<(String, Expr)>,
+}
+
+impl WindowSpec {
+    /// The window's length for the dedup horizon check: size, gap, or none.
+    fn length_ms(&self) -> Option<i64> {
+        match self.kind {
+            WindowKind::Tumbling { size_ms } | WindowKind::Hopping { size_ms, .. } => Some(size_ms),
+            WindowKind::Session { gap_ms } => Some(gap_ms),
+            WindowKind::Global => None,
+        }
+    }
+}
+
+/// One reason a contract cannot run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContractError {
+    pub file: String,
+    pub line: Option<usize>,
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for ContractError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{}: `{}`: {}", self.file, line, self.key, self.message),
+            None => write!(f, "{}: `{}`: {}", self.file, self.key, self.message),
+        }
+    }
+}
+
+/// Every reason a contract cannot run, in file order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ContractErrors(pub Vec<ContractError>);
+
+impl fmt::Display for ContractErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, error) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+const PIPELINE_KEYS: &[&str] = &["name", "version", "owner", "steward", "decision"];
+const SOURCE_KEYS: &[&str] = &["topic", "event_time", "key", "event_id", "where", "max_delay", "max_event_bytes"];
+const WINDOW_KEYS: &[&str] = &["type", "size", "slide", "gap", "allowed_lateness", "late", "early"];
+const DEDUP_KEYS: &[&str] = &["horizon"];
+const AGGREGATE_KEYS: &[&str] = &["name", "fn", "field", "where"];
+const SECTIONS: &[&str] = &["pipeline", "source", "window", "dedup", "aggregate"];
+
+/// Default `max_event_bytes`: 1 MiB.
+pub const MAX_EVENT_BYTES_DEFAULT: usize = 1 << 20;
+
+impl Contract {
+    /// Parses and validates a contract; `file` names it in every error.
+    pub fn parse(file: &str, text: &str) -> Result<Contract, ContractErrors> {
+        let doc = match Document::parse(text) {
+            Ok(doc) => doc,
+            Err(err) => {
+                let line = err.span().map(|span| line_of(text, span.start));
+                let message = err.message().trim().to_owned();
+                return Err(ContractErrors(vec![ContractError {
+                    file: file.into(),
+                    line,
+                    key: "(toml)".into(),
+                    message: format!("not valid TOML: {message}; fix the syntax at this line"),
+                }]));
+            }
+        };
+        let mut reader = Reader { file, text, errors: Vec::new() };
+        let contract = reader.contract(doc.as_table());
+        match contract {
+            Some(contract) if reader.errors.is_empty() => Ok(contract),
+            _ => {
+                let mut errors = reader.errors;
+                errors.sort_by_key(|e| e.line.unwrap_or(usize::MAX));
+                Err(ContractErrors(errors))
+            }
+        }
+    }
+
+    /// A short human summary: key, windows, lateness policy, duplicates, owner, decision.
+    pub fn summary(&self) -> String {
+        let p = &self.pipeline;
+        let s = &self.source;
+        let w = &self.window;
+        let key = if s.key.is_empty() {
+            "none (one group per window)".to_owned()
+        } else {
+            s.key.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        };
+        let windows = match w.kind {
+            WindowKind::Tumbling { size_ms } => format!("tumbling, {}", format_duration_ms(size_ms)),
+            WindowKind::Hopping { size_ms, slide_ms } => format!(
+                "hopping, {} every {}",
+                format_duration_ms(size_ms),
+                format_duration_ms(slide_ms)
+            ),
+            WindowKind::Session { gap_ms } => format!("session, gap {}", format_duration_ms(gap_ms)),
+            WindowKind::Global => "global (one per key, no end)".to_owned(),
+        };
+        let lateness = match w.late {
+            LatePolicy::Discard => "discard: settled when the watermark passes the window's end; later events go to the ledger as too_late".to_owned(),
+            LatePolicy::Hold => format!(
+                "hold: settled {} after the window's end; nothing published before",
+                format_duration_ms(w.allowed_lateness_ms)
+            ),
+            LatePolicy::Revise => format!(
+                "revise: provisional at the window's end, revised for late events for {}, then settled",
+                format_duration_ms(w.allowed_lateness_ms)
+            ),
+        };
+        let duplicates = match (&self.dedup, &s.event_id) {
+            (Some(d), Some(id)) => format!(
+                "caught by `{id}`, remembered for {} of event time",
+                format_duration_ms(d.horizon_ms)
+            ),
+            _ => "not caught (no [dedup])".to_owned(),
+        };
+        let aggregates = self
+            .aggregates
+            .iter()
+            .map(|a| match &a.field {
+                Some(field) => format!("{} = {}({field})", a.name, a.func.as_str()),
+                None => format!("{} = {}()", a.name, a.func.as_str()),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut out = String::new();
+        out.push_str(&format!("pipeline   {} v{}\n", p.name, p.version));
+        out.push_str(&format!("decision   {}\n", p.decision));
+        out.push_str(&format!("owner      {} (steward {})\n", p.owner, p.steward));
+        out.push_str(&format!("source     topic {}, event time `{}`, max delay {}\n", s.topic, s.event_time, format_duration_ms(s.max_delay_ms)));
+        if let Some((text, _)) = &s.rule {
+            out.push_str(&format!("where      {text}\n"));
+        }
+        out.push_str(&format!("key        {key}\n"));
+        out.push_str(&format!("windows    {windows}{}\n", if w.early { ", early provisional rows" } else { "" }));
+        out.push_str(&format!("lateness   {lateness}\n"));
+        out.push_str(&format!("duplicates {duplicates}\n"));
+        out.push_str(&format!("aggregates {aggregates}\n"));
+        out
+    }
+}
+
+fn line_of(text: &str, byte: usize) -> usize {
+    text.as_bytes()[..byte.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
+}
+
+fn fnv1a(text: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in text.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+struct Reader<'a> {
+    file: &'a str,
+    text: &'a str,
+    errors: Vec<ContractError>,
+}
+
+impl Reader<'_> {
+    fn error(&mut self, span: Option<Range<usize>>, key: &str, message: impl Into<String>) {
+        self.errors.push(ContractError {
+            file: self.file.into(),
+            line: span.map(|s| line_of(self.text, s.start)),
+            key: key.into(),
+            message: message.into(),
+        });
+    }
+
+    fn contract(&mut self, root: &Table) -> Option<Contract> {
+        for (name, item) in root.iter() {
+            if !SECTIONS.contains(&name) {
+                let span = root.key(name).and_then(|k| k.span()).or_else(|| item.span());
+                self.error(
+                    span,
+                    name,
+                    format!("unknown section; a contract has [{}] (and [[aggregate]])", SECTIONS[..4].join("], [")),
+                );
+            }
+        }
+        let pipeline = self.table(root, "pipeline", true).and_then(|t| self.pipeline(t));
+        let source = self.table(root, "source", true).and_then(|t| self.source(t));
+        let window = self.table(root, "window", true).and_then(|t| self.window(t));
+        let dedup_table = self.table(root, "dedup", false);
+        let dedup = dedup_table.and_then(|t| self.dedup(t));
+        let aggregates = self.aggregates(root);
+
+        let (pipeline, source, window, aggregates) = (pipeline?, source?, window?, aggregates?);
+        if let Some(dedup) = &dedup {
+            let span = dedup_table.and_then(|t| t.span());
+            if source.event_id.is_none() {
+                self.error(span.clone(), "dedup", "[dedup] needs `event_id` in [source] to recognise a resent event; add event_id = \"<field>\" or remove [dedup]");
+            }
+            if let Some(length) = window.length_ms() {
+                let needed = length + window.allowed_lateness_ms;
+                if dedup.horizon_ms < needed {
+                    let span = dedup_table.and_then(|t| t.get("horizon")).and_then(Item::span).or(span);
+                    self.error(
+                        span,
+                        "dedup.horizon",
+                        format!(
+                            "horizon {} is shorter than the window's length plus allowed_lateness ({}), so a duplicate could count twice; set horizon to at least \"{}\"",
+                            format_duration_ms(dedup.horizon_ms),
+                            format_duration_ms(needed),
+                            format_duration_ms(needed)
+                        ),
+                    );
+                }
+            }
+        }
+        Some(Contract {
+            pipeline,
+            source,
+            window,
+            dedup,
+            aggregates,
+            text_hash: fnv1a(self.text),
+        })
+    }
+
+    fn table<'t>(&mut self, root: &'t Table, name: &str, required: bool) -> Option<&'t Table> {
+        match root.get(name) {
+            Some(Item::Table(table)) => Some(table),
+            Some(other) => {
+                self.error(other.span(), name, format!("must be a table: write it as [{name}]"));
+                None
+            }
+            None => {
+                if required {
+                    self.error(None, name, format!("missing section [{name}]; every contract needs [pipeline], [source] and [window]"));
+                }
+                None
+            }
+        }
+    }
+
+    fn unknown_keys(&mut self, table: &Table, section: &str, allowed: &[&str]) {
+        for (name, item) in table.iter() {
+            if !allowed.contains(&name) {
+                let span = table.key(name).and_then(|k| k.span()).or_else(|| item.span());
+                self.error(
+                    span,
+                    &format!("{section}.{name}"),
+                    format!("unknown key; [{section}] takes {}", allowed.join(", ")),
+                );
+            }
+        }
+    }
+
+    fn value<'t>(&mut self, table: &'t Table, section: &str, key: &str, required: bool) -> Option<&'t Value> {
+        match table.get(key) {
+            Some(Item::Value(value)) => Some(value),
+            Some(other) => {
+                self.error(other.span(), &format!("{section}.{key}"), "must be a plain value, not a table");
+                None
+            }
+            None => {
+                if required {
+                    let line_span = table.span();
+                    self.error(line_span, &format!("{section}.{key}"), format!("missing required key; add {key} = ... to [{section}]"));
+                }
+                None
+            }
+        }
+    }
+
+    fn string(&mut self, table: &Table, section: &str, key: &str, required: bool) -> Option<String> {
+        let value = self.value(table, section, key, required)?;
+        match value.as_str() {
+            Some(text) => Some(text.to_owned()),
+            None => {
+                self.error(value.span(), &format!("{section}.{key}"), "must be a string in quotes");
+                None
+            }
+        }
+    }
+
+    fn nonempty(&mut self, table: &Table, section: &str, key: &str) -> Option<String> {
+        let text = self.string(table, section, key, true)?;
+        if text.trim().is_empty() {
+            let span = table.get(key).and_then(Item::span);
+            self.error(span, &format!("{section}.{key}"), "must not be empty");
+            return None;
+        }
+        Some(text)
+    }
+
+    fn duration(&mut self, table: &Table, section: &str, key: &str) -> Option<Option<i64>> {
+        let Some(text) = self.string(table, section, key, false) else {
+            return if table.contains_key(key) { None } else { Some(None) };
+        };
+        match parse_duration_ms(&text) {
+            Ok(ms) => Some(Some(ms)),
+            Err(message) => {
+                let span = table.get(key).and_then(Item::span);
+                self.error(span, &format!("{section}.{key}"), message);
+                None
+            }
+        }
+    }
+
+    fn path(&mut self, table: &Table, section: &str, key: &str, required: bool) -> Option<Option<FieldPath>> {
+        let Some(text) = self.string(table, section, key, required) else {
+            return if table.contains_key(key) || required { None } else { Some(None) };
+        };
+        match FieldPath::parse(&text) {
+            Ok(path) => Some(Some(path)),
+            Err(message) => {
+                let span = table.get(key).and_then(Item::span);
+                self.error(span, &format!("{section}.{key}"), message);
+                None
+            }
+        }
+    }
+
+    fn rule(&mut self, table: &Table, section: &str) -> Option<Option<(String, Expr)>> {
+        let Some(text) = self.string(table, section, "where", false) else {
+            return if table.contains_key("where") { None } else { Some(None) };
+        };
+        match parse_rule(&text) {
+            Ok(expr) => Some(Some((text, expr))),
+            Err(message) => {
+                let span = table.get("where").and_then(Item::span);
+                self.error(span, &format!("{section}.where"), format!("rule does not parse: {message}"));
+                None
+            }
+        }
+    }
+
+    fn pipeline(&mut self, t: &Table) -> Option<Pipeline> {
+        self.unknown_keys(t, "pipeline", PIPELINE_KEYS);
+        let name = self.string(t, "pipeline", "name", true);
+        if let Some(name) = &name {
+            if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
+                let span = t.get("name").and_then(Item::span);
+                self.error(span, "pipeline.name", format!("`{name}` is not a pipeline name: use 1 to 64 of a-z, 0-9 and _"));
+            }
+        }
+        let version = match self.value(t, "pipeline", "version", true) {
+            Some(value) => match value.as_integer() {
+                Some(v) if (1..=i64::from(u32::MAX)).contains(&v) => Some(v as u32),
+                _ => {
+                    self.error(value.span(), "pipeline.version", "must be a whole number of at least 1 (bump it on any change that alters results)");
+                    None
+                }
+            },
+            None => None,
+        };
+        let owner = self.nonempty(t, "pipeline", "owner");
+        let steward = self.nonempty(t, "pipeline", "steward");
+        let decision = self.nonempty(t, "pipeline", "decision");
+        Some(Pipeline { name: name?, version: version?, owner: owner?, steward: steward?, decision: decision? })
+    }
+
+    fn source(&mut self, t: &Table) -> Option<Source> {
+        self.unknown_keys(t, "source", SOURCE_KEYS);
+        let topic = self.nonempty(t, "source", "topic");
+        let event_time = self.path(t, "source", "event_time", true).flatten();
+        let key = match self.value(t, "source", "key", true) {
+            Some(value) => match value.as_array() {
+                Some(array) => {
+                    let mut paths = Vec::new();
+                    let mut ok = true;
+                    for item in array.iter() {
+                        match item.as_str().map(FieldPath::parse) {
+                            Some(Ok(path)) => paths.push(path),
+                            Some(Err(message)) => {
+                                self.error(item.span(), "source.key", message);
+                                ok = false;
+                            }
+                            None => {
+                                self.error(item.span(), "source.key", "each key is a field path in quotes, e.g. key = [\"account_id\"]");
+                                ok = false;
+                            }
+                        }
+                    }
+                    ok.then_some(paths)
+                }
+                None => {
+                    self.error(value.span(), "source.key", "must be a list of field paths, e.g. key = [\"account_id\"], or [] for one group");
+                    None
+                }
+            },
+            None => None,
+        };
+        let event_id = self.path(t, "source", "event_id", false);
+        let rule = self.rule(t, "source");
+        let max_delay = self.duration(t, "source", "max_delay");
+        let max_event_bytes = match t.get("max_event_bytes") {
+            None => Some(MAX_EVENT_BYTES_DEFAULT),
+            Some(item) => match item.as_integer() {
+                Some(n) if n > 0 && n <= (1 << 30) => Some(n as usize),
+                _ => {
+                    self.error(item.span(), "source.max_event_bytes", "must be a whole number of bytes between 1 and 1073741824 (default 1048576)");
+                    None
+                }
+            },
+        };
+        Some(Source {
+            topic: topic?,
+            event_time: event_time?,
+            key: key?,
+            event_id: event_id?,
+            rule: rule?,
+            max_delay_ms: max_delay?.unwrap_or(0),
+            max_event_bytes: max_event_bytes?,
+        })
+    }
+
+    fn window(&mut self, t: &Table) -> Option<WindowSpec> {
+        self.unknown_keys(t, "window", WINDOW_KEYS);
+        let kind_text = self.string(t, "window", "type", true)?;
+        let size = self.duration(t, "window", "size")?;
+        let slide = self.duration(t, "window", "slide")?;
+        let gap = self.duration(t, "window", "gap")?;
+        let lateness = self.duration(t, "window", "allowed_lateness")?.unwrap_or(0);
+        let span = |key: &str| t.get(key).and_then(Item::span);
+        let kind_span = span("type");
+        let not_for = |reader: &mut Self, key: &str, present: bool, kind: &str, hint: &str| {
+            if present {
+                reader.error(span(key), &format!("window.{key}"), format!("`{key}` does not apply to {kind} windows; {hint}"));
+            }
+        };
+        let positive = |reader: &mut Self, key: &str, value: Option<i64>| -> Option<i64> {
+            match value {
+                Some(ms) if ms > 0 => Some(ms),
+                Some(_) => {
+                    reader.error(span(key), &format!("window.{key}"), "must be longer than zero");
+                    None
+                }
+                None => {
+                    reader.error(t.span(), &format!("window.{key}"), format!("missing required key for these windows; add {key} = \"5m\" (for example)"));
+                    None
+                }
+            }
+        };
+        let kind = match kind_text.as_str() {
+            "tumbling" => {
+                not_for(self, "slide", slide.is_some(), "tumbling", "remove it, or use type = \"hopping\"");
+                not_for(self, "gap", gap.is_some(), "tumbling", "remove it, or use type = \"session\"");
+                WindowKind::Tumbling { size_ms: positive(self, "size", size)? }
+            }
+            "hopping" => {
+                not_for(self, "gap", gap.is_some(), "hopping", "remove it");
+                let size_ms = positive(self, "size", size);
+                let slide_ms = positive(self, "slide", slide);
+                let (size_ms, slide_ms) = (size_ms?, slide_ms?);
+                if size_ms % slide_ms != 0 {
+                    self.error(
+                        span("slide"),
+                        "window.slide",
+                        format!(
+                            "slide {} does not divide size {}; choose a slide that divides the size exactly",
+                            format_duration_ms(slide_ms),
+                            format_duration_ms(size_ms)
+                        ),
+                    );
+                    return None;
+                }
+                WindowKind::Hopping { size_ms, slide_ms }
+            }
+            "session" => {
+                not_for(self, "size", size.is_some(), "session", "a session's length comes from `gap`");
+                not_for(self, "slide", slide.is_some(), "session", "remove it");
+                WindowKind::Session { gap_ms: positive(self, "gap", gap)? }
+            }
+            "global" => {
+                not_for(self, "size", size.is_some(), "global", "a global window has no end");
+                not_for(self, "slide", slide.is_some(), "global", "remove it");
+                not_for(self, "gap", gap.is_some(), "global", "remove it");
+                WindowKind::Global
+            }
+            other => {
+                self.error(kind_span, "window.type", format!("`{other}` is not a window type; use tumbling, hopping, session or global"));
+                return None;
+            }
+        };
+        let late = match self.string(t, "window", "late", false) {
+            Some(text) => match text.as_str() {
+                "discard" => LatePolicy::Discard,
+                "hold" => LatePolicy::Hold,
+                "revise" => LatePolicy::Revise,
+                other => {
+                    self.error(span("late"), "window.late", format!("`{other}` is not a late policy; use discard, hold or revise"));
+                    return None;
+                }
+            },
+            None if t.contains_key("late") => return None,
+            // Without a policy: drop late events when there is no lateness,
+            // revise when there is (what Flink does with allowed lateness).
+            None if lateness > 0 => LatePolicy::Revise,
+            None => LatePolicy::Discard,
+        };
+        if late == LatePolicy::Discard && lateness > 0 {
+            self.error(
+                span("allowed_lateness").or(span("late")),
+                "window.allowed_lateness",
+                format!(
+                    "late = \"discard\" drops every late event, so allowed_lateness {} would never be used; set allowed_lateness = \"0s\" or choose late = \"hold\" or \"revise\"",
+                    format_duration_ms(lateness)
+                ),
+            );
+            return None;
+        }
+        let early = match t.get("early") {
+            None => false,
+            Some(item) => match item.as_bool() {
+                Some(b) => b,
+                None => {
+                    self.error(item.span(), "window.early", "must be true or false");
+                    return None;
+                }
+            },
+        };
+        Some(WindowSpec { kind, allowed_lateness_ms: lateness, late, early })
+    }
+
+    fn dedup(&mut self, t: &Table) -> Option<Dedup> {
+        self.unknown_keys(t, "dedup", DEDUP_KEYS);
+        match self.duration(t, "dedup", "horizon")? {
+            Some(horizon_ms) if horizon_ms > 0 => Some(Dedup { horizon_ms }),
+            Some(_) => {
+                self.error(t.get("horizon").and_then(Item::span), "dedup.horizon", "must be longer than zero");
+                None
+            }
+            None => {
+                self.error(t.span(), "dedup.horizon", "missing required key; add horizon = \"24h\" (at least the window's length plus allowed_lateness)");
+                None
+            }
+        }
+    }
+
+    fn aggregates(&mut self, root: &Table) -> Option<Vec<Aggregate>> {
+        let tables: Vec<&Table> = match root.get("aggregate") {
+            None => return Some(Vec::new()),
+            Some(Item::ArrayOfTables(array)) => array.iter().collect(),
+            Some(other) => {
+                self.error(other.span(), "aggregate", "write each aggregate as its own [[aggregate]] table");
+                return None;
+            }
+        };
+        let mut out = Vec::new();
+        let mut ok = true;
+        for (i, t) in tables.into_iter().enumerate() {
+            let section = format!("aggregate[{}]", i + 1);
+            match self.aggregate(t, &section) {
+                Some(agg) => {
+                    if out.iter().any(|a: &Aggregate| a.name == agg.name) {
+                        self.error(t.get("name").and_then(Item::span), &format!("{section}.name"), format!("`{}` names two aggregates; give each a unique name", agg.name));
+                        ok = false;
+                    }
+                    out.push(agg);
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn aggregate(&mut self, t: &Table, section: &str) -> Option<Aggregate> {
+        for (name, item) in t.iter() {
+            if !AGGREGATE_KEYS.contains(&name) {
+                let span = t.key(name).and_then(|k| k.span()).or_else(|| item.span());
+                self.error(span, &format!("{section}.{name}"), format!("unknown key; [[aggregate]] takes {}", AGGREGATE_KEYS.join(", ")));
+            }
+        }
+        let name = self.string(t, section, "name", true);
+        if let Some(name) = &name {
+            if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
+                self.error(t.get("name").and_then(Item::span), &format!("{section}.name"), format!("`{name}` is not an aggregate name: use 1 to 64 of a-z, 0-9 and _"));
+            }
+        }
+        let func_text = self.string(t, section, "fn", true);
+        let func = match func_text.as_deref().map(|f| (f, AggFn::parse(f))) {
+            Some((_, Some(func))) => Some(func),
+            Some((text, None)) => {
+                self.error(t.get("fn").and_then(Item::span), &format!("{section}.fn"), format!("`{text}` is not an aggregate; use count, sum, min, max, avg, count_distinct, first or last"));
+                None
+            }
+            None => None,
+        };
+        let field = self.path(t, section, "field", false);
+        let rule = self.rule(t, section);
+        let (func, field) = (func?, field?);
+        if field.is_none() && func != AggFn::Count {
+            self.error(t.span(), &format!("{section}.field"), format!("`{}` needs a field; add field = \"<path>\"", func.as_str()));
+            return None;
+        }
+        Some(Aggregate { name: name?, func, field, rule: rule? })
+    }
+}

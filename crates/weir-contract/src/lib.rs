@@ -1,0 +1,16 @@
+//! weir contracts: one versioned TOML file per decision (SPEC.md section 2).
+//!
+//! This crate owns parsing and validation. A [`Contract`] that exists is one
+//! that can run: every refusal happens here, before anything runs, and names
+//! the file, the line, the key and what to do.
+
+mod contract;
+mod duration;
+mod rule;
+
+pub use contract::{
+    AggFn, Aggregate, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Pipeline, Source,
+    WindowKind, WindowSpec,
+};
+pub use duration::{format_duration_ms, parse_duration_ms};
+pub use rule::{parse_rule, CmpOp, Expr, FieldPath};

@@ -1,0 +1,863 @@
+//! The engine: SPEC.md section 3, one event at a time.
+//!
+//! Pure: events (bytes with a partition and an offset) in, rows and ledger
+//! entries out. No I/O, no clock, no threads. Stream, batch, replay and tests
+//! all drive this one type.
+//!
+//! Invariants:
+//! - **The watermark never goes back**: `wm` only grows (`advance`).
+//! - **Every open timed window has exactly one timer** `(end, window key)`, and
+//!   every session is in `sessions` under its key with its current end.
+//! - **An event counts whole or not at all**: steps 1-6 decide everything that
+//!   could refuse it before any window changes.
+//! - **Revisions per window are 1..n and nothing follows `settled` or
+//!   `retracted`**: a window that emits either is removed in the same step.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::sync::Arc;
+
+use ahash::AHashMap;
+use serde::{Deserialize, Serialize};
+use weir_contract::{AggFn, Contract, LatePolicy, WindowKind};
+
+use crate::agg::{AggState, Contrib};
+use crate::json::{Doc, Tag, Val};
+use crate::key;
+use crate::number::parse_decimal;
+use crate::output::{LedgerEntry, Output, Reason, Row, RowFormat, Status, PAYLOAD_BYTES_MAX};
+use crate::plan::Plan;
+use crate::time::{parse_rfc3339_ms, TIME_MAX_MS, TIME_MIN_MS};
+
+/// Watermark before any event: -infinity.
+pub const WM_MIN: i64 = i64::MIN;
+/// Watermark at the end of a bounded input: +infinity.
+pub const WM_MAX: i64 = i64::MAX;
+
+/// One event as it arrives: raw bytes at a partition and offset.
+#[derive(Debug, Clone, Copy)]
+pub struct EventIn<'a> {
+    pub partition: u32,
+    pub offset: u64,
+    pub bytes: &'a [u8],
+}
+
+/// How the engine treats time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mode {
+    /// Watermarks, lateness and emission as events arrive.
+    Stream,
+    /// No watermark until the end: every valid, first-seen, included event
+    /// counts whatever its arrival order; one settled row per window at `finish`.
+    Batch,
+}
+
+/// What the engine has seen and done; kept in snapshots.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    pub read: u64,
+    pub counted: u64,
+    pub filtered: u64,
+    /// Events late but allowed: counted in a window whose end the watermark had passed.
+    pub late_allowed: u64,
+    /// Ledger entries by [`Reason::index`].
+    pub ledger: [u64; 8],
+    pub rows_provisional: u64,
+    pub rows_settled: u64,
+    pub rows_retracted: u64,
+}
+
+impl Counters {
+    pub fn ledger_total(&self) -> u64 {
+        self.ledger.iter().sum()
+    }
+
+    pub fn rows_total(&self) -> u64 {
+        self.rows_provisional + self.rows_settled + self.rows_retracted
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Window {
+    pub start: i64,
+    pub end: i64,
+    pub events: u64,
+    pub late_events: u64,
+    /// The revision of the last row emitted; 0 before the first.
+    pub revision: u32,
+    /// Changed since its last row.
+    pub dirty: bool,
+    /// A row was emitted while the watermark was at or past `end`.
+    pub past_end_emitted: bool,
+    pub aggs: Vec<AggState>,
+}
+
+/// An event id remembered for dedup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Seen {
+    pub partition: u32,
+    pub offset: u64,
+    pub payload_hash: u128,
+    /// Forgotten once the watermark reaches this (event time + horizon).
+    pub expires: i64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct State {
+    pub part_wm: Vec<i64>,
+    pub part_idle: Vec<bool>,
+    pub wm: i64,
+    pub windows: AHashMap<Box<[u8]>, Window>,
+    pub timers: BTreeSet<(i64, Box<[u8]>)>,
+    pub sessions: AHashMap<Box<[u8]>, BTreeMap<i64, i64>>,
+    pub seen: AHashMap<Box<[u8]>, Seen>,
+    pub expiry: BinaryHeap<Reverse<(i64, Box<[u8]>)>>,
+    pub counters: Counters,
+}
+
+/// What intake learned about one event, for its ledger entries.
+struct Ctx<'a> {
+    partition: u32,
+    offset: u64,
+    payload: &'a str,
+    time: Option<i64>,
+    key: Option<Box<[u8]>>,
+    id: Option<String>,
+}
+
+pub struct Engine {
+    pub(crate) plan: Arc<Plan>,
+    pub(crate) mode: Mode,
+    pub(crate) st: State,
+    doc: Doc,
+    key_buf: Vec<u8>,
+    wkey_buf: Vec<u8>,
+    contribs: Vec<Contrib>,
+    agg_pass: Vec<bool>,
+    dirty: Vec<Box<[u8]>>,
+    pending: Vec<(i64, Box<[u8]>, Row)>,
+}
+
+/// A contract the engine cannot run (beyond what the contract crate checks).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PlanError(pub String);
+
+impl Engine {
+    /// An engine for `contract`, reading `partitions` partitions (at least one).
+    pub fn new(contract: &Contract, mode: Mode, partitions: u32) -> Result<Engine, PlanError> {
+        let plan = Plan::compile(contract).map_err(PlanError)?;
+        let n = partitions.max(1) as usize;
+        let st = State { part_wm: vec![WM_MIN; n], part_idle: vec![false; n], wm: WM_MIN, ..State::default() };
+        Ok(Engine::from_parts(Arc::new(plan), mode, st))
+    }
+
+    pub(crate) fn from_parts(plan: Arc<Plan>, mode: Mode, st: State) -> Engine {
+        Engine {
+            plan,
+            mode,
+            st,
+            doc: Doc::default(),
+            key_buf: Vec::new(),
+            wkey_buf: Vec::new(),
+            contribs: Vec::new(),
+            agg_pass: Vec::new(),
+            dirty: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The pipeline watermark; `None` while it is -infinity.
+    pub fn watermark(&self) -> Option<i64> {
+        (self.st.wm != WM_MIN).then_some(self.st.wm)
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.st.counters
+    }
+
+    pub fn open_windows(&self) -> usize {
+        self.st.windows.len()
+    }
+
+    pub fn remembered_ids(&self) -> usize {
+        self.st.seen.len()
+    }
+
+    /// How to write this engine's rows and ledger entries as JSON.
+    pub fn format(&self) -> &RowFormat {
+        &self.plan.format
+    }
+
+    /// Processes one event: steps 1-9 of SPEC.md section 3.1.
+    pub fn process(&mut self, event: EventIn<'_>, out: &mut Output) {
+        self.st.counters.read += 1;
+        let wm_before = self.st.wm;
+        if let Some(time) = self.intake(event, wm_before, out) {
+            if self.mode == Mode::Stream {
+                self.advance(event.partition, time);
+            }
+        }
+        if self.mode == Mode::Stream {
+            self.emit(wm_before, false, out);
+            self.forget_ids();
+        }
+    }
+
+    /// Processes events in order; the same as calling [`Engine::process`] for each.
+    pub fn process_batch<'a>(&mut self, events: impl IntoIterator<Item = EventIn<'a>>, out: &mut Output) {
+        for event in events {
+            self.process(event, out);
+        }
+    }
+
+    /// The end of a bounded input: the watermark becomes +infinity and every
+    /// remaining window emits `settled`, global ones included.
+    pub fn finish(&mut self, out: &mut Output) {
+        let wm_before = self.st.wm;
+        self.st.wm = WM_MAX;
+        self.emit(wm_before, true, out);
+        self.forget_ids();
+    }
+
+    /// Marks a partition idle (it stops holding the watermark back) or active.
+    pub fn set_partition_idle(&mut self, partition: u32, idle: bool, out: &mut Output) {
+        if self.mode == Mode::Batch {
+            return;
+        }
+        self.ensure_partition(partition);
+        self.st.part_idle[partition as usize] = idle;
+        let wm_before = self.st.wm;
+        self.recompute_watermark();
+        self.emit(wm_before, false, out);
+        self.forget_ids();
+    }
+
+    fn ensure_partition(&mut self, partition: u32) {
+        let p = partition as usize;
+        if p >= self.st.part_wm.len() {
+            self.st.part_wm.resize(p + 1, WM_MIN);
+            self.st.part_idle.resize(p + 1, false);
+        }
+    }
+
+    /// Step 8: `W = max(W, t - max_delay)` for the partition, then the minimum.
+    fn advance(&mut self, partition: u32, time: i64) {
+        self.ensure_partition(partition);
+        let p = partition as usize;
+        let candidate = time - self.plan.max_delay_ms;
+        if candidate > self.st.part_wm[p] {
+            self.st.part_wm[p] = candidate;
+        }
+        self.st.part_idle[p] = false;
+        self.recompute_watermark();
+    }
+
+    fn recompute_watermark(&mut self) {
+        let active = self.st.part_wm.iter().zip(&self.st.part_idle).filter(|(_, idle)| !**idle);
+        if let Some(min) = active.map(|(wm, _)| *wm).min() {
+            if min > self.st.wm {
+                self.st.wm = min;
+            }
+        }
+    }
+
+    fn ledger(&mut self, ctx: &Ctx<'_>, reason: Reason, detail: String, out: &mut Output) {
+        self.ledger_window(ctx, reason, detail, None, None, out);
+    }
+
+    fn ledger_window(
+        &mut self,
+        ctx: &Ctx<'_>,
+        reason: Reason,
+        detail: String,
+        window: Option<(i64, i64)>,
+        first_offset: Option<u64>,
+        out: &mut Output,
+    ) {
+        self.st.counters.ledger[reason.index()] += 1;
+        out.ledger.push(LedgerEntry {
+            partition: ctx.partition,
+            offset: ctx.offset,
+            reason,
+            event_id: ctx.id.clone(),
+            event_time: ctx.time,
+            key: ctx.key.clone(),
+            window,
+            first_offset,
+            detail,
+            payload: Some(cut(ctx.payload, PAYLOAD_BYTES_MAX).to_owned()),
+        });
+    }
+
+    /// Steps 1-7. Returns the event time when it was read (step 8 needs it).
+    fn intake(&mut self, event: EventIn<'_>, wm: i64, out: &mut Output) -> Option<i64> {
+        let lossy;
+        let text = match std::str::from_utf8(event.bytes) {
+            Ok(text) => text,
+            Err(_) => {
+                lossy = String::from_utf8_lossy(event.bytes).into_owned();
+                &lossy
+            }
+        };
+        let mut ctx = Ctx { partition: event.partition, offset: event.offset, payload: text, time: None, key: None, id: None };
+        // 1. Size.
+        if event.bytes.len() > self.plan.max_event_bytes {
+            let detail = format!(
+                "event is {} bytes, over max_event_bytes = {}; split it or raise the limit in [source]",
+                event.bytes.len(),
+                self.plan.max_event_bytes
+            );
+            self.ledger(&ctx, Reason::TooLarge, detail, out);
+            return None;
+        }
+        // 2. Parse.
+        let mut doc = std::mem::take(&mut self.doc);
+        let parsed = if std::str::from_utf8(event.bytes).is_err() {
+            Err("not UTF-8 text".to_owned())
+        } else {
+            doc.parse(text).map_err(|e| format!("not JSON: {e}"))
+        };
+        let result = match parsed {
+            Err(detail) => {
+                self.ledger(&ctx, Reason::MalformedJson, detail, out);
+                None
+            }
+            Ok(()) => {
+                let root = doc.root(text);
+                if root.tag() != Tag::Object {
+                    self.ledger(&ctx, Reason::MalformedJson, "not a JSON object: an event is one {...} per line".into(), out);
+                    None
+                } else {
+                    self.intake_object(root, &mut ctx, wm, out)
+                }
+            }
+        };
+        self.doc = doc;
+        result
+    }
+
+    fn intake_object(&mut self, root: Val<'_>, ctx: &mut Ctx<'_>, wm: i64, out: &mut Output) -> Option<i64> {
+        let plan = Arc::clone(&self.plan);
+        // 3. Fields: event time, key fields, event id.
+        let time = match read_time(root.path(&plan.time_path), &plan.time_name) {
+            Ok(t) => t,
+            Err((reason, detail)) => {
+                self.ledger(ctx, reason, detail, out);
+                return None;
+            }
+        };
+        ctx.time = Some(time);
+        let mut key_buf = std::mem::take(&mut self.key_buf);
+        let keyed = read_key(root, &plan, &mut key_buf);
+        let key_bytes: Box<[u8]> = key_buf.as_slice().into();
+        self.key_buf = key_buf;
+        if let Err((reason, detail)) = keyed {
+            self.ledger(ctx, reason, detail, out);
+            return Some(time);
+        }
+        ctx.key = Some(key_bytes.clone());
+        if let Some(id_path) = &plan.id_path {
+            match read_id(root.path(id_path), &plan.id_name) {
+                Ok(id) => ctx.id = Some(id),
+                Err((reason, detail)) if plan.horizon_ms.is_some() => {
+                    self.ledger(ctx, reason, detail, out);
+                    return Some(time);
+                }
+                Err(_) => {}
+            }
+        }
+        // 4. Rules: the contract's, then each aggregate's.
+        if let Some(rule) = &plan.rule {
+            match rule.test(root) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.st.counters.filtered += 1;
+                    return Some(time);
+                }
+                Err(detail) => {
+                    self.ledger(ctx, Reason::RuleError, format!("source.where: {detail}"), out);
+                    return Some(time);
+                }
+            }
+        }
+        self.agg_pass.clear();
+        for (i, agg) in plan.aggs.iter().enumerate() {
+            let pass = match &agg.rule {
+                None => true,
+                Some(rule) => match rule.test(root) {
+                    Ok(pass) => pass,
+                    Err(detail) => {
+                        self.ledger(ctx, Reason::RuleError, format!("aggregate {}: where: {detail}", plan.format.value_names[i]), out);
+                        return Some(time);
+                    }
+                },
+            };
+            self.agg_pass.push(pass);
+        }
+        // 5. Aggregate fields.
+        self.contribs.clear();
+        for (i, agg) in plan.aggs.iter().enumerate() {
+            match contribution(root, agg, self.agg_pass[i]) {
+                Ok(c) => self.contribs.push(c),
+                Err(detail) => {
+                    self.ledger(ctx, Reason::BadType, format!("aggregate {}: {detail}", plan.format.value_names[i]), out);
+                    return Some(time);
+                }
+            }
+        }
+        // 6. Duplicates.
+        if let (Some(horizon), Some(id)) = (plan.horizon_ms, ctx.id.as_deref()) {
+            let id_key = dedup_key(root.path(plan.id_path.as_deref().unwrap_or_default()), id);
+            let hash = root.canonical_hash();
+            if let Some(seen) = self.st.seen.get(&id_key).copied() {
+                let (reason, how) = if seen.payload_hash == hash {
+                    (Reason::Duplicate, "the same event")
+                } else {
+                    (Reason::DuplicateConflict, "an event with this id but a different payload")
+                };
+                let detail = format!(
+                    "{how} arrived first at partition {} offset {}; this one did not count",
+                    seen.partition, seen.offset
+                );
+                self.ledger_window(ctx, reason, detail, None, Some(seen.offset), out);
+                return Some(time);
+            }
+            let expires = time.saturating_add(horizon);
+            self.st.seen.insert(id_key.clone(), Seen { partition: ctx.partition, offset: ctx.offset, payload_hash: hash, expires });
+            self.st.expiry.push(Reverse((expires, id_key)));
+        }
+        // 7. Windows.
+        let counted = match plan.kind {
+            WindowKind::Session { gap_ms } => self.assign_session(ctx, time, &key_bytes, gap_ms, wm, out),
+            _ => self.assign_fixed(ctx, time, &key_bytes, wm, out),
+        };
+        if counted {
+            self.st.counters.counted += 1;
+        }
+        Some(time)
+    }
+
+    fn new_window(&self, start: i64, end: i64) -> Window {
+        Window {
+            start,
+            end,
+            events: 0,
+            late_events: 0,
+            revision: 0,
+            dirty: false,
+            past_end_emitted: false,
+            aggs: self.plan.aggs.iter().map(|a| AggState::new(a.func)).collect(),
+        }
+    }
+
+    /// Adds the event's contributions to a window.
+    fn add_to(&mut self, wkey: &[u8], time: i64, id: Option<&str>, late: bool) {
+        let Some(w) = self.st.windows.get_mut(wkey) else {
+            debug_assert!(false, "window to add to is missing");
+            return;
+        };
+        for (state, contrib) in w.aggs.iter_mut().zip(&self.contribs) {
+            state.add(contrib, time, id);
+        }
+        w.events += 1;
+        if late {
+            w.late_events += 1;
+        }
+        if !w.dirty {
+            w.dirty = true;
+            self.dirty.push(wkey.into());
+        }
+    }
+
+    /// Tumbling, hopping and global windows.
+    fn assign_fixed(&mut self, ctx: &Ctx<'_>, time: i64, key_bytes: &[u8], wm: i64, out: &mut Output) -> bool {
+        let (size, slide) = match self.plan.kind {
+            WindowKind::Tumbling { size_ms } => (size_ms, size_ms),
+            WindowKind::Hopping { size_ms, slide_ms } => (size_ms, slide_ms),
+            _ => (0, 0),
+        };
+        let global = size == 0;
+        let (first, last) = if global {
+            (WM_MIN, WM_MIN)
+        } else {
+            ((time - size).div_euclid(slide) * slide + slide, time.div_euclid(slide) * slide)
+        };
+        let mut counted = false;
+        let mut late_any = false;
+        let mut start = first;
+        loop {
+            let end = if global { WM_MAX } else { start + size };
+            if !global && end.saturating_add(self.plan.lateness_ms) <= wm {
+                let detail = format!(
+                    "too late for its window: the watermark had passed the window's end plus allowed_lateness ({}ms)",
+                    self.plan.lateness_ms
+                );
+                self.ledger_window(ctx, Reason::TooLate, detail, Some((start, end)), None, out);
+            } else {
+                let mut wkey = std::mem::take(&mut self.wkey_buf);
+                key::window_key(start, key_bytes, &mut wkey);
+                if !self.st.windows.contains_key(wkey.as_slice()) {
+                    let boxed: Box<[u8]> = wkey.as_slice().into();
+                    if !global {
+                        self.st.timers.insert((end, boxed.clone()));
+                    }
+                    let w = self.new_window(start, end);
+                    self.st.windows.insert(boxed, w);
+                }
+                let late = !global && end <= wm;
+                late_any |= late;
+                self.add_to(&wkey, time, ctx.id.as_deref(), late);
+                self.wkey_buf = wkey;
+                counted = true;
+            }
+            if global || start >= last {
+                break;
+            }
+            start += slide;
+        }
+        if late_any {
+            self.st.counters.late_allowed += 1;
+        }
+        counted
+    }
+
+    /// Session windows: merge first, then test the merged window.
+    fn assign_session(&mut self, ctx: &Ctx<'_>, time: i64, key_bytes: &[u8], gap: i64, wm: i64, out: &mut Output) -> bool {
+        let (mut start, mut end) = (time, time + gap);
+        let overlapping: Vec<(i64, i64)> = match self.st.sessions.get(key_bytes) {
+            Some(sessions) => sessions
+                .range(..end)
+                .rev()
+                .take_while(|(_, &e)| e > time)
+                .map(|(&s, &e)| (s, e))
+                .collect(),
+            None => Vec::new(),
+        };
+        for &(s, e) in &overlapping {
+            start = start.min(s);
+            end = end.max(e);
+        }
+        if end.saturating_add(self.plan.lateness_ms) <= wm {
+            let detail = format!(
+                "too late for its session: the watermark had passed the session's end plus allowed_lateness ({}ms)",
+                self.plan.lateness_ms
+            );
+            self.ledger_window(ctx, Reason::TooLate, detail, Some((start, end)), None, out);
+            return false;
+        }
+        // The merged session keeps the identity of the one that starts earliest,
+        // or is new when this event starts before all of them.
+        let mut merged = self.new_window(start, end);
+        let mut identity: Option<(Box<[u8]>, Window)> = None;
+        for &(s, e) in overlapping.iter().rev() {
+            let mut wkey = Vec::new();
+            key::window_key(s, key_bytes, &mut wkey);
+            let Some(w) = self.st.windows.remove(wkey.as_slice()) else {
+                debug_assert!(false, "session index names a missing window");
+                continue;
+            };
+            self.st.timers.remove(&(e, wkey.as_slice().into()));
+            if let Some(sessions) = self.st.sessions.get_mut(key_bytes) {
+                sessions.remove(&s);
+            }
+            if s == start && identity.is_none() {
+                identity = Some((wkey.into(), w));
+                continue;
+            }
+            if w.revision > 0 {
+                let row = self.row(key_bytes, &w, Status::Retracted, w.revision + 1);
+                self.pending.push((w.end, wkey.into(), row));
+            }
+            for (into, from) in merged.aggs.iter_mut().zip(w.aggs) {
+                into.merge(from);
+            }
+            merged.events += w.events;
+            merged.late_events += w.late_events;
+        }
+        let wkey: Box<[u8]> = match identity {
+            Some((wkey, mut w)) => {
+                for (into, from) in w.aggs.iter_mut().zip(merged.aggs) {
+                    into.merge(from);
+                }
+                w.events += merged.events;
+                w.late_events += merged.late_events;
+                if w.end != end {
+                    w.end = end;
+                    w.past_end_emitted = false;
+                }
+                w.dirty = w.dirty || merged.events > 0;
+                self.st.windows.insert(wkey.clone(), w);
+                wkey
+            }
+            None => {
+                let mut wkey = Vec::new();
+                key::window_key(start, key_bytes, &mut wkey);
+                merged.dirty = merged.events > 0;
+                let wkey: Box<[u8]> = wkey.into();
+                self.st.windows.insert(wkey.clone(), merged);
+                wkey
+            }
+        };
+        if self.st.windows.get(&wkey).is_some_and(|w| w.dirty) {
+            self.dirty.push(wkey.clone());
+        }
+        self.st.timers.insert((end, wkey.clone()));
+        self.st.sessions.entry(key_bytes.into()).or_default().insert(start, end);
+        let late = end <= wm;
+        if late {
+            self.st.counters.late_allowed += 1;
+        }
+        // add_to pushes the window on the dirty list only when it was clean.
+        self.add_to(&wkey, time, ctx.id.as_deref(), late);
+        true
+    }
+
+    fn row(&self, key_bytes: &[u8], w: &Window, status: Status, revision: u32) -> Row {
+        let global = matches!(self.plan.kind, WindowKind::Global);
+        let wm = self.st.wm;
+        Row {
+            key: key_bytes.into(),
+            window_start: (!global).then_some(w.start),
+            window_end: (!global).then_some(w.end),
+            status,
+            revision,
+            values: w.aggs.iter().zip(&self.plan.aggs).map(|(s, a)| s.value(a.func)).collect(),
+            events: w.events,
+            late_events: w.late_events,
+            watermark: (wm != WM_MIN && wm != WM_MAX).then_some(wm),
+        }
+    }
+
+    /// Step 9: rows for the windows that changed or whose time came, in order
+    /// of window end, window start and key; then settled windows are forgotten.
+    fn emit(&mut self, wm_before: i64, everything: bool, out: &mut Output) {
+        let wm = self.st.wm;
+        let mut candidates: Vec<(i64, Box<[u8]>)> = Vec::new();
+        for wkey in self.dirty.drain(..) {
+            if let Some(w) = self.st.windows.get(&wkey) {
+                candidates.push((w.end, wkey));
+            }
+        }
+        if everything {
+            candidates.extend(self.st.windows.iter().map(|(k, w)| (w.end, k.clone())));
+        } else if wm > wm_before {
+            let settle_to = wm.saturating_sub(self.plan.lateness_ms);
+            candidates.extend(self.st.timers.iter().take_while(|(end, _)| *end <= settle_to).cloned());
+            if self.plan.late == LatePolicy::Revise {
+                let from = (wm_before.saturating_add(1), Box::<[u8]>::default());
+                candidates.extend(self.st.timers.range(from..).take_while(|(end, _)| *end <= wm).cloned());
+            }
+        }
+        if candidates.is_empty() && self.pending.is_empty() {
+            return;
+        }
+        candidates.sort_unstable();
+        candidates.dedup();
+        for (end, wkey) in candidates {
+            if let Some(row) = self.decide(&wkey) {
+                self.pending.push((end, wkey, row));
+            }
+        }
+        self.pending.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        for (_, _, row) in self.pending.drain(..) {
+            match row.status {
+                Status::Provisional => self.st.counters.rows_provisional += 1,
+                Status::Settled => self.st.counters.rows_settled += 1,
+                Status::Retracted => self.st.counters.rows_retracted += 1,
+            }
+            out.rows.push(row);
+        }
+    }
+
+    /// Rules 1-3 of SPEC.md section 3.4 for one window.
+    fn decide(&mut self, wkey: &[u8]) -> Option<Row> {
+        let wm = self.st.wm;
+        let plan = &self.plan;
+        let w = self.st.windows.get(wkey)?;
+        let global = matches!(plan.kind, WindowKind::Global);
+        let status = if global {
+            if wm == WM_MAX {
+                Status::Settled
+            } else if w.dirty {
+                Status::Provisional
+            } else {
+                return None;
+            }
+        } else if w.end.saturating_add(plan.lateness_ms) <= wm {
+            Status::Settled
+        } else if plan.late == LatePolicy::Revise && wm >= w.end && (w.dirty || !w.past_end_emitted) {
+            Status::Provisional
+        } else if plan.early && w.dirty {
+            Status::Provisional
+        } else {
+            return None;
+        };
+        let (_, key_bytes) = key::split_window_key(wkey);
+        let row = self.row(key_bytes, w, status, w.revision + 1);
+        if status == Status::Settled {
+            self.forget_window(wkey);
+        } else if let Some(w) = self.st.windows.get_mut(wkey) {
+            w.revision += 1;
+            w.dirty = false;
+            if wm >= w.end {
+                w.past_end_emitted = true;
+            }
+        }
+        Some(row)
+    }
+
+    fn forget_window(&mut self, wkey: &[u8]) {
+        let Some(w) = self.st.windows.remove(wkey) else { return };
+        let (start, key_bytes) = key::split_window_key(wkey);
+        self.st.timers.remove(&(w.end, wkey.into()));
+        if let WindowKind::Session { .. } = self.plan.kind {
+            if let Some(sessions) = self.st.sessions.get_mut(key_bytes) {
+                sessions.remove(&start);
+                if sessions.is_empty() {
+                    self.st.sessions.remove(key_bytes);
+                }
+            }
+        }
+    }
+
+    /// Forgets event ids whose horizon the watermark has reached.
+    fn forget_ids(&mut self) {
+        let wm = self.st.wm;
+        while let Some(Reverse((expires, _))) = self.st.expiry.peek() {
+            if *expires > wm {
+                break;
+            }
+            let Some(Reverse((expires, id))) = self.st.expiry.pop() else { break };
+            if self.st.seen.get(&id).is_some_and(|s| s.expires == expires) {
+                self.st.seen.remove(&id);
+            }
+        }
+    }
+}
+
+fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+type FieldError = (Reason, String);
+
+fn read_time(val: Option<Val<'_>>, name: &str) -> Result<i64, FieldError> {
+    let val = match val {
+        Some(v) if v.tag() != Tag::Null => v,
+        _ => return Err((Reason::MissingField, format!("event time missing: no `{name}` in the event"))),
+    };
+    let bad = |what: String| (Reason::BadType, format!("unreadable time: `{name}` is {what}; write RFC 3339 (2026-11-29T14:00:00.000Z) or integer epoch milliseconds"));
+    match val.tag() {
+        Tag::String => {
+            let text = val.str().unwrap_or_default();
+            parse_rfc3339_ms(&text).ok_or_else(|| bad(format!("\"{}\"", cut(&text, 64))))
+        }
+        Tag::Number => {
+            let raw = val.raw();
+            match raw.parse::<i64>() {
+                Ok(ms) if (TIME_MIN_MS..=TIME_MAX_MS).contains(&ms) => Ok(ms),
+                _ => Err(bad(format!("the number {}", cut(raw, 64)))),
+            }
+        }
+        _ => Err(bad("not a string or a number".into())),
+    }
+}
+
+fn read_key(root: Val<'_>, plan: &Plan, out: &mut Vec<u8>) -> Result<(), FieldError> {
+    out.clear();
+    for (path, name) in plan.key_paths.iter().zip(&plan.key_names) {
+        let val = match root.path(path) {
+            Some(v) if v.tag() != Tag::Null => v,
+            _ => return Err((Reason::MissingField, format!("key missing: no `{name}` in the event"))),
+        };
+        match val.tag() {
+            Tag::String => key::push_field(b's', &val.str().unwrap_or_default(), out),
+            Tag::True => key::push_field(b'b', "1", out),
+            Tag::False => key::push_field(b'b', "0", out),
+            Tag::Number if !val.raw().contains(['.', 'e', 'E']) => key::push_field(b'i', val.raw(), out),
+            _ => {
+                return Err((
+                    Reason::BadType,
+                    format!("key `{name}` is {}, not a string, integer or boolean", cut(val.json_text(), 64)),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn read_id(val: Option<Val<'_>>, name: &str) -> Result<String, FieldError> {
+    match val {
+        Some(v) if v.tag() == Tag::String => Ok(v.str().unwrap_or_default().into_owned()),
+        Some(v) if v.tag() == Tag::Number && !v.raw().contains(['.', 'e', 'E']) => Ok(v.raw().to_owned()),
+        Some(v) if v.tag() != Tag::Null => Err((
+            Reason::BadType,
+            format!("event id `{name}` is {}, not a string or an integer", cut(v.json_text(), 64)),
+        )),
+        _ => Err((Reason::MissingField, format!("event id missing: no `{name}` in the event (needed by [dedup])"))),
+    }
+}
+
+/// Dedup identity: strings and integers never collide (`"5"` is not `5`).
+fn dedup_key(val: Option<Val<'_>>, id: &str) -> Box<[u8]> {
+    let tag = match val.map(|v| v.tag()) {
+        Some(Tag::Number) => b'i',
+        _ => b's',
+    };
+    let mut out = Vec::with_capacity(id.len() + 1);
+    out.push(tag);
+    out.extend_from_slice(id.as_bytes());
+    out.into()
+}
+
+/// Step 5 for one aggregate: what the event gives it, or why it cannot.
+fn contribution(root: Val<'_>, agg: &crate::plan::AggPlan, pass: bool) -> Result<Contrib, String> {
+    if !pass {
+        return Ok(Contrib::Skip);
+    }
+    let Some(path) = &agg.field else {
+        return Ok(Contrib::One);
+    };
+    let val = match root.path(path) {
+        Some(v) if v.tag() != Tag::Null => v,
+        _ => return Ok(Contrib::Skip),
+    };
+    Ok(match agg.func {
+        AggFn::Count => Contrib::One,
+        AggFn::CountDistinct => Contrib::Distinct(val.canonical_hash()),
+        AggFn::First | AggFn::Last => Contrib::Pick { json: val.json_text().into(), hash: val.canonical_hash() },
+        AggFn::Sum | AggFn::Min | AggFn::Max | AggFn::Avg => {
+            let decimal = match val.tag() {
+                Tag::Number => parse_decimal(val.raw()),
+                Tag::String => parse_decimal(&val.str().unwrap_or_default()),
+                _ => None,
+            };
+            match decimal {
+                Some(d) => Contrib::Num(d),
+                None if val.tag() == Tag::String => {
+                    return Err(format!(
+                        "string is not a number: `{}` is {}",
+                        agg.field_name,
+                        cut(val.json_text(), 64)
+                    ))
+                }
+                None if val.tag() == Tag::Number => {
+                    return Err(format!("`{}` = {} has more than 28 significant digits", agg.field_name, cut(val.raw(), 64)))
+                }
+                None => return Err(format!("`{}` is {}, not a number", agg.field_name, cut(val.json_text(), 64))),
+            }
+        }
+    })
+}

@@ -1,0 +1,558 @@
+//! A small, strict JSON reader built for event intake.
+//!
+//! It validates a whole document (RFC 8259, nesting at most [`DEPTH_MAX`]) into
+//! a flat arena of nodes that borrow the input: no allocation per event once
+//! the arena has grown. Numbers keep their exact text, so decimals are never
+//! rounded through binary floats. Invariant: every node's `start..end` is a
+//! valid, complete JSON value inside the input.
+
+use std::borrow::Cow;
+
+use xxhash_rust::xxh3::{xxh3_128, Xxh3};
+
+/// Documents nested deeper than this are refused as malformed.
+pub const DEPTH_MAX: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tag {
+    Null,
+    True,
+    False,
+    Number,
+    String,
+    Array,
+    Object,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    tag: Tag,
+    /// Strings: whether the text holds escapes.
+    escaped: bool,
+    key_escaped: bool,
+    /// The value's raw text (strings: without the quotes).
+    start: u32,
+    end: u32,
+    /// Object members: the key's raw text, without quotes.
+    key_start: u32,
+    key_end: u32,
+    /// Nodes in this subtree, itself included.
+    size: u32,
+    /// Arrays and objects: direct children.
+    count: u32,
+}
+
+/// A parsed document. Reuse one across events with [`Doc::parse`].
+#[derive(Debug, Default)]
+pub struct Doc {
+    nodes: Vec<Node>,
+}
+
+/// A value inside a parsed document.
+#[derive(Clone, Copy)]
+pub struct Val<'d> {
+    doc: &'d Doc,
+    src: &'d str,
+    index: usize,
+}
+
+impl Doc {
+    /// Parses `src` as one JSON value; the error is a short sentence.
+    pub fn parse(&mut self, src: &str) -> Result<(), String> {
+        if src.len() >= u32::MAX as usize {
+            return Err("document larger than 4 GiB".into());
+        }
+        self.nodes.clear();
+        let mut p = Parser { b: src.as_bytes(), i: 0, nodes: &mut self.nodes };
+        p.ws();
+        p.value(0, 0, 0, false)?;
+        p.ws();
+        if p.i != p.b.len() {
+            return Err(format!("unexpected text after the JSON value at byte {}", p.i + 1));
+        }
+        Ok(())
+    }
+
+    pub fn root<'d>(&'d self, src: &'d str) -> Val<'d> {
+        Val { doc: self, src, index: 0 }
+    }
+}
+
+struct Parser<'a> {
+    b: &'a [u8],
+    i: usize,
+    nodes: &'a mut Vec<Node>,
+}
+
+impl Parser<'_> {
+    fn ws(&mut self) {
+        while self.i < self.b.len() && matches!(self.b[self.i], b' ' | b'\t' | b'\n' | b'\r') {
+            self.i += 1;
+        }
+    }
+
+    fn fail<T>(&self, what: &str) -> Result<T, String> {
+        if self.i >= self.b.len() {
+            Err(format!("{what}: the line ends too early"))
+        } else {
+            Err(format!("{what} at byte {}", self.i + 1))
+        }
+    }
+
+    fn value(&mut self, depth: usize, key_start: u32, key_end: u32, key_escaped: bool) -> Result<(), String> {
+        let index = self.nodes.len();
+        let mut node = Node {
+            tag: Tag::Null,
+            escaped: false,
+            key_escaped,
+            start: self.i as u32,
+            end: 0,
+            key_start,
+            key_end,
+            size: 1,
+            count: 0,
+        };
+        self.nodes.push(node);
+        match self.b.get(self.i) {
+            Some(b'{') => {
+                if depth >= DEPTH_MAX {
+                    return self.fail(&format!("nested deeper than {DEPTH_MAX} levels"));
+                }
+                node.tag = Tag::Object;
+                self.i += 1;
+                self.ws();
+                if self.b.get(self.i) == Some(&b'}') {
+                    self.i += 1;
+                } else {
+                    loop {
+                        self.ws();
+                        if self.b.get(self.i) != Some(&b'"') {
+                            return self.fail("expected a member name in quotes");
+                        }
+                        let (ks, ke, kesc) = self.string()?;
+                        self.ws();
+                        if self.b.get(self.i) != Some(&b':') {
+                            return self.fail("expected `:` after a member name");
+                        }
+                        self.i += 1;
+                        self.ws();
+                        self.value(depth + 1, ks as u32, ke as u32, kesc)?;
+                        node.count += 1;
+                        self.ws();
+                        match self.b.get(self.i) {
+                            Some(b',') => self.i += 1,
+                            Some(b'}') => {
+                                self.i += 1;
+                                break;
+                            }
+                            _ => return self.fail("expected `,` or `}`"),
+                        }
+                    }
+                }
+            }
+            Some(b'[') => {
+                if depth >= DEPTH_MAX {
+                    return self.fail(&format!("nested deeper than {DEPTH_MAX} levels"));
+                }
+                node.tag = Tag::Array;
+                self.i += 1;
+                self.ws();
+                if self.b.get(self.i) == Some(&b']') {
+                    self.i += 1;
+                } else {
+                    loop {
+                        self.ws();
+                        self.value(depth + 1, 0, 0, false)?;
+                        node.count += 1;
+                        self.ws();
+                        match self.b.get(self.i) {
+                            Some(b',') => self.i += 1,
+                            Some(b']') => {
+                                self.i += 1;
+                                break;
+                            }
+                            _ => return self.fail("expected `,` or `]`"),
+                        }
+                    }
+                }
+            }
+            Some(b'"') => {
+                let (s, e, esc) = self.string()?;
+                node.tag = Tag::String;
+                node.escaped = esc;
+                node.start = s as u32;
+                self.nodes[index] = Node { end: e as u32, ..node };
+                return Ok(());
+            }
+            Some(b't') => self.literal(b"true", &mut node, Tag::True)?,
+            Some(b'f') => self.literal(b"false", &mut node, Tag::False)?,
+            Some(b'n') => self.literal(b"null", &mut node, Tag::Null)?,
+            Some(b'-' | b'0'..=b'9') => {
+                self.number()?;
+                node.tag = Tag::Number;
+            }
+            _ => return self.fail("expected a JSON value"),
+        }
+        node.end = self.i as u32;
+        node.size = (self.nodes.len() - index) as u32;
+        self.nodes[index] = node;
+        Ok(())
+    }
+
+    fn literal(&mut self, word: &[u8], node: &mut Node, tag: Tag) -> Result<(), String> {
+        if self.b[self.i..].starts_with(word) {
+            self.i += word.len();
+            node.tag = tag;
+            Ok(())
+        } else {
+            self.fail("expected a JSON value")
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.i;
+        while self.i < self.b.len() && self.b[self.i].is_ascii_digit() {
+            self.i += 1;
+        }
+        self.i - start
+    }
+
+    fn number(&mut self) -> Result<(), String> {
+        if self.b[self.i] == b'-' {
+            self.i += 1;
+        }
+        match self.b.get(self.i) {
+            Some(b'0') => self.i += 1,
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return self.fail("expected digits in a number"),
+        }
+        if self.b.get(self.i) == Some(&b'.') {
+            self.i += 1;
+            if self.digits() == 0 {
+                return self.fail("expected digits after the decimal point");
+            }
+        }
+        if matches!(self.b.get(self.i), Some(b'e' | b'E')) {
+            self.i += 1;
+            if matches!(self.b.get(self.i), Some(b'+' | b'-')) {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                return self.fail("expected digits in the exponent");
+            }
+        }
+        Ok(())
+    }
+
+    /// Scans a string at `self.i` (an opening quote); returns its inner span.
+    fn string(&mut self) -> Result<(usize, usize, bool), String> {
+        self.i += 1;
+        let start = self.i;
+        let mut escaped = false;
+        loop {
+            let Some(&c) = self.b.get(self.i) else {
+                return self.fail("unterminated string");
+            };
+            match c {
+                b'"' => {
+                    let end = self.i;
+                    self.i += 1;
+                    return Ok((start, end, escaped));
+                }
+                b'\\' => {
+                    escaped = true;
+                    self.i += 1;
+                    match self.b.get(self.i) {
+                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.i += 1,
+                        Some(b'u') => {
+                            let hex = self.b.get(self.i + 1..self.i + 5);
+                            if !hex.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
+                                return self.fail("bad \\u escape");
+                            }
+                            self.i += 5;
+                        }
+                        _ => return self.fail("bad escape in a string"),
+                    }
+                }
+                0..=0x1f => return self.fail("control character in a string"),
+                _ => self.i += 1,
+            }
+        }
+    }
+}
+
+/// Decodes the inner text of a JSON string; lone surrogates become U+FFFD.
+fn unescape(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('r') => out.push('\r'),
+            Some('b') => out.push('\u{8}'),
+            Some('f') => out.push('\u{c}'),
+            Some('u') => {
+                let hex: String = chars.by_ref().take(4).collect();
+                let first = u32::from_str_radix(&hex, 16).unwrap_or(0xfffd);
+                let code = if (0xd800..0xdc00).contains(&first) {
+                    let rest = chars.as_str();
+                    let low = rest
+                        .strip_prefix("\\u")
+                        .and_then(|r| r.get(..4))
+                        .and_then(|h| u32::from_str_radix(h, 16).ok())
+                        .filter(|low| (0xdc00..0xe000).contains(low));
+                    match low {
+                        Some(low) => {
+                            chars.nth(5);
+                            0x10000 + ((first - 0xd800) << 10) + (low - 0xdc00)
+                        }
+                        None => 0xfffd,
+                    }
+                } else {
+                    first
+                };
+                out.push(char::from_u32(code).unwrap_or('\u{fffd}'));
+            }
+            Some(other) => out.push(other),
+            None => {}
+        }
+    }
+    out
+}
+
+impl<'d> Val<'d> {
+    fn node(&self) -> &'d Node {
+        &self.doc.nodes[self.index]
+    }
+
+    pub fn tag(&self) -> Tag {
+        self.node().tag
+    }
+
+    /// The value's exact text as it appeared (strings without quotes).
+    pub fn raw(&self) -> &'d str {
+        let n = self.node();
+        &self.src[n.start as usize..n.end as usize]
+    }
+
+    /// The value's JSON text (strings with their quotes).
+    pub fn json_text(&self) -> &'d str {
+        let n = self.node();
+        if n.tag == Tag::String {
+            &self.src[n.start as usize - 1..n.end as usize + 1]
+        } else {
+            self.raw()
+        }
+    }
+
+    /// A string's decoded text.
+    pub fn str(&self) -> Option<Cow<'d, str>> {
+        let n = self.node();
+        if n.tag != Tag::String {
+            return None;
+        }
+        let raw = self.raw();
+        Some(if n.escaped { Cow::Owned(unescape(raw)) } else { Cow::Borrowed(raw) })
+    }
+
+    fn key_is(&self, name: &str) -> bool {
+        let n = self.node();
+        let raw = &self.src[n.key_start as usize..n.key_end as usize];
+        if n.key_escaped {
+            unescape(raw) == name
+        } else {
+            raw == name
+        }
+    }
+
+    fn key_text(&self) -> Cow<'d, str> {
+        let n = self.node();
+        let raw = &self.src[n.key_start as usize..n.key_end as usize];
+        if n.key_escaped {
+            Cow::Owned(unescape(raw))
+        } else {
+            Cow::Borrowed(raw)
+        }
+    }
+
+    /// Children of an array or object, in order.
+    pub fn children(&self) -> impl Iterator<Item = Val<'d>> + 'd {
+        let n = *self.node();
+        let (doc, src) = (self.doc, self.src);
+        let mut index = self.index + 1;
+        let count = if matches!(n.tag, Tag::Array | Tag::Object) { n.count } else { 0 };
+        (0..count).map(move |_| {
+            let child = Val { doc, src, index };
+            index += doc.nodes[index].size as usize;
+            child
+        })
+    }
+
+    /// An object's member; the last one wins when a name repeats.
+    pub fn get(&self, name: &str) -> Option<Val<'d>> {
+        if self.tag() != Tag::Object {
+            return None;
+        }
+        self.children().filter(|c| c.key_is(name)).last()
+    }
+
+    /// Follows a field path; `None` when any segment is missing or not an object.
+    pub fn path<S: AsRef<str>>(&self, segments: &[S]) -> Option<Val<'d>> {
+        let mut at = *self;
+        for segment in segments {
+            at = at.get(segment.as_ref())?;
+        }
+        Some(at)
+    }
+
+    /// A 128-bit hash of the value as parsed JSON: member order, whitespace,
+    /// escapes and the spelling of numbers (`1.50` vs `1.5e0`) do not matter.
+    pub fn canonical_hash(&self) -> u128 {
+        let mut scratch = Vec::new();
+        self.hash_into(&mut scratch)
+    }
+
+    fn hash_into(&self, scratch: &mut Vec<u8>) -> u128 {
+        match self.tag() {
+            Tag::Null => xxh3_128(b"n"),
+            Tag::True => xxh3_128(b"t"),
+            Tag::False => xxh3_128(b"f"),
+            Tag::Number => {
+                scratch.clear();
+                scratch.push(b'd');
+                canonical_number(self.raw(), scratch);
+                xxh3_128(scratch)
+            }
+            Tag::String => {
+                scratch.clear();
+                scratch.push(b's');
+                scratch.extend_from_slice(self.str().unwrap_or_default().as_bytes());
+                xxh3_128(scratch)
+            }
+            Tag::Array => {
+                let mut hasher = Xxh3::new();
+                hasher.update(b"[");
+                for child in self.children() {
+                    hasher.update(&child.hash_into(scratch).to_le_bytes());
+                }
+                hasher.digest128()
+            }
+            Tag::Object => {
+                // Members combine by addition, so their order does not matter.
+                let mut sum: u128 = 0;
+                for child in self.children() {
+                    let value = child.hash_into(scratch);
+                    let mut hasher = Xxh3::new();
+                    hasher.update(child.key_text().as_bytes());
+                    hasher.update(&[0xff]);
+                    hasher.update(&value.to_le_bytes());
+                    sum = sum.wrapping_add(hasher.digest128());
+                }
+                let mut hasher = Xxh3::new();
+                hasher.update(b"{");
+                hasher.update(&sum.to_le_bytes());
+                hasher.digest128()
+            }
+        }
+    }
+}
+
+/// Writes a JSON number's value in one spelling: significant digits without
+/// leading or trailing zeros, then the power of ten (`12.50` -> `125e-1`).
+pub fn canonical_number(text: &str, out: &mut Vec<u8>) {
+    let (negative, body) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exponent) = match body.find(['e', 'E']) {
+        Some(at) => (&body[..at], body[at + 1..].parse::<i64>().unwrap_or(0)),
+        None => (body, 0),
+    };
+    let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let mut digits: Vec<u8> = int_part.bytes().chain(frac_part.bytes()).collect();
+    let mut exp = exponent - frac_part.len() as i64;
+    let leading = digits.iter().take_while(|&&d| d == b'0').count();
+    digits.drain(..leading);
+    while digits.last() == Some(&b'0') {
+        digits.pop();
+        exp += 1;
+    }
+    if digits.is_empty() {
+        out.push(b'0');
+        return;
+    }
+    if negative {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits);
+    out.push(b'e');
+    out.extend_from_slice(exp.to_string().as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parses(text: &str) -> bool {
+        Doc::default().parse(text).is_ok()
+    }
+
+    #[test]
+    fn accepts_what_serde_json_accepts_on_samples() {
+        for text in [
+            "{}", "[]", "0", "-0.5e+3", "\"a\\u00e9\\n\"", r#"{"a":[1,{"b":null}],"c":true}"#,
+            " { \"x\" : 1 } ", "[1,2,3]", "\"\\ud83d\\ude00\"",
+        ] {
+            assert!(parses(text), "{text}");
+            assert!(serde_json::from_str::<serde_json::Value>(text).is_ok());
+        }
+        for text in [
+            "", "{", "{\"a\":}", "[1,]", "01", "1.", "-", "tru", "\"\u{1}\"", "{\"a\" 1}", "1 2",
+            "{'a':1}", "\"\\x\"", "NaN", "[1 2]",
+        ] {
+            assert!(!parses(text), "{text}");
+        }
+    }
+
+    #[test]
+    fn paths_and_strings() {
+        let src = r#"{"acct":{"id":"a-1","n":12.50},"k\u0065y":"v\"q","dup":1,"dup":2}"#;
+        let mut doc = Doc::default();
+        doc.parse(src).unwrap();
+        let root = doc.root(src);
+        assert_eq!(root.path(&["acct", "id"]).unwrap().str().unwrap(), "a-1");
+        assert_eq!(root.path(&["acct", "n"]).unwrap().raw(), "12.50");
+        assert_eq!(root.get("key").unwrap().str().unwrap(), "v\"q");
+        assert_eq!(root.get("dup").unwrap().raw(), "2");
+        assert!(root.path(&["acct", "id", "x"]).is_none());
+        assert!(root.get("missing").is_none());
+    }
+
+    #[test]
+    fn canonical_hash_ignores_spelling() {
+        let hash = |text: &str| {
+            let mut doc = Doc::default();
+            doc.parse(text).unwrap();
+            doc.root(text).canonical_hash()
+        };
+        assert_eq!(hash(r#"{"a":1.50,"b":"x"}"#), hash(r#"{ "b" : "\u0078", "a" : 15e-1 }"#));
+        assert_eq!(hash("100"), hash("1e2"));
+        assert_eq!(hash("0"), hash("-0.0"));
+        assert_ne!(hash(r#"{"a":1}"#), hash(r#"{"a":"1"}"#));
+        assert_ne!(hash("[1,2]"), hash("[2,1]"));
+        assert_ne!(hash(r#"{"a":{"b":1}}"#), hash(r#"{"a":{"c":1}}"#));
+    }
+
+    #[test]
+    fn depth_is_bounded() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(Doc::default().parse(&deep).unwrap_err().contains("nested deeper"));
+    }
+}

@@ -1,0 +1,59 @@
+//! Group keys as bytes: one encoding that hashes, sorts and decodes back to
+//! the key's JSON. Each field is a tag (`s` string, `i` integer, `b` boolean),
+//! a 4-byte big-endian length, and the text.
+//!
+//! A window is found by its "window key": the window start (sign-flipped,
+//! big-endian, so byte order is time order) followed by the group key.
+
+use crate::output::write_str;
+
+pub(crate) fn push_field(tag: u8, text: &str, out: &mut Vec<u8>) {
+    out.push(tag);
+    out.extend_from_slice(&(text.len() as u32).to_be_bytes());
+    out.extend_from_slice(text.as_bytes());
+}
+
+pub(crate) fn window_key(start: i64, key: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&((start as u64) ^ (1 << 63)).to_be_bytes());
+    out.extend_from_slice(key);
+}
+
+pub(crate) fn split_window_key(wkey: &[u8]) -> (i64, &[u8]) {
+    let mut start = [0u8; 8];
+    start.copy_from_slice(&wkey[..8]);
+    ((u64::from_be_bytes(start) ^ (1 << 63)) as i64, &wkey[8..])
+}
+
+/// Decodes the fields of a key; stops quietly at anything malformed.
+pub(crate) fn fields(key: &[u8]) -> impl Iterator<Item = (u8, &str)> {
+    let mut rest = key;
+    std::iter::from_fn(move || {
+        if rest.len() < 5 {
+            return None;
+        }
+        let tag = rest[0];
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        let text = rest.get(5..5 + len).and_then(|b| std::str::from_utf8(b).ok())?;
+        rest = &rest[5 + len..];
+        Some((tag, text))
+    })
+}
+
+/// Writes the key as a JSON object named by the contract's key paths.
+pub fn write_json(key: &[u8], names: &[String], out: &mut String) {
+    out.push('{');
+    for (i, (name, (tag, text))) in names.iter().zip(fields(key)).enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_str(name, out);
+        out.push(':');
+        match tag {
+            b's' => write_str(text, out),
+            b'b' => out.push_str(if text == "1" { "true" } else { "false" }),
+            _ => out.push_str(text),
+        }
+    }
+    out.push('}');
+}

@@ -1,0 +1,22 @@
+//! weir's engine: windows, watermarks, lateness, dedup, aggregates and
+//! emission (SPEC.md section 3), and snapshots of all of it.
+//!
+//! No I/O, no async runtime, no wall clock: a caller feeds [`EventIn`]s to an
+//! [`Engine`] and drains [`Output`]. The command line, the server, replay and
+//! tests all drive this same type.
+
+mod agg;
+mod engine;
+mod json;
+mod key;
+mod number;
+mod output;
+mod plan;
+mod rule;
+mod snapshot;
+pub mod time;
+
+pub use agg::OutValue;
+pub use engine::{Counters, Engine, EventIn, Mode, PlanError, WM_MAX, WM_MIN};
+pub use output::{write_str, LedgerEntry, Output, Reason, Row, RowFormat, Status};
+pub use snapshot::{SnapshotError, SNAPSHOT_FORMAT};

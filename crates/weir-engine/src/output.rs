@@ -1,0 +1,238 @@
+//! What the engine emits: result rows and ledger entries (SPEC.md section 4),
+//! and their JSON-lines form. Writing JSON is pure: bytes into a buffer.
+
+use serde::{Deserialize, Serialize};
+
+use crate::agg::OutValue;
+use crate::key;
+use crate::time::write_rfc3339_ms;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Status {
+    Provisional,
+    Settled,
+    Retracted,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Provisional => "provisional",
+            Status::Settled => "settled",
+            Status::Retracted => "retracted",
+        }
+    }
+}
+
+/// One result row. `window_start` / `window_end` are `None` for a global window;
+/// `watermark` is `None` while it is -infinity or once it is +infinity.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub key: Box<[u8]>,
+    pub window_start: Option<i64>,
+    pub window_end: Option<i64>,
+    pub status: Status,
+    pub revision: u32,
+    pub values: Vec<OutValue>,
+    pub events: u64,
+    pub late_events: u64,
+    pub watermark: Option<i64>,
+}
+
+/// Why an event did not count (or did not count in one window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Reason {
+    TooLarge,
+    MalformedJson,
+    MissingField,
+    BadType,
+    RuleError,
+    Duplicate,
+    DuplicateConflict,
+    TooLate,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 8] = [
+        Reason::TooLarge,
+        Reason::MalformedJson,
+        Reason::MissingField,
+        Reason::BadType,
+        Reason::RuleError,
+        Reason::Duplicate,
+        Reason::DuplicateConflict,
+        Reason::TooLate,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::TooLarge => "too_large",
+            Reason::MalformedJson => "malformed_json",
+            Reason::MissingField => "missing_field",
+            Reason::BadType => "bad_type",
+            Reason::RuleError => "rule_error",
+            Reason::Duplicate => "duplicate",
+            Reason::DuplicateConflict => "duplicate_conflict",
+            Reason::TooLate => "too_late",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One ledger entry: an event (or an event's share in one window) that did not count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LedgerEntry {
+    pub partition: u32,
+    pub offset: u64,
+    pub reason: Reason,
+    pub event_id: Option<String>,
+    pub event_time: Option<i64>,
+    pub key: Option<Box<[u8]>>,
+    pub window: Option<(i64, i64)>,
+    pub first_offset: Option<u64>,
+    pub detail: String,
+    /// The event as it arrived (cut to [`PAYLOAD_BYTES_MAX`] bytes).
+    pub payload: Option<String>,
+}
+
+/// Ledger payloads longer than this are cut (on a character boundary).
+pub const PAYLOAD_BYTES_MAX: usize = 4096;
+
+/// Collects what one or more events produced; the caller drains it.
+#[derive(Debug, Default)]
+pub struct Output {
+    pub rows: Vec<Row>,
+    pub ledger: Vec<LedgerEntry>,
+}
+
+impl Output {
+    pub fn clear(&mut self) {
+        self.rows.clear();
+        self.ledger.clear();
+    }
+}
+
+/// Names that rows are written with: the pipeline, its key fields and aggregates.
+#[derive(Debug, Clone)]
+pub struct RowFormat {
+    pub pipeline: String,
+    pub version: u32,
+    pub key_names: Vec<String>,
+    pub value_names: Vec<String>,
+}
+
+impl RowFormat {
+    /// Appends the row as one JSON line (with its newline).
+    pub fn write_row(&self, row: &Row, out: &mut String) {
+        out.push_str("{\"pipeline\":");
+        write_str(&self.pipeline, out);
+        out.push_str(",\"version\":");
+        out.push_str(&self.version.to_string());
+        out.push_str(",\"key\":");
+        key::write_json(&row.key, &self.key_names, out);
+        out.push_str(",\"window_start\":");
+        write_time(row.window_start, out);
+        out.push_str(",\"window_end\":");
+        write_time(row.window_end, out);
+        out.push_str(",\"status\":\"");
+        out.push_str(row.status.as_str());
+        out.push_str("\",\"revision\":");
+        out.push_str(&row.revision.to_string());
+        out.push_str(",\"values\":{");
+        for (i, (name, value)) in self.value_names.iter().zip(&row.values).enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            write_str(name, out);
+            out.push(':');
+            match value {
+                OutValue::Null => out.push_str("null"),
+                OutValue::Int(n) => out.push_str(&n.to_string()),
+                OutValue::Dec(d) => out.push_str(&d.to_string()),
+                OutValue::Json(text) => out.push_str(text),
+            }
+        }
+        out.push_str("},\"events\":");
+        out.push_str(&row.events.to_string());
+        out.push_str(",\"late_events\":");
+        out.push_str(&row.late_events.to_string());
+        out.push_str(",\"watermark\":");
+        write_time(row.watermark, out);
+        out.push_str("}\n");
+    }
+
+    /// Appends the ledger entry as one JSON line (with its newline).
+    pub fn write_ledger(&self, entry: &LedgerEntry, out: &mut String) {
+        out.push_str("{\"pipeline\":");
+        write_str(&self.pipeline, out);
+        out.push_str(",\"version\":");
+        out.push_str(&self.version.to_string());
+        out.push_str(",\"partition\":");
+        out.push_str(&entry.partition.to_string());
+        out.push_str(",\"offset\":");
+        out.push_str(&entry.offset.to_string());
+        out.push_str(",\"reason\":\"");
+        out.push_str(entry.reason.as_str());
+        out.push('"');
+        if let Some(id) = &entry.event_id {
+            out.push_str(",\"event_id\":");
+            write_str(id, out);
+        }
+        if let Some(t) = entry.event_time {
+            out.push_str(",\"event_time\":");
+            write_time(Some(t), out);
+        }
+        if let Some(k) = &entry.key {
+            out.push_str(",\"key\":");
+            key::write_json(k, &self.key_names, out);
+        }
+        if let Some((start, end)) = entry.window {
+            out.push_str(",\"window_start\":");
+            write_time(Some(start), out);
+            out.push_str(",\"window_end\":");
+            write_time(Some(end), out);
+        }
+        if let Some(first) = entry.first_offset {
+            out.push_str(",\"first_offset\":");
+            out.push_str(&first.to_string());
+        }
+        out.push_str(",\"detail\":");
+        write_str(&entry.detail, out);
+        if let Some(payload) = &entry.payload {
+            out.push_str(",\"payload\":");
+            write_str(payload, out);
+        }
+        out.push_str("}\n");
+    }
+}
+
+fn write_time(t: Option<i64>, out: &mut String) {
+    match t {
+        Some(ms) => {
+            out.push('"');
+            write_rfc3339_ms(ms, out);
+            out.push('"');
+        }
+        None => out.push_str("null"),
+    }
+}
+
+/// Writes `text` as a JSON string literal.
+pub fn write_str(text: &str, out: &mut String) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}

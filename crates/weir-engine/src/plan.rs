@@ -1,0 +1,88 @@
+//! The contract compiled for the hot path: field paths split once, rules
+//! compiled with their decimal literals read once.
+
+use weir_contract::{AggFn, Contract, FieldPath, LatePolicy, WindowKind};
+
+use crate::output::RowFormat;
+use crate::rule::Rule;
+
+#[derive(Debug, Clone)]
+pub(crate) struct AggPlan {
+    pub func: AggFn,
+    pub field: Option<Vec<Box<str>>>,
+    pub field_name: String,
+    pub rule: Option<Rule>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub name: String,
+    pub version: u32,
+    pub text_hash: u64,
+    pub time_path: Vec<Box<str>>,
+    pub time_name: String,
+    pub key_paths: Vec<Vec<Box<str>>>,
+    pub key_names: Vec<String>,
+    pub id_path: Option<Vec<Box<str>>>,
+    pub id_name: String,
+    pub rule: Option<Rule>,
+    pub max_delay_ms: i64,
+    pub max_event_bytes: usize,
+    pub kind: WindowKind,
+    pub lateness_ms: i64,
+    pub late: LatePolicy,
+    pub early: bool,
+    pub horizon_ms: Option<i64>,
+    pub aggs: Vec<AggPlan>,
+    pub format: RowFormat,
+}
+
+fn split(path: &FieldPath) -> Vec<Box<str>> {
+    path.segments().iter().map(|s| s.as_str().into()).collect()
+}
+
+impl Plan {
+    pub(crate) fn compile(contract: &Contract) -> Result<Plan, String> {
+        let compile_rule = |rule: &Option<(String, weir_contract::Expr)>, key: &str| {
+            rule.as_ref()
+                .map(|(_, expr)| Rule::compile(expr).map_err(|e| format!("`{key}`: {e}")))
+                .transpose()
+        };
+        let mut aggs = Vec::new();
+        for (i, agg) in contract.aggregates.iter().enumerate() {
+            aggs.push(AggPlan {
+                func: agg.func,
+                field: agg.field.as_ref().map(split),
+                field_name: agg.field.as_ref().map(ToString::to_string).unwrap_or_default(),
+                rule: compile_rule(&agg.rule, &format!("aggregate[{}].where", i + 1))?,
+            });
+        }
+        let source = &contract.source;
+        Ok(Plan {
+            name: contract.pipeline.name.clone(),
+            version: contract.pipeline.version,
+            text_hash: contract.text_hash,
+            time_path: split(&source.event_time),
+            time_name: source.event_time.to_string(),
+            key_paths: source.key.iter().map(split).collect(),
+            key_names: source.key.iter().map(ToString::to_string).collect(),
+            id_path: source.event_id.as_ref().map(split),
+            id_name: source.event_id.as_ref().map(ToString::to_string).unwrap_or_default(),
+            rule: compile_rule(&source.rule, "source.where")?,
+            max_delay_ms: source.max_delay_ms,
+            max_event_bytes: source.max_event_bytes,
+            kind: contract.window.kind,
+            lateness_ms: contract.window.allowed_lateness_ms,
+            late: contract.window.late,
+            early: contract.window.early,
+            horizon_ms: contract.dedup.map(|d| d.horizon_ms),
+            aggs,
+            format: RowFormat {
+                pipeline: contract.pipeline.name.clone(),
+                version: contract.pipeline.version,
+                key_names: source.key.iter().map(ToString::to_string).collect(),
+                value_names: contract.aggregates.iter().map(|a| a.name.clone()).collect(),
+            },
+        })
+    }
+}

@@ -1,0 +1,241 @@
+//! Evaluating `where` rules against an event (SPEC.md sections 3.1 and 5).
+//!
+//! Semantics follow CEL: `==` across types is false, ordering across types is
+//! an error, a missing field is an error, `has()` guards, and `&&` / `||`
+//! absorb an error when the other side decides (`false && error` is false).
+
+use std::borrow::Cow;
+use std::cmp::Ordering;
+
+use rust_decimal::Decimal;
+use weir_contract::{CmpOp, Expr};
+
+use crate::json::{Tag, Val};
+use crate::number::parse_decimal;
+
+#[derive(Debug, Clone)]
+pub(crate) enum Rule {
+    Lit(Lit),
+    List(Vec<Rule>),
+    Field(Vec<Box<str>>),
+    Has(Vec<Box<str>>),
+    Not(Box<Rule>),
+    Cmp(CmpOp, Box<Rule>, Box<Rule>),
+    In(Box<Rule>, Box<Rule>),
+    And(Box<Rule>, Box<Rule>),
+    Or(Box<Rule>, Box<Rule>),
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Lit {
+    Null,
+    Bool(bool),
+    Num(Decimal),
+    Str(String),
+}
+
+/// A value during evaluation.
+enum V<'a> {
+    Null,
+    Bool(bool),
+    Num(Decimal),
+    Str(Cow<'a, str>),
+    List(Vec<V<'a>>),
+    /// A JSON array or object from the event.
+    Json(Val<'a>),
+}
+
+/// Why a rule could not be evaluated; becomes the ledger entry's detail.
+pub(crate) type RuleError = String;
+
+impl Rule {
+    pub(crate) fn compile(expr: &Expr) -> Result<Rule, String> {
+        let path = |p: &weir_contract::FieldPath| p.segments().iter().map(|s| s.as_str().into()).collect();
+        Ok(match expr {
+            Expr::Null => Rule::Lit(Lit::Null),
+            Expr::Bool(b) => Rule::Lit(Lit::Bool(*b)),
+            Expr::Number(text) => Rule::Lit(Lit::Num(
+                parse_decimal(text).ok_or_else(|| format!("number {text} has more digits than weir keeps (28)"))?,
+            )),
+            Expr::Str(s) => Rule::Lit(Lit::Str(s.clone())),
+            Expr::List(items) => Rule::List(items.iter().map(Rule::compile).collect::<Result<_, _>>()?),
+            Expr::Field(p) => Rule::Field(path(p)),
+            Expr::Has(p) => Rule::Has(path(p)),
+            Expr::Not(e) => Rule::Not(Box::new(Rule::compile(e)?)),
+            Expr::Cmp(op, a, b) => Rule::Cmp(*op, Box::new(Rule::compile(a)?), Box::new(Rule::compile(b)?)),
+            Expr::In(a, b) => Rule::In(Box::new(Rule::compile(a)?), Box::new(Rule::compile(b)?)),
+            Expr::And(a, b) => Rule::And(Box::new(Rule::compile(a)?), Box::new(Rule::compile(b)?)),
+            Expr::Or(a, b) => Rule::Or(Box::new(Rule::compile(a)?), Box::new(Rule::compile(b)?)),
+        })
+    }
+
+    /// Evaluates the rule as a condition: `Ok(true)` includes the event.
+    pub(crate) fn test(&self, event: Val<'_>) -> Result<bool, RuleError> {
+        match self.eval(event)? {
+            V::Bool(b) => Ok(b),
+            _ => Err("the rule does not give true or false".into()),
+        }
+    }
+
+    fn eval<'a>(&'a self, event: Val<'a>) -> Result<V<'a>, RuleError> {
+        Ok(match self {
+            Rule::Lit(Lit::Null) => V::Null,
+            Rule::Lit(Lit::Bool(b)) => V::Bool(*b),
+            Rule::Lit(Lit::Num(n)) => V::Num(*n),
+            Rule::Lit(Lit::Str(s)) => V::Str(Cow::Borrowed(s)),
+            Rule::List(items) => V::List(items.iter().map(|i| i.eval(event)).collect::<Result<_, _>>()?),
+            Rule::Field(path) => match event.path(path) {
+                Some(val) => from_json(val)?,
+                None => return Err(format!("missing {}", path.join("."))),
+            },
+            Rule::Has(path) => V::Bool(event.path(path).is_some()),
+            Rule::Not(inner) => match inner.eval(event)? {
+                V::Bool(b) => V::Bool(!b),
+                _ => return Err("`!` needs true or false".into()),
+            },
+            Rule::And(a, b) => logic(a.eval(event), || b.eval(event), false)?,
+            Rule::Or(a, b) => logic(a.eval(event), || b.eval(event), true)?,
+            Rule::Cmp(op, a, b) => {
+                let (a, b) = (a.eval(event)?, b.eval(event)?);
+                V::Bool(match op {
+                    CmpOp::Eq => equal(&a, &b),
+                    CmpOp::Ne => !equal(&a, &b),
+                    _ => {
+                        let ord = order(&a, &b).ok_or_else(|| "cannot order".to_owned())?;
+                        match op {
+                            CmpOp::Lt => ord == Ordering::Less,
+                            CmpOp::Le => ord != Ordering::Greater,
+                            CmpOp::Gt => ord == Ordering::Greater,
+                            _ => ord != Ordering::Less,
+                        }
+                    }
+                })
+            }
+            Rule::In(a, b) => {
+                let (a, b) = (a.eval(event)?, b.eval(event)?);
+                V::Bool(match b {
+                    V::List(items) => items.iter().any(|item| equal(&a, item)),
+                    V::Json(val) if val.tag() == Tag::Array => {
+                        let mut found = false;
+                        for child in val.children() {
+                            if equal(&a, &from_json(child)?) {
+                                found = true;
+                                break;
+                            }
+                        }
+                        found
+                    }
+                    _ => return Err("`in` needs a list on its right".into()),
+                })
+            }
+        })
+    }
+}
+
+/// `&&` (`decisive` = false) and `||` (`decisive` = true), commutative over errors.
+fn logic<'a>(
+    left: Result<V<'a>, RuleError>,
+    right: impl FnOnce() -> Result<V<'a>, RuleError>,
+    decisive: bool,
+) -> Result<V<'a>, RuleError> {
+    let op = if decisive { "||" } else { "&&" };
+    let as_bool = |v: Result<V<'a>, RuleError>| match v {
+        Ok(V::Bool(b)) => Ok(b),
+        Ok(_) => Err(format!("`{op}` needs true or false")),
+        Err(e) => Err(e),
+    };
+    let left = as_bool(left);
+    if left == Ok(decisive) {
+        return Ok(V::Bool(decisive));
+    }
+    let right = as_bool(right());
+    match (left, right) {
+        (_, Ok(b)) if b == decisive => Ok(V::Bool(decisive)),
+        (Ok(_), Ok(_)) => Ok(V::Bool(!decisive)),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    }
+}
+
+fn from_json(val: Val<'_>) -> Result<V<'_>, RuleError> {
+    Ok(match val.tag() {
+        Tag::Null => V::Null,
+        Tag::True => V::Bool(true),
+        Tag::False => V::Bool(false),
+        Tag::Number => V::Num(parse_decimal(val.raw()).ok_or_else(|| format!("number {} is out of range", val.raw()))?),
+        Tag::String => V::Str(val.str().unwrap_or_default()),
+        Tag::Array | Tag::Object => V::Json(val),
+    })
+}
+
+fn equal(a: &V<'_>, b: &V<'_>) -> bool {
+    match (a, b) {
+        (V::Null, V::Null) => true,
+        (V::Bool(x), V::Bool(y)) => x == y,
+        (V::Num(x), V::Num(y)) => x == y,
+        (V::Str(x), V::Str(y)) => x == y,
+        (V::List(x), V::List(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| equal(p, q)),
+        (V::Json(x), V::Json(y)) => x.canonical_hash() == y.canonical_hash(),
+        _ => false,
+    }
+}
+
+fn order(a: &V<'_>, b: &V<'_>) -> Option<Ordering> {
+    match (a, b) {
+        (V::Num(x), V::Num(y)) => Some(x.cmp(y)),
+        (V::Str(x), V::Str(y)) => Some(x.cmp(y)),
+        (V::Bool(x), V::Bool(y)) => Some(x.cmp(y)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::json::Doc;
+
+    /// `check(rule, event, expect)`: `Some(b)` for a result, `None` for an error.
+    fn check(rule: &str, event: &str, expect: Option<bool>) {
+        let rule = Rule::compile(&weir_contract::parse_rule(rule).unwrap()).unwrap();
+        let mut doc = Doc::default();
+        doc.parse(event).unwrap();
+        assert_eq!(rule.test(doc.root(event)).ok(), expect, "{rule:?} on {event}");
+    }
+
+    #[test]
+    fn comparisons() {
+        check(r#"status == "approved""#, r#"{"status":"approved"}"#, Some(true));
+        check(r#"status == "approved""#, r#"{"status":"declined"}"#, Some(false));
+        check(r#"status == "approved""#, r#"{}"#, None);
+        check("amount >= 0", r#"{"amount":12.5}"#, Some(true));
+        check("amount >= 0", r#"{"amount":"12.5"}"#, None);
+        check("amount >= 0", r#"{"amount":null}"#, None);
+        check("amount == 12.50", r#"{"amount":12.5}"#, Some(true));
+        check("amount == 1", r#"{"amount":"1"}"#, Some(false));
+        check("x == null", r#"{"x":null}"#, Some(true));
+        check("a.b < 'm'", r#"{"a":{"b":"k"}}"#, Some(true));
+        check("0.1 + 0.2", r#"{}"#, None);
+    }
+
+    #[test]
+    fn logic_absorbs_errors_like_cel() {
+        check(r#"has(currency) && currency == "EUR""#, r#"{}"#, Some(false));
+        check(r#"currency == "EUR" && has(currency)"#, r#"{}"#, Some(false));
+        check(r#"currency == "EUR" || true"#, r#"{}"#, Some(true));
+        check(r#"currency == "EUR" || false"#, r#"{}"#, None);
+        check(r#"!(status == "declined") && amount >= 0"#, r#"{"status":"declined","amount":null}"#, Some(false));
+        check(r#"!(status == "declined") && amount >= 0"#, r#"{"status":"approved","amount":null}"#, None);
+        check("!amount", r#"{"amount":1}"#, None);
+        check("amount", r#"{"amount":true}"#, Some(true));
+    }
+
+    #[test]
+    fn membership() {
+        check(r#"status in ["approved", "captured"]"#, r#"{"status":"captured"}"#, Some(true));
+        check(r#"status in ["approved", "captured"]"#, r#"{"status":"declined"}"#, Some(false));
+        check(r#"status in ["approved"]"#, r#"{}"#, None);
+        check(r#""vip" in tags"#, r#"{"tags":["new","vip"]}"#, Some(true));
+        check(r#""vip" in tags"#, r#"{"tags":"vip"}"#, None);
+        check("has(a.b)", r#"{"a":{"b":null}}"#, Some(true));
+        check("has(a.b)", r#"{"a":1}"#, Some(false));
+    }
+}

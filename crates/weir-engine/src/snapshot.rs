@@ -1,0 +1,130 @@
+//! Snapshot and restore of an engine's whole state: open windows, dedup
+//! memory, watermarks, revision counters and counters.
+//!
+//! Layout: the 8 bytes `WEIRSNAP`, the format number (u32, little-endian),
+//! then the state in postcard. Maps are written in sorted order, so the same
+//! state always gives the same bytes. Invariant: restore(snapshot(e)) continues
+//! with exactly the rows `e` would have emitted.
+
+use std::cmp::Reverse;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use weir_contract::{Contract, WindowKind};
+
+use crate::engine::{Counters, Engine, Mode, PlanError, Seen, State, Window};
+use crate::key;
+use crate::plan::Plan;
+
+const MAGIC: &[u8; 8] = b"WEIRSNAP";
+/// The snapshot format this build writes and reads.
+pub const SNAPSHOT_FORMAT: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("not a weir snapshot (it does not start with WEIRSNAP); check the file or checkpoint it came from")]
+    NotASnapshot,
+    #[error("snapshot format {found} is not readable by this weir, which reads format {SNAPSHOT_FORMAT}; restore it with the weir release that wrote it, or replay from the log")]
+    Format { found: u32 },
+    #[error("snapshot belongs to pipeline {found}, not {expected}; a changed contract must start from the log, not from an old snapshot")]
+    Contract { found: String, expected: String },
+    #[error("snapshot is damaged: {0}; restore an earlier checkpoint or replay from the log")]
+    Corrupt(String),
+    #[error("{0}")]
+    Plan(#[from] PlanError),
+}
+
+#[derive(Serialize, Deserialize)]
+struct Image {
+    pipeline: String,
+    version: u32,
+    text_hash: u64,
+    mode: Mode,
+    part_wm: Vec<i64>,
+    part_idle: Vec<bool>,
+    wm: i64,
+    windows: Vec<(Box<[u8]>, Window)>,
+    seen: Vec<(Box<[u8]>, Seen)>,
+    counters: Counters,
+}
+
+fn identity(name: &str, version: u32, hash: u64) -> String {
+    format!("{name} v{version} (contract {hash:016x})")
+}
+
+impl Engine {
+    /// The engine's whole state as bytes.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let st = &self.st;
+        let mut windows: Vec<(Box<[u8]>, Window)> = st.windows.iter().map(|(k, w)| (k.clone(), w.clone())).collect();
+        windows.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut seen: Vec<(Box<[u8]>, Seen)> = st.seen.iter().map(|(k, s)| (k.clone(), *s)).collect();
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        let image = Image {
+            pipeline: self.plan.name.clone(),
+            version: self.plan.version,
+            text_hash: self.plan.text_hash,
+            mode: self.mode,
+            part_wm: st.part_wm.clone(),
+            part_idle: st.part_idle.clone(),
+            wm: st.wm,
+            windows,
+            seen,
+            counters: st.counters.clone(),
+        };
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&SNAPSHOT_FORMAT.to_le_bytes());
+        // Serialising plain data into a Vec cannot fail.
+        out.extend(postcard::to_allocvec(&image).unwrap_or_default());
+        out
+    }
+
+    /// An engine for `contract` continuing from `bytes`.
+    pub fn restore(contract: &Contract, bytes: &[u8]) -> Result<Engine, SnapshotError> {
+        if bytes.len() < 12 || &bytes[..8] != MAGIC {
+            return Err(SnapshotError::NotASnapshot);
+        }
+        let found = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+        if found != SNAPSHOT_FORMAT {
+            return Err(SnapshotError::Format { found });
+        }
+        let image: Image = postcard::from_bytes(&bytes[12..]).map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
+        let plan = Plan::compile(contract).map_err(PlanError)?;
+        if image.pipeline != plan.name || image.version != plan.version || image.text_hash != plan.text_hash {
+            return Err(SnapshotError::Contract {
+                found: identity(&image.pipeline, image.version, image.text_hash),
+                expected: identity(&plan.name, plan.version, plan.text_hash),
+            });
+        }
+        if image.part_wm.len() != image.part_idle.len() || image.part_wm.is_empty() {
+            return Err(SnapshotError::Corrupt("partition watermarks do not match".into()));
+        }
+        let mut st = State {
+            part_wm: image.part_wm,
+            part_idle: image.part_idle,
+            wm: image.wm,
+            counters: image.counters,
+            ..State::default()
+        };
+        let global = matches!(plan.kind, WindowKind::Global);
+        let session = matches!(plan.kind, WindowKind::Session { .. });
+        for (wkey, w) in image.windows {
+            if wkey.len() < 8 || w.aggs.len() != plan.aggs.len() {
+                return Err(SnapshotError::Corrupt("a window does not match the contract".into()));
+            }
+            let (start, key_bytes) = key::split_window_key(&wkey);
+            if !global {
+                st.timers.insert((w.end, wkey.clone()));
+            }
+            if session {
+                st.sessions.entry(key_bytes.into()).or_default().insert(start, w.end);
+            }
+            st.windows.insert(wkey, w);
+        }
+        for (id, seen) in image.seen {
+            st.expiry.push(Reverse((seen.expires, id.clone())));
+            st.seen.insert(id, seen);
+        }
+        Ok(Engine::from_parts(Arc::new(plan), image.mode, st))
+    }
+}
