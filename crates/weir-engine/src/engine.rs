@@ -110,8 +110,9 @@ pub(crate) struct State {
     pub windows: AHashMap<Box<[u8]>, Window>,
     pub timers: BTreeSet<(i64, Box<[u8]>)>,
     pub sessions: AHashMap<Box<[u8]>, BTreeMap<i64, i64>>,
-    pub seen: AHashMap<Box<[u8]>, Seen>,
-    pub expiry: BinaryHeap<Reverse<(i64, Box<[u8]>)>>,
+    /// Remembered event ids, by a 128-bit hash of the id (see `dedup_key`).
+    pub seen: AHashMap<u128, Seen>,
+    pub expiry: BinaryHeap<Reverse<(i64, u128)>>,
     pub counters: Counters,
 }
 
@@ -308,8 +309,7 @@ impl Engine {
         // 1. Size.
         if event.bytes.len() > self.plan.max_event_bytes {
             let detail = format!(
-                "event is {} bytes, over max_event_bytes = {}; split it or raise the limit in [source]",
-                event.bytes.len(),
+                "event is larger than max_event_bytes = {}; split it or raise the limit in [source]",
                 self.plan.max_event_bytes
             );
             self.ledger(&ctx, Reason::TooLarge, detail, out);
@@ -428,7 +428,7 @@ impl Engine {
                 return Some(time);
             }
             let expires = time.saturating_add(horizon);
-            self.st.seen.insert(id_key.clone(), Seen { partition: ctx.partition, offset: ctx.offset, payload_hash: hash, expires });
+            self.st.seen.insert(id_key, Seen { partition: ctx.partition, offset: ctx.offset, payload_hash: hash, expires });
             self.st.expiry.push(Reverse((expires, id_key)));
         }
         // 7. Windows.
@@ -810,16 +810,18 @@ fn read_id(val: Option<Val<'_>>, name: &str) -> Result<String, FieldError> {
     }
 }
 
-/// Dedup identity: strings and integers never collide (`"5"` is not `5`).
-fn dedup_key(val: Option<Val<'_>>, id: &str) -> Box<[u8]> {
+/// Dedup identity: a 128-bit hash of the id's type and text, so memory per
+/// remembered id is fixed (`"5"` and `5` differ). Two ids share a hash with
+/// probability about 2^-128 per pair.
+fn dedup_key(val: Option<Val<'_>>, id: &str) -> u128 {
     let tag = match val.map(|v| v.tag()) {
         Some(Tag::Number) => b'i',
         _ => b's',
     };
-    let mut out = Vec::with_capacity(id.len() + 1);
-    out.push(tag);
-    out.extend_from_slice(id.as_bytes());
-    out.into()
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    hasher.update(&[tag]);
+    hasher.update(id.as_bytes());
+    hasher.digest128()
 }
 
 /// Step 5 for one aggregate: what the event gives it, or why it cannot.

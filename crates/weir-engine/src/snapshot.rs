@@ -44,7 +44,7 @@ struct Image {
     part_idle: Vec<bool>,
     wm: i64,
     windows: Vec<(Box<[u8]>, Window)>,
-    seen: Vec<(Box<[u8]>, Seen)>,
+    seen: Vec<(u128, Seen)>,
     counters: Counters,
 }
 
@@ -58,7 +58,7 @@ impl Engine {
         let st = &self.st;
         let mut windows: Vec<(Box<[u8]>, Window)> = st.windows.iter().map(|(k, w)| (k.clone(), w.clone())).collect();
         windows.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut seen: Vec<(Box<[u8]>, Seen)> = st.seen.iter().map(|(k, s)| (k.clone(), *s)).collect();
+        let mut seen: Vec<(u128, Seen)> = st.seen.iter().map(|(k, s)| (*k, *s)).collect();
         seen.sort_by(|a, b| a.0.cmp(&b.0));
         let image = Image {
             pipeline: self.plan.name.clone(),
@@ -122,7 +122,7 @@ impl Engine {
             st.windows.insert(wkey, w);
         }
         for (id, seen) in image.seen {
-            st.expiry.push(Reverse((seen.expires, id.clone())));
+            st.expiry.push(Reverse((seen.expires, id)));
             st.seen.insert(id, seen);
         }
         Ok(Engine::from_parts(Arc::new(plan), image.mode, st))

@@ -1,0 +1,74 @@
+//! Reading JSON-lines input with a bound on memory: a line longer than the
+//! limit is measured and skipped, keeping only its first bytes.
+
+use std::io::{self, BufRead};
+
+pub struct Lines<R> {
+    reader: R,
+    buf: Vec<u8>,
+    limit: usize,
+    line_no: u64,
+}
+
+/// One line: its 1-based number and its bytes (cut one byte past the limit,
+/// so a line over the limit still shows as over it).
+pub struct Line<'a> {
+    pub number: u64,
+    pub bytes: &'a [u8],
+}
+
+impl<R: BufRead> Lines<R> {
+    pub fn new(reader: R, limit: usize) -> Lines<R> {
+        Lines { reader, buf: Vec::new(), limit, line_no: 0 }
+    }
+
+    pub fn next_line(&mut self) -> io::Result<Option<Line<'_>>> {
+        self.buf.clear();
+        let mut any = false;
+        loop {
+            let chunk = self.reader.fill_buf()?;
+            if chunk.is_empty() {
+                break;
+            }
+            any = true;
+            let (take, done) = match memchr::memchr(b'\n', chunk) {
+                Some(at) => (at, true),
+                None => (chunk.len(), false),
+            };
+            let room = (self.limit + 1).saturating_sub(self.buf.len());
+            self.buf.extend_from_slice(&chunk[..take.min(room)]);
+            self.reader.consume(if done { take + 1 } else { take });
+            if done {
+                break;
+            }
+        }
+        if !any {
+            return Ok(None);
+        }
+        if self.buf.len() <= self.limit && self.buf.last() == Some(&b'\r') {
+            self.buf.pop();
+        }
+        self.line_no += 1;
+        Ok(Some(Line { number: self.line_no, bytes: &self.buf }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_measures_and_bounds() {
+        let text = b"{\"a\":1}\r\n\nxxxxxxxxxx\nlast";
+        let mut lines = Lines::new(io::BufReader::with_capacity(3, &text[..]), 8);
+        let mut got = Vec::new();
+        while let Some(line) = lines.next_line().unwrap() {
+            got.push((line.number, line.bytes.to_vec()));
+        }
+        assert_eq!(got[0], (1, b"{\"a\":1}".to_vec()));
+        assert_eq!(got[1], (2, b"".to_vec()));
+        assert_eq!(got[2], (3, b"xxxxxxxxx".to_vec()));
+        assert_eq!(got[3], (4, b"last".to_vec()));
+        assert_eq!(got.len(), 4);
+    }
+}
