@@ -3,7 +3,7 @@
 
 use std::cmp::Ordering;
 
-use ahash::AHashSet;
+use hashbrown::HashSet;
 use rust_decimal::Decimal;
 use serde::{Deserialize, Serialize};
 use weir_contract::AggFn;
@@ -57,7 +57,7 @@ pub(crate) enum AggState {
 
 /// Canonical hashes of the distinct values; serialised sorted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct DistinctSet(pub AHashSet<u128>);
+pub(crate) struct DistinctSet(pub HashSet<u128>);
 
 impl Serialize for DistinctSet {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {

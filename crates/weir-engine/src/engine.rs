@@ -13,11 +13,12 @@
 //! - **Revisions per window are 1..n and nothing follows `settled` or
 //!   `retracted`**: a window that emits either is removed in the same step.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use ahash::AHashMap;
+use hashbrown::hash_map::Entry;
+use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
 use weir_contract::{AggFn, Contract, LatePolicy, WindowKind};
 
@@ -107,14 +108,20 @@ pub(crate) struct State {
     pub part_wm: Vec<i64>,
     pub part_idle: Vec<bool>,
     pub wm: i64,
-    pub windows: AHashMap<Box<[u8]>, Window>,
+    pub windows: HashMap<Box<[u8]>, Window>,
     pub timers: BTreeSet<(i64, Box<[u8]>)>,
-    pub sessions: AHashMap<Box<[u8]>, BTreeMap<i64, i64>>,
+    pub sessions: HashMap<Box<[u8]>, BTreeMap<i64, i64>>,
     /// Remembered event ids, by a 128-bit hash of the id (see `dedup_key`).
-    pub seen: AHashMap<u128, Seen>,
-    pub expiry: BinaryHeap<Reverse<(i64, u128)>>,
+    pub seen: HashMap<u128, Seen>,
+    /// When remembered ids expire, in buckets of [`EXPIRY_BUCKET_MS`] of
+    /// event time: `(expires, id)` under `expires / EXPIRY_BUCKET_MS`.
+    pub expiry: BTreeMap<i64, Vec<(i64, u128)>>,
     pub counters: Counters,
 }
+
+/// Remembered ids are forgotten a bucket at a time; a lookup also checks the
+/// exact expiry, so an id is never remembered past `t + horizon`.
+pub(crate) const EXPIRY_BUCKET_MS: i64 = 1_000;
 
 /// What intake learned about one event, for its ledger entries.
 struct Ctx<'a> {
@@ -122,8 +129,7 @@ struct Ctx<'a> {
     offset: u64,
     payload: &'a str,
     time: Option<i64>,
-    key: Option<Box<[u8]>>,
-    id: Option<String>,
+    id: Option<Cow<'a, str>>,
 }
 
 pub struct Engine {
@@ -267,34 +273,6 @@ impl Engine {
         }
     }
 
-    fn ledger(&mut self, ctx: &Ctx<'_>, reason: Reason, detail: String, out: &mut Output) {
-        self.ledger_window(ctx, reason, detail, None, None, out);
-    }
-
-    fn ledger_window(
-        &mut self,
-        ctx: &Ctx<'_>,
-        reason: Reason,
-        detail: String,
-        window: Option<(i64, i64)>,
-        first_offset: Option<u64>,
-        out: &mut Output,
-    ) {
-        self.st.counters.ledger[reason.index()] += 1;
-        out.ledger.push(LedgerEntry {
-            partition: ctx.partition,
-            offset: ctx.offset,
-            reason,
-            event_id: ctx.id.clone(),
-            event_time: ctx.time,
-            key: ctx.key.clone(),
-            window,
-            first_offset,
-            detail,
-            payload: Some(cut(ctx.payload, PAYLOAD_BYTES_MAX).to_owned()),
-        });
-    }
-
     /// Steps 1-7. Returns the event time when it was read (step 8 needs it).
     fn intake(&mut self, event: EventIn<'_>, wm: i64, out: &mut Output) -> Option<i64> {
         let lossy;
@@ -305,14 +283,14 @@ impl Engine {
                 &lossy
             }
         };
-        let mut ctx = Ctx { partition: event.partition, offset: event.offset, payload: text, time: None, key: None, id: None };
+        let ctx = Ctx { partition: event.partition, offset: event.offset, payload: text, time: None, id: None };
         // 1. Size.
         if event.bytes.len() > self.plan.max_event_bytes {
             let detail = format!(
                 "event is larger than max_event_bytes = {}; split it or raise the limit in [source]",
                 self.plan.max_event_bytes
             );
-            self.ledger(&ctx, Reason::TooLarge, detail, out);
+            record(&mut self.st.counters, out, &ctx, None, Reason::TooLarge, detail, None, None);
             return None;
         }
         // 2. Parse.
@@ -324,15 +302,16 @@ impl Engine {
         };
         let result = match parsed {
             Err(detail) => {
-                self.ledger(&ctx, Reason::MalformedJson, detail, out);
+                record(&mut self.st.counters, out, &ctx, None, Reason::MalformedJson, detail, None, None);
                 None
             }
             Ok(()) => {
                 let root = doc.root(text);
                 if root.tag() != Tag::Object {
-                    self.ledger(&ctx, Reason::MalformedJson, "not a JSON object: an event is one {...} per line".into(), out);
+                    record(&mut self.st.counters, out, &ctx, None, Reason::MalformedJson, "not a JSON object: an event is one {...} per line".into(), None, None);
                     None
                 } else {
+                    let mut ctx = Ctx { id: None, ..ctx };
                     self.intake_object(root, &mut ctx, wm, out)
                 }
             }
@@ -341,31 +320,29 @@ impl Engine {
         result
     }
 
-    fn intake_object(&mut self, root: Val<'_>, ctx: &mut Ctx<'_>, wm: i64, out: &mut Output) -> Option<i64> {
+    fn intake_object<'a>(&mut self, root: Val<'a>, ctx: &mut Ctx<'a>, wm: i64, out: &mut Output) -> Option<i64> {
         let plan = Arc::clone(&self.plan);
         // 3. Fields: event time, key fields, event id.
         let time = match read_time(root.path(&plan.time_path), &plan.time_name) {
             Ok(t) => t,
             Err((reason, detail)) => {
-                self.ledger(ctx, reason, detail, out);
+                record(&mut self.st.counters, out, ctx, None, reason, detail, None, None);
                 return None;
             }
         };
         ctx.time = Some(time);
         let mut key_buf = std::mem::take(&mut self.key_buf);
         let keyed = read_key(root, &plan, &mut key_buf);
-        let key_bytes: Box<[u8]> = key_buf.as_slice().into();
         self.key_buf = key_buf;
         if let Err((reason, detail)) = keyed {
-            self.ledger(ctx, reason, detail, out);
+            record(&mut self.st.counters, out, ctx, None, reason, detail, None, None);
             return Some(time);
         }
-        ctx.key = Some(key_bytes.clone());
         if let Some(id_path) = &plan.id_path {
             match read_id(root.path(id_path), &plan.id_name) {
                 Ok(id) => ctx.id = Some(id),
                 Err((reason, detail)) if plan.horizon_ms.is_some() => {
-                    self.ledger(ctx, reason, detail, out);
+                    record(&mut self.st.counters, out, ctx, Some(&self.key_buf), reason, detail, None, None);
                     return Some(time);
                 }
                 Err(_) => {}
@@ -380,7 +357,7 @@ impl Engine {
                     return Some(time);
                 }
                 Err(detail) => {
-                    self.ledger(ctx, Reason::RuleError, format!("source.where: {detail}"), out);
+                    record(&mut self.st.counters, out, ctx, Some(&self.key_buf), Reason::RuleError, format!("source.where: {detail}"), None, None);
                     return Some(time);
                 }
             }
@@ -392,7 +369,7 @@ impl Engine {
                 Some(rule) => match rule.test(root) {
                     Ok(pass) => pass,
                     Err(detail) => {
-                        self.ledger(ctx, Reason::RuleError, format!("aggregate {}: where: {detail}", plan.format.value_names[i]), out);
+                        record(&mut self.st.counters, out, ctx, Some(&self.key_buf), Reason::RuleError, format!("aggregate {}: where: {detail}", plan.format.value_names[i]), None, None);
                         return Some(time);
                     }
                 },
@@ -405,7 +382,7 @@ impl Engine {
             match contribution(root, agg, self.agg_pass[i]) {
                 Ok(c) => self.contribs.push(c),
                 Err(detail) => {
-                    self.ledger(ctx, Reason::BadType, format!("aggregate {}: {detail}", plan.format.value_names[i]), out);
+                    record(&mut self.st.counters, out, ctx, Some(&self.key_buf), Reason::BadType, format!("aggregate {}: {detail}", plan.format.value_names[i]), None, None);
                     return Some(time);
                 }
             }
@@ -414,7 +391,20 @@ impl Engine {
         if let (Some(horizon), Some(id)) = (plan.horizon_ms, ctx.id.as_deref()) {
             let id_key = dedup_key(root.path(plan.id_path.as_deref().unwrap_or_default()), id);
             let hash = root.canonical_hash();
-            if let Some(seen) = self.st.seen.get(&id_key).copied() {
+            let expires = time.saturating_add(horizon);
+            let fresh = Seen { partition: ctx.partition, offset: ctx.offset, payload_hash: hash, expires };
+            let first = match self.st.seen.entry(id_key) {
+                Entry::Occupied(e) if e.get().expires > wm => Some(*e.get()),
+                Entry::Occupied(mut e) => {
+                    e.insert(fresh);
+                    None
+                }
+                Entry::Vacant(e) => {
+                    e.insert(fresh);
+                    None
+                }
+            };
+            if let Some(seen) = first {
                 let (reason, how) = if seen.payload_hash == hash {
                     (Reason::Duplicate, "the same event")
                 } else {
@@ -424,35 +414,22 @@ impl Engine {
                     "{how} arrived first at partition {} offset {}; this one did not count",
                     seen.partition, seen.offset
                 );
-                self.ledger_window(ctx, reason, detail, None, Some(seen.offset), out);
+                record(&mut self.st.counters, out, ctx, Some(&self.key_buf), reason, detail, None, Some(seen.offset));
                 return Some(time);
             }
-            let expires = time.saturating_add(horizon);
-            self.st.seen.insert(id_key, Seen { partition: ctx.partition, offset: ctx.offset, payload_hash: hash, expires });
-            self.st.expiry.push(Reverse((expires, id_key)));
+            self.st.expiry.entry(expires.div_euclid(EXPIRY_BUCKET_MS)).or_default().push((expires, id_key));
         }
         // 7. Windows.
+        let key_bytes = std::mem::take(&mut self.key_buf);
         let counted = match plan.kind {
             WindowKind::Session { gap_ms } => self.assign_session(ctx, time, &key_bytes, gap_ms, wm, out),
             _ => self.assign_fixed(ctx, time, &key_bytes, wm, out),
         };
+        self.key_buf = key_bytes;
         if counted {
             self.st.counters.counted += 1;
         }
         Some(time)
-    }
-
-    fn new_window(&self, start: i64, end: i64) -> Window {
-        Window {
-            start,
-            end,
-            events: 0,
-            late_events: 0,
-            revision: 0,
-            dirty: false,
-            past_end_emitted: false,
-            aggs: self.plan.aggs.iter().map(|a| AggState::new(a.func)).collect(),
-        }
     }
 
     /// Adds the event's contributions to a window.
@@ -461,15 +438,7 @@ impl Engine {
             debug_assert!(false, "window to add to is missing");
             return;
         };
-        for (state, contrib) in w.aggs.iter_mut().zip(&self.contribs) {
-            state.add(contrib, time, id);
-        }
-        w.events += 1;
-        if late {
-            w.late_events += 1;
-        }
-        if !w.dirty {
-            w.dirty = true;
+        if add_event(w, &self.contribs, time, id, late) {
             self.dirty.push(wkey.into());
         }
     }
@@ -497,21 +466,24 @@ impl Engine {
                     "too late for its window: the watermark had passed the window's end plus allowed_lateness ({}ms)",
                     self.plan.lateness_ms
                 );
-                self.ledger_window(ctx, Reason::TooLate, detail, Some((start, end)), None, out);
+                record(&mut self.st.counters, out, ctx, Some(key_bytes), Reason::TooLate, detail, Some((start, end)), None);
             } else {
                 let mut wkey = std::mem::take(&mut self.wkey_buf);
                 key::window_key(start, key_bytes, &mut wkey);
-                if !self.st.windows.contains_key(wkey.as_slice()) {
-                    let boxed: Box<[u8]> = wkey.as_slice().into();
-                    if !global {
-                        self.st.timers.insert((end, boxed.clone()));
-                    }
-                    let w = self.new_window(start, end);
-                    self.st.windows.insert(boxed, w);
-                }
                 let late = !global && end <= wm;
                 late_any |= late;
-                self.add_to(&wkey, time, ctx.id.as_deref(), late);
+                let w = match self.st.windows.entry_ref(wkey.as_slice()) {
+                    hashbrown::hash_map::EntryRef::Occupied(e) => e.into_mut(),
+                    hashbrown::hash_map::EntryRef::Vacant(e) => {
+                        if !global {
+                            self.st.timers.insert((end, wkey.as_slice().into()));
+                        }
+                        e.insert_with_key(wkey.as_slice().into(), new_window(&self.plan, start, end))
+                    }
+                };
+                if add_event(w, &self.contribs, time, ctx.id.as_deref(), late) {
+                    self.dirty.push(wkey.as_slice().into());
+                }
                 self.wkey_buf = wkey;
                 counted = true;
             }
@@ -547,12 +519,12 @@ impl Engine {
                 "too late for its session: the watermark had passed the session's end plus allowed_lateness ({}ms)",
                 self.plan.lateness_ms
             );
-            self.ledger_window(ctx, Reason::TooLate, detail, Some((start, end)), None, out);
+            record(&mut self.st.counters, out, ctx, Some(key_bytes), Reason::TooLate, detail, Some((start, end)), None);
             return false;
         }
         // The merged session keeps the identity of the one that starts earliest,
         // or is new when this event starts before all of them.
-        let mut merged = self.new_window(start, end);
+        let mut merged = new_window(&self.plan, start, end);
         let mut identity: Option<(Box<[u8]>, Window)> = None;
         for &(s, e) in overlapping.iter().rev() {
             let mut wkey = Vec::new();
@@ -638,9 +610,15 @@ impl Engine {
     fn emit(&mut self, wm_before: i64, everything: bool, out: &mut Output) {
         let wm = self.st.wm;
         let mut candidates: Vec<(i64, Box<[u8]>)> = Vec::new();
+        // A changed window can only emit early, past its end under revise,
+        // or as a global window; otherwise its time decides (the timers below).
+        let plan = &self.plan;
+        let global = matches!(plan.kind, WindowKind::Global);
         for wkey in self.dirty.drain(..) {
             if let Some(w) = self.st.windows.get(&wkey) {
-                candidates.push((w.end, wkey));
+                if global || plan.early || (plan.late == LatePolicy::Revise && w.end <= wm) {
+                    candidates.push((w.end, wkey));
+                }
             }
         }
         if everything {
@@ -725,19 +703,76 @@ impl Engine {
         }
     }
 
-    /// Forgets event ids whose horizon the watermark has reached.
+    /// Forgets event ids whose horizon the watermark has reached, a whole
+    /// bucket at a time.
     fn forget_ids(&mut self) {
         let wm = self.st.wm;
-        while let Some(Reverse((expires, _))) = self.st.expiry.peek() {
-            if *expires > wm {
+        while let Some(entry) = self.st.expiry.first_entry() {
+            let bucket_last = entry.key().saturating_add(1).saturating_mul(EXPIRY_BUCKET_MS) - 1;
+            if bucket_last > wm {
                 break;
             }
-            let Some(Reverse((expires, id))) = self.st.expiry.pop() else { break };
-            if self.st.seen.get(&id).is_some_and(|s| s.expires == expires) {
-                self.st.seen.remove(&id);
+            for (expires, id) in entry.remove() {
+                if self.st.seen.get(&id).is_some_and(|s| s.expires == expires) {
+                    self.st.seen.remove(&id);
+                }
             }
         }
     }
+}
+
+fn new_window(plan: &Plan, start: i64, end: i64) -> Window {
+    Window {
+        start,
+        end,
+        events: 0,
+        late_events: 0,
+        revision: 0,
+        dirty: false,
+        past_end_emitted: false,
+        aggs: plan.aggs.iter().map(|a| AggState::new(a.func)).collect(),
+    }
+}
+
+/// Adds one event to a window; true when the window just became dirty.
+fn add_event(w: &mut Window, contribs: &[Contrib], time: i64, id: Option<&str>, late: bool) -> bool {
+    for (state, contrib) in w.aggs.iter_mut().zip(contribs) {
+        state.add(contrib, time, id);
+    }
+    w.events += 1;
+    if late {
+        w.late_events += 1;
+    }
+    let was_clean = !w.dirty;
+    w.dirty = true;
+    was_clean
+}
+
+/// Records a ledger entry: the event (or its share in one window) did not count.
+#[allow(clippy::too_many_arguments)]
+fn record(
+    counters: &mut Counters,
+    out: &mut Output,
+    ctx: &Ctx<'_>,
+    key: Option<&[u8]>,
+    reason: Reason,
+    detail: String,
+    window: Option<(i64, i64)>,
+    first_offset: Option<u64>,
+) {
+    counters.ledger[reason.index()] += 1;
+    out.ledger.push(LedgerEntry {
+        partition: ctx.partition,
+        offset: ctx.offset,
+        reason,
+        event_id: ctx.id.as_deref().map(str::to_owned),
+        event_time: ctx.time,
+        key: key.map(Into::into),
+        window,
+        first_offset,
+        detail,
+        payload: Some(cut(ctx.payload, PAYLOAD_BYTES_MAX).to_owned()),
+    });
 }
 
 fn cut(text: &str, max: usize) -> &str {
@@ -798,10 +833,10 @@ fn read_key(root: Val<'_>, plan: &Plan, out: &mut Vec<u8>) -> Result<(), FieldEr
     Ok(())
 }
 
-fn read_id(val: Option<Val<'_>>, name: &str) -> Result<String, FieldError> {
+fn read_id<'a>(val: Option<Val<'a>>, name: &str) -> Result<Cow<'a, str>, FieldError> {
     match val {
-        Some(v) if v.tag() == Tag::String => Ok(v.str().unwrap_or_default().into_owned()),
-        Some(v) if v.tag() == Tag::Number && !v.raw().contains(['.', 'e', 'E']) => Ok(v.raw().to_owned()),
+        Some(v) if v.tag() == Tag::String => Ok(v.str().unwrap_or_default()),
+        Some(v) if v.tag() == Tag::Number && !v.raw().contains(['.', 'e', 'E']) => Ok(Cow::Borrowed(v.raw())),
         Some(v) if v.tag() != Tag::Null => Err((
             Reason::BadType,
             format!("event id `{name}` is {}, not a string or an integer", cut(v.json_text(), 64)),

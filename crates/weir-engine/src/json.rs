@@ -421,21 +421,6 @@ impl<'d> Val<'d> {
 
     fn hash_into(&self, scratch: &mut Vec<u8>) -> u128 {
         match self.tag() {
-            Tag::Null => xxh3_128(b"n"),
-            Tag::True => xxh3_128(b"t"),
-            Tag::False => xxh3_128(b"f"),
-            Tag::Number => {
-                scratch.clear();
-                scratch.push(b'd');
-                canonical_number(self.raw(), scratch);
-                xxh3_128(scratch)
-            }
-            Tag::String => {
-                scratch.clear();
-                scratch.push(b's');
-                scratch.extend_from_slice(self.str().unwrap_or_default().as_bytes());
-                xxh3_128(scratch)
-            }
             Tag::Array => {
                 let mut hasher = Xxh3::new();
                 hasher.update(b"[");
@@ -448,18 +433,53 @@ impl<'d> Val<'d> {
                 // Members combine by addition, so their order does not matter.
                 let mut sum: u128 = 0;
                 for child in self.children() {
-                    let value = child.hash_into(scratch);
-                    let mut hasher = Xxh3::new();
-                    hasher.update(child.key_text().as_bytes());
-                    hasher.update(&[0xff]);
-                    hasher.update(&value.to_le_bytes());
-                    sum = sum.wrapping_add(hasher.digest128());
+                    let member = match child.tag() {
+                        Tag::Array | Tag::Object => {
+                            let inner = child.hash_into(scratch);
+                            scratch.clear();
+                            scratch.extend_from_slice(child.key_text().as_bytes());
+                            scratch.push(0xfe);
+                            scratch.extend_from_slice(&inner.to_le_bytes());
+                            xxh3_128(scratch)
+                        }
+                        _ => {
+                            scratch.clear();
+                            scratch.extend_from_slice(child.key_text().as_bytes());
+                            scratch.push(0xff);
+                            child.leaf_bytes(scratch);
+                            xxh3_128(scratch)
+                        }
+                    };
+                    sum = sum.wrapping_add(member);
                 }
-                let mut hasher = Xxh3::new();
-                hasher.update(b"{");
-                hasher.update(&sum.to_le_bytes());
-                hasher.digest128()
+                let mut bytes = [0u8; 17];
+                bytes[0] = b'{';
+                bytes[1..].copy_from_slice(&sum.to_le_bytes());
+                xxh3_128(&bytes)
             }
+            _ => {
+                scratch.clear();
+                self.leaf_bytes(scratch);
+                xxh3_128(scratch)
+            }
+        }
+    }
+
+    /// A scalar's canonical bytes: a type tag, then its canonical text.
+    fn leaf_bytes(&self, out: &mut Vec<u8>) {
+        match self.tag() {
+            Tag::Null => out.push(b'n'),
+            Tag::True => out.push(b't'),
+            Tag::False => out.push(b'f'),
+            Tag::Number => {
+                out.push(b'd');
+                canonical_number(self.raw(), out);
+            }
+            Tag::String => {
+                out.push(b's');
+                out.extend_from_slice(self.str().unwrap_or_default().as_bytes());
+            }
+            Tag::Array | Tag::Object => {}
         }
     }
 }
@@ -476,24 +496,28 @@ pub fn canonical_number(text: &str, out: &mut Vec<u8>) {
         None => (body, 0),
     };
     let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    let mut digits: Vec<u8> = int_part.bytes().chain(frac_part.bytes()).collect();
-    let mut exp = exponent - frac_part.len() as i64;
-    let leading = digits.iter().take_while(|&&d| d == b'0').count();
-    digits.drain(..leading);
-    while digits.last() == Some(&b'0') {
-        digits.pop();
-        exp += 1;
-    }
-    if digits.is_empty() {
-        out.push(b'0');
-        return;
-    }
+    let mark = out.len();
     if negative {
         out.push(b'-');
     }
-    out.extend_from_slice(&digits);
+    let digits_at = out.len();
+    for d in int_part.bytes().chain(frac_part.bytes()) {
+        if d != b'0' || out.len() > digits_at {
+            out.push(d);
+        }
+    }
+    let mut exp = exponent - frac_part.len() as i64;
+    while out.len() > digits_at && out.last() == Some(&b'0') {
+        out.pop();
+        exp += 1;
+    }
+    if out.len() == digits_at {
+        out.truncate(mark);
+        out.push(b'0');
+        return;
+    }
     out.push(b'e');
-    out.extend_from_slice(exp.to_string().as_bytes());
+    let _ = std::io::Write::write_fmt(out, format_args!("{exp}"));
 }
 
 #[cfg(test)]

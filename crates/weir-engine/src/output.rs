@@ -130,7 +130,7 @@ impl RowFormat {
         out.push_str("{\"pipeline\":");
         write_str(&self.pipeline, out);
         out.push_str(",\"version\":");
-        out.push_str(&self.version.to_string());
+        push_num(out, self.version);
         out.push_str(",\"key\":");
         key::write_json(&row.key, &self.key_names, out);
         out.push_str(",\"window_start\":");
@@ -140,7 +140,7 @@ impl RowFormat {
         out.push_str(",\"status\":\"");
         out.push_str(row.status.as_str());
         out.push_str("\",\"revision\":");
-        out.push_str(&row.revision.to_string());
+        push_num(out, row.revision);
         out.push_str(",\"values\":{");
         for (i, (name, value)) in self.value_names.iter().zip(&row.values).enumerate() {
             if i > 0 {
@@ -150,15 +150,15 @@ impl RowFormat {
             out.push(':');
             match value {
                 OutValue::Null => out.push_str("null"),
-                OutValue::Int(n) => out.push_str(&n.to_string()),
-                OutValue::Dec(d) => out.push_str(&d.to_string()),
+                OutValue::Int(n) => push_num(out, n),
+                OutValue::Dec(d) => push_num(out, d),
                 OutValue::Json(text) => out.push_str(text),
             }
         }
         out.push_str("},\"events\":");
-        out.push_str(&row.events.to_string());
+        push_num(out, row.events);
         out.push_str(",\"late_events\":");
-        out.push_str(&row.late_events.to_string());
+        push_num(out, row.late_events);
         out.push_str(",\"watermark\":");
         write_time(row.watermark, out);
         out.push_str("}\n");
@@ -169,11 +169,11 @@ impl RowFormat {
         out.push_str("{\"pipeline\":");
         write_str(&self.pipeline, out);
         out.push_str(",\"version\":");
-        out.push_str(&self.version.to_string());
+        push_num(out, self.version);
         out.push_str(",\"partition\":");
-        out.push_str(&entry.partition.to_string());
+        push_num(out, entry.partition);
         out.push_str(",\"offset\":");
-        out.push_str(&entry.offset.to_string());
+        push_num(out, entry.offset);
         out.push_str(",\"reason\":\"");
         out.push_str(entry.reason.as_str());
         out.push('"');
@@ -197,7 +197,7 @@ impl RowFormat {
         }
         if let Some(first) = entry.first_offset {
             out.push_str(",\"first_offset\":");
-            out.push_str(&first.to_string());
+            push_num(out, first);
         }
         out.push_str(",\"detail\":");
         write_str(&entry.detail, out);
@@ -207,6 +207,11 @@ impl RowFormat {
         }
         out.push_str("}\n");
     }
+}
+
+fn push_num(out: &mut String, n: impl std::fmt::Display) {
+    use std::fmt::Write;
+    let _ = write!(out, "{n}");
 }
 
 fn write_time(t: Option<i64>, out: &mut String) {

@@ -6,13 +6,12 @@
 //! state always gives the same bytes. Invariant: restore(snapshot(e)) continues
 //! with exactly the rows `e` would have emitted.
 
-use std::cmp::Reverse;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use weir_contract::{Contract, WindowKind};
 
-use crate::engine::{Counters, Engine, Mode, PlanError, Seen, State, Window};
+use crate::engine::{Counters, Engine, Mode, PlanError, Seen, State, Window, EXPIRY_BUCKET_MS};
 use crate::key;
 use crate::plan::Plan;
 
@@ -122,7 +121,7 @@ impl Engine {
             st.windows.insert(wkey, w);
         }
         for (id, seen) in image.seen {
-            st.expiry.push(Reverse((seen.expires, id)));
+            st.expiry.entry(seen.expires.div_euclid(EXPIRY_BUCKET_MS)).or_default().push((seen.expires, id));
             st.seen.insert(id, seen);
         }
         Ok(Engine::from_parts(Arc::new(plan), image.mode, st))
