@@ -19,7 +19,7 @@ pub(crate) enum Contrib {
     /// `count_distinct`: the value's canonical hash.
     Distinct(u128),
     /// `first` / `last`: the value's JSON text and canonical hash.
-    Pick { json: Box<str>, hash: u128 },
+    Pick { json: Box<str>, hash: u64 },
 }
 
 /// The value `first` / `last` keep, with what orders it.
@@ -27,7 +27,7 @@ pub(crate) enum Contrib {
 pub(crate) struct Pick {
     pub time: i64,
     pub id: Option<String>,
-    pub hash: u128,
+    pub hash: u64,
     pub json: Box<str>,
 }
 

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use weir_contract::{AggFn, Contract, LatePolicy, WindowKind};
 
 use crate::agg::{AggState, Contrib};
-use crate::json::{Doc, Tag, Val};
+use crate::json::{Doc, Event, Tag, Val};
 use crate::key;
 use crate::number::parse_decimal;
 use crate::output::{LedgerEntry, Output, Reason, Row, RowFormat, Status, PAYLOAD_BYTES_MAX};
@@ -98,7 +98,7 @@ pub(crate) struct Window {
 pub(crate) struct Seen {
     pub partition: u32,
     pub offset: u64,
-    pub payload_hash: u128,
+    pub payload_hash: u64,
     /// Forgotten once the watermark reaches this (event time + horizon).
     pub expires: i64,
 }
@@ -137,6 +137,7 @@ pub struct Engine {
     pub(crate) mode: Mode,
     pub(crate) st: State,
     doc: Doc,
+    slots: Vec<u32>,
     key_buf: Vec<u8>,
     wkey_buf: Vec<u8>,
     contribs: Vec<Contrib>,
@@ -165,6 +166,7 @@ impl Engine {
             mode,
             st,
             doc: Doc::default(),
+            slots: Vec::new(),
             key_buf: Vec::new(),
             wkey_buf: Vec::new(),
             contribs: Vec::new(),
@@ -276,11 +278,11 @@ impl Engine {
     /// Steps 1-7. Returns the event time when it was read (step 8 needs it).
     fn intake(&mut self, event: EventIn<'_>, wm: i64, out: &mut Output) -> Option<i64> {
         let lossy;
-        let text = match std::str::from_utf8(event.bytes) {
-            Ok(text) => text,
+        let (text, utf8_ok) = match std::str::from_utf8(event.bytes) {
+            Ok(text) => (text, true),
             Err(_) => {
                 lossy = String::from_utf8_lossy(event.bytes).into_owned();
-                &lossy
+                (lossy.as_str(), false)
             }
         };
         let ctx = Ctx { partition: event.partition, offset: event.offset, payload: text, time: None, id: None };
@@ -295,10 +297,10 @@ impl Engine {
         }
         // 2. Parse.
         let mut doc = std::mem::take(&mut self.doc);
-        let parsed = if std::str::from_utf8(event.bytes).is_err() {
-            Err("not UTF-8 text".to_owned())
-        } else {
+        let parsed = if utf8_ok {
             doc.parse(text).map_err(|e| format!("not JSON: {e}"))
+        } else {
+            Err("not UTF-8 text".to_owned())
         };
         let result = match parsed {
             Err(detail) => {
@@ -312,7 +314,11 @@ impl Engine {
                     None
                 } else {
                     let mut ctx = Ctx { id: None, ..ctx };
-                    self.intake_object(root, &mut ctx, wm, out)
+                    let mut slots = std::mem::take(&mut self.slots);
+                    let event = Event::resolve(root, &self.plan.names, &mut slots);
+                    let result = self.intake_object(event, &mut ctx, wm, out);
+                    self.slots = slots;
+                    result
                 }
             }
         };
@@ -320,10 +326,10 @@ impl Engine {
         result
     }
 
-    fn intake_object<'a>(&mut self, root: Val<'a>, ctx: &mut Ctx<'a>, wm: i64, out: &mut Output) -> Option<i64> {
+    fn intake_object<'a>(&mut self, root: Event<'a>, ctx: &mut Ctx<'a>, wm: i64, out: &mut Output) -> Option<i64> {
         let plan = Arc::clone(&self.plan);
         // 3. Fields: event time, key fields, event id.
-        let time = match read_time(root.path(&plan.time_path), &plan.time_name) {
+        let time = match read_time(root.get(&plan.time_path), &plan.time_name) {
             Ok(t) => t,
             Err((reason, detail)) => {
                 record(&mut self.st.counters, out, ctx, None, reason, detail, None, None);
@@ -339,7 +345,7 @@ impl Engine {
             return Some(time);
         }
         if let Some(id_path) = &plan.id_path {
-            match read_id(root.path(id_path), &plan.id_name) {
+            match read_id(root.get(id_path), &plan.id_name) {
                 Ok(id) => ctx.id = Some(id),
                 Err((reason, detail)) if plan.horizon_ms.is_some() => {
                     record(&mut self.st.counters, out, ctx, Some(&self.key_buf), reason, detail, None, None);
@@ -389,8 +395,8 @@ impl Engine {
         }
         // 6. Duplicates.
         if let (Some(horizon), Some(id)) = (plan.horizon_ms, ctx.id.as_deref()) {
-            let id_key = dedup_key(root.path(plan.id_path.as_deref().unwrap_or_default()), id);
-            let hash = root.canonical_hash();
+            let id_key = dedup_key(plan.id_path.as_ref().and_then(|p| root.get(p)), id);
+            let hash = root.root.canonical_hash();
             let expires = time.saturating_add(horizon);
             let fresh = Seen { partition: ctx.partition, offset: ctx.offset, payload_hash: hash, expires };
             let first = match self.st.seen.entry(id_key) {
@@ -810,10 +816,10 @@ fn read_time(val: Option<Val<'_>>, name: &str) -> Result<i64, FieldError> {
     }
 }
 
-fn read_key(root: Val<'_>, plan: &Plan, out: &mut Vec<u8>) -> Result<(), FieldError> {
+fn read_key(root: Event<'_>, plan: &Plan, out: &mut Vec<u8>) -> Result<(), FieldError> {
     out.clear();
     for (path, name) in plan.key_paths.iter().zip(&plan.key_names) {
-        let val = match root.path(path) {
+        let val = match root.get(path) {
             Some(v) if v.tag() != Tag::Null => v,
             _ => return Err((Reason::MissingField, format!("key missing: no `{name}` in the event"))),
         };
@@ -860,20 +866,20 @@ fn dedup_key(val: Option<Val<'_>>, id: &str) -> u128 {
 }
 
 /// Step 5 for one aggregate: what the event gives it, or why it cannot.
-fn contribution(root: Val<'_>, agg: &crate::plan::AggPlan, pass: bool) -> Result<Contrib, String> {
+fn contribution(root: Event<'_>, agg: &crate::plan::AggPlan, pass: bool) -> Result<Contrib, String> {
     if !pass {
         return Ok(Contrib::Skip);
     }
     let Some(path) = &agg.field else {
         return Ok(Contrib::One);
     };
-    let val = match root.path(path) {
+    let val = match root.get(path) {
         Some(v) if v.tag() != Tag::Null => v,
         _ => return Ok(Contrib::Skip),
     };
     Ok(match agg.func {
         AggFn::Count => Contrib::One,
-        AggFn::CountDistinct => Contrib::Distinct(val.canonical_hash()),
+        AggFn::CountDistinct => Contrib::Distinct(val.canonical_hash128()),
         AggFn::First | AggFn::Last => Contrib::Pick { json: val.json_text().into(), hash: val.canonical_hash() },
         AggFn::Sum | AggFn::Min | AggFn::Max | AggFn::Avg => {
             let decimal = match val.tag() {

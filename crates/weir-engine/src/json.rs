@@ -8,7 +8,6 @@
 
 use std::borrow::Cow;
 
-use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 /// Documents nested deeper than this are refused as malformed.
 pub const DEPTH_MAX: usize = 64;
@@ -252,6 +251,18 @@ impl Parser<'_> {
         let start = self.i;
         let mut escaped = false;
         loop {
+            // Skip 8 plain bytes at a time: no quote, backslash or control character.
+            while let Some(chunk) = self.b.get(self.i..self.i + 8) {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(chunk);
+                let stops = string_stops(u64::from_le_bytes(w));
+                if stops != 0 {
+                    // The lowest flagged byte is always a real stop.
+                    self.i += (stops.trailing_zeros() / 8) as usize;
+                    break;
+                }
+                self.i += 8;
+            }
             let Some(&c) = self.b.get(self.i) else {
                 return self.fail("unterminated string");
             };
@@ -280,6 +291,96 @@ impl Parser<'_> {
                 _ => self.i += 1,
             }
         }
+    }
+}
+
+/// The high bit of each byte of `w` that is `"`, `\\` or below 0x20 (bytes
+/// above the first such byte may be flagged falsely).
+fn string_stops(w: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero_in = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    let quote = zero_in(w ^ (ONES * u64::from(b'"')));
+    let backslash = zero_in(w ^ (ONES * u64::from(b'\\')));
+    let control = w.wrapping_sub(ONES * 0x20) & !w & HIGHS;
+    quote | backslash | control
+}
+
+/// The top-level member names a plan reads, so that one pass over an event
+/// finds every field it needs.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Names {
+    names: Vec<Box<str>>,
+    /// Name ids by name length (names longer than 63 bytes share the last list).
+    by_len: Vec<Vec<usize>>,
+}
+
+/// A field path compiled against [`Names`]: its first segment's slot, the rest.
+#[derive(Debug, Clone)]
+pub(crate) struct FieldRef {
+    pub slot: usize,
+    pub rest: Vec<Box<str>>,
+}
+
+const NO_NODE: u32 = u32::MAX;
+
+impl Names {
+    pub(crate) fn field(&mut self, segments: &[impl AsRef<str>]) -> FieldRef {
+        let first = segments.first().map_or("", |s| s.as_ref());
+        let slot = match self.names.iter().position(|n| &**n == first) {
+            Some(slot) => slot,
+            None => {
+                self.names.push(first.into());
+                let len = first.len().min(63);
+                if self.by_len.len() <= len {
+                    self.by_len.resize(len + 1, Vec::new());
+                }
+                self.by_len[len].push(self.names.len() - 1);
+                self.names.len() - 1
+            }
+        };
+        FieldRef { slot, rest: segments.iter().skip(1).map(|s| s.as_ref().into()).collect() }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    fn find(&self, key: &[u8]) -> Option<usize> {
+        let ids = self.by_len.get(key.len().min(63))?;
+        ids.iter().copied().find(|&id| self.names[id].as_bytes() == key)
+    }
+}
+
+/// An event's top-level members resolved against [`Names`].
+#[derive(Clone, Copy)]
+pub(crate) struct Event<'d> {
+    pub root: Val<'d>,
+    slots: &'d [u32],
+}
+
+impl<'d> Event<'d> {
+    /// Resolves `root`'s members into `slots` (one pass; the last of a repeated name wins).
+    pub(crate) fn resolve(root: Val<'d>, names: &Names, slots: &'d mut Vec<u32>) -> Event<'d> {
+        slots.clear();
+        slots.resize(names.len(), NO_NODE);
+        for child in root.children() {
+            let n = child.node();
+            let raw = &root.src[n.key_start as usize..n.key_end as usize];
+            let id = if n.key_escaped { names.find(unescape(raw).as_bytes()) } else { names.find(raw.as_bytes()) };
+            if let Some(id) = id {
+                slots[id] = child.index as u32;
+            }
+        }
+        Event { root, slots }
+    }
+
+    pub(crate) fn get(&self, field: &FieldRef) -> Option<Val<'d>> {
+        let index = *self.slots.get(field.slot)?;
+        if index == NO_NODE {
+            return None;
+        }
+        Val { doc: self.root.doc, src: self.root.src, index: index as usize }.path(&field.rest)
     }
 }
 
@@ -364,23 +465,15 @@ impl<'d> Val<'d> {
 
     fn key_is(&self, name: &str) -> bool {
         let n = self.node();
-        let raw = &self.src[n.key_start as usize..n.key_end as usize];
+        let raw = &self.src.as_bytes()[n.key_start as usize..n.key_end as usize];
         if n.key_escaped {
-            unescape(raw) == name
-        } else {
-            raw == name
+            return unescape(&self.src[n.key_start as usize..n.key_end as usize]) == name;
         }
+        // Most names differ in length or first byte; test those before the bytes.
+        let name = name.as_bytes();
+        raw.len() == name.len() && raw.first() == name.first() && raw.last() == name.last() && raw == name
     }
 
-    fn key_text(&self) -> Cow<'d, str> {
-        let n = self.node();
-        let raw = &self.src[n.key_start as usize..n.key_end as usize];
-        if n.key_escaped {
-            Cow::Owned(unescape(raw))
-        } else {
-            Cow::Borrowed(raw)
-        }
-    }
 
     /// Children of an array or object, in order.
     pub fn children(&self) -> impl Iterator<Item = Val<'d>> + 'd {
@@ -412,76 +505,133 @@ impl<'d> Val<'d> {
         Some(at)
     }
 
-    /// A 128-bit hash of the value as parsed JSON: member order, whitespace,
+    /// A 64-bit hash of the value as parsed JSON: member order, whitespace,
     /// escapes and the spelling of numbers (`1.50` vs `1.5e0`) do not matter.
-    pub fn canonical_hash(&self) -> u128 {
+    pub fn canonical_hash(&self) -> u64 {
         let mut scratch = Vec::new();
-        self.hash_into(&mut scratch)
+        self.hash_into(&mut scratch, 0)
     }
 
-    fn hash_into(&self, scratch: &mut Vec<u8>) -> u128 {
+    /// The same, in 128 bits (two independent seeds), for sets of values.
+    pub fn canonical_hash128(&self) -> u128 {
+        let mut scratch = Vec::new();
+        let low = self.hash_into(&mut scratch, 0);
+        let high = self.hash_into(&mut scratch, 0x5bd1_e995_7f4a_7c15);
+        (u128::from(high) << 64) | u128::from(low)
+    }
+
+    fn hash_into(&self, scratch: &mut Vec<u8>, seed: u64) -> u64 {
         match self.tag() {
             Tag::Array => {
-                let mut hasher = Xxh3::new();
-                hasher.update(b"[");
+                let mut h = Mix::new(seed ^ 0x5b);
                 for child in self.children() {
-                    hasher.update(&child.hash_into(scratch).to_le_bytes());
+                    h.write_u64(child.hash_into(scratch, seed));
                 }
-                hasher.digest128()
+                h.finish()
             }
             Tag::Object => {
                 // Members combine by addition, so their order does not matter.
-                let mut sum: u128 = 0;
+                let mut sum: u64 = 0;
                 for child in self.children() {
-                    let member = match child.tag() {
-                        Tag::Array | Tag::Object => {
-                            let inner = child.hash_into(scratch);
-                            scratch.clear();
-                            scratch.extend_from_slice(child.key_text().as_bytes());
-                            scratch.push(0xfe);
-                            scratch.extend_from_slice(&inner.to_le_bytes());
-                            xxh3_128(scratch)
-                        }
-                        _ => {
-                            scratch.clear();
-                            scratch.extend_from_slice(child.key_text().as_bytes());
-                            scratch.push(0xff);
-                            child.leaf_bytes(scratch);
-                            xxh3_128(scratch)
-                        }
-                    };
-                    sum = sum.wrapping_add(member);
+                    let mut h = Mix::new(seed);
+                    let n = child.node();
+                    if n.key_escaped {
+                        h.write(unescape(&self.src[n.key_start as usize..n.key_end as usize]).as_bytes());
+                    } else {
+                        h.write(&self.src.as_bytes()[n.key_start as usize..n.key_end as usize]);
+                    }
+                    match child.tag() {
+                        Tag::Array | Tag::Object => h.write_u64(child.hash_into(scratch, seed)),
+                        _ => child.hash_leaf(&mut h, scratch),
+                    }
+                    sum = sum.wrapping_add(h.finish());
                 }
-                let mut bytes = [0u8; 17];
-                bytes[0] = b'{';
-                bytes[1..].copy_from_slice(&sum.to_le_bytes());
-                xxh3_128(&bytes)
+                let mut h = Mix::new(seed ^ 0x7b);
+                h.write_u64(sum);
+                h.finish()
             }
             _ => {
-                scratch.clear();
-                self.leaf_bytes(scratch);
-                xxh3_128(scratch)
+                let mut h = Mix::new(seed);
+                self.hash_leaf(&mut h, scratch);
+                h.finish()
             }
         }
     }
 
-    /// A scalar's canonical bytes: a type tag, then its canonical text.
-    fn leaf_bytes(&self, out: &mut Vec<u8>) {
+    /// Feeds a scalar's canonical form: a type tag, then its canonical text.
+    fn hash_leaf(&self, h: &mut Mix, scratch: &mut Vec<u8>) {
         match self.tag() {
-            Tag::Null => out.push(b'n'),
-            Tag::True => out.push(b't'),
-            Tag::False => out.push(b'f'),
+            Tag::Null => h.write(b"\xffn"),
+            Tag::True => h.write(b"\xfft"),
+            Tag::False => h.write(b"\xfff"),
             Tag::Number => {
-                out.push(b'd');
-                canonical_number(self.raw(), out);
+                scratch.clear();
+                scratch.extend_from_slice(b"\xffd");
+                canonical_number(self.raw(), scratch);
+                h.write(scratch);
             }
             Tag::String => {
-                out.push(b's');
-                out.extend_from_slice(self.str().unwrap_or_default().as_bytes());
+                h.write(b"\xffs");
+                if self.node().escaped {
+                    h.write(self.str().unwrap_or_default().as_bytes());
+                } else {
+                    h.write(self.raw().as_bytes());
+                }
             }
             Tag::Array | Tag::Object => {}
         }
     }
+}
+
+/// A small, fast 64-bit hash with a fixed definition (it is kept in
+/// snapshots, so it must never change): 8-byte words folded by multiply,
+/// the length mixed in, and the murmur3 finaliser.
+pub(crate) struct Mix {
+    h: u64,
+    len: u64,
+}
+
+impl Mix {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+
+    pub(crate) fn new(seed: u64) -> Mix {
+        Mix { h: seed ^ 0x243f_6a88_85a3_08d3, len: 0 }
+    }
+
+    fn word(&mut self, w: u64) {
+        self.h = (self.h ^ w).wrapping_mul(Self::K).rotate_left(29);
+    }
+
+    pub(crate) fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            self.word(u64::from_le_bytes(w));
+        }
+        let tail = chunks.remainder();
+        if !tail.is_empty() {
+            let mut w = [0u8; 8];
+            w[..tail.len()].copy_from_slice(tail);
+            self.word(u64::from_le_bytes(w) ^ ((tail.len() as u64) << 59));
+        }
+        self.len = self.len.wrapping_add(bytes.len() as u64);
+    }
+
+    pub(crate) fn write_u64(&mut self, v: u64) {
+        self.word(v);
+        self.len = self.len.wrapping_add(8);
+    }
+
+    pub(crate) fn finish(&self) -> u64 {
+        let mut z = self.h ^ self.len.wrapping_mul(Self::K);
+        z = (z ^ (z >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        z = (z ^ (z >> 33)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        z ^ (z >> 33)
+    }
+}
+
+impl<'d> Val<'d> {
 }
 
 /// Writes a JSON number's value in one spelling: significant digits without
@@ -517,7 +667,26 @@ pub fn canonical_number(text: &str, out: &mut Vec<u8>) {
         return;
     }
     out.push(b'e');
-    let _ = std::io::Write::write_fmt(out, format_args!("{exp}"));
+    push_i64(exp, out);
+}
+
+/// Appends an integer in decimal without the formatting machinery.
+pub(crate) fn push_i64(n: i64, out: &mut Vec<u8>) {
+    if n < 0 {
+        out.push(b'-');
+    }
+    let mut v = n.unsigned_abs();
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 #[cfg(test)]

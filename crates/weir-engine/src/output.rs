@@ -209,9 +209,47 @@ impl RowFormat {
     }
 }
 
-fn push_num(out: &mut String, n: impl std::fmt::Display) {
-    use std::fmt::Write;
-    let _ = write!(out, "{n}");
+fn push_num(out: &mut String, n: impl PushNum) {
+    n.push_to(out);
+}
+
+trait PushNum {
+    fn push_to(self, out: &mut String);
+}
+
+macro_rules! push_int {
+    ($($t:ty),*) => {$(
+        impl PushNum for $t {
+            fn push_to(self, out: &mut String) {
+                let mut digits = [0u8; 20];
+                let mut i = digits.len();
+                let mut v = self as u64;
+                loop {
+                    i -= 1;
+                    digits[i] = b'0' + (v % 10) as u8;
+                    v /= 10;
+                    if v == 0 {
+                        break;
+                    }
+                }
+                out.push_str(std::str::from_utf8(&digits[i..]).unwrap_or("0"));
+            }
+        }
+    )*};
+}
+push_int!(u32, u64);
+
+impl PushNum for &u64 {
+    fn push_to(self, out: &mut String) {
+        (*self).push_to(out);
+    }
+}
+
+impl PushNum for &rust_decimal::Decimal {
+    fn push_to(self, out: &mut String) {
+        use std::fmt::Write;
+        let _ = write!(out, "{self}");
+    }
 }
 
 fn write_time(t: Option<i64>, out: &mut String) {

@@ -3,13 +3,14 @@
 
 use weir_contract::{AggFn, Contract, FieldPath, LatePolicy, WindowKind};
 
+use crate::json::{FieldRef, Names};
 use crate::output::RowFormat;
 use crate::rule::Rule;
 
 #[derive(Debug, Clone)]
 pub(crate) struct AggPlan {
     pub func: AggFn,
-    pub field: Option<Vec<Box<str>>>,
+    pub field: Option<FieldRef>,
     pub field_name: String,
     pub rule: Option<Rule>,
 }
@@ -19,11 +20,13 @@ pub(crate) struct Plan {
     pub name: String,
     pub version: u32,
     pub text_hash: u64,
-    pub time_path: Vec<Box<str>>,
+    /// Top-level names every path below starts from.
+    pub names: Names,
+    pub time_path: FieldRef,
     pub time_name: String,
-    pub key_paths: Vec<Vec<Box<str>>>,
+    pub key_paths: Vec<FieldRef>,
     pub key_names: Vec<String>,
-    pub id_path: Option<Vec<Box<str>>>,
+    pub id_path: Option<FieldRef>,
     pub id_name: String,
     pub rule: Option<Rule>,
     pub max_delay_ms: i64,
@@ -37,38 +40,41 @@ pub(crate) struct Plan {
     pub format: RowFormat,
 }
 
-fn split(path: &FieldPath) -> Vec<Box<str>> {
-    path.segments().iter().map(|s| s.as_str().into()).collect()
-}
 
 impl Plan {
     pub(crate) fn compile(contract: &Contract) -> Result<Plan, String> {
-        let compile_rule = |rule: &Option<(String, weir_contract::Expr)>, key: &str| {
+        let mut names = Names::default();
+        let compile_rule = |rule: &Option<(String, weir_contract::Expr)>, key: &str, names: &mut Names| {
             rule.as_ref()
-                .map(|(_, expr)| Rule::compile(expr).map_err(|e| format!("`{key}`: {e}")))
+                .map(|(_, expr)| Rule::compile(expr, names).map_err(|e| format!("`{key}`: {e}")))
                 .transpose()
         };
+        let source = &contract.source;
+        let time_path = names.field(source.event_time.segments());
+        let key_paths = source.key.iter().map(|k| names.field(k.segments())).collect();
+        let id_path = source.event_id.as_ref().map(|p| names.field(p.segments()));
+        let rule = compile_rule(&source.rule, "source.where", &mut names)?;
         let mut aggs = Vec::new();
         for (i, agg) in contract.aggregates.iter().enumerate() {
             aggs.push(AggPlan {
                 func: agg.func,
-                field: agg.field.as_ref().map(split),
+                field: agg.field.as_ref().map(|p: &FieldPath| names.field(p.segments())),
                 field_name: agg.field.as_ref().map(ToString::to_string).unwrap_or_default(),
-                rule: compile_rule(&agg.rule, &format!("aggregate[{}].where", i + 1))?,
+                rule: compile_rule(&agg.rule, &format!("aggregate[{}].where", i + 1), &mut names)?,
             });
         }
-        let source = &contract.source;
         Ok(Plan {
+            names,
             name: contract.pipeline.name.clone(),
             version: contract.pipeline.version,
             text_hash: contract.text_hash,
-            time_path: split(&source.event_time),
+            time_path,
             time_name: source.event_time.to_string(),
-            key_paths: source.key.iter().map(split).collect(),
+            key_paths,
             key_names: source.key.iter().map(ToString::to_string).collect(),
-            id_path: source.event_id.as_ref().map(split),
+            id_path,
             id_name: source.event_id.as_ref().map(ToString::to_string).unwrap_or_default(),
-            rule: compile_rule(&source.rule, "source.where")?,
+            rule,
             max_delay_ms: source.max_delay_ms,
             max_event_bytes: source.max_event_bytes,
             kind: contract.window.kind,

@@ -111,8 +111,21 @@ pub fn write_rfc3339_ms(ms: i64, out: &mut String) {
     let in_day = ms.rem_euclid(86_400_000);
     let (year, month, day) = civil_from_days(days);
     let (h, m, s, milli) = (in_day / 3_600_000, in_day / 60_000 % 60, in_day / 1000 % 60, in_day % 1000);
-    use std::fmt::Write;
-    let _ = write!(out, "{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z");
+    let mut b = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, mut v: i64| {
+        for i in (at..at + width).rev() {
+            b[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    };
+    put(0, 4, year);
+    put(5, 2, month);
+    put(8, 2, day);
+    put(11, 2, h);
+    put(14, 2, m);
+    put(17, 2, s);
+    put(20, 3, milli);
+    out.push_str(std::str::from_utf8(&b).unwrap_or("0000-00-00T00:00:00.000Z"));
 }
 
 #[cfg(test)]
