@@ -138,6 +138,7 @@ pub struct Engine {
     pub(crate) st: State,
     doc: Doc,
     slots: Vec<u32>,
+    hash_scratch: Vec<u8>,
     key_buf: Vec<u8>,
     wkey_buf: Vec<u8>,
     contribs: Vec<Contrib>,
@@ -167,6 +168,7 @@ impl Engine {
             st,
             doc: Doc::default(),
             slots: Vec::new(),
+            hash_scratch: Vec::new(),
             key_buf: Vec::new(),
             wkey_buf: Vec::new(),
             contribs: Vec::new(),
@@ -396,7 +398,7 @@ impl Engine {
         // 6. Duplicates.
         if let (Some(horizon), Some(id)) = (plan.horizon_ms, ctx.id.as_deref()) {
             let id_key = dedup_key(plan.id_path.as_ref().and_then(|p| root.get(p)), id);
-            let hash = root.root.canonical_hash();
+            let hash = root.root.canonical_hash_in(&mut self.hash_scratch);
             let expires = time.saturating_add(horizon);
             let fresh = Seen { partition: ctx.partition, offset: ctx.offset, payload_hash: hash, expires };
             let first = match self.st.seen.entry(id_key) {

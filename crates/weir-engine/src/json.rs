@@ -348,7 +348,8 @@ impl Names {
 
     fn find(&self, key: &[u8]) -> Option<usize> {
         let ids = self.by_len.get(key.len().min(63))?;
-        ids.iter().copied().find(|&id| self.names[id].as_bytes() == key)
+        // A plain byte loop: names are short, and a call to memcmp costs more.
+        ids.iter().copied().find(|&id| self.names[id].len() == key.len() && self.names[id].bytes().zip(key).all(|(a, b)| a == *b))
     }
 }
 
@@ -508,8 +509,12 @@ impl<'d> Val<'d> {
     /// A 64-bit hash of the value as parsed JSON: member order, whitespace,
     /// escapes and the spelling of numbers (`1.50` vs `1.5e0`) do not matter.
     pub fn canonical_hash(&self) -> u64 {
-        let mut scratch = Vec::new();
-        self.hash_into(&mut scratch, 0)
+        self.canonical_hash_in(&mut Vec::new())
+    }
+
+    /// [`Val::canonical_hash`] with a caller's scratch buffer (no allocation).
+    pub fn canonical_hash_in(&self, scratch: &mut Vec<u8>) -> u64 {
+        self.hash_into(scratch, 0)
     }
 
     /// The same, in 128 bits (two independent seeds), for sets of values.
@@ -611,9 +616,11 @@ impl Mix {
         }
         let tail = chunks.remainder();
         if !tail.is_empty() {
-            let mut w = [0u8; 8];
-            w[..tail.len()].copy_from_slice(tail);
-            self.word(u64::from_le_bytes(w) ^ ((tail.len() as u64) << 59));
+            let mut w = 0u64;
+            for (i, &b) in tail.iter().enumerate() {
+                w |= u64::from(b) << (8 * i);
+            }
+            self.word(w ^ ((tail.len() as u64) << 59));
         }
         self.len = self.len.wrapping_add(bytes.len() as u64);
     }
@@ -637,6 +644,33 @@ impl<'d> Val<'d> {
 /// Writes a JSON number's value in one spelling: significant digits without
 /// leading or trailing zeros, then the power of ten (`12.50` -> `125e-1`).
 pub fn canonical_number(text: &str, out: &mut Vec<u8>) {
+    let b = text.as_bytes();
+    // Fast path: a plain decimal with a non-zero last fractional digit and a
+    // non-zero integer part (`86.24`, `-3.5`) is `8624e-2`, read off directly.
+    if let Some(dot) = b.iter().position(|&c| c == b'.') {
+        let frac = &b[dot + 1..];
+        let (negative, int) = match b[..dot].split_first() {
+            Some((b'-', rest)) => (true, rest),
+            _ => (false, &b[..dot]),
+        };
+        if frac.last().is_some_and(|&c| c != b'0' && c.is_ascii_digit())
+            && frac.iter().all(u8::is_ascii_digit)
+            && int.first().is_some_and(|&c| c != b'0')
+        {
+            if negative {
+                out.push(b'-');
+            }
+            out.extend_from_slice(int);
+            out.extend_from_slice(frac);
+            out.push(b'e');
+            push_i64(-(frac.len() as i64), out);
+            return;
+        }
+    }
+    canonical_number_slow(text, out);
+}
+
+fn canonical_number_slow(text: &str, out: &mut Vec<u8>) {
     let (negative, body) = match text.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, text),

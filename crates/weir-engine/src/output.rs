@@ -266,6 +266,11 @@ fn write_time(t: Option<i64>, out: &mut String) {
 /// Writes `text` as a JSON string literal.
 pub fn write_str(text: &str, out: &mut String) {
     out.push('"');
+    if !text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.push_str(text);
+        out.push('"');
+        return;
+    }
     for c in text.chars() {
         match c {
             '"' => out.push_str("\\\""),

@@ -69,7 +69,7 @@ impl Payment {
         use std::fmt::Write as _;
         let _ = write!(
             out,
-            "{{\"payment_id\":\"pay-{:010}\",\"account_id\":\"acct-{:05}\",\"amount\":{}.{:02},\"currency\":\"{}\",\"status\":\"{}\",\"method\":\"card\",\"approved_at\":\"",
+            "{{\"payment_id\":\"pay-{:010}\",\"account_id\":\"acct-{:05}\",\"amount\":{}.{:02},\"currency\":\"{}\",\"status\":\"{}\",\"approved_at\":\"",
             self.id,
             self.account,
             self.cents / 100,
