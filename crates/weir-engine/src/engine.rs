@@ -299,17 +299,20 @@ impl Engine {
         }
         // 2. Parse.
         let mut doc = std::mem::take(&mut self.doc);
-        let parsed = if utf8_ok {
-            doc.parse(text).map_err(|e| format!("not JSON: {e}"))
-        } else {
+        // With [dedup], the payload's canonical hash comes from the same pass.
+        let parsed = if !utf8_ok {
             Err("not UTF-8 text".to_owned())
+        } else if self.plan.horizon_ms.is_some() {
+            doc.parse_hashed(text, &mut self.hash_scratch).map_err(|e| format!("not JSON: {e}"))
+        } else {
+            doc.parse(text).map(|()| 0).map_err(|e| format!("not JSON: {e}"))
         };
         let result = match parsed {
             Err(detail) => {
                 record(&mut self.st.counters, out, &ctx, None, Reason::MalformedJson, detail, None, None);
                 None
             }
-            Ok(()) => {
+            Ok(payload_hash) => {
                 let root = doc.root(text);
                 if root.tag() != Tag::Object {
                     record(&mut self.st.counters, out, &ctx, None, Reason::MalformedJson, "not a JSON object: an event is one {...} per line".into(), None, None);
@@ -318,7 +321,7 @@ impl Engine {
                     let mut ctx = Ctx { id: None, ..ctx };
                     let mut slots = std::mem::take(&mut self.slots);
                     let event = Event::resolve(root, &self.plan.names, &mut slots);
-                    let result = self.intake_object(event, &mut ctx, wm, out);
+                    let result = self.intake_object(event, payload_hash, &mut ctx, wm, out);
                     self.slots = slots;
                     result
                 }
@@ -328,7 +331,7 @@ impl Engine {
         result
     }
 
-    fn intake_object<'a>(&mut self, root: Event<'a>, ctx: &mut Ctx<'a>, wm: i64, out: &mut Output) -> Option<i64> {
+    fn intake_object<'a>(&mut self, root: Event<'a>, hash: u64, ctx: &mut Ctx<'a>, wm: i64, out: &mut Output) -> Option<i64> {
         let plan = Arc::clone(&self.plan);
         // 3. Fields: event time, key fields, event id.
         let time = match read_time(root.get(&plan.time_path), &plan.time_name) {
@@ -398,7 +401,6 @@ impl Engine {
         // 6. Duplicates.
         if let (Some(horizon), Some(id)) = (plan.horizon_ms, ctx.id.as_deref()) {
             let id_key = dedup_key(plan.id_path.as_ref().and_then(|p| root.get(p)), id);
-            let hash = root.root.canonical_hash_in(&mut self.hash_scratch);
             let expires = time.saturating_add(horizon);
             let fresh = Seen { partition: ctx.partition, offset: ctx.offset, payload_hash: hash, expires };
             let first = match self.st.seen.entry(id_key) {

@@ -58,18 +58,28 @@ pub struct Val<'d> {
 impl Doc {
     /// Parses `src` as one JSON value; the error is a short sentence.
     pub fn parse(&mut self, src: &str) -> Result<(), String> {
+        self.parse_inner(src, None).map(|_| ())
+    }
+
+    /// Parses like [`Doc::parse`] and returns the document's
+    /// [`Val::canonical_hash`], computed in the same pass.
+    pub fn parse_hashed(&mut self, src: &str, scratch: &mut Vec<u8>) -> Result<u64, String> {
+        self.parse_inner(src, Some(scratch))
+    }
+
+    fn parse_inner(&mut self, src: &str, scratch: Option<&mut Vec<u8>>) -> Result<u64, String> {
         if src.len() >= u32::MAX as usize {
             return Err("document larger than 4 GiB".into());
         }
         self.nodes.clear();
-        let mut p = Parser { b: src.as_bytes(), i: 0, nodes: &mut self.nodes };
+        let mut p = Parser { b: src.as_bytes(), src, i: 0, nodes: &mut self.nodes, scratch };
         p.ws();
-        p.value(0, 0, 0, false)?;
+        let hash = p.value(0, 0, 0, false)?;
         p.ws();
         if p.i != p.b.len() {
             return Err(format!("unexpected text after the JSON value at byte {}", p.i + 1));
         }
-        Ok(())
+        Ok(hash)
     }
 
     pub fn root<'d>(&'d self, src: &'d str) -> Val<'d> {
@@ -79,8 +89,11 @@ impl Doc {
 
 struct Parser<'a> {
     b: &'a [u8],
+    src: &'a str,
     i: usize,
     nodes: &'a mut Vec<Node>,
+    /// Present when the parse also computes the canonical hash.
+    scratch: Option<&'a mut Vec<u8>>,
 }
 
 impl Parser<'_> {
@@ -98,7 +111,8 @@ impl Parser<'_> {
         }
     }
 
-    fn value(&mut self, depth: usize, key_start: u32, key_end: u32, key_escaped: bool) -> Result<(), String> {
+    /// Parses one value into the arena; returns its canonical hash when hashing.
+    fn value(&mut self, depth: usize, key_start: u32, key_end: u32, key_escaped: bool) -> Result<u64, String> {
         let index = self.nodes.len();
         let mut node = Node {
             tag: Tag::Null,
@@ -112,6 +126,8 @@ impl Parser<'_> {
             count: 0,
         };
         self.nodes.push(node);
+        let hashing = self.scratch.is_some();
+        let mut hash = 0;
         match self.b.get(self.i) {
             Some(b'{') => {
                 if depth >= DEPTH_MAX {
@@ -120,6 +136,7 @@ impl Parser<'_> {
                 node.tag = Tag::Object;
                 self.i += 1;
                 self.ws();
+                let mut sum: u64 = 0;
                 if self.b.get(self.i) == Some(&b'}') {
                     self.i += 1;
                 } else {
@@ -135,7 +152,10 @@ impl Parser<'_> {
                         }
                         self.i += 1;
                         self.ws();
-                        self.value(depth + 1, ks as u32, ke as u32, kesc)?;
+                        let child = self.value(depth + 1, ks as u32, ke as u32, kesc)?;
+                        if hashing {
+                            sum = sum.wrapping_add(member_hash(&self.src[ks..ke], kesc, child));
+                        }
                         node.count += 1;
                         self.ws();
                         match self.b.get(self.i) {
@@ -148,6 +168,9 @@ impl Parser<'_> {
                         }
                     }
                 }
+                if hashing {
+                    hash = object_hash(sum);
+                }
             }
             Some(b'[') => {
                 if depth >= DEPTH_MAX {
@@ -156,12 +179,14 @@ impl Parser<'_> {
                 node.tag = Tag::Array;
                 self.i += 1;
                 self.ws();
+                let mut h = Mix::new(SEED ^ 0x5b);
                 if self.b.get(self.i) == Some(&b']') {
                     self.i += 1;
                 } else {
                     loop {
                         self.ws();
-                        self.value(depth + 1, 0, 0, false)?;
+                        let child = self.value(depth + 1, 0, 0, false)?;
+                        h.write_u64(child);
                         node.count += 1;
                         self.ws();
                         match self.b.get(self.i) {
@@ -174,6 +199,7 @@ impl Parser<'_> {
                         }
                     }
                 }
+                hash = h.finish();
             }
             Some(b'"') => {
                 let (s, e, esc) = self.string()?;
@@ -181,7 +207,10 @@ impl Parser<'_> {
                 node.escaped = esc;
                 node.start = s as u32;
                 self.nodes[index] = Node { end: e as u32, ..node };
-                return Ok(());
+                if hashing {
+                    hash = string_hash(&self.src[s..e], esc);
+                }
+                return Ok(hash);
             }
             Some(b't') => self.literal(b"true", &mut node, Tag::True)?,
             Some(b'f') => self.literal(b"false", &mut node, Tag::False)?,
@@ -189,13 +218,19 @@ impl Parser<'_> {
             Some(b'-' | b'0'..=b'9') => {
                 self.number()?;
                 node.tag = Tag::Number;
+                if let Some(scratch) = self.scratch.as_deref_mut() {
+                    hash = number_hash(&self.src[node.start as usize..self.i], scratch);
+                }
             }
             _ => return self.fail("expected a JSON value"),
+        }
+        if hashing && matches!(node.tag, Tag::True | Tag::False | Tag::Null) {
+            hash = literal_hash(node.tag);
         }
         node.end = self.i as u32;
         node.size = (self.nodes.len() - index) as u32;
         self.nodes[index] = node;
-        Ok(())
+        Ok(hash)
     }
 
     fn literal(&mut self, word: &[u8], node: &mut Node, tag: Tag) -> Result<(), String> {
@@ -526,7 +561,8 @@ impl<'d> Val<'d> {
     }
 
     fn hash_into(&self, scratch: &mut Vec<u8>, seed: u64) -> u64 {
-        match self.tag() {
+        let n = self.node();
+        match n.tag {
             Tag::Array => {
                 let mut h = Mix::new(seed ^ 0x5b);
                 for child in self.children() {
@@ -535,57 +571,92 @@ impl<'d> Val<'d> {
                 h.finish()
             }
             Tag::Object => {
-                // Members combine by addition, so their order does not matter.
                 let mut sum: u64 = 0;
                 for child in self.children() {
-                    let mut h = Mix::new(seed);
-                    let n = child.node();
-                    if n.key_escaped {
-                        h.write(unescape(&self.src[n.key_start as usize..n.key_end as usize]).as_bytes());
-                    } else {
-                        h.write(&self.src.as_bytes()[n.key_start as usize..n.key_end as usize]);
-                    }
-                    match child.tag() {
-                        Tag::Array | Tag::Object => h.write_u64(child.hash_into(scratch, seed)),
-                        _ => child.hash_leaf(&mut h, scratch),
-                    }
-                    sum = sum.wrapping_add(h.finish());
+                    let c = child.node();
+                    let key = &self.src[c.key_start as usize..c.key_end as usize];
+                    sum = sum.wrapping_add(member_hash_seeded(key, c.key_escaped, child.hash_into(scratch, seed), seed));
                 }
-                let mut h = Mix::new(seed ^ 0x7b);
-                h.write_u64(sum);
-                h.finish()
+                object_hash_seeded(sum, seed)
             }
-            _ => {
-                let mut h = Mix::new(seed);
-                self.hash_leaf(&mut h, scratch);
-                h.finish()
-            }
+            Tag::String => string_hash_seeded(self.raw(), n.escaped, seed),
+            Tag::Number => number_hash_seeded(self.raw(), scratch, seed),
+            tag => literal_hash_seeded(tag, seed),
         }
     }
+}
 
-    /// Feeds a scalar's canonical form: a type tag, then its canonical text.
-    fn hash_leaf(&self, h: &mut Mix, scratch: &mut Vec<u8>) {
-        match self.tag() {
-            Tag::Null => h.write(b"\xffn"),
-            Tag::True => h.write(b"\xfft"),
-            Tag::False => h.write(b"\xfff"),
-            Tag::Number => {
-                scratch.clear();
-                scratch.extend_from_slice(b"\xffd");
-                canonical_number(self.raw(), scratch);
-                h.write(scratch);
-            }
-            Tag::String => {
-                h.write(b"\xffs");
-                if self.node().escaped {
-                    h.write(self.str().unwrap_or_default().as_bytes());
-                } else {
-                    h.write(self.raw().as_bytes());
-                }
-            }
-            Tag::Array | Tag::Object => {}
-        }
+/// The canonical hash, one definition for the parser and for [`Val`]:
+/// scalars hash a type tag and their canonical text; an array hashes its
+/// items in order; an object sums its members' hashes (name and value), so
+/// member order does not matter.
+const SEED: u64 = 0;
+
+fn member_hash(key: &str, escaped: bool, value: u64) -> u64 {
+    member_hash_seeded(key, escaped, value, SEED)
+}
+
+fn member_hash_seeded(key: &str, escaped: bool, value: u64, seed: u64) -> u64 {
+    let mut h = Mix::new(seed);
+    if escaped {
+        h.write(unescape(key).as_bytes());
+    } else {
+        h.write(key.as_bytes());
     }
+    h.write_u64(value);
+    h.finish()
+}
+
+fn object_hash(sum: u64) -> u64 {
+    object_hash_seeded(sum, SEED)
+}
+
+fn object_hash_seeded(sum: u64, seed: u64) -> u64 {
+    let mut h = Mix::new(seed ^ 0x7b);
+    h.write_u64(sum);
+    h.finish()
+}
+
+fn string_hash(raw: &str, escaped: bool) -> u64 {
+    string_hash_seeded(raw, escaped, SEED)
+}
+
+fn string_hash_seeded(raw: &str, escaped: bool, seed: u64) -> u64 {
+    let mut h = Mix::new(seed);
+    h.write(b"\xffs");
+    if escaped {
+        h.write(unescape(raw).as_bytes());
+    } else {
+        h.write(raw.as_bytes());
+    }
+    h.finish()
+}
+
+fn number_hash(raw: &str, scratch: &mut Vec<u8>) -> u64 {
+    number_hash_seeded(raw, scratch, SEED)
+}
+
+fn number_hash_seeded(raw: &str, scratch: &mut Vec<u8>, seed: u64) -> u64 {
+    scratch.clear();
+    scratch.extend_from_slice(b"\xffd");
+    canonical_number(raw, scratch);
+    let mut h = Mix::new(seed);
+    h.write(scratch);
+    h.finish()
+}
+
+fn literal_hash(tag: Tag) -> u64 {
+    literal_hash_seeded(tag, SEED)
+}
+
+fn literal_hash_seeded(tag: Tag, seed: u64) -> u64 {
+    let mut h = Mix::new(seed);
+    h.write(match tag {
+        Tag::True => b"\xfft",
+        Tag::False => b"\xfff",
+        _ => b"\xffn",
+    });
+    h.finish()
 }
 
 /// A small, fast 64-bit hash with a fixed definition (it is kept in
@@ -775,6 +846,18 @@ mod tests {
         assert_ne!(hash(r#"{"a":1}"#), hash(r#"{"a":"1"}"#));
         assert_ne!(hash("[1,2]"), hash("[2,1]"));
         assert_ne!(hash(r#"{"a":{"b":1}}"#), hash(r#"{"a":{"c":1}}"#));
+    }
+
+    #[test]
+    fn parser_hash_equals_tree_hash() {
+        for text in [
+            r#"{"a":1.50,"b":"x\n","c":[true,false,null,{"d":-0.0}],"e\u0041":{}}"#,
+            "[]", "\"s\"", "12e3", "null", r#"{"a":{"b":{"c":[1,[2,[3]]]}}}"#,
+        ] {
+            let mut doc = Doc::default();
+            let fused = doc.parse_hashed(text, &mut Vec::new()).unwrap();
+            assert_eq!(fused, doc.root(text).canonical_hash(), "{text}");
+        }
     }
 
     #[test]
