@@ -1,0 +1,438 @@
+//! SPEC.md section 3, one rule at a time: each test is a small, readable
+//! event sequence and the rows and ledger entries it must produce.
+//!
+//! Events carry `t` in seconds (written as epoch milliseconds), key `k`, id
+//! `id` and `amount`. Rows print as `k [start,end) status#revision
+//! events=.. late=.. {values}`; ledger entries as `offset reason [window]`.
+
+use weir_contract::Contract;
+use weir_engine::{Engine, EventIn, Mode, OutValue, Output, Row};
+
+const HEAD: &str = r#"
+[pipeline]
+name = "rules"
+version = 1
+owner = "o"
+steward = "s"
+decision = "d"
+"#;
+
+fn contract(source_extra: &str, window: &str, rest: &str) -> Contract {
+    let text = format!(
+        "{HEAD}\n[source]\ntopic = \"t\"\nevent_time = \"t\"\nkey = [\"k\"]\nevent_id = \"id\"\n{source_extra}\n[window]\n{window}\n{rest}\n[[aggregate]]\nname = \"n\"\nfn = \"count\"\n\n[[aggregate]]\nname = \"sum\"\nfn = \"sum\"\nfield = \"amount\"\n"
+    );
+    Contract::parse("test.toml", &text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+/// `k`, `t` seconds, `id`, `amount` as one event line.
+fn ev(k: &str, t: i64, id: &str, amount: &str) -> String {
+    format!(r#"{{"k":"{k}","t":{},"id":"{id}","amount":{amount}}}"#, t * 1000)
+}
+
+fn secs(ms: Option<i64>) -> String {
+    ms.map_or("-".into(), |ms| format!("{}", ms / 1000))
+}
+
+fn value(v: &OutValue) -> String {
+    match v {
+        OutValue::Null => "null".into(),
+        OutValue::Int(n) => n.to_string(),
+        OutValue::Dec(d) => d.normalize().to_string(),
+        OutValue::Json(t) => t.to_string(),
+    }
+}
+
+fn show_row(row: &Row) -> String {
+    // The first key field's text (tests use one string key, or none).
+    let key = String::from_utf8_lossy(row.key.get(5..).unwrap_or_default()).into_owned();
+    let values: Vec<String> = row.values.iter().map(value).collect();
+    let window = format!(
+        "[{},{}) {}#{} events={} late={} {{{}}}",
+        secs(row.window_start),
+        secs(row.window_end),
+        row.status.as_str(),
+        row.revision,
+        row.events,
+        row.late_events,
+        values.join(",")
+    );
+    if key.is_empty() {
+        window
+    } else {
+        format!("{key} {window}")
+    }
+}
+
+struct Run {
+    rows: Vec<String>,
+    ledger: Vec<String>,
+}
+
+fn run_mode(contract: &Contract, mode: Mode, events: &[String], finish: bool) -> Run {
+    let mut engine = Engine::new(contract, mode, 1).unwrap();
+    let mut out = Output::default();
+    for (i, e) in events.iter().enumerate() {
+        engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: e.as_bytes() }, &mut out);
+    }
+    if finish {
+        engine.finish(&mut out);
+    }
+    Run {
+        rows: out.rows.iter().map(show_row).collect(),
+        ledger: out
+            .ledger
+            .iter()
+            .map(|l| match l.window {
+                Some((s, e)) => format!("{} {} [{},{})", l.offset, l.reason.as_str(), s / 1000, e / 1000),
+                None => match l.first_offset {
+                    Some(first) => format!("{} {} first={first}", l.offset, l.reason.as_str()),
+                    None => format!("{} {}", l.offset, l.reason.as_str()),
+                },
+            })
+            .collect(),
+    }
+}
+
+fn check(contract: &Contract, events: &[String], rows: &[&str], ledger: &[&str]) {
+    let got = run_mode(contract, Mode::Stream, events, true);
+    assert_eq!(got.rows, rows, "rows");
+    assert_eq!(got.ledger, ledger, "ledger");
+}
+
+const TUMBLING_10S: &str = "type = \"tumbling\"\nsize = \"10s\"";
+
+#[test]
+fn discard_settles_at_the_windows_end_and_refuses_later_events() {
+    let c = contract("", &format!("{TUMBLING_10S}\nlate = \"discard\""), "");
+    check(
+        &c,
+        &[ev("a", 1, "1", "2"), ev("a", 5, "2", "3"), ev("a", 10, "3", "1"), ev("a", 4, "4", "9")],
+        &["a [0,10) settled#1 events=2 late=0 {2,5}", "a [10,20) settled#1 events=1 late=0 {1,1}"],
+        &["4 too_late [0,10)"],
+    );
+}
+
+#[test]
+fn hold_publishes_once_after_the_lateness() {
+    let c = contract("", &format!("{TUMBLING_10S}\nallowed_lateness = \"5s\"\nlate = \"hold\""), "");
+    check(
+        &c,
+        &[ev("a", 1, "1", "2"), ev("a", 12, "2", "3"), ev("a", 9, "3", "4"), ev("a", 15, "4", "1"), ev("a", 2, "5", "7")],
+        &[
+            "a [0,10) settled#1 events=2 late=1 {2,6}",
+            "a [10,20) settled#1 events=2 late=0 {2,4}",
+        ],
+        &["5 too_late [0,10)"],
+    );
+}
+
+#[test]
+fn revise_is_provisional_at_the_end_revised_by_late_events_then_settled() {
+    let c = contract("", &format!("{TUMBLING_10S}\nallowed_lateness = \"5s\"\nlate = \"revise\""), "");
+    check(
+        &c,
+        &[ev("a", 1, "1", "2"), ev("a", 11, "2", "3"), ev("a", 8, "3", "4"), ev("a", 13, "4", "1"), ev("a", 15, "5", "1")],
+        &[
+            "a [0,10) provisional#1 events=1 late=0 {1,2}",
+            "a [0,10) provisional#2 events=2 late=1 {2,6}",
+            "a [0,10) settled#3 events=2 late=1 {2,6}",
+            "a [10,20) settled#1 events=3 late=0 {3,5}",
+        ],
+        &[],
+    );
+}
+
+#[test]
+fn early_emits_a_provisional_row_per_change() {
+    let c = contract("", &format!("{TUMBLING_10S}\nlate = \"discard\"\nearly = true"), "");
+    check(
+        &c,
+        &[ev("a", 1, "1", "2"), ev("b", 2, "2", "3"), ev("a", 3, "3", "4"), ev("a", 10, "4", "1")],
+        &[
+            "a [0,10) provisional#1 events=1 late=0 {1,2}",
+            "b [0,10) provisional#1 events=1 late=0 {1,3}",
+            "a [0,10) provisional#2 events=2 late=0 {2,6}",
+            "a [0,10) settled#3 events=2 late=0 {2,6}",
+            "b [0,10) settled#2 events=1 late=0 {1,3}",
+            "a [10,20) provisional#1 events=1 late=0 {1,1}",
+            "a [10,20) settled#2 events=1 late=0 {1,1}",
+        ],
+        &[],
+    );
+}
+
+#[test]
+fn hopping_counts_an_event_in_every_window_and_refuses_only_expired_ones() {
+    let c = contract("", "type = \"hopping\"\nsize = \"10s\"\nslide = \"5s\"\nlate = \"discard\"", "");
+    check(
+        &c,
+        &[ev("a", 7, "1", "1"), ev("a", 12, "2", "1"), ev("a", 9, "3", "1")],
+        &[
+            "a [0,10) settled#1 events=1 late=0 {1,1}",
+            "a [5,15) settled#1 events=3 late=0 {3,3}",
+            "a [10,20) settled#1 events=1 late=0 {1,1}",
+        ],
+        &["3 too_late [0,10)"],
+    );
+}
+
+#[test]
+fn sessions_merge_retract_and_restart_revisions() {
+    let c = contract("max_delay = \"30s\"", "type = \"session\"\ngap = \"5s\"\nallowed_lateness = \"30s\"\nlate = \"revise\"\nearly = true", "");
+    check(
+        &c,
+        &[ev("a", 10, "1", "1"), ev("a", 17, "2", "1"), ev("a", 13, "3", "1"), ev("a", 7, "4", "1")],
+        &[
+            "a [10,15) provisional#1 events=1 late=0 {1,1}",
+            "a [17,22) provisional#1 events=1 late=0 {1,1}",
+            // 13 bridges [10,15) and [17,22): the merge keeps the earlier start,
+            // and the later session is retracted.
+            "a [10,22) provisional#2 events=3 late=0 {3,3}",
+            "a [17,22) retracted#2 events=1 late=0 {1,1}",
+            // 7 starts before the merged session: a new start begins at revision 1.
+            "a [7,22) provisional#1 events=4 late=0 {4,4}",
+            "a [10,22) retracted#3 events=3 late=0 {3,3}",
+            "a [7,22) settled#2 events=4 late=0 {4,4}",
+        ],
+        &[],
+    );
+}
+
+#[test]
+fn touching_sessions_do_not_merge() {
+    let c = contract("max_delay = \"30s\"", "type = \"session\"\ngap = \"5s\"\nlate = \"discard\"", "");
+    check(
+        &c,
+        &[ev("a", 10, "1", "1"), ev("a", 15, "2", "1")],
+        &["a [10,15) settled#1 events=1 late=0 {1,1}", "a [15,20) settled#1 events=1 late=0 {1,1}"],
+        &[],
+    );
+}
+
+#[test]
+fn a_session_too_late_after_merging_changes_nothing() {
+    let c = contract("", "type = \"session\"\ngap = \"5s\"\nlate = \"discard\"", "");
+    check(
+        &c,
+        &[ev("a", 10, "1", "1"), ev("a", 30, "2", "1"), ev("a", 2, "3", "1")],
+        &["a [10,15) settled#1 events=1 late=0 {1,1}", "a [30,35) settled#1 events=1 late=0 {1,1}"],
+        &["3 too_late [2,7)"],
+    );
+}
+
+#[test]
+fn global_windows_revise_on_every_change_and_settle_at_the_end() {
+    let c = contract("", "type = \"global\"", "");
+    check(
+        &c,
+        &[ev("a", 1, "1", "2"), ev("a", 100, "2", "3")],
+        &["a [-,-) provisional#1 events=1 late=0 {1,2}", "a [-,-) provisional#2 events=2 late=0 {2,5}", "a [-,-) settled#3 events=2 late=0 {2,5}"],
+        &[],
+    );
+}
+
+#[test]
+fn duplicates_and_conflicts_are_ledgered_and_parsed_json_decides() {
+    let c = contract("", &format!("{TUMBLING_10S}\nlate = \"discard\""), "[dedup]\nhorizon = \"1m\"");
+    let reordered = r#"{"amount":2.0,"id":"1","t":1000,"k":"a"}"#.to_string();
+    check(
+        &c,
+        &[ev("a", 1, "1", "2"), reordered, ev("a", 2, "1", "5"), ev("a", 3, "2", "1")],
+        &["a [0,10) settled#1 events=2 late=0 {2,3}"],
+        &["2 duplicate first=1", "3 duplicate_conflict first=1"],
+    );
+}
+
+#[test]
+fn an_id_is_forgotten_once_the_watermark_passes_its_horizon() {
+    let c = contract("", &format!("{TUMBLING_10S}\nallowed_lateness = \"10s\"\nlate = \"hold\""), "[dedup]\nhorizon = \"20s\"");
+    check(
+        &c,
+        &[ev("a", 1, "x", "1"), ev("a", 20, "y", "1"), ev("a", 21, "x", "1"), ev("a", 30, "z", "1"), ev("a", 21, "x", "1")],
+        &[
+            "a [0,10) settled#1 events=1 late=0 {1,1}",
+            // y, and x re-sent once its first arrival was forgotten (late, allowed).
+            "a [20,30) settled#1 events=2 late=1 {2,2}",
+            "a [30,40) settled#1 events=1 late=0 {1,1}",
+        ],
+        &["3 duplicate_conflict first=1"],
+    );
+}
+
+#[test]
+fn a_refused_event_is_not_remembered_so_a_corrected_resend_counts() {
+    let c = contract("", &format!("{TUMBLING_10S}\nlate = \"discard\""), "[dedup]\nhorizon = \"1m\"");
+    check(
+        &c,
+        &[ev("a", 1, "1", "\"n/a\""), ev("a", 1, "1", "2")],
+        &["a [0,10) settled#1 events=1 late=0 {1,2}"],
+        &["1 bad_type"],
+    );
+}
+
+#[test]
+fn every_ledger_reason_in_order_of_the_checks() {
+    let c = contract(
+        "where = 'status == \"ok\"'\nmax_event_bytes = 120",
+        &format!("{TUMBLING_10S}\nlate = \"discard\""),
+        "[dedup]\nhorizon = \"1m\"",
+    );
+    let long = format!(r#"{{"k":"a","t":1000,"id":"1","status":"ok","pad":"{}"}}"#, "x".repeat(200));
+    let events: Vec<String> = [
+        long.as_str(),
+        r#"{"k":"a","t":1000"#,
+        r#"["not","an","object"]"#,
+        r#"{"k":"a","id":"1","status":"ok"}"#,
+        r#"{"k":"a","t":"yesterday","id":"1","status":"ok"}"#,
+        r#"{"t":1000,"id":"1","status":"ok"}"#,
+        r#"{"k":1.5,"t":1000,"id":"1","status":"ok"}"#,
+        r#"{"k":"a","t":1000,"status":"ok"}"#,
+        r#"{"k":"a","t":1000,"id":"1"}"#,
+        r#"{"k":"a","t":1000,"id":"1","status":"no"}"#,
+        r#"{"k":"a","t":1000,"id":"1","status":"ok","amount":true}"#,
+        r#"{"k":"a","t":1000,"id":"1","status":"ok","amount":1}"#,
+        r#"{"k":"a","t":1000,"id":"1","status":"ok","amount":1}"#,
+        r#"{"k":"a","t":20000,"id":"2","status":"ok"}"#,
+        r#"{"k":"a","t":1000,"id":"3","status":"ok"}"#,
+        "",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    check(
+        &c,
+        &events,
+        &["a [0,10) settled#1 events=1 late=0 {1,1}", "a [20,30) settled#1 events=1 late=0 {1,null}"],
+        &[
+            "1 too_large",
+            "2 malformed_json",
+            "3 malformed_json",
+            "4 missing_field",
+            "5 bad_type",
+            "6 missing_field",
+            "7 bad_type",
+            "8 missing_field",
+            "9 rule_error",
+            "11 bad_type",
+            "13 duplicate first=12",
+            "15 too_late [0,10)",
+            "16 malformed_json",
+        ],
+    );
+}
+
+#[test]
+fn a_ledgered_event_with_a_time_still_moves_the_watermark() {
+    let c = contract("", &format!("{TUMBLING_10S}\nlate = \"discard\""), "");
+    // The second event has no key, but its time closes [0,10).
+    let run = run_mode(&c, Mode::Stream, &[ev("a", 1, "1", "1"), r#"{"t":15000,"id":"2"}"#.into()], false);
+    assert_eq!(run.rows, ["a [0,10) settled#1 events=1 late=0 {1,1}"]);
+    assert_eq!(run.ledger, ["2 missing_field"]);
+}
+
+#[test]
+fn the_watermark_is_the_minimum_over_partitions_and_idle_ones_step_aside() {
+    let c = contract("", &format!("{TUMBLING_10S}\nlate = \"discard\""), "");
+    let mut engine = Engine::new(&c, Mode::Stream, 2).unwrap();
+    let mut out = Output::default();
+    let e1 = ev("a", 1, "1", "1");
+    let e2 = ev("a", 30, "2", "1");
+    engine.process(EventIn { partition: 0, offset: 1, bytes: e1.as_bytes() }, &mut out);
+    engine.process(EventIn { partition: 0, offset: 2, bytes: e2.as_bytes() }, &mut out);
+    assert!(out.rows.is_empty(), "partition 1 has said nothing: the watermark must wait");
+    assert_eq!(engine.watermark(), None);
+    engine.set_partition_idle(1, true, &mut out);
+    assert_eq!(engine.watermark(), Some(30_000));
+    assert_eq!(out.rows.iter().map(show_row).collect::<Vec<_>>(), ["a [0,10) settled#1 events=1 late=0 {1,1}"]);
+}
+
+#[test]
+fn aggregates_are_exact_and_order_free() {
+    let text = format!(
+        "{HEAD}\n[source]\ntopic = \"t\"\nevent_time = \"t\"\nkey = []\nevent_id = \"id\"\n[window]\ntype = \"global\"\n{}",
+        [
+            ("total", "sum", "amount", ""),
+            ("lo", "min", "amount", ""),
+            ("hi", "max", "amount", ""),
+            ("mean", "avg", "amount", ""),
+            ("kinds", "count_distinct", "amount", ""),
+            ("first_plan", "first", "plan", ""),
+            ("last_plan", "last", "plan", ""),
+            ("eur", "count", "", "where = 'currency == \"EUR\"'"),
+        ]
+        .iter()
+        .map(|(n, f, field, w)| {
+            let field = if field.is_empty() { String::new() } else { format!("field = \"{field}\"\n") };
+            format!("[[aggregate]]\nname = \"{n}\"\nfn = \"{f}\"\n{field}{w}\n")
+        })
+        .collect::<String>()
+    );
+    let c = Contract::parse("agg.toml", &text).unwrap();
+    let events = [
+        r#"{"t":1000,"id":"b","amount":0.1,"plan":"pro","currency":"EUR"}"#,
+        r#"{"t":1000,"id":"a","amount":"0.2","plan":"free","currency":"USD"}"#,
+        r#"{"t":2000,"id":"c","amount":0.10,"plan":"team","currency":"EUR"}"#,
+        r#"{"t":500,"id":"d","amount":null,"currency":"EUR"}"#,
+    ];
+    let expect = "[-,-) settled#1 events=4 late=0 {0.4,0.1,0.2,0.1333333333333333333333333333,2,\"free\",\"team\",3}";
+    for order in [[0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]] {
+        let evs: Vec<String> = order.iter().map(|&i| events[i].to_string()).collect();
+        let run = run_mode(&c, Mode::Batch, &evs, true);
+        assert_eq!(run.rows.len(), 1);
+        assert!(run.rows[0].ends_with(expect), "{order:?}: {}", run.rows[0]);
+    }
+}
+
+#[test]
+fn sum_stays_an_integer_while_every_input_is_one() {
+    let c = contract("", "type = \"global\"", "");
+    let run = run_mode(&c, Mode::Batch, &[ev("a", 1, "1", "2"), ev("a", 2, "2", "40")], true);
+    assert_eq!(run.rows, ["a [-,-) settled#1 events=2 late=0 {2,42}"]);
+    let mut engine = Engine::new(&c, Mode::Batch, 1).unwrap();
+    let mut out = Output::default();
+    for (i, e) in [ev("a", 1, "1", "2"), ev("a", 2, "2", "40")].iter().enumerate() {
+        engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: e.as_bytes() }, &mut out);
+    }
+    engine.finish(&mut out);
+    let mut line = String::new();
+    engine.format().write_row(&out.rows[0], &mut line);
+    assert!(line.contains(r#""sum":42}"#), "{line}");
+}
+
+#[test]
+fn keys_may_be_nested_paths_or_none() {
+    let text = format!("{HEAD}\n[source]\ntopic = \"t\"\nevent_time = \"t\"\nkey = [\"acct.id\", \"vip\"]\n[window]\ntype = \"global\"\n[[aggregate]]\nname = \"n\"\nfn = \"count\"\n");
+    let c = Contract::parse("k.toml", &text).unwrap();
+    let mut engine = Engine::new(&c, Mode::Batch, 1).unwrap();
+    let mut out = Output::default();
+    let e = r#"{"t":1,"acct":{"id":7},"vip":true}"#;
+    engine.process(EventIn { partition: 0, offset: 1, bytes: e.as_bytes() }, &mut out);
+    engine.finish(&mut out);
+    let mut line = String::new();
+    engine.format().write_row(&out.rows[0], &mut line);
+    assert!(line.contains(r#""key":{"acct.id":7,"vip":true}"#), "{line}");
+}
+
+#[test]
+fn batches_of_events_give_what_single_events_give() {
+    let c = contract("", &format!("{TUMBLING_10S}\nallowed_lateness = \"5s\"\nlate = \"revise\"\nearly = true"), "");
+    let events: Vec<String> = (0..60).map(|i| ev(["a", "b", "c"][i % 3], ((i * 7) % 40) as i64, &i.to_string(), "1")).collect();
+    let one = run_mode(&c, Mode::Stream, &events, true);
+    let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    let mut out = Output::default();
+    engine.process_batch(
+        events.iter().enumerate().map(|(i, e)| EventIn { partition: 0, offset: i as u64 + 1, bytes: e.as_bytes() }),
+        &mut out,
+    );
+    engine.finish(&mut out);
+    assert_eq!(out.rows.iter().map(show_row).collect::<Vec<_>>(), one.rows);
+}
+
+#[test]
+fn batch_counts_what_the_stream_refused_as_too_late() {
+    let c = contract("", &format!("{TUMBLING_10S}\nlate = \"discard\""), "");
+    let events = [ev("a", 20, "1", "1"), ev("a", 3, "2", "1")];
+    let batch = run_mode(&c, Mode::Batch, &events, true);
+    assert_eq!(batch.rows, ["a [0,10) settled#1 events=1 late=0 {1,1}", "a [20,30) settled#1 events=1 late=0 {1,1}"]);
+    assert!(batch.ledger.is_empty());
+}
