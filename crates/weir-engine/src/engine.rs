@@ -147,6 +147,19 @@ pub struct Engine {
     pending: Vec<(i64, Box<[u8]>, Row)>,
 }
 
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("pipeline", &self.plan.name)
+            .field("version", &self.plan.version)
+            .field("mode", &self.mode)
+            .field("watermark", &self.watermark())
+            .field("open_windows", &self.st.windows.len())
+            .field("remembered_ids", &self.st.seen.len())
+            .finish()
+    }
+}
+
 /// A contract the engine cannot run (beyond what the contract crate checks).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

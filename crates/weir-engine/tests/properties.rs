@@ -1,0 +1,319 @@
+//! Properties over random inputs (proptest; a failing case prints its seed
+//! and shrinks). Differential: a stream run, after the final watermark,
+//! against the batch on the same events in any arrival order.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use weir_contract::Contract;
+use weir_engine::{Counters, Engine, EventIn, Mode, Output, Row, Status};
+
+#[derive(Debug, Clone)]
+struct Shape {
+    window: &'static str,
+    late: &'static str,
+    early: bool,
+    dedup: bool,
+}
+
+fn contract(shape: &Shape, lateness_ms: i64, max_delay_ms: i64) -> Contract {
+    let late = if lateness_ms == 0 && shape.late != "discard" { "discard" } else { shape.late };
+    let lateness = if late == "discard" { 0 } else { lateness_ms };
+    let dedup = if shape.dedup { "[dedup]\nhorizon = \"1h\"\n" } else { "" };
+    let text = format!(
+        r#"[pipeline]
+name = "prop"
+version = 1
+owner = "o"
+steward = "s"
+decision = "d"
+
+[source]
+topic = "t"
+event_time = "t"
+key = ["k"]
+event_id = "id"
+max_delay = "{max_delay_ms}ms"
+
+[window]
+{window}
+allowed_lateness = "{lateness}ms"
+late = "{late}"
+early = {early}
+
+{dedup}
+[[aggregate]]
+name = "n"
+fn = "count"
+
+[[aggregate]]
+name = "total"
+fn = "sum"
+field = "amount"
+
+[[aggregate]]
+name = "hi"
+fn = "max"
+field = "amount"
+
+[[aggregate]]
+name = "mean"
+fn = "avg"
+field = "amount"
+
+[[aggregate]]
+name = "firsts"
+fn = "first"
+field = "amount"
+
+[[aggregate]]
+name = "lasts"
+fn = "last"
+field = "amount"
+
+[[aggregate]]
+name = "kinds"
+fn = "count_distinct"
+field = "amount"
+"#,
+        window = shape.window,
+        early = shape.early,
+    );
+    Contract::parse("prop.toml", &text).unwrap()
+}
+
+fn shape() -> impl Strategy<Value = Shape> {
+    (
+        prop::sample::select(vec![
+            "type = \"tumbling\"\nsize = \"10s\"",
+            "type = \"hopping\"\nsize = \"10s\"\nslide = \"5s\"",
+            "type = \"session\"\ngap = \"3s\"",
+            "type = \"global\"",
+        ]),
+        prop::sample::select(vec!["discard", "hold", "revise"]),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(window, late, early, dedup)| Shape { window, late, early, dedup })
+}
+
+/// Events as (event time ms, line). Duplicates are exact copies.
+fn events() -> impl Strategy<Value = Vec<(i64, String)>> {
+    prop::collection::vec((0usize..3, 0i64..60_000, 0u32..5_000, prop::option::weighted(0.15, 0usize..1000)), 1..50)
+        .prop_map(|raw| {
+            let mut out: Vec<(i64, String)> = Vec::new();
+            for (i, (k, t, cents, dup)) in raw.into_iter().enumerate() {
+                match dup {
+                    Some(j) if !out.is_empty() => {
+                        let copy = out[j % out.len()].clone();
+                        out.push(copy);
+                    }
+                    _ => {
+                        let line = format!(
+                            r#"{{"k":"{}","t":{},"id":"e{i}","amount":{}.{:02}}}"#,
+                            ["a", "b", "c"][k],
+                            1_795_910_400_000 + t,
+                            cents / 100,
+                            cents % 100
+                        );
+                        out.push((1_795_910_400_000 + t, line));
+                    }
+                }
+            }
+            out
+        })
+}
+
+fn run(c: &Contract, mode: Mode, lines: &[&str]) -> Output {
+    run_counted(c, mode, lines).0
+}
+
+fn run_counted(c: &Contract, mode: Mode, lines: &[&str]) -> (Output, Counters) {
+    let mut engine = Engine::new(c, mode, 1).unwrap();
+    let mut out = Output::default();
+    for (i, line) in lines.iter().enumerate() {
+        engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: line.as_bytes() }, &mut out);
+    }
+    engine.finish(&mut out);
+    (out, engine.counters().clone())
+}
+
+type WindowId = (Box<[u8]>, Option<i64>);
+
+/// The last row of every key and window that was not retracted: values and events.
+fn finals(rows: &[Row]) -> BTreeMap<WindowId, String> {
+    let mut last: BTreeMap<WindowId, &Row> = BTreeMap::new();
+    for row in rows {
+        last.insert((row.key.clone(), row.window_start), row);
+    }
+    last.into_iter()
+        .filter(|(_, r)| r.status != Status::Retracted)
+        .map(|(id, r)| (id, format!("{:?} end={:?} events={}", r.values, r.window_end, r.events)))
+        .collect()
+}
+
+/// Arrival order with disorder bounded by `disorder_ms`: sort by time plus a jitter in [0, disorder].
+fn arrive(events: &[(i64, String)], jitter: &[i64], disorder_ms: i64) -> Vec<String> {
+    let mut keyed: Vec<(i64, usize)> = events
+        .iter()
+        .enumerate()
+        .map(|(i, (t, _))| (t + jitter[i % jitter.len()].rem_euclid(disorder_ms + 1), i))
+        .collect();
+    keyed.sort();
+    keyed.into_iter().map(|(_, i)| events[i].1.clone()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// (a) With lateness longer than the input's disorder, the stream's final
+    /// rows equal the batch's, whatever the arrival order, duplicates included.
+    #[test]
+    fn stream_settles_to_batch(
+        shape in shape(),
+        events in events(),
+        jitter in prop::collection::vec(0i64..1_000_000, 1..64),
+        disorder_ms in 0i64..20_000,
+        max_delay_ms in prop::sample::select(vec![0i64, 1_000, 5_000]),
+    ) {
+        let lateness = disorder_ms + 1;
+        let shape = Shape { late: if shape.late == "discard" { "hold" } else { shape.late }, ..shape };
+        let c = contract(&shape, lateness, max_delay_ms);
+        let lines = arrive(&events, &jitter, disorder_ms);
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let stream = run(&c, Mode::Stream, &refs);
+        prop_assert!(stream.ledger.iter().all(|l| l.reason.as_str() != "too_late"), "nothing may be too late: {:?}", stream.ledger);
+        let mut sorted = events.clone();
+        sorted.sort();
+        let batch_refs: Vec<&str> = sorted.iter().map(|(_, l)| l.as_str()).collect();
+        let batch = run(&c, Mode::Batch, &batch_refs);
+        prop_assert_eq!(finals(&stream.rows), finals(&batch.rows));
+    }
+
+    /// (b) A snapshot after any event, restored, continues with exactly the
+    /// rows and ledger entries of an uninterrupted run.
+    #[test]
+    fn snapshot_and_restore_change_nothing(
+        shape in shape(),
+        events in events(),
+        jitter in prop::collection::vec(0i64..1_000_000, 1..64),
+        disorder_ms in 0i64..30_000,
+        lateness in 0i64..10_000,
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let c = contract(&shape, lateness, 2_000);
+        let lines = arrive(&events, &jitter, disorder_ms);
+        let (whole, whole_counters) = run_counted(&c, Mode::Stream, &lines.iter().map(String::as_str).collect::<Vec<_>>());
+        let k = cut.index(lines.len() + 1);
+        let mut first = Engine::new(&c, Mode::Stream, 1).unwrap();
+        let mut out = Output::default();
+        for (i, line) in lines[..k].iter().enumerate() {
+            first.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: line.as_bytes() }, &mut out);
+        }
+        let bytes = first.snapshot();
+        let mut second = Engine::restore(&c, &bytes).unwrap();
+        prop_assert_eq!(second.snapshot(), bytes, "a restored engine snapshots to the same bytes");
+        for (i, line) in lines[k..].iter().enumerate() {
+            second.process(EventIn { partition: 0, offset: (k + i) as u64 + 1, bytes: line.as_bytes() }, &mut out);
+        }
+        second.finish(&mut out);
+        prop_assert_eq!(&out.rows, &whole.rows);
+        prop_assert_eq!(&out.ledger, &whole.ledger);
+        prop_assert_eq!(second.counters(), &whole_counters);
+    }
+
+    /// (c) Per window: revisions are 1..n, nothing follows `settled` or
+    /// `retracted`, and every row before the last is `provisional`.
+    ///
+    /// A session is one window from its first row to its settled or
+    /// retracted row. Only sessions can come back under the same key and
+    /// start: a very late event that overlaps an open session can take the
+    /// start of one already settled (SPEC.md 3.4: merge first, then test the
+    /// merged window; the merged session starts again at revision 1).
+    #[test]
+    fn revisions_are_one_to_n_and_final_rows_are_last(
+        shape in shape(),
+        events in events(),
+        jitter in prop::collection::vec(0i64..1_000_000, 1..64),
+        disorder_ms in 0i64..60_000,
+        lateness in 0i64..10_000,
+    ) {
+        let c = contract(&shape, lateness, 1_000);
+        let session = shape.window.contains("session");
+        let lines = arrive(&events, &jitter, disorder_ms);
+        let out = run(&c, Mode::Stream, &lines.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut per_window: BTreeMap<WindowId, Vec<&Row>> = BTreeMap::new();
+        for row in &out.rows {
+            per_window.entry((row.key.clone(), row.window_start)).or_default().push(row);
+        }
+        for (id, rows) in per_window {
+            let mut lives: Vec<Vec<&Row>> = vec![Vec::new()];
+            for row in rows {
+                lives.last_mut().unwrap().push(row);
+                if row.status != Status::Provisional {
+                    lives.push(Vec::new());
+                }
+            }
+            if lives.last().is_some_and(Vec::is_empty) {
+                lives.pop();
+            }
+            prop_assert!(session || lives.len() == 1, "only sessions come back: {:?}", id);
+            for life in lives {
+                for (i, row) in life.iter().enumerate() {
+                    prop_assert_eq!(row.revision as usize, i + 1, "{:?}", id);
+                    if i + 1 < life.len() {
+                        prop_assert_eq!(row.status, Status::Provisional, "{:?}", id);
+                    }
+                }
+                prop_assert!(life.last().is_some_and(|r| r.status != Status::Provisional), "every window ends settled or retracted: {:?}", id);
+            }
+        }
+    }
+
+    /// Event intake: no input panics, and every line either counts, is
+    /// filtered, or is in the ledger.
+    #[test]
+    fn any_bytes_are_handled(lines in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..200), 1..20), shape in shape()) {
+        let c = contract(&shape, 5_000, 1_000);
+        let refs: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
+        let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+        let mut out = Output::default();
+        for (i, line) in refs.iter().enumerate() {
+            engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: line }, &mut out);
+        }
+        engine.finish(&mut out);
+        let counters = engine.counters();
+        prop_assert_eq!(counters.read, lines.len() as u64);
+        prop_assert!(counters.counted + counters.filtered + counters.ledger_total() >= counters.read);
+    }
+
+    /// Event intake on JSON-shaped text (likelier to reach deep code paths).
+    #[test]
+    fn any_json_shaped_text_is_handled(lines in prop::collection::vec("[{}\\[\\]\":,0-9a-z.eE+\\- \\\\tkidamoun]{0,120}", 1..20), shape in shape()) {
+        let c = contract(&shape, 5_000, 1_000);
+        let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+        let mut out = Output::default();
+        for (i, line) in lines.iter().enumerate() {
+            engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: line.as_bytes() }, &mut out);
+        }
+        engine.finish(&mut out);
+        prop_assert_eq!(engine.counters().read, lines.len() as u64);
+    }
+}
+
+#[test]
+fn snapshots_refuse_another_format_or_contract() {
+    let shape = Shape { window: "type = \"global\"", late: "discard", early: false, dedup: false };
+    let c = contract(&shape, 0, 0);
+    let engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    let mut bytes = engine.snapshot();
+    assert!(Engine::restore(&c, &bytes).is_ok());
+    let other = contract(&Shape { dedup: true, ..shape }, 0, 0);
+    assert!(Engine::restore(&other, &bytes).unwrap_err().to_string().contains("belongs to pipeline"));
+    bytes[8] = 99;
+    assert!(Engine::restore(&c, &bytes).unwrap_err().to_string().contains("format 99"));
+    assert!(Engine::restore(&c, b"garbage").unwrap_err().to_string().contains("not a weir snapshot"));
+    let mut cut = engine.snapshot();
+    cut.truncate(14);
+    assert!(Engine::restore(&c, &cut).unwrap_err().to_string().contains("damaged"));
+}
