@@ -1,0 +1,143 @@
+//! Every refusal of SPEC.md section 2 names the file, the line, the key and
+//! what to do. `check(contract, line, key, words)` is one case per line.
+
+use proptest::prelude::*;
+use weir_contract::{Contract, LatePolicy, WindowKind};
+
+const GOOD: &str = r#"[pipeline]
+name = "paid_revenue"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Unlock paid features"
+
+[source]
+topic = "payments"
+event_time = "approved_at"
+key = ["account_id"]
+event_id = "payment_id"
+where = 'status == "approved"'
+max_delay = "30s"
+
+[window]
+type = "tumbling"
+size = "1m"
+allowed_lateness = "2m"
+late = "revise"
+
+[dedup]
+horizon = "10m"
+
+[[aggregate]]
+name = "revenue"
+fn = "sum"
+field = "amount"
+
+[[aggregate]]
+name = "payments"
+fn = "count"
+"#;
+
+/// Replaces the first line that starts with `from` (or appends `to` when `from` is empty).
+fn edit(from: &str, to: &str) -> String {
+    if from.is_empty() {
+        return format!("{GOOD}{to}\n");
+    }
+    let mut done = false;
+    GOOD.lines()
+        .map(|line| {
+            if !done && line.starts_with(from) {
+                done = true;
+                to.to_owned()
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn check(text: &str, line: Option<usize>, key: &str, words: &str) {
+    let errors = Contract::parse("c.toml", text).expect_err("must be refused").0;
+    let found = errors.iter().find(|e| e.key == key).unwrap_or_else(|| panic!("no error for `{key}`: {errors:?}"));
+    assert_eq!(found.file, "c.toml");
+    assert_eq!(found.line, line, "{found}");
+    assert!(found.message.contains(words), "{found}");
+    assert!(found.to_string().starts_with(&format!("c.toml:{}", line.map(|l| l.to_string()).unwrap_or_default()).trim_end_matches(':')));
+}
+
+#[test]
+fn the_good_contract_parses() {
+    let c = Contract::parse("c.toml", GOOD).unwrap();
+    assert_eq!(c.pipeline.name, "paid_revenue");
+    assert_eq!(c.window.kind, WindowKind::Tumbling { size_ms: 60_000 });
+    assert_eq!(c.window.late, LatePolicy::Revise);
+    assert_eq!(c.dedup.map(|d| d.horizon_ms), Some(600_000));
+    assert_eq!(c.aggregates.len(), 2);
+    let summary = c.summary();
+    for words in ["paid_revenue v1", "account_id", "tumbling, 1m", "revise", "payment_id", "billing-ops", "Unlock paid features"] {
+        assert!(summary.contains(words), "{words}: {summary}");
+    }
+}
+
+#[test]
+fn refusals_name_file_line_key_and_fix() {
+    check(&edit("owner", "ownr = \"x\""), Some(4), "pipeline.ownr", "unknown key");
+    check(&edit("owner", "# no owner"), Some(1), "pipeline.owner", "missing required key");
+    check(&edit("max_delay", "max_delay = \"30secs\""), Some(14), "source.max_delay", "unknown unit");
+    check(&edit("max_delay", "max_delay = \"30\""), Some(14), "source.max_delay", "without a unit");
+    check(&edit("size", "size = \"7m\"\nslide = \"2m\"").replace("tumbling", "hopping"), Some(19), "window.slide", "does not divide");
+    check(&edit("late", "late = \"discard\""), Some(19), "window.allowed_lateness", "discard");
+    check(&edit("event_id", "# no id"), Some(22), "dedup", "event_id");
+    check(&edit("horizon", "horizon = \"2m\""), Some(23), "dedup.horizon", "at least \"3m\"");
+    check(&edit("where", "where = 'status = \"approved\"'"), Some(13), "source.where", "does not parse");
+    check(&edit("name = \"payments\"", "name = \"revenue\""), Some(31), "aggregate[2].name", "two aggregates");
+    check(&edit("field", "# no field"), Some(25), "aggregate[1].field", "needs a field");
+    check(&edit("type", "type = \"sliding\""), Some(17), "window.type", "tumbling, hopping, session or global");
+    check(&edit("", "[sink]\nkind = \"kafka\""), Some(33), "sink", "unknown section");
+    check(&edit("version", "version = 0"), Some(3), "pipeline.version", "at least 1");
+    check(&edit("name = \"paid", "name = \"Paid Revenue\""), Some(2), "pipeline.name", "a-z, 0-9 and _");
+    check(&edit("fn = \"sum\"", "fn = \"median\""), Some(27), "aggregate[1].fn", "not an aggregate");
+    check(&edit("key", "key = \"account_id\""), Some(11), "source.key", "list of field paths");
+    check("[pipeline\nname=1", Some(1), "(toml)", "not valid TOML");
+    check(&edit("type", "type = \"session\"\ngap = \"0s\"").replace("size = \"1m\"", ""), Some(18), "window.gap", "longer than zero");
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let text = edit("owner", "ownr = \"x\"").replace("max_delay = \"30s\"", "max_delay = \"soon\"");
+    let errors = Contract::parse("c.toml", &text).unwrap_err().0;
+    assert!(errors.len() >= 3, "{errors:?}");
+}
+
+#[test]
+fn late_policy_defaults_follow_lateness() {
+    let c = Contract::parse("c.toml", &edit("late", "")).unwrap();
+    assert_eq!(c.window.late, LatePolicy::Revise);
+    let text = edit("late", "").replace("allowed_lateness = \"2m\"", "");
+    let c = Contract::parse("c.toml", &text).unwrap();
+    assert_eq!(c.window.late, LatePolicy::Discard);
+}
+
+proptest! {
+    /// No text panics the parser; it is accepted or refused with reasons.
+    #[test]
+    fn any_text_is_accepted_or_refused(text in ".{0,400}") {
+        if let Err(errors) = Contract::parse("fuzz.toml", &text) {
+            prop_assert!(!errors.0.is_empty());
+        }
+    }
+
+    /// Mutations of a good contract: accepted or refused with reasons, never a panic.
+    #[test]
+    fn mutated_contracts_are_accepted_or_refused(at in 0usize..GOOD.len(), cut in 0usize..40, insert in "[\\[\\]=\"'a-z0-9_ .\n]{0,20}") {
+        let mut text = GOOD.to_owned();
+        let at = (0..=at).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+        let end = (at + cut).min(text.len());
+        let end = (end..=text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(text.len());
+        text.replace_range(at..end, &insert);
+        if let Err(errors) = Contract::parse("fuzz.toml", &text) {
+            prop_assert!(errors.0.iter().all(|e| !e.message.is_empty()));
+        }
+    }
+}
