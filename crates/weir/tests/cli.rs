@@ -1,0 +1,152 @@
+//! The command line as a user meets it: exit codes, messages, files that
+//! appear whole or not at all, determinism, reconcile.
+
+mod common;
+
+use common::{repo_root, text, weir, Scratch};
+
+const CONTRACT: &str = r#"[pipeline]
+name = "paid_revenue"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Unlock paid features within seconds of payment approval"
+
+[source]
+topic = "payments"
+event_time = "approved_at"
+key = ["account_id"]
+event_id = "payment_id"
+where = 'status == "approved"'
+max_delay = "30s"
+
+[window]
+type = "tumbling"
+size = "1m"
+allowed_lateness = "2m"
+late = "revise"
+
+[dedup]
+horizon = "10m"
+
+[[aggregate]]
+name = "revenue"
+fn = "sum"
+field = "amount"
+
+[[aggregate]]
+name = "payments"
+fn = "count"
+"#;
+
+fn setup(name: &str, events: u64) -> (Scratch, std::path::PathBuf, std::path::PathBuf) {
+    let s = Scratch::new(name);
+    let contract = s.write("c.toml", CONTRACT);
+    let input = s.path("in.jsonl");
+    let gen = weir(&[&"gen", &"payments", &"--events", &events.to_string(), &"--seed", &"7", &"--accounts", &"50", &"--output", &input]);
+    assert!(gen.status.success(), "{}", text(&gen.stderr));
+    (s, contract, input)
+}
+
+#[test]
+fn check_summarises_a_good_contract() {
+    let s = Scratch::new("check");
+    let c = s.write("c.toml", CONTRACT);
+    let out = weir(&[&"check", &c]);
+    assert!(out.status.success());
+    let summary = text(&out.stdout);
+    for words in ["paid_revenue v1", "account_id", "tumbling, 1m", "revise", "payment_id", "billing-ops", "Unlock paid features"] {
+        assert!(summary.contains(words), "{words}: {summary}");
+    }
+}
+
+#[test]
+fn a_contract_that_cannot_run_exits_2_naming_file_line_and_key() {
+    let s = Scratch::new("bad");
+    let c = s.write("bad.toml", &CONTRACT.replace("late = \"revise\"", "late = \"discard\""));
+    for cmd in ["check", "run", "batch"] {
+        let input = s.write("in.jsonl", "");
+        let out = if cmd == "check" { weir(&[&cmd, &c]) } else { weir(&[&cmd, &c, &"--input", &input]) };
+        assert_eq!(out.status.code(), Some(2), "{cmd}");
+        let err = text(&out.stderr);
+        assert!(err.contains("bad.toml:19:") && err.contains("window.allowed_lateness"), "{cmd}: {err}");
+    }
+}
+
+#[test]
+fn bad_arguments_exit_2_and_leave_no_partial_file() {
+    let (s, c, input) = setup("args", 100);
+    let missing = weir(&[&"run", &c, &"--input", &s.path("nope.jsonl")]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(text(&missing.stderr).contains("cannot read input"), "{}", text(&missing.stderr));
+    let nowhere = s.path("no/such/dir/rows.jsonl");
+    let out = weir(&[&"run", &c, &"--input", &input, &"--output", &nowhere]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("cannot write"), "{}", text(&out.stderr));
+    assert!(!nowhere.exists());
+    let unknown = weir(&[&"run", &c, &"--inptu", &input]);
+    assert_eq!(unknown.status.code(), Some(2));
+}
+
+#[test]
+fn run_is_deterministic_and_reports_on_stderr() {
+    let (s, c, input) = setup("det", 3_000);
+    let (r1, l1, r2, l2) = (s.path("r1"), s.path("l1"), s.path("r2"), s.path("l2"));
+    let a = weir(&[&"run", &c, &"--input", &input, &"--output", &r1, &"--ledger", &l1]);
+    let b = weir(&[&"run", &c, &"--input", &input, &"--output", &r2, &"--ledger", &l2]);
+    assert!(a.status.success() && b.status.success());
+    assert_eq!(std::fs::read(&r1).unwrap(), std::fs::read(&r2).unwrap());
+    assert_eq!(std::fs::read(&l1).unwrap(), std::fs::read(&l2).unwrap());
+    let summary = text(&a.stderr);
+    for words in ["events read      3000", "filtered", "ledger", "duplicate", "malformed_json", "rows", "settled", "events/s"] {
+        assert!(summary.contains(words), "{words}: {summary}");
+    }
+    let rows = std::fs::read_to_string(&r1).unwrap();
+    assert!(rows.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()));
+    assert!(rows.contains("\"status\":\"provisional\"") && rows.contains("\"status\":\"settled\""));
+}
+
+#[test]
+fn gen_is_reproducible_and_realistic() {
+    let s = Scratch::new("gen");
+    let (a, b, c) = (s.path("a"), s.path("b"), s.path("c"));
+    for (path, seed) in [(&a, "1"), (&b, "1"), (&c, "2")] {
+        assert!(weir(&[&"gen", &"payments", &"--events", &"5000", &"--seed", &seed, &"--output", path]).status.success());
+    }
+    let (a, b, c) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), std::fs::read(&c).unwrap());
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+    let text = String::from_utf8(a).unwrap();
+    assert_eq!(text.lines().count(), 5000);
+    let bad = text.lines().filter(|l| serde_json::from_str::<serde_json::Value>(l).map_or(true, |v| !v.is_object())).count();
+    assert!(bad > 0 && bad < 100, "a few malformed lines: {bad}");
+    assert!(text.contains("\"status\":\"approved\"") && text.contains("\"status\":\"declined\""));
+}
+
+#[test]
+fn reconcile_reports_matches_and_differences() {
+    let (s, c, input) = setup("rec", 4_000);
+    let (stream, batch) = (s.path("stream"), s.path("batch"));
+    assert!(weir(&[&"run", &c, &"--input", &input, &"--output", &stream]).status.success());
+    assert!(weir(&[&"batch", &c, &"--input", &input, &"--output", &batch]).status.success());
+    // Very late events count in the batch but not in the stream: the two differ.
+    let out = weir(&[&"reconcile", &"--stream", &stream, &"--batch", &batch]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let table = text(&out.stdout);
+    assert!(table.starts_with("matched ") && table.contains("missing in stream:") && table.contains("account_id"), "{table}");
+    let json = weir(&[&"reconcile", &"--stream", &stream, &"--batch", &batch, &"--format", &"json"]);
+    let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(report["all_match"], false);
+    assert!(report["matched"].as_u64().unwrap() > 0);
+    // The batch against itself matches everything.
+    let same = weir(&[&"reconcile", &"--stream", &batch, &"--batch", &batch]);
+    assert_eq!(same.status.code(), Some(0), "{}", text(&same.stdout));
+    let not_rows = s.write("junk", "not json\n");
+    assert_eq!(weir(&[&"reconcile", &"--stream", &not_rows, &"--batch", &batch]).status.code(), Some(2));
+}
+
+#[test]
+fn the_benchmark_contract_in_the_repo_is_valid() {
+    let out = weir(&[&"check", &repo_root().join("bench/paid_revenue.toml")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
