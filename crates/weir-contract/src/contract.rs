@@ -230,16 +230,17 @@ impl Contract {
         };
         let windows = match w.kind {
             WindowKind::Tumbling { size_ms } => format!("tumbling, {}", format_duration_ms(size_ms)),
-            WindowKind::Hopping { size_ms, slide_ms } => format!(
-                "hopping, {} every {}",
-                format_duration_ms(size_ms),
-                format_duration_ms(slide_ms)
-            ),
+            WindowKind::Hopping { size_ms, slide_ms } => {
+                format!("hopping, {} every {}", format_duration_ms(size_ms), format_duration_ms(slide_ms))
+            }
             WindowKind::Session { gap_ms } => format!("session, gap {}", format_duration_ms(gap_ms)),
             WindowKind::Global => "global (one per key, no end)".to_owned(),
         };
         let lateness = match w.late {
-            LatePolicy::Discard => "discard: settled when the watermark passes the window's end; later events go to the ledger as too_late".to_owned(),
+            LatePolicy::Discard => {
+                "discard: settled when the watermark passes the window's end; later events go to the ledger as too_late"
+                    .to_owned()
+            }
             LatePolicy::Hold => format!(
                 "hold: settled {} after the window's end; nothing published before",
                 format_duration_ms(w.allowed_lateness_ms)
@@ -250,10 +251,9 @@ impl Contract {
             ),
         };
         let duplicates = match (&self.dedup, &s.event_id) {
-            (Some(d), Some(id)) => format!(
-                "caught by `{id}`, remembered for {} of event time",
-                format_duration_ms(d.horizon_ms)
-            ),
+            (Some(d), Some(id)) => {
+                format!("caught by `{id}`, remembered for {} of event time", format_duration_ms(d.horizon_ms))
+            }
             _ => "not caught (no [dedup])".to_owned(),
         };
         let aggregates = self
@@ -269,7 +269,12 @@ impl Contract {
         out.push_str(&format!("pipeline   {} v{}\n", p.name, p.version));
         out.push_str(&format!("decision   {}\n", p.decision));
         out.push_str(&format!("owner      {} (steward {})\n", p.owner, p.steward));
-        out.push_str(&format!("source     topic {}, event time `{}`, max delay {}\n", s.topic, s.event_time, format_duration_ms(s.max_delay_ms)));
+        out.push_str(&format!(
+            "source     topic {}, event time `{}`, max delay {}\n",
+            s.topic,
+            s.event_time,
+            format_duration_ms(s.max_delay_ms)
+        ));
         if let Some((text, _)) = &s.rule {
             out.push_str(&format!("where      {text}\n"));
         }
@@ -352,14 +357,7 @@ impl Reader<'_> {
                 }
             }
         }
-        Some(Contract {
-            pipeline,
-            source,
-            window,
-            dedup,
-            aggregates,
-            text_hash: fnv1a(self.text),
-        })
+        Some(Contract { pipeline, source, window, dedup, aggregates, text_hash: fnv1a(self.text) })
     }
 
     fn table<'t>(&mut self, root: &'t Table, name: &str, required: bool) -> Option<&'t Table> {
@@ -371,7 +369,11 @@ impl Reader<'_> {
             }
             None => {
                 if required {
-                    self.error(None, name, format!("missing section [{name}]; every contract needs [pipeline], [source] and [window]"));
+                    self.error(
+                        None,
+                        name,
+                        format!("missing section [{name}]; every contract needs [pipeline], [source] and [window]"),
+                    );
                 }
                 None
             }
@@ -401,7 +403,11 @@ impl Reader<'_> {
             None => {
                 if required {
                     let line_span = table.span();
-                    self.error(line_span, &format!("{section}.{key}"), format!("missing required key; add {key} = ... to [{section}]"));
+                    self.error(
+                        line_span,
+                        &format!("{section}.{key}"),
+                        format!("missing required key; add {key} = ... to [{section}]"),
+                    );
                 }
                 None
             }
@@ -475,16 +481,27 @@ impl Reader<'_> {
         self.unknown_keys(t, "pipeline", PIPELINE_KEYS);
         let name = self.string(t, "pipeline", "name", true);
         if let Some(name) = &name {
-            if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
+            if name.is_empty()
+                || name.len() > 64
+                || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            {
                 let span = t.get("name").and_then(Item::span);
-                self.error(span, "pipeline.name", format!("`{name}` is not a pipeline name: use 1 to 64 of a-z, 0-9 and _"));
+                self.error(
+                    span,
+                    "pipeline.name",
+                    format!("`{name}` is not a pipeline name: use 1 to 64 of a-z, 0-9 and _"),
+                );
             }
         }
         let version = match self.value(t, "pipeline", "version", true) {
             Some(value) => match value.as_integer() {
                 Some(v) if (1..=i64::from(u32::MAX)).contains(&v) => Some(v as u32),
                 _ => {
-                    self.error(value.span(), "pipeline.version", "must be a whole number of at least 1 (bump it on any change that alters results)");
+                    self.error(
+                        value.span(),
+                        "pipeline.version",
+                        "must be a whole number of at least 1 (bump it on any change that alters results)",
+                    );
                     None
                 }
             },
@@ -513,7 +530,11 @@ impl Reader<'_> {
                                 ok = false;
                             }
                             None => {
-                                self.error(item.span(), "source.key", "each key is a field path in quotes, e.g. key = [\"account_id\"]");
+                                self.error(
+                                    item.span(),
+                                    "source.key",
+                                    "each key is a field path in quotes, e.g. key = [\"account_id\"]",
+                                );
                                 ok = false;
                             }
                         }
@@ -521,7 +542,11 @@ impl Reader<'_> {
                     ok.then_some(paths)
                 }
                 None => {
-                    self.error(value.span(), "source.key", "must be a list of field paths, e.g. key = [\"account_id\"], or [] for one group");
+                    self.error(
+                        value.span(),
+                        "source.key",
+                        "must be a list of field paths, e.g. key = [\"account_id\"], or [] for one group",
+                    );
                     None
                 }
             },
@@ -535,7 +560,11 @@ impl Reader<'_> {
             Some(item) => match item.as_integer() {
                 Some(n) if n > 0 && n <= (1 << 30) => Some(n as usize),
                 _ => {
-                    self.error(item.span(), "source.max_event_bytes", "must be a whole number of bytes between 1 and 1073741824 (default 1048576)");
+                    self.error(
+                        item.span(),
+                        "source.max_event_bytes",
+                        "must be a whole number of bytes between 1 and 1073741824 (default 1048576)",
+                    );
                     None
                 }
             },
@@ -562,7 +591,11 @@ impl Reader<'_> {
         let kind_span = span("type");
         let not_for = |reader: &mut Self, key: &str, present: bool, kind: &str, hint: &str| {
             if present {
-                reader.error(span(key), &format!("window.{key}"), format!("`{key}` does not apply to {kind} windows; {hint}"));
+                reader.error(
+                    span(key),
+                    &format!("window.{key}"),
+                    format!("`{key}` does not apply to {kind} windows; {hint}"),
+                );
             }
         };
         let positive = |reader: &mut Self, key: &str, value: Option<i64>| -> Option<i64> {
@@ -573,7 +606,11 @@ impl Reader<'_> {
                     None
                 }
                 None => {
-                    reader.error(t.span(), &format!("window.{key}"), format!("missing required key for these windows; add {key} = \"5m\" (for example)"));
+                    reader.error(
+                        t.span(),
+                        &format!("window.{key}"),
+                        format!("missing required key for these windows; add {key} = \"5m\" (for example)"),
+                    );
                     None
                 }
             }
@@ -615,7 +652,11 @@ impl Reader<'_> {
                 WindowKind::Global
             }
             other => {
-                self.error(kind_span, "window.type", format!("`{other}` is not a window type; use tumbling, hopping, session or global"));
+                self.error(
+                    kind_span,
+                    "window.type",
+                    format!("`{other}` is not a window type; use tumbling, hopping, session or global"),
+                );
                 return None;
             }
         };
@@ -625,7 +666,11 @@ impl Reader<'_> {
                 "hold" => LatePolicy::Hold,
                 "revise" => LatePolicy::Revise,
                 other => {
-                    self.error(span("late"), "window.late", format!("`{other}` is not a late policy; use discard, hold or revise"));
+                    self.error(
+                        span("late"),
+                        "window.late",
+                        format!("`{other}` is not a late policy; use discard, hold or revise"),
+                    );
                     return None;
                 }
             },
@@ -668,7 +713,11 @@ impl Reader<'_> {
                 None
             }
             None => {
-                self.error(t.span(), "dedup.horizon", "missing required key; add horizon = \"24h\" (at least the window's length plus allowed_lateness)");
+                self.error(
+                    t.span(),
+                    "dedup.horizon",
+                    "missing required key; add horizon = \"24h\" (at least the window's length plus allowed_lateness)",
+                );
                 None
             }
         }
@@ -690,7 +739,11 @@ impl Reader<'_> {
             match self.aggregate(t, &section) {
                 Some(agg) => {
                     if out.iter().any(|a: &Aggregate| a.name == agg.name) {
-                        self.error(t.get("name").and_then(Item::span), &format!("{section}.name"), format!("`{}` names two aggregates; give each a unique name", agg.name));
+                        self.error(
+                            t.get("name").and_then(Item::span),
+                            &format!("{section}.name"),
+                            format!("`{}` names two aggregates; give each a unique name", agg.name),
+                        );
                         ok = false;
                     }
                     out.push(agg);
@@ -705,20 +758,37 @@ impl Reader<'_> {
         for (name, item) in t.iter() {
             if !AGGREGATE_KEYS.contains(&name) {
                 let span = t.key(name).and_then(|k| k.span()).or_else(|| item.span());
-                self.error(span, &format!("{section}.{name}"), format!("unknown key; [[aggregate]] takes {}", AGGREGATE_KEYS.join(", ")));
+                self.error(
+                    span,
+                    &format!("{section}.{name}"),
+                    format!("unknown key; [[aggregate]] takes {}", AGGREGATE_KEYS.join(", ")),
+                );
             }
         }
         let name = self.string(t, section, "name", true);
         if let Some(name) = &name {
-            if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
-                self.error(t.get("name").and_then(Item::span), &format!("{section}.name"), format!("`{name}` is not an aggregate name: use 1 to 64 of a-z, 0-9 and _"));
+            if name.is_empty()
+                || name.len() > 64
+                || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            {
+                self.error(
+                    t.get("name").and_then(Item::span),
+                    &format!("{section}.name"),
+                    format!("`{name}` is not an aggregate name: use 1 to 64 of a-z, 0-9 and _"),
+                );
             }
         }
         let func_text = self.string(t, section, "fn", true);
         let func = match func_text.as_deref().map(|f| (f, AggFn::parse(f))) {
             Some((_, Some(func))) => Some(func),
             Some((text, None)) => {
-                self.error(t.get("fn").and_then(Item::span), &format!("{section}.fn"), format!("`{text}` is not an aggregate; use count, sum, min, max, avg, count_distinct, first or last"));
+                self.error(
+                    t.get("fn").and_then(Item::span),
+                    &format!("{section}.fn"),
+                    format!(
+                        "`{text}` is not an aggregate; use count, sum, min, max, avg, count_distinct, first or last"
+                    ),
+                );
                 None
             }
             None => None,
@@ -727,7 +797,11 @@ impl Reader<'_> {
         let rule = self.rule(t, section);
         let (func, field) = (func?, field?);
         if field.is_none() && func != AggFn::Count {
-            self.error(t.span(), &format!("{section}.field"), format!("`{}` needs a field; add field = \"<path>\"", func.as_str()));
+            self.error(
+                t.span(),
+                &format!("{section}.field"),
+                format!("`{}` needs a field; add field = \"<path>\"", func.as_str()),
+            );
             return None;
         }
         Some(Aggregate { name: name?, func, field, rule: rule? })

@@ -23,9 +23,7 @@ pub fn parse_duration_ms(text: &str) -> Result<i64, String> {
                 digits_start + 1
             ));
         }
-        let number: i64 = text[digits_start..i]
-            .parse()
-            .map_err(|_| format!("`{text}` is too large a duration"))?;
+        let number: i64 = text[digits_start..i].parse().map_err(|_| format!("`{text}` is too large a duration"))?;
         let unit_start = i;
         while i < bytes.len() && bytes[i].is_ascii_alphabetic() {
             i += 1;
@@ -41,18 +39,10 @@ pub fn parse_duration_ms(text: &str) -> Result<i64, String> {
                     "`{text}` has a number without a unit; add one of ms, s, m, h, d (e.g. \"{number}s\")"
                 ))
             }
-            other => {
-                return Err(format!(
-                    "`{text}` has the unknown unit `{other}`; use ms, s, m, h or d"
-                ))
-            }
+            other => return Err(format!("`{text}` has the unknown unit `{other}`; use ms, s, m, h or d")),
         };
-        let part = number
-            .checked_mul(unit_ms)
-            .ok_or_else(|| format!("`{text}` is too large a duration"))?;
-        total = total
-            .checked_add(part)
-            .ok_or_else(|| format!("`{text}` is too large a duration"))?;
+        let part = number.checked_mul(unit_ms).ok_or_else(|| format!("`{text}` is too large a duration"))?;
+        total = total.checked_add(part).ok_or_else(|| format!("`{text}` is too large a duration"))?;
     }
     // Keep every duration far from i64's edges so window arithmetic cannot overflow.
     const MAX_MS: i64 = 1 << 52;

@@ -9,8 +9,8 @@ mod duration;
 mod rule;
 
 pub use contract::{
-    AggFn, Aggregate, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Pipeline, Source,
-    WindowKind, WindowSpec,
+    AggFn, Aggregate, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Pipeline, Source, WindowKind,
+    WindowSpec,
 };
 pub use duration::{format_duration_ms, parse_duration_ms};
 pub use rule::{parse_rule, CmpOp, Expr, FieldPath};

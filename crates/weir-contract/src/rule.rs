@@ -221,9 +221,10 @@ fn lex_string(chars: &[char], start: usize) -> Result<(String, usize), String> {
             return Ok((value, i + 1));
         }
         if c == '\\' {
-            let escaped = chars.get(i + 1).copied().ok_or_else(|| {
-                format!("unfinished escape at column {}; close the string", i + 1)
-            })?;
+            let escaped = chars
+                .get(i + 1)
+                .copied()
+                .ok_or_else(|| format!("unfinished escape at column {}; close the string", i + 1))?;
             value.push(match escaped {
                 'n' => '\n',
                 't' => '\t',
@@ -244,10 +245,7 @@ fn lex_string(chars: &[char], start: usize) -> Result<(String, usize), String> {
         value.push(c);
         i += 1;
     }
-    Err(format!(
-        "string starting at column {} is not closed; add the closing {quote}",
-        start + 1
-    ))
+    Err(format!("string starting at column {} is not closed; add the closing {quote}", start + 1))
 }
 
 struct Parser {
@@ -286,11 +284,7 @@ impl Parser {
         if self.eat(op) {
             Ok(())
         } else {
-            Err(format!(
-                "expected `{op}` at column {}, found {}",
-                self.column(),
-                self.peek().describe()
-            ))
+            Err(format!("expected `{op}` at column {}, found {}", self.column(), self.peek().describe()))
         }
     }
 
@@ -428,10 +422,7 @@ impl Parser {
         let column = self.column();
         match self.next() {
             Tok::Ident(word) => Ok(word),
-            other => Err(format!(
-                "expected a field name at column {column}, found {}",
-                other.describe()
-            )),
+            other => Err(format!("expected a field name at column {column}, found {}", other.describe())),
         }
     }
 }
@@ -464,9 +455,7 @@ mod tests {
 
     #[test]
     fn and_binds_tighter_than_or() {
-        let Expr::Or(_, right) = parse_rule("a == 1 || b == 2 && c == 3").unwrap() else {
-            panic!("expected ||")
-        };
+        let Expr::Or(_, right) = parse_rule("a == 1 || b == 2 && c == 3").unwrap() else { panic!("expected ||") };
         assert!(matches!(*right, Expr::And(_, _)));
     }
 

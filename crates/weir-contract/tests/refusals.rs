@@ -63,7 +63,11 @@ fn check(text: &str, line: Option<usize>, key: &str, words: &str) {
     assert_eq!(found.file, "c.toml");
     assert_eq!(found.line, line, "{found}");
     assert!(found.message.contains(words), "{found}");
-    assert!(found.to_string().starts_with(&format!("c.toml:{}", line.map(|l| l.to_string()).unwrap_or_default()).trim_end_matches(':')));
+    let place = match line {
+        Some(line) => format!("c.toml:{line}: "),
+        None => "c.toml: ".to_owned(),
+    };
+    assert!(found.to_string().starts_with(&place), "{found}");
 }
 
 #[test]
@@ -75,7 +79,9 @@ fn the_good_contract_parses() {
     assert_eq!(c.dedup.map(|d| d.horizon_ms), Some(600_000));
     assert_eq!(c.aggregates.len(), 2);
     let summary = c.summary();
-    for words in ["paid_revenue v1", "account_id", "tumbling, 1m", "revise", "payment_id", "billing-ops", "Unlock paid features"] {
+    for words in
+        ["paid_revenue v1", "account_id", "tumbling, 1m", "revise", "payment_id", "billing-ops", "Unlock paid features"]
+    {
         assert!(summary.contains(words), "{words}: {summary}");
     }
 }
@@ -86,7 +92,12 @@ fn refusals_name_file_line_key_and_fix() {
     check(&edit("owner", "# no owner"), Some(1), "pipeline.owner", "missing required key");
     check(&edit("max_delay", "max_delay = \"30secs\""), Some(14), "source.max_delay", "unknown unit");
     check(&edit("max_delay", "max_delay = \"30\""), Some(14), "source.max_delay", "without a unit");
-    check(&edit("size", "size = \"7m\"\nslide = \"2m\"").replace("tumbling", "hopping"), Some(19), "window.slide", "does not divide");
+    check(
+        &edit("size", "size = \"7m\"\nslide = \"2m\"").replace("tumbling", "hopping"),
+        Some(19),
+        "window.slide",
+        "does not divide",
+    );
     check(&edit("late", "late = \"discard\""), Some(19), "window.allowed_lateness", "discard");
     check(&edit("event_id", "# no id"), Some(22), "dedup", "event_id");
     check(&edit("horizon", "horizon = \"2m\""), Some(23), "dedup.horizon", "at least \"3m\"");
@@ -100,7 +111,12 @@ fn refusals_name_file_line_key_and_fix() {
     check(&edit("fn = \"sum\"", "fn = \"median\""), Some(27), "aggregate[1].fn", "not an aggregate");
     check(&edit("key", "key = \"account_id\""), Some(11), "source.key", "list of field paths");
     check("[pipeline\nname=1", Some(1), "(toml)", "not valid TOML");
-    check(&edit("type", "type = \"session\"\ngap = \"0s\"").replace("size = \"1m\"", ""), Some(18), "window.gap", "longer than zero");
+    check(
+        &edit("type", "type = \"session\"\ngap = \"0s\"").replace("size = \"1m\"", ""),
+        Some(18),
+        "window.gap",
+        "longer than zero",
+    );
 }
 
 #[test]

@@ -19,7 +19,10 @@ pub(crate) enum Contrib {
     /// `count_distinct`: the value's canonical hash.
     Distinct(u128),
     /// `first` / `last`: the value's JSON text and canonical hash.
-    Pick { json: Box<str>, hash: u64 },
+    Pick {
+        json: Box<str>,
+        hash: u64,
+    },
 }
 
 /// The value `first` / `last` keep, with what orders it.
@@ -35,10 +38,7 @@ impl Pick {
     /// Event time, then event id as text, then the value itself: a total
     /// order, so the pick never depends on arrival order.
     fn order(&self, other: &Pick) -> Ordering {
-        self.time
-            .cmp(&other.time)
-            .then_with(|| self.id.cmp(&other.id))
-            .then_with(|| self.hash.cmp(&other.hash))
+        self.time.cmp(&other.time).then_with(|| self.id.cmp(&other.id)).then_with(|| self.hash.cmp(&other.hash))
     }
 }
 
@@ -47,7 +47,11 @@ pub(crate) enum AggState {
     Count(u64),
     /// Sum and avg: the exact sum and how many values; `overflow` once the
     /// sum left the 28-digit range (the value is then null).
-    Sum { sum: Decimal, n: u64, overflow: bool },
+    Sum {
+        sum: Decimal,
+        n: u64,
+        overflow: bool,
+    },
     Min(Option<Decimal>),
     Max(Option<Decimal>),
     Distinct(DistinctSet),
@@ -149,12 +153,10 @@ impl AggState {
         match self {
             AggState::Count(n) => OutValue::Int(*n),
             AggState::Sum { n: 0, .. } | AggState::Sum { overflow: true, .. } => OutValue::Null,
-            AggState::Sum { sum, n, .. } if func == AggFn::Avg => {
-                match sum.checked_div(Decimal::from(*n)) {
-                    Some(avg) => OutValue::Dec(avg.normalize()),
-                    None => OutValue::Null,
-                }
-            }
+            AggState::Sum { sum, n, .. } if func == AggFn::Avg => match sum.checked_div(Decimal::from(*n)) {
+                Some(avg) => OutValue::Dec(avg.normalize()),
+                None => OutValue::Null,
+            },
             AggState::Sum { sum, .. } => OutValue::Dec(*sum),
             AggState::Min(m) | AggState::Max(m) => m.map_or(OutValue::Null, OutValue::Dec),
             AggState::Distinct(set) => OutValue::Int(set.0.len() as u64),

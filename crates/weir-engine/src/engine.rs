@@ -328,7 +328,16 @@ impl Engine {
             Ok(payload_hash) => {
                 let root = doc.root(text);
                 if root.tag() != Tag::Object {
-                    record(&mut self.st.counters, out, &ctx, None, Reason::MalformedJson, "not a JSON object: an event is one {...} per line".into(), None, None);
+                    record(
+                        &mut self.st.counters,
+                        out,
+                        &ctx,
+                        None,
+                        Reason::MalformedJson,
+                        "not a JSON object: an event is one {...} per line".into(),
+                        None,
+                        None,
+                    );
                     None
                 } else {
                     let mut ctx = Ctx { id: None, ..ctx };
@@ -344,7 +353,14 @@ impl Engine {
         result
     }
 
-    fn intake_object<'a>(&mut self, root: Event<'a>, hash: u64, ctx: &mut Ctx<'a>, wm: i64, out: &mut Output) -> Option<i64> {
+    fn intake_object<'a>(
+        &mut self,
+        root: Event<'a>,
+        hash: u64,
+        ctx: &mut Ctx<'a>,
+        wm: i64,
+        out: &mut Output,
+    ) -> Option<i64> {
         let plan = Arc::clone(&self.plan);
         // 3. Fields: event time, key fields, event id.
         let time = match read_time(root.get(&plan.time_path), &plan.time_name) {
@@ -381,7 +397,16 @@ impl Engine {
                     return Some(time);
                 }
                 Err(detail) => {
-                    record(&mut self.st.counters, out, ctx, Some(&self.key_buf), Reason::RuleError, format!("source.where: {detail}"), None, None);
+                    record(
+                        &mut self.st.counters,
+                        out,
+                        ctx,
+                        Some(&self.key_buf),
+                        Reason::RuleError,
+                        format!("source.where: {detail}"),
+                        None,
+                        None,
+                    );
                     return Some(time);
                 }
             }
@@ -393,7 +418,16 @@ impl Engine {
                 Some(rule) => match rule.test(root) {
                     Ok(pass) => pass,
                     Err(detail) => {
-                        record(&mut self.st.counters, out, ctx, Some(&self.key_buf), Reason::RuleError, format!("aggregate {}: where: {detail}", plan.format.value_names[i]), None, None);
+                        record(
+                            &mut self.st.counters,
+                            out,
+                            ctx,
+                            Some(&self.key_buf),
+                            Reason::RuleError,
+                            format!("aggregate {}: where: {detail}", plan.format.value_names[i]),
+                            None,
+                            None,
+                        );
                         return Some(time);
                     }
                 },
@@ -406,7 +440,16 @@ impl Engine {
             match contribution(root, agg, self.agg_pass[i]) {
                 Ok(c) => self.contribs.push(c),
                 Err(detail) => {
-                    record(&mut self.st.counters, out, ctx, Some(&self.key_buf), Reason::BadType, format!("aggregate {}: {detail}", plan.format.value_names[i]), None, None);
+                    record(
+                        &mut self.st.counters,
+                        out,
+                        ctx,
+                        Some(&self.key_buf),
+                        Reason::BadType,
+                        format!("aggregate {}: {detail}", plan.format.value_names[i]),
+                        None,
+                        None,
+                    );
                     return Some(time);
                 }
             }
@@ -489,7 +532,16 @@ impl Engine {
                     "too late for its window: the watermark had passed the window's end plus allowed_lateness ({}ms)",
                     self.plan.lateness_ms
                 );
-                record(&mut self.st.counters, out, ctx, Some(key_bytes), Reason::TooLate, detail, Some((start, end)), None);
+                record(
+                    &mut self.st.counters,
+                    out,
+                    ctx,
+                    Some(key_bytes),
+                    Reason::TooLate,
+                    detail,
+                    Some((start, end)),
+                    None,
+                );
             } else {
                 let mut wkey = std::mem::take(&mut self.wkey_buf);
                 key::window_key(start, key_bytes, &mut wkey);
@@ -522,15 +574,20 @@ impl Engine {
     }
 
     /// Session windows: merge first, then test the merged window.
-    fn assign_session(&mut self, ctx: &Ctx<'_>, time: i64, key_bytes: &[u8], gap: i64, wm: i64, out: &mut Output) -> bool {
+    fn assign_session(
+        &mut self,
+        ctx: &Ctx<'_>,
+        time: i64,
+        key_bytes: &[u8],
+        gap: i64,
+        wm: i64,
+        out: &mut Output,
+    ) -> bool {
         let (mut start, mut end) = (time, time + gap);
         let overlapping: Vec<(i64, i64)> = match self.st.sessions.get(key_bytes) {
-            Some(sessions) => sessions
-                .range(..end)
-                .rev()
-                .take_while(|(_, &e)| e > time)
-                .map(|(&s, &e)| (s, e))
-                .collect(),
+            Some(sessions) => {
+                sessions.range(..end).rev().take_while(|(_, &e)| e > time).map(|(&s, &e)| (s, e)).collect()
+            }
             None => Vec::new(),
         };
         for &(s, e) in &overlapping {
@@ -691,9 +748,10 @@ impl Engine {
             }
         } else if w.end.saturating_add(plan.lateness_ms) <= wm {
             Status::Settled
-        } else if plan.late == LatePolicy::Revise && wm >= w.end && (w.dirty || !w.past_end_emitted) {
-            Status::Provisional
-        } else if plan.early && w.dirty {
+        } else if (plan.late == LatePolicy::Revise && wm >= w.end && (w.dirty || !w.past_end_emitted))
+            || (plan.early && w.dirty)
+        {
+            // Rule 2 (revise, past the end) or rule 3 (early).
             Status::Provisional
         } else {
             return None;
@@ -816,7 +874,9 @@ fn read_time(val: Option<Val<'_>>, name: &str) -> Result<i64, FieldError> {
         Some(v) if v.tag() != Tag::Null => v,
         _ => return Err((Reason::MissingField, format!("event time missing: no `{name}` in the event"))),
     };
-    let bad = |what: String| (Reason::BadType, format!("unreadable time: `{name}` is {what}; write RFC 3339 (2026-11-29T14:00:00.000Z) or integer epoch milliseconds"));
+    let bad = |what: String| {
+        (Reason::BadType, format!("unreadable time: `{name}` is {what}; write RFC 3339 (2026-11-29T14:00:00.000Z) or integer epoch milliseconds"))
+    };
     match val.tag() {
         Tag::String => {
             let text = val.str().unwrap_or_default();
@@ -907,14 +967,14 @@ fn contribution(root: Event<'_>, agg: &crate::plan::AggPlan, pass: bool) -> Resu
             match decimal {
                 Some(d) => Contrib::Num(d),
                 None if val.tag() == Tag::String => {
-                    return Err(format!(
-                        "string is not a number: `{}` is {}",
-                        agg.field_name,
-                        cut(val.json_text(), 64)
-                    ))
+                    return Err(format!("string is not a number: `{}` is {}", agg.field_name, cut(val.json_text(), 64)))
                 }
                 None if val.tag() == Tag::Number => {
-                    return Err(format!("`{}` = {} has more than 28 significant digits", agg.field_name, cut(val.raw(), 64)))
+                    return Err(format!(
+                        "`{}` = {} has more than 28 significant digits",
+                        agg.field_name,
+                        cut(val.raw(), 64)
+                    ))
                 }
                 None => return Err(format!("`{}` is {}, not a number", agg.field_name, cut(val.json_text(), 64))),
             }

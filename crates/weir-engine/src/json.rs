@@ -8,7 +8,6 @@
 
 use std::borrow::Cow;
 
-
 /// Documents nested deeper than this are refused as malformed.
 pub const DEPTH_MAX: usize = 64;
 
@@ -384,7 +383,9 @@ impl Names {
     fn find(&self, key: &[u8]) -> Option<usize> {
         let ids = self.by_len.get(key.len().min(63))?;
         // A plain byte loop: names are short, and a call to memcmp costs more.
-        ids.iter().copied().find(|&id| self.names[id].len() == key.len() && self.names[id].bytes().zip(key).all(|(a, b)| a == *b))
+        ids.iter()
+            .copied()
+            .find(|&id| self.names[id].len() == key.len() && self.names[id].bytes().zip(key).all(|(a, b)| a == *b))
     }
 }
 
@@ -510,7 +511,6 @@ impl<'d> Val<'d> {
         raw.len() == name.len() && raw.first() == name.first() && raw.last() == name.last() && raw == name
     }
 
-
     /// Children of an array or object, in order.
     pub fn children(&self) -> impl Iterator<Item = Val<'d>> + 'd {
         let n = *self.node();
@@ -575,7 +575,8 @@ impl<'d> Val<'d> {
                 for child in self.children() {
                     let c = child.node();
                     let key = &self.src[c.key_start as usize..c.key_end as usize];
-                    sum = sum.wrapping_add(member_hash_seeded(key, c.key_escaped, child.hash_into(scratch, seed), seed));
+                    sum =
+                        sum.wrapping_add(member_hash_seeded(key, c.key_escaped, child.hash_into(scratch, seed), seed));
                 }
                 object_hash_seeded(sum, seed)
             }
@@ -709,8 +710,7 @@ impl Mix {
     }
 }
 
-impl<'d> Val<'d> {
-}
+impl<'d> Val<'d> {}
 
 /// Writes a JSON number's value in one spelling: significant digits without
 /// leading or trailing zeros, then the power of ten (`12.50` -> `125e-1`).
@@ -805,15 +805,35 @@ mod tests {
     #[test]
     fn accepts_what_serde_json_accepts_on_samples() {
         for text in [
-            "{}", "[]", "0", "-0.5e+3", "\"a\\u00e9\\n\"", r#"{"a":[1,{"b":null}],"c":true}"#,
-            " { \"x\" : 1 } ", "[1,2,3]", "\"\\ud83d\\ude00\"",
+            "{}",
+            "[]",
+            "0",
+            "-0.5e+3",
+            "\"a\\u00e9\\n\"",
+            r#"{"a":[1,{"b":null}],"c":true}"#,
+            " { \"x\" : 1 } ",
+            "[1,2,3]",
+            "\"\\ud83d\\ude00\"",
         ] {
             assert!(parses(text), "{text}");
             assert!(serde_json::from_str::<serde_json::Value>(text).is_ok());
         }
         for text in [
-            "", "{", "{\"a\":}", "[1,]", "01", "1.", "-", "tru", "\"\u{1}\"", "{\"a\" 1}", "1 2",
-            "{'a':1}", "\"\\x\"", "NaN", "[1 2]",
+            "",
+            "{",
+            "{\"a\":}",
+            "[1,]",
+            "01",
+            "1.",
+            "-",
+            "tru",
+            "\"\u{1}\"",
+            "{\"a\" 1}",
+            "1 2",
+            "{'a':1}",
+            "\"\\x\"",
+            "NaN",
+            "[1 2]",
         ] {
             assert!(!parses(text), "{text}");
         }
@@ -852,7 +872,11 @@ mod tests {
     fn parser_hash_equals_tree_hash() {
         for text in [
             r#"{"a":1.50,"b":"x\n","c":[true,false,null,{"d":-0.0}],"e\u0041":{}}"#,
-            "[]", "\"s\"", "12e3", "null", r#"{"a":{"b":{"c":[1,[2,[3]]]}}}"#,
+            "[]",
+            "\"s\"",
+            "12e3",
+            "null",
+            r#"{"a":{"b":{"c":[1,[2,[3]]]}}}"#,
         ] {
             let mut doc = Doc::default();
             let fused = doc.parse_hashed(text, &mut Vec::new()).unwrap();

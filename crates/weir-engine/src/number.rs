@@ -74,7 +74,20 @@ mod tests {
         assert_eq!(d("1e3").map(|s| s.parse::<Decimal>().unwrap()), Some(Decimal::from(1000)));
         assert_eq!(d("1.5E-2").map(|s| s.parse::<Decimal>().unwrap()), "0.015".parse().ok());
         assert_eq!(parse_decimal("0.1").unwrap() + parse_decimal("0.2").unwrap(), parse_decimal("0.3").unwrap());
-        for bad in ["", "n/a", "12.", ".5", "+1", "01", "1e", "NaN", "Infinity", " 1", "1e400", "123456789012345678901234567890123"] {
+        for bad in [
+            "",
+            "n/a",
+            "12.",
+            ".5",
+            "+1",
+            "01",
+            "1e",
+            "NaN",
+            "Infinity",
+            " 1",
+            "1e400",
+            "123456789012345678901234567890123",
+        ] {
             assert_eq!(parse_decimal(bad), None, "{bad}");
         }
     }

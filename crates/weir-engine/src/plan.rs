@@ -40,14 +40,11 @@ pub(crate) struct Plan {
     pub format: RowFormat,
 }
 
-
 impl Plan {
     pub(crate) fn compile(contract: &Contract) -> Result<Plan, String> {
         let mut names = Names::default();
         let compile_rule = |rule: &Option<(String, weir_contract::Expr)>, key: &str, names: &mut Names| {
-            rule.as_ref()
-                .map(|(_, expr)| Rule::compile(expr, names).map_err(|e| format!("`{key}`: {e}")))
-                .transpose()
+            rule.as_ref().map(|(_, expr)| Rule::compile(expr, names).map_err(|e| format!("`{key}`: {e}"))).transpose()
         };
         let source = &contract.source;
         let time_path = names.field(source.event_time.segments());

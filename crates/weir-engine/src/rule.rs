@@ -61,7 +61,9 @@ impl Rule {
             Expr::Field(p) => Rule::Field(names.field(p.segments()), p.to_string()),
             Expr::Has(p) => Rule::Has(names.field(p.segments())),
             Expr::Not(e) => Rule::Not(Box::new(Rule::compile(e, names)?)),
-            Expr::Cmp(op, a, b) => Rule::Cmp(*op, Box::new(Rule::compile(a, names)?), Box::new(Rule::compile(b, names)?)),
+            Expr::Cmp(op, a, b) => {
+                Rule::Cmp(*op, Box::new(Rule::compile(a, names)?), Box::new(Rule::compile(b, names)?))
+            }
             Expr::In(a, b) => Rule::In(Box::new(Rule::compile(a, names)?), Box::new(Rule::compile(b, names)?)),
             Expr::And(a, b) => Rule::And(Box::new(Rule::compile(a, names)?), Box::new(Rule::compile(b, names)?)),
             Expr::Or(a, b) => Rule::Or(Box::new(Rule::compile(a, names)?), Box::new(Rule::compile(b, names)?)),

@@ -58,7 +58,7 @@ impl Engine {
         let mut windows: Vec<(Box<[u8]>, Window)> = st.windows.iter().map(|(k, w)| (k.clone(), w.clone())).collect();
         windows.sort_by(|a, b| a.0.cmp(&b.0));
         let mut seen: Vec<(u128, Seen)> = st.seen.iter().map(|(k, s)| (*k, *s)).collect();
-        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        seen.sort_by_key(|a| a.0);
         let image = Image {
             pipeline: self.plan.name.clone(),
             version: self.plan.version,

@@ -50,12 +50,24 @@ fn number(b: &[u8], at: usize, len: usize) -> Option<i64> {
 /// millisecond are truncated toward the past.
 pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
     let b = text.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
     let (year, month, day) = (number(b, 0, 4)?, number(b, 5, 2)?, number(b, 8, 2)?);
     let (hour, minute, second) = (number(b, 11, 2)?, number(b, 14, 2)?, number(b, 17, 2)?);
-    if !(1..=12).contains(&month) || day < 1 || day > days_in_month(year, month) || hour > 23 || minute > 59 || second > 59 {
+    if !(1..=12).contains(&month)
+        || day < 1
+        || day > days_in_month(year, month)
+        || hour > 23
+        || minute > 59
+        || second > 59
+    {
         return None;
     }
     let mut i = 19;
@@ -142,15 +154,26 @@ mod tests {
         assert_eq!(parse_rfc3339_ms("1969-12-31T23:59:59.999Z"), Some(-1));
         assert_eq!(format_rfc3339_ms(1_795_910_428_900), "2026-11-29T00:00:28.900Z");
         assert_eq!(format_rfc3339_ms(-1), "1969-12-31T23:59:59.999Z");
-        assert_eq!(parse_rfc3339_ms("2024-02-29T00:00:00Z").map(format_rfc3339_ms).as_deref(), Some("2024-02-29T00:00:00.000Z"));
+        assert_eq!(
+            parse_rfc3339_ms("2024-02-29T00:00:00Z").map(format_rfc3339_ms).as_deref(),
+            Some("2024-02-29T00:00:00.000Z")
+        );
     }
 
     #[test]
     fn refuses_what_is_not_a_time() {
         for text in [
-            "yesterday", "2026-11-29", "2026-11-29T00:00:00", "2026-13-01T00:00:00Z", "2025-02-29T00:00:00Z",
-            "2026-11-29T24:00:00Z", "2026-11-29T00:00:00.Z", "2026-11-29T00:00:00+0100", "2026-11-29T00:00:00Zjunk",
-            "2026-11-29T00:00:60Z", "２０２６-11-29T00:00:00Z",
+            "yesterday",
+            "2026-11-29",
+            "2026-11-29T00:00:00",
+            "2026-13-01T00:00:00Z",
+            "2025-02-29T00:00:00Z",
+            "2026-11-29T24:00:00Z",
+            "2026-11-29T00:00:00.Z",
+            "2026-11-29T00:00:00+0100",
+            "2026-11-29T00:00:00Zjunk",
+            "2026-11-29T00:00:60Z",
+            "２０２６-11-29T00:00:00Z",
         ] {
             assert_eq!(parse_rfc3339_ms(text), None, "{text}");
         }

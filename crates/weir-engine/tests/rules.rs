@@ -117,11 +117,14 @@ fn hold_publishes_once_after_the_lateness() {
     let c = contract("", &format!("{TUMBLING_10S}\nallowed_lateness = \"5s\"\nlate = \"hold\""), "");
     check(
         &c,
-        &[ev("a", 1, "1", "2"), ev("a", 12, "2", "3"), ev("a", 9, "3", "4"), ev("a", 15, "4", "1"), ev("a", 2, "5", "7")],
         &[
-            "a [0,10) settled#1 events=2 late=1 {2,6}",
-            "a [10,20) settled#1 events=2 late=0 {2,4}",
+            ev("a", 1, "1", "2"),
+            ev("a", 12, "2", "3"),
+            ev("a", 9, "3", "4"),
+            ev("a", 15, "4", "1"),
+            ev("a", 2, "5", "7"),
         ],
+        &["a [0,10) settled#1 events=2 late=1 {2,6}", "a [10,20) settled#1 events=2 late=0 {2,4}"],
         &["5 too_late [0,10)"],
     );
 }
@@ -131,7 +134,13 @@ fn revise_is_provisional_at_the_end_revised_by_late_events_then_settled() {
     let c = contract("", &format!("{TUMBLING_10S}\nallowed_lateness = \"5s\"\nlate = \"revise\""), "");
     check(
         &c,
-        &[ev("a", 1, "1", "2"), ev("a", 11, "2", "3"), ev("a", 8, "3", "4"), ev("a", 13, "4", "1"), ev("a", 15, "5", "1")],
+        &[
+            ev("a", 1, "1", "2"),
+            ev("a", 11, "2", "3"),
+            ev("a", 8, "3", "4"),
+            ev("a", 13, "4", "1"),
+            ev("a", 15, "5", "1"),
+        ],
         &[
             "a [0,10) provisional#1 events=1 late=0 {1,2}",
             "a [0,10) provisional#2 events=2 late=1 {2,6}",
@@ -178,7 +187,11 @@ fn hopping_counts_an_event_in_every_window_and_refuses_only_expired_ones() {
 
 #[test]
 fn sessions_merge_retract_and_restart_revisions() {
-    let c = contract("max_delay = \"30s\"", "type = \"session\"\ngap = \"5s\"\nallowed_lateness = \"30s\"\nlate = \"revise\"\nearly = true", "");
+    let c = contract(
+        "max_delay = \"30s\"",
+        "type = \"session\"\ngap = \"5s\"\nallowed_lateness = \"30s\"\nlate = \"revise\"\nearly = true",
+        "",
+    );
     check(
         &c,
         &[ev("a", 10, "1", "1"), ev("a", 17, "2", "1"), ev("a", 13, "3", "1"), ev("a", 7, "4", "1")],
@@ -226,7 +239,11 @@ fn global_windows_revise_on_every_change_and_settle_at_the_end() {
     check(
         &c,
         &[ev("a", 1, "1", "2"), ev("a", 100, "2", "3")],
-        &["a [-,-) provisional#1 events=1 late=0 {1,2}", "a [-,-) provisional#2 events=2 late=0 {2,5}", "a [-,-) settled#3 events=2 late=0 {2,5}"],
+        &[
+            "a [-,-) provisional#1 events=1 late=0 {1,2}",
+            "a [-,-) provisional#2 events=2 late=0 {2,5}",
+            "a [-,-) settled#3 events=2 late=0 {2,5}",
+        ],
         &[],
     );
 }
@@ -245,10 +262,20 @@ fn duplicates_and_conflicts_are_ledgered_and_parsed_json_decides() {
 
 #[test]
 fn an_id_is_forgotten_once_the_watermark_passes_its_horizon() {
-    let c = contract("", &format!("{TUMBLING_10S}\nallowed_lateness = \"10s\"\nlate = \"hold\""), "[dedup]\nhorizon = \"20s\"");
+    let c = contract(
+        "",
+        &format!("{TUMBLING_10S}\nallowed_lateness = \"10s\"\nlate = \"hold\""),
+        "[dedup]\nhorizon = \"20s\"",
+    );
     check(
         &c,
-        &[ev("a", 1, "x", "1"), ev("a", 20, "y", "1"), ev("a", 21, "x", "1"), ev("a", 30, "z", "1"), ev("a", 21, "x", "1")],
+        &[
+            ev("a", 1, "x", "1"),
+            ev("a", 20, "y", "1"),
+            ev("a", 21, "x", "1"),
+            ev("a", 30, "z", "1"),
+            ev("a", 21, "x", "1"),
+        ],
         &[
             "a [0,10) settled#1 events=1 late=0 {1,1}",
             // y, and x re-sent once its first arrival was forgotten (late, allowed).
@@ -416,7 +443,8 @@ fn keys_may_be_nested_paths_or_none() {
 #[test]
 fn batches_of_events_give_what_single_events_give() {
     let c = contract("", &format!("{TUMBLING_10S}\nallowed_lateness = \"5s\"\nlate = \"revise\"\nearly = true"), "");
-    let events: Vec<String> = (0..60).map(|i| ev(["a", "b", "c"][i % 3], ((i * 7) % 40) as i64, &i.to_string(), "1")).collect();
+    let events: Vec<String> =
+        (0..60).map(|i| ev(["a", "b", "c"][i % 3], ((i * 7) % 40) as i64, &i.to_string(), "1")).collect();
     let one = run_mode(&c, Mode::Stream, &events, true);
     let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
     let mut out = Output::default();

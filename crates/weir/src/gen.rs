@@ -100,7 +100,12 @@ pub fn payments(args: PaymentsArgs, output: Option<&Path>) -> Result<(), Failure
             again.write(&mut text);
         } else if realistic && !recent.is_empty() && rng.chance(5) {
             let again = &recent[rng.below(recent.len() as u64) as usize];
-            let changed = Payment { cents: again.cents + 1 + rng.below(500), currency: again.currency, status: again.status, ..*again };
+            let changed = Payment {
+                cents: again.cents + 1 + rng.below(500),
+                currency: again.currency,
+                status: again.status,
+                ..*again
+            };
             changed.write(&mut text);
         } else if realistic && rng.chance(5) {
             malformed(&mut rng, i, nominal, &mut text);
@@ -128,7 +133,7 @@ pub fn payments(args: PaymentsArgs, output: Option<&Path>) -> Result<(), Failure
 fn payment(rng: &mut Rng, i: u64, nominal: i64, accounts: u64, realistic: bool) -> Payment {
     // Busy accounts pay more often: squaring a uniform skews toward small numbers.
     let u = rng.below(1 << 20);
-    let account = (u * u >> 20) * accounts >> 20;
+    let account = ((((u * u) >> 20) * accounts) >> 20).min(accounts - 1);
     let cents = if rng.chance(100) { 10_000 + rng.below(500_000) } else { 100 + rng.below(20_000) };
     let currency = match rng.below(100) {
         0..=49 => "EUR",
@@ -156,7 +161,8 @@ fn payment(rng: &mut Rng, i: u64, nominal: i64, accounts: u64, realistic: bool) 
 
 fn malformed(rng: &mut Rng, i: u64, nominal: i64, out: &mut String) {
     let mut good = String::new();
-    Payment { id: i, account: rng.below(100), cents: 1999, currency: "EUR", status: "approved", time: nominal }.write(&mut good);
+    Payment { id: i, account: rng.below(100), cents: 1999, currency: "EUR", status: "approved", time: nominal }
+        .write(&mut good);
     let good = good.trim_end();
     match rng.below(5) {
         0 => out.push_str(&good[..good.len() / 2]),

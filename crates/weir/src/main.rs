@@ -1,6 +1,7 @@
 //! The `weir` command line (SPEC.md section 6). Exit status: 0 success,
 //! 1 a failed comparison or run, 2 bad arguments or a contract that cannot run.
 
+mod demo;
 mod gen;
 mod input;
 mod outfile;
@@ -67,6 +68,15 @@ enum Command {
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
+    /// See weir work end to end: a generated payments stream through a contract, as a stream and a batch, reconciled.
+    Demo {
+        /// Events to generate.
+        #[arg(long, default_value_t = 200_000)]
+        events: u64,
+        /// Folder for the files (default: a new temporary folder).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Validate a contract and print a short summary of it.
     Check { contract: PathBuf },
     /// Generate a realistic event stream as JSON lines.
@@ -126,11 +136,13 @@ impl Failure {
 
 /// Reads and validates a contract; every refusal exits 2.
 pub fn load_contract(path: &Path) -> Result<Contract, Failure> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Failure::usage(format!("cannot read contract {}: {e}; check the path", path.display()))
-    })?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::usage(format!("cannot read contract {}: {e}; check the path", path.display())))?;
     Contract::parse(&path.display().to_string(), &text).map_err(|errors| {
-        Failure::contract(format!("{errors}\nweir: the contract cannot run; fix the lines above and run `weir check {}`", path.display()))
+        Failure::contract(format!(
+            "{errors}\nweir: the contract cannot run; fix the lines above and run `weir check {}`",
+            path.display()
+        ))
     })
 }
 
@@ -151,6 +163,7 @@ fn main() -> ExitCode {
             run::run(run::RunArgs { contract, input, output, ledger, no_final: false, mode: Mode::Batch })
         }
         Command::Reconcile { stream, batch, format } => reconcile::reconcile(&stream, &batch, format == Format::Json),
+        Command::Demo { events, dir } => demo::demo(events, dir.as_deref()),
         Command::Check { contract } => load_contract(&contract).map(|c| print!("{}", c.summary())),
         Command::Gen { what: GenWhat::Payments { events, seed, accounts, rate, profile, output } } => {
             gen::payments(gen::PaymentsArgs { events, seed, accounts, rate, profile }, output.as_deref())

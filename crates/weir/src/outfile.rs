@@ -53,10 +53,8 @@ impl Sink {
             Sink::Stdout(out) => out.flush().context("cannot write standard output"),
             Sink::Discard => Ok(()),
             Sink::File { out, tmp, dest } => {
-                let done = out
-                    .flush()
-                    .and_then(|()| out.get_ref().sync_all())
-                    .and_then(|()| std::fs::rename(&*tmp, &*dest));
+                let done =
+                    out.flush().and_then(|()| out.get_ref().sync_all()).and_then(|()| std::fs::rename(&*tmp, &*dest));
                 done.map_err(|e| anyhow::anyhow!("cannot write {}: {e}", dest.display()))?;
                 // Renamed: nothing left for Drop to remove.
                 *tmp = PathBuf::new();

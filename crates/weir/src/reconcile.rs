@@ -26,7 +26,11 @@ fn read_rows(path: &Path, last_wins: bool) -> Result<Side, Failure> {
             continue;
         }
         let row: Value = serde_json::from_str(&line).map_err(|e| {
-            Failure::usage(format!("{}:{}: not a result row ({e}); pass the output of `weir run` or `weir batch`", path.display(), i + 1))
+            Failure::usage(format!(
+                "{}:{}: not a result row ({e}); pass the output of `weir run` or `weir batch`",
+                path.display(),
+                i + 1
+            ))
         })?;
         let (Some(key), Some(start)) = (row.get("key"), row.get("window_start")) else {
             return Err(Failure::usage(format!(
@@ -71,7 +75,53 @@ fn close(a: &Decimal, b: &Decimal) -> bool {
     diff <= scale * Decimal::new(1, 12)
 }
 
+/// One line for the demo: how many windows match and differ.
+pub fn reconcile_summary(stream: &Path, batch: &Path) -> Result<String, Failure> {
+    let report = compare(stream, batch)?;
+    Ok(format!(
+        "matched {}, differing {}, missing in stream {}, missing in batch {}",
+        report.matched,
+        report.differing.len(),
+        report.missing_in_stream.len(),
+        report.missing_in_batch.len()
+    ))
+}
+
+struct Report {
+    matched: u64,
+    unsettled: u64,
+    differing: Vec<Value>,
+    missing_in_stream: Vec<Value>,
+    missing_in_batch: Vec<Value>,
+}
+
 pub fn reconcile(stream: &Path, batch: &Path, as_json: bool) -> Result<(), Failure> {
+    let Report { matched, unsettled, differing, missing_in_stream, missing_in_batch } = compare(stream, batch)?;
+    let all_match = differing.is_empty() && missing_in_stream.is_empty() && missing_in_batch.is_empty();
+    if as_json {
+        let brief = |rows: &[Value]| -> Vec<Value> {
+            rows.iter().map(|r| json!({"key": r.get("key"), "window_start": r.get("window_start"), "window_end": r.get("window_end"), "values": r.get("values"), "events": r.get("events")})).collect()
+        };
+        let report = json!({
+            "matched": matched,
+            "differing": differing,
+            "missing_in_stream": brief(&missing_in_stream),
+            "missing_in_batch": brief(&missing_in_batch),
+            "unsettled_in_stream": unsettled,
+            "all_match": all_match,
+        });
+        println!("{report}");
+    } else {
+        print_table(matched, unsettled, &differing, &missing_in_stream, &missing_in_batch);
+    }
+    if all_match {
+        Ok(())
+    } else {
+        Err(Failure { code: 1, message: String::new() })
+    }
+}
+
+fn compare(stream: &Path, batch: &Path) -> Result<Report, Failure> {
     let stream = read_rows(stream, true)?;
     let batch = read_rows(batch, true)?;
     let mut matched = 0u64;
@@ -80,7 +130,8 @@ pub fn reconcile(stream: &Path, batch: &Path, as_json: bool) -> Result<(), Failu
     let mut missing_in_stream = Vec::new();
     let mut missing_in_batch = Vec::new();
     for (group, b) in &batch.rows {
-        let Some(s) = stream.rows.get(group).filter(|s| s.get("status").and_then(Value::as_str) != Some("retracted")) else {
+        let Some(s) = stream.rows.get(group).filter(|s| s.get("status").and_then(Value::as_str) != Some("retracted"))
+        else {
             missing_in_stream.push(b.clone());
             continue;
         };
@@ -124,28 +175,7 @@ pub fn reconcile(stream: &Path, batch: &Path, as_json: bool) -> Result<(), Failu
             missing_in_batch.push(s.clone());
         }
     }
-    let all_match = differing.is_empty() && missing_in_stream.is_empty() && missing_in_batch.is_empty();
-    if as_json {
-        let brief = |rows: &[Value]| -> Vec<Value> {
-            rows.iter().map(|r| json!({"key": r.get("key"), "window_start": r.get("window_start"), "window_end": r.get("window_end"), "values": r.get("values"), "events": r.get("events")})).collect()
-        };
-        let report = json!({
-            "matched": matched,
-            "differing": differing,
-            "missing_in_stream": brief(&missing_in_stream),
-            "missing_in_batch": brief(&missing_in_batch),
-            "unsettled_in_stream": unsettled,
-            "all_match": all_match,
-        });
-        println!("{report}");
-    } else {
-        print_table(matched, unsettled, &differing, &missing_in_stream, &missing_in_batch);
-    }
-    if all_match {
-        Ok(())
-    } else {
-        Err(Failure { code: 1, message: String::new() })
-    }
+    Ok(Report { matched, unsettled, differing, missing_in_stream, missing_in_batch })
 }
 
 fn cell(v: Option<&Value>) -> String {
@@ -156,7 +186,13 @@ fn cell(v: Option<&Value>) -> String {
     }
 }
 
-fn print_table(matched: u64, unsettled: u64, differing: &[Value], missing_in_stream: &[Value], missing_in_batch: &[Value]) {
+fn print_table(
+    matched: u64,
+    unsettled: u64,
+    differing: &[Value],
+    missing_in_stream: &[Value],
+    missing_in_batch: &[Value],
+) {
     println!(
         "matched {matched}, differing {}, missing in stream {}, missing in batch {}",
         differing.len(),
@@ -167,7 +203,8 @@ fn print_table(matched: u64, unsettled: u64, differing: &[Value], missing_in_str
         println!("note: {unsettled} stream rows compared were not yet settled");
     }
     if !differing.is_empty() {
-        let mut lines = vec![["key".to_string(), "window_start".into(), "field".into(), "stream".into(), "batch".into()]];
+        let mut lines =
+            vec![["key".to_string(), "window_start".into(), "field".into(), "stream".into(), "batch".into()]];
         for d in differing {
             let key = cell(d.get("key"));
             let start = cell(d.get("window_start"));
@@ -184,9 +221,16 @@ fn print_table(matched: u64, unsettled: u64, differing: &[Value], missing_in_str
             continue;
         }
         println!("\n{title}:");
-        let mut lines = vec![["key".to_string(), "window_start".into(), "events".into(), "values".into(), String::new()]];
+        let mut lines =
+            vec![["key".to_string(), "window_start".into(), "events".into(), "values".into(), String::new()]];
         for r in rows {
-            lines.push([cell(r.get("key")), cell(r.get("window_start")), cell(r.get("events")), cell(r.get("values")), String::new()]);
+            lines.push([
+                cell(r.get("key")),
+                cell(r.get("window_start")),
+                cell(r.get("events")),
+                cell(r.get("values")),
+                String::new(),
+            ]);
         }
         print_columns(&lines);
     }

@@ -28,8 +28,9 @@ pub fn open_input(path: &Path) -> Result<Box<dyn std::io::BufRead>, Failure> {
     if path == Path::new("-") {
         return Ok(Box::new(BufReader::with_capacity(1 << 20, std::io::stdin())));
     }
-    let file = File::open(path)
-        .map_err(|e| Failure::usage(format!("cannot read input {}: {e}; check the path and its permissions", path.display())))?;
+    let file = File::open(path).map_err(|e| {
+        Failure::usage(format!("cannot read input {}: {e}; check the path and its permissions", path.display()))
+    })?;
     Ok(Box::new(BufReader::with_capacity(1 << 20, file)))
 }
 
@@ -43,10 +44,11 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
         None => Sink::Discard,
     };
     let started = Instant::now();
+    let cpu_before = procstat::cpu_seconds();
     stream(&contract, &mut engine, input, &mut rows, &mut ledger, !args.no_final).map_err(Failure::run)?;
     rows.commit().map_err(Failure::run)?;
     ledger.commit().map_err(Failure::run)?;
-    summarise(&contract, &engine, args.mode, started);
+    summarise(&contract, &engine, args.mode, started, cpu_before);
     Ok(())
 }
 
@@ -78,7 +80,14 @@ fn stream(
     Ok(())
 }
 
-fn drain(engine: &Engine, out: &mut Output, text: &mut String, rows: &mut Sink, ledger: &mut Sink, write_ledger: bool) -> Result<()> {
+fn drain(
+    engine: &Engine,
+    out: &mut Output,
+    text: &mut String,
+    rows: &mut Sink,
+    ledger: &mut Sink,
+    write_ledger: bool,
+) -> Result<()> {
     let format = engine.format();
     for row in out.rows.drain(..) {
         format.write_row(&row, text);
@@ -98,7 +107,7 @@ fn drain(engine: &Engine, out: &mut Output, text: &mut String, rows: &mut Sink, 
     Ok(())
 }
 
-fn summarise(contract: &Contract, engine: &Engine, mode: Mode, started: Instant) {
+fn summarise(contract: &Contract, engine: &Engine, mode: Mode, started: Instant, cpu_before: Option<f64>) {
     let c: &Counters = engine.counters();
     let elapsed = started.elapsed().as_secs_f64();
     let name = if mode == Mode::Batch { "batch" } else { "run" };
@@ -127,9 +136,11 @@ fn summarise(contract: &Contract, engine: &Engine, mode: Mode, started: Instant)
     s.push_str(&format!("  open windows     {}\n", engine.open_windows()));
     let rate = if elapsed > 0.0 { c.read as f64 / elapsed } else { 0.0 };
     s.push_str(&format!("  wall time        {elapsed:.3} s, {} events/s\n", human(rate)));
-    if let Some(cpu) = procstat::cpu_seconds() {
+    if let (Some(now), Some(before)) = (procstat::cpu_seconds(), cpu_before) {
+        let cpu = now - before;
         let per_cpu = if cpu > 0.0 { c.read as f64 / cpu } else { 0.0 };
         s.push_str(&format!("  cpu time         {cpu:.2} s user+system, {} events per CPU-second\n", human(per_cpu)));
+        s.push_str(&format!("  process cpu      {now:.2} s user+system since start\n"));
     }
     if let Some(rss) = procstat::peak_rss_bytes() {
         s.push_str(&format!("  peak memory      {:.1} MiB\n", rss as f64 / (1 << 20) as f64));

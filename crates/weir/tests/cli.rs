@@ -43,7 +43,18 @@ fn setup(name: &str, events: u64) -> (Scratch, std::path::PathBuf, std::path::Pa
     let s = Scratch::new(name);
     let contract = s.write("c.toml", CONTRACT);
     let input = s.path("in.jsonl");
-    let gen = weir(&[&"gen", &"payments", &"--events", &events.to_string(), &"--seed", &"7", &"--accounts", &"50", &"--output", &input]);
+    let gen = weir(&[
+        &"gen",
+        &"payments",
+        &"--events",
+        &events.to_string(),
+        &"--seed",
+        &"7",
+        &"--accounts",
+        &"50",
+        &"--output",
+        &input,
+    ]);
     assert!(gen.status.success(), "{}", text(&gen.stderr));
     (s, contract, input)
 }
@@ -55,7 +66,9 @@ fn check_summarises_a_good_contract() {
     let out = weir(&[&"check", &c]);
     assert!(out.status.success());
     let summary = text(&out.stdout);
-    for words in ["paid_revenue v1", "account_id", "tumbling, 1m", "revise", "payment_id", "billing-ops", "Unlock paid features"] {
+    for words in
+        ["paid_revenue v1", "account_id", "tumbling, 1m", "revise", "payment_id", "billing-ops", "Unlock paid features"]
+    {
         assert!(summary.contains(words), "{words}: {summary}");
     }
 }
@@ -98,7 +111,9 @@ fn run_is_deterministic_and_reports_on_stderr() {
     assert_eq!(std::fs::read(&r1).unwrap(), std::fs::read(&r2).unwrap());
     assert_eq!(std::fs::read(&l1).unwrap(), std::fs::read(&l2).unwrap());
     let summary = text(&a.stderr);
-    for words in ["events read      3000", "filtered", "ledger", "duplicate", "malformed_json", "rows", "settled", "events/s"] {
+    for words in
+        ["events read      3000", "filtered", "ledger", "duplicate", "malformed_json", "rows", "settled", "events/s"]
+    {
         assert!(summary.contains(words), "{words}: {summary}");
     }
     let rows = std::fs::read_to_string(&r1).unwrap();
@@ -111,14 +126,17 @@ fn gen_is_reproducible_and_realistic() {
     let s = Scratch::new("gen");
     let (a, b, c) = (s.path("a"), s.path("b"), s.path("c"));
     for (path, seed) in [(&a, "1"), (&b, "1"), (&c, "2")] {
-        assert!(weir(&[&"gen", &"payments", &"--events", &"5000", &"--seed", &seed, &"--output", path]).status.success());
+        assert!(weir(&[&"gen", &"payments", &"--events", &"5000", &"--seed", &seed, &"--output", path])
+            .status
+            .success());
     }
     let (a, b, c) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), std::fs::read(&c).unwrap());
     assert_eq!(a, b);
     assert_ne!(a, c);
     let text = String::from_utf8(a).unwrap();
     assert_eq!(text.lines().count(), 5000);
-    let bad = text.lines().filter(|l| serde_json::from_str::<serde_json::Value>(l).map_or(true, |v| !v.is_object())).count();
+    let bad =
+        text.lines().filter(|l| serde_json::from_str::<serde_json::Value>(l).map_or(true, |v| !v.is_object())).count();
     assert!(bad > 0 && bad < 100, "a few malformed lines: {bad}");
     assert!(text.contains("\"status\":\"approved\"") && text.contains("\"status\":\"declined\""));
 }
@@ -133,7 +151,10 @@ fn reconcile_reports_matches_and_differences() {
     let out = weir(&[&"reconcile", &"--stream", &stream, &"--batch", &batch]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     let table = text(&out.stdout);
-    assert!(table.starts_with("matched ") && table.contains("missing in stream:") && table.contains("account_id"), "{table}");
+    assert!(
+        table.starts_with("matched ") && table.contains("missing in stream:") && table.contains("account_id"),
+        "{table}"
+    );
     let json = weir(&[&"reconcile", &"--stream", &stream, &"--batch", &batch, &"--format", &"json"]);
     let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(report["all_match"], false);

@@ -81,7 +81,15 @@ fn compare_rows(got: &[Value], want: &[Value]) -> Vec<String> {
 fn ledger_set(entries: &[Value]) -> Vec<String> {
     let mut out: Vec<String> = entries
         .iter()
-        .map(|e| format!("{} {} {} {}", e["offset"], e["reason"], e.get("window_start").unwrap_or(&Value::Null), e.get("first_offset").unwrap_or(&Value::Null)))
+        .map(|e| {
+            format!(
+                "{} {} {} {}",
+                e["offset"],
+                e["reason"],
+                e.get("window_start").unwrap_or(&Value::Null),
+                e.get("first_offset").unwrap_or(&Value::Null)
+            )
+        })
         .collect();
     out.sort();
     out
@@ -100,7 +108,11 @@ fn every_shared_conformance_case_passes() {
     let mut failures = Vec::new();
     for case in &cases {
         let name = case.file_name().unwrap().to_string_lossy().into_owned();
-        let (rows, ledger, batch) = (scratch.path(&format!("{name}.rows")), scratch.path(&format!("{name}.ledger")), scratch.path(&format!("{name}.batch")));
+        let (rows, ledger, batch) = (
+            scratch.path(&format!("{name}.rows")),
+            scratch.path(&format!("{name}.ledger")),
+            scratch.path(&format!("{name}.batch")),
+        );
         let contract = case.join("contract.toml");
         let events = case.join("events.jsonl");
         let run = weir(&[&"run", &contract, &"--input", &events, &"--output", &rows, &"--ledger", &ledger]);
@@ -114,7 +126,11 @@ fn every_shared_conformance_case_passes() {
             failures.push(format!("{name} batch: {p}"));
         }
         if ledger_set(&lines(&ledger)) != ledger_set(&lines(&case.join("expected-ledger.jsonl"))) {
-            failures.push(format!("{name} ledger: {:?} want {:?}", ledger_set(&lines(&ledger)), ledger_set(&lines(&case.join("expected-ledger.jsonl")))));
+            failures.push(format!(
+                "{name} ledger: {:?} want {:?}",
+                ledger_set(&lines(&ledger)),
+                ledger_set(&lines(&case.join("expected-ledger.jsonl")))
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
