@@ -490,6 +490,16 @@ impl<'d> Val<'d> {
         }
     }
 
+    /// Whether a string's decoded text is `text` (no allocation without escapes).
+    pub fn str_is(&self, text: &str) -> bool {
+        let n = self.node();
+        if n.escaped {
+            self.str().is_some_and(|s| s == text)
+        } else {
+            self.raw() == text
+        }
+    }
+
     /// A string's decoded text.
     pub fn str(&self) -> Option<Cow<'d, str>> {
         let n = self.node();

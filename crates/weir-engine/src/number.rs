@@ -6,6 +6,9 @@ use rust_decimal::Decimal;
 /// `None` when it is not a number or needs more than 28 significant digits.
 pub(crate) fn parse_decimal(text: &str) -> Option<Decimal> {
     let b = text.as_bytes();
+    if let Some(d) = plain_decimal(b) {
+        return Some(d);
+    }
     let digits_only = b.iter().all(|&c| c.is_ascii_digit() || c == b'.' || c == b'-');
     if b.is_empty() || !is_json_number(b) {
         return None;
@@ -22,6 +25,33 @@ pub(crate) fn parse_decimal(text: &str) -> Option<Decimal> {
         crate::json::canonical_number(&back, &mut got);
         (want == got).then_some(d)
     }
+}
+
+/// `-?(0|[1-9][0-9]*)(.[0-9]+)?` with at most 28 digits, read directly.
+fn plain_decimal(b: &[u8]) -> Option<Decimal> {
+    let (negative, digits) = match b.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, b),
+    };
+    if digits.is_empty() || digits.len() > 29 || (digits[0] == b'0' && digits.get(1).is_some_and(u8::is_ascii_digit)) {
+        return None;
+    }
+    let mut mantissa: i128 = 0;
+    let mut scale: Option<u32> = None;
+    for (i, &c) in digits.iter().enumerate() {
+        match c {
+            b'0'..=b'9' => {
+                mantissa = mantissa * 10 + i128::from(c - b'0');
+                if let Some(s) = scale.as_mut() {
+                    *s += 1;
+                }
+            }
+            b'.' if scale.is_none() && i > 0 && i + 1 < digits.len() => scale = Some(0),
+            _ => return None,
+        }
+    }
+    let mantissa = if negative { -mantissa } else { mantissa };
+    Decimal::try_from_i128_with_scale(mantissa, scale.unwrap_or(0)).ok()
 }
 
 fn is_json_number(b: &[u8]) -> bool {

@@ -18,6 +18,9 @@ pub(crate) enum Rule {
     Lit(Lit),
     List(Vec<Rule>),
     Field(FieldRef, String),
+    /// `field == "text"` (or `!=` when `negate`): the common case, without
+    /// building values.
+    FieldIsStr { field: FieldRef, name: String, text: String, negate: bool },
     Has(FieldRef),
     Not(Box<Rule>),
     Cmp(CmpOp, Box<Rule>, Box<Rule>),
@@ -61,6 +64,15 @@ impl Rule {
             Expr::Field(p) => Rule::Field(names.field(p.segments()), p.to_string()),
             Expr::Has(p) => Rule::Has(names.field(p.segments())),
             Expr::Not(e) => Rule::Not(Box::new(Rule::compile(e, names)?)),
+            Expr::Cmp(op @ (CmpOp::Eq | CmpOp::Ne), a, b) if field_and_str(a, b).is_some() => {
+                let (path, text) = field_and_str(a, b).unwrap_or_else(|| unreachable!());
+                Rule::FieldIsStr {
+                    field: names.field(path.segments()),
+                    name: path.to_string(),
+                    text: text.to_owned(),
+                    negate: *op == CmpOp::Ne,
+                }
+            }
             Expr::Cmp(op, a, b) => {
                 Rule::Cmp(*op, Box::new(Rule::compile(a, names)?), Box::new(Rule::compile(b, names)?))
             }
@@ -87,6 +99,10 @@ impl Rule {
             Rule::List(items) => V::List(items.iter().map(|i| i.eval(event)).collect::<Result<_, _>>()?),
             Rule::Field(field, name) => match event.get(field) {
                 Some(val) => from_json(val)?,
+                None => return Err(format!("missing {name}")),
+            },
+            Rule::FieldIsStr { field, name, text, negate } => match event.get(field) {
+                Some(val) => V::Bool((val.tag() == Tag::String && val.str_is(text)) != *negate),
                 None => return Err(format!("missing {name}")),
             },
             Rule::Has(field) => V::Bool(event.get(field).is_some()),
@@ -130,6 +146,13 @@ impl Rule {
                 })
             }
         })
+    }
+}
+
+fn field_and_str<'e>(a: &'e Expr, b: &'e Expr) -> Option<(&'e weir_contract::FieldPath, &'e str)> {
+    match (a, b) {
+        (Expr::Field(p), Expr::Str(s)) | (Expr::Str(s), Expr::Field(p)) => Some((p, s)),
+        _ => None,
     }
 }
 

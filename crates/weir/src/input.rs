@@ -8,6 +8,8 @@ pub struct Lines<R> {
     buf: Vec<u8>,
     limit: usize,
     line_no: u64,
+    /// Bytes of the reader's buffer handed out by the last call, consumed on the next.
+    pending: usize,
 }
 
 /// One line: its 1-based number and its bytes (cut one byte past the limit,
@@ -19,10 +21,29 @@ pub struct Line<'a> {
 
 impl<R: BufRead> Lines<R> {
     pub fn new(reader: R, limit: usize) -> Lines<R> {
-        Lines { reader, buf: Vec::new(), limit, line_no: 0 }
+        Lines { reader, buf: Vec::new(), limit, line_no: 0, pending: 0 }
     }
 
     pub fn next_line(&mut self) -> io::Result<Option<Line<'_>>> {
+        if self.pending > 0 {
+            self.reader.consume(self.pending);
+            self.pending = 0;
+        }
+        // Fast path: the whole line is in the reader's buffer; hand it out without a copy.
+        let whole = {
+            let chunk = self.reader.fill_buf()?;
+            memchr::memchr(b'\n', chunk).filter(|&at| at <= self.limit)
+        };
+        if let Some(at) = whole {
+            let chunk = self.reader.fill_buf()?;
+            let mut bytes = &chunk[..at];
+            if let Some(stripped) = bytes.strip_suffix(b"\r") {
+                bytes = stripped;
+            }
+            self.pending = at + 1;
+            self.line_no += 1;
+            return Ok(Some(Line { number: self.line_no, bytes }));
+        }
         self.buf.clear();
         let mut any = false;
         loop {
