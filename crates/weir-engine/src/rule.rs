@@ -20,7 +20,12 @@ pub(crate) enum Rule {
     Field(FieldRef, String),
     /// `field == "text"` (or `!=` when `negate`): the common case, without
     /// building values.
-    FieldIsStr { field: FieldRef, name: String, text: String, negate: bool },
+    FieldIsStr {
+        field: FieldRef,
+        name: String,
+        text: String,
+        negate: bool,
+    },
     Has(FieldRef),
     Not(Box<Rule>),
     Cmp(CmpOp, Box<Rule>, Box<Rule>),
