@@ -790,18 +790,8 @@ pub(crate) fn push_i64(n: i64, out: &mut Vec<u8>) {
     if n < 0 {
         out.push(b'-');
     }
-    let mut v = n.unsigned_abs();
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
+    let mut buf = [0u8; 20];
+    out.extend_from_slice(crate::number::decimal_digits(n.unsigned_abs(), &mut buf));
 }
 
 #[cfg(test)]

@@ -27,6 +27,21 @@ pub(crate) fn parse_decimal(text: &str) -> Option<Decimal> {
     }
 }
 
+/// The decimal digits of `v`, written at the end of `buf`, without the
+/// formatting machinery (the hot path writes many numbers).
+pub(crate) fn decimal_digits(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    &buf[i..]
+}
+
 /// `-?(0|[1-9][0-9]*)(.[0-9]+)?` with at most 28 digits, read directly.
 fn plain_decimal(b: &[u8]) -> Option<Decimal> {
     let (negative, digits) = match b.split_first() {

@@ -221,18 +221,9 @@ macro_rules! push_int {
     ($($t:ty),*) => {$(
         impl PushNum for $t {
             fn push_to(self, out: &mut String) {
-                let mut digits = [0u8; 20];
-                let mut i = digits.len();
-                let mut v = self as u64;
-                loop {
-                    i -= 1;
-                    digits[i] = b'0' + (v % 10) as u8;
-                    v /= 10;
-                    if v == 0 {
-                        break;
-                    }
-                }
-                out.push_str(std::str::from_utf8(&digits[i..]).unwrap_or("0"));
+                let mut buf = [0u8; 20];
+                let digits = crate::number::decimal_digits(u64::from(self), &mut buf);
+                out.push_str(std::str::from_utf8(digits).unwrap_or("0"));
             }
         }
     )*};
