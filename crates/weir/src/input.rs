@@ -12,8 +12,9 @@ pub struct Lines<R> {
     pending: usize,
 }
 
-/// One line: its 1-based number and its bytes (cut one byte past the limit,
-/// so a line over the limit still shows as over it).
+/// One line: its 1-based number and its bytes, without the newline and a
+/// trailing `\r` (cut past the limit, so a line over the limit still shows as
+/// over it).
 pub struct Line<'a> {
     pub number: u64,
     pub bytes: &'a [u8],
@@ -32,7 +33,7 @@ impl<R: BufRead> Lines<R> {
         // Fast path: the whole line is in the reader's buffer; hand it out without a copy.
         let whole = {
             let chunk = self.reader.fill_buf()?;
-            memchr::memchr(b'\n', chunk).filter(|&at| at <= self.limit)
+            memchr::memchr(b'\n', chunk).filter(|&at| at <= self.limit + 1)
         };
         if let Some(at) = whole {
             let chunk = self.reader.fill_buf()?;
@@ -46,6 +47,7 @@ impl<R: BufRead> Lines<R> {
         }
         self.buf.clear();
         let mut any = false;
+        let mut len = 0usize;
         loop {
             let chunk = self.reader.fill_buf()?;
             if chunk.is_empty() {
@@ -56,8 +58,11 @@ impl<R: BufRead> Lines<R> {
                 Some(at) => (at, true),
                 None => (chunk.len(), false),
             };
-            let room = (self.limit + 1).saturating_sub(self.buf.len());
+            // Keep up to two bytes past the limit: a line over it still shows
+            // as over it after a trailing `\r` is dropped.
+            let room = (self.limit + 2).saturating_sub(self.buf.len());
             self.buf.extend_from_slice(&chunk[..take.min(room)]);
+            len += take;
             self.reader.consume(if done { take + 1 } else { take });
             if done {
                 break;
@@ -66,7 +71,7 @@ impl<R: BufRead> Lines<R> {
         if !any {
             return Ok(None);
         }
-        if self.buf.len() <= self.limit && self.buf.last() == Some(&b'\r') {
+        if len == self.buf.len() && self.buf.last() == Some(&b'\r') {
             self.buf.pop();
         }
         self.line_no += 1;
@@ -88,8 +93,19 @@ mod tests {
         }
         assert_eq!(got[0], (1, b"{\"a\":1}".to_vec()));
         assert_eq!(got[1], (2, b"".to_vec()));
-        assert_eq!(got[2], (3, b"xxxxxxxxx".to_vec()));
+        assert!(got[2].0 == 3 && got[2].1.len() > 8 && got[2].1.iter().all(|&b| b == b'x'));
         assert_eq!(got[3], (4, b"last".to_vec()));
         assert_eq!(got.len(), 4);
+    }
+
+    #[test]
+    fn a_carriage_return_does_not_count_toward_the_limit() {
+        for capacity in [2, 64] {
+            let text = b"12345678\r\n123456789\r\n";
+            let mut lines = Lines::new(io::BufReader::with_capacity(capacity, &text[..]), 8);
+            assert_eq!(lines.next_line().unwrap().unwrap().bytes, b"12345678");
+            assert!(lines.next_line().unwrap().unwrap().bytes.len() > 8);
+            assert!(lines.next_line().unwrap().is_none());
+        }
     }
 }
