@@ -73,7 +73,7 @@ impl Doc {
         self.nodes.clear();
         let mut p = Parser { b: src.as_bytes(), src, i: 0, nodes: &mut self.nodes, scratch };
         p.ws();
-        let hash = p.value(0, 0, 0, false)?;
+        let hash = p.value(0, 0, 0, false, None)?;
         p.ws();
         if p.i != p.b.len() {
             return Err(format!("unexpected text after the JSON value at byte {}", p.i + 1));
@@ -110,8 +110,18 @@ impl Parser<'_> {
         }
     }
 
-    /// Parses one value into the arena; returns its canonical hash when hashing.
-    fn value(&mut self, depth: usize, key_start: u32, key_end: u32, key_escaped: bool) -> Result<u64, String> {
+    /// Parses one value into the arena. When hashing: a scalar feeds its
+    /// canonical form into `member` (an object member's hash, already fed
+    /// with the name) or returns its own hash; a container returns its hash,
+    /// also fed into `member`.
+    fn value(
+        &mut self,
+        depth: usize,
+        key_start: u32,
+        key_end: u32,
+        key_escaped: bool,
+        member: Option<&mut Mix>,
+    ) -> Result<u64, String> {
         let index = self.nodes.len();
         let mut node = Node {
             tag: Tag::Null,
@@ -151,9 +161,12 @@ impl Parser<'_> {
                         }
                         self.i += 1;
                         self.ws();
-                        let child = self.value(depth + 1, ks as u32, ke as u32, kesc)?;
                         if hashing {
-                            sum = sum.wrapping_add(member_hash(&self.src[ks..ke], kesc, child));
+                            let mut m = member_start(&self.src[ks..ke], kesc, SEED);
+                            self.value(depth + 1, ks as u32, ke as u32, kesc, Some(&mut m))?;
+                            sum = sum.wrapping_add(m.finish());
+                        } else {
+                            self.value(depth + 1, ks as u32, ke as u32, kesc, None)?;
                         }
                         node.count += 1;
                         self.ws();
@@ -168,7 +181,7 @@ impl Parser<'_> {
                     }
                 }
                 if hashing {
-                    hash = object_hash(sum);
+                    hash = object_hash(sum, SEED);
                 }
             }
             Some(b'[') => {
@@ -184,7 +197,7 @@ impl Parser<'_> {
                 } else {
                     loop {
                         self.ws();
-                        let child = self.value(depth + 1, 0, 0, false)?;
+                        let child = self.value(depth + 1, 0, 0, false, None)?;
                         h.write_u64(child);
                         node.count += 1;
                         self.ws();
@@ -207,9 +220,9 @@ impl Parser<'_> {
                 node.start = s as u32;
                 self.nodes[index] = Node { end: e as u32, ..node };
                 if hashing {
-                    hash = string_hash(&self.src[s..e], esc);
+                    return Ok(scalar_hash(member, SEED, |h| feed_string(h, &self.src[s..e], esc)));
                 }
-                return Ok(hash);
+                return Ok(0);
             }
             Some(b't') => self.literal(b"true", &mut node, Tag::True)?,
             Some(b'f') => self.literal(b"false", &mut node, Tag::False)?,
@@ -217,18 +230,26 @@ impl Parser<'_> {
             Some(b'-' | b'0'..=b'9') => {
                 self.number()?;
                 node.tag = Tag::Number;
-                if let Some(scratch) = self.scratch.as_deref_mut() {
-                    hash = number_hash(&self.src[node.start as usize..self.i], scratch);
-                }
             }
             _ => return self.fail("expected a JSON value"),
-        }
-        if hashing && matches!(node.tag, Tag::True | Tag::False | Tag::Null) {
-            hash = literal_hash(node.tag);
         }
         node.end = self.i as u32;
         node.size = (self.nodes.len() - index) as u32;
         self.nodes[index] = node;
+        if let Some(scratch) = self.scratch.as_deref_mut() {
+            match node.tag {
+                Tag::Object | Tag::Array => {
+                    if let Some(m) = member {
+                        m.write_u64(hash);
+                    }
+                }
+                Tag::Number => {
+                    let raw = &self.src[node.start as usize..self.i];
+                    hash = scalar_hash(member, SEED, |h| feed_number(h, raw, scratch));
+                }
+                tag => hash = scalar_hash(member, SEED, |h| feed_literal(h, tag)),
+            }
+        }
         Ok(hash)
     }
 
@@ -571,12 +592,17 @@ impl<'d> Val<'d> {
     }
 
     fn hash_into(&self, scratch: &mut Vec<u8>, seed: u64) -> u64 {
+        self.hash_as(None, scratch, seed)
+    }
+
+    /// The same definition as the parser's (see `Parser::value`).
+    fn hash_as(&self, member: Option<&mut Mix>, scratch: &mut Vec<u8>, seed: u64) -> u64 {
         let n = self.node();
-        match n.tag {
+        let container = match n.tag {
             Tag::Array => {
                 let mut h = Mix::new(seed ^ 0x5b);
                 for child in self.children() {
-                    h.write_u64(child.hash_into(scratch, seed));
+                    h.write_u64(child.hash_as(None, scratch, seed));
                 }
                 h.finish()
             }
@@ -584,90 +610,84 @@ impl<'d> Val<'d> {
                 let mut sum: u64 = 0;
                 for child in self.children() {
                     let c = child.node();
-                    let key = &self.src[c.key_start as usize..c.key_end as usize];
-                    sum =
-                        sum.wrapping_add(member_hash_seeded(key, c.key_escaped, child.hash_into(scratch, seed), seed));
+                    let mut m = member_start(&self.src[c.key_start as usize..c.key_end as usize], c.key_escaped, seed);
+                    child.hash_as(Some(&mut m), scratch, seed);
+                    sum = sum.wrapping_add(m.finish());
                 }
-                object_hash_seeded(sum, seed)
+                object_hash(sum, seed)
             }
-            Tag::String => string_hash_seeded(self.raw(), n.escaped, seed),
-            Tag::Number => number_hash_seeded(self.raw(), scratch, seed),
-            tag => literal_hash_seeded(tag, seed),
+            Tag::String => return scalar_hash(member, seed, |h| feed_string(h, self.raw(), n.escaped)),
+            Tag::Number => return scalar_hash(member, seed, |h| feed_number(h, self.raw(), scratch)),
+            tag => return scalar_hash(member, seed, |h| feed_literal(h, tag)),
+        };
+        if let Some(m) = member {
+            m.write_u64(container);
         }
+        container
     }
 }
 
 /// The canonical hash, one definition for the parser and for [`Val`]:
-/// scalars hash a type tag and their canonical text; an array hashes its
-/// items in order; an object sums its members' hashes (name and value), so
+/// a scalar feeds a type tag and its canonical text; an array hashes its
+/// items in order; an object sums its members' hashes (name, then value), so
 /// member order does not matter.
 const SEED: u64 = 0;
 
-fn member_hash(key: &str, escaped: bool, value: u64) -> u64 {
-    member_hash_seeded(key, escaped, value, SEED)
-}
-
-fn member_hash_seeded(key: &str, escaped: bool, value: u64, seed: u64) -> u64 {
+/// An object member's hash, fed with its name; the value follows.
+fn member_start(key: &str, escaped: bool, seed: u64) -> Mix {
     let mut h = Mix::new(seed);
     if escaped {
         h.write(unescape(key).as_bytes());
     } else {
         h.write(key.as_bytes());
     }
-    h.write_u64(value);
-    h.finish()
+    h.write_u64(0xff);
+    h
 }
 
-fn object_hash(sum: u64) -> u64 {
-    object_hash_seeded(sum, SEED)
+/// A scalar fed into its member's hash (returning 0), or hashed on its own.
+fn scalar_hash(member: Option<&mut Mix>, seed: u64, feed: impl FnOnce(&mut Mix)) -> u64 {
+    match member {
+        Some(m) => {
+            feed(m);
+            0
+        }
+        None => {
+            let mut h = Mix::new(seed);
+            feed(&mut h);
+            h.finish()
+        }
+    }
 }
 
-fn object_hash_seeded(sum: u64, seed: u64) -> u64 {
+fn object_hash(sum: u64, seed: u64) -> u64 {
     let mut h = Mix::new(seed ^ 0x7b);
     h.write_u64(sum);
     h.finish()
 }
 
-fn string_hash(raw: &str, escaped: bool) -> u64 {
-    string_hash_seeded(raw, escaped, SEED)
-}
-
-fn string_hash_seeded(raw: &str, escaped: bool, seed: u64) -> u64 {
-    let mut h = Mix::new(seed);
-    h.write(b"\xffs");
+fn feed_string(h: &mut Mix, raw: &str, escaped: bool) {
+    h.write_u64(u64::from(b's'));
     if escaped {
         h.write(unescape(raw).as_bytes());
     } else {
         h.write(raw.as_bytes());
     }
-    h.finish()
 }
 
-fn number_hash(raw: &str, scratch: &mut Vec<u8>) -> u64 {
-    number_hash_seeded(raw, scratch, SEED)
-}
-
-fn number_hash_seeded(raw: &str, scratch: &mut Vec<u8>, seed: u64) -> u64 {
+fn feed_number(h: &mut Mix, raw: &str, scratch: &mut Vec<u8>) {
     scratch.clear();
-    scratch.extend_from_slice(b"\xffd");
     canonical_number(raw, scratch);
-    let mut h = Mix::new(seed);
+    h.write_u64(u64::from(b'd'));
     h.write(scratch);
-    h.finish()
 }
 
-fn literal_hash(tag: Tag) -> u64 {
-    literal_hash_seeded(tag, SEED)
-}
-
-fn literal_hash_seeded(tag: Tag, seed: u64) -> u64 {
-    let mut h = Mix::new(seed);
-    h.write(match tag {
-        Tag::True => b"\xfft",
-        Tag::False => b"\xfff",
-        _ => b"\xffn",
+fn feed_literal(h: &mut Mix, tag: Tag) {
+    h.write_u64(match tag {
+        Tag::True => u64::from(b't'),
+        Tag::False => u64::from(b'f'),
+        _ => u64::from(b'n'),
     });
-    h.finish()
 }
 
 /// A small, fast 64-bit hash with a fixed definition (it is kept in
@@ -690,21 +710,33 @@ impl Mix {
     }
 
     pub(crate) fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
+        let n = bytes.len();
+        let load8 = |at: usize| {
             let mut w = [0u8; 8];
-            w.copy_from_slice(chunk);
-            self.word(u64::from_le_bytes(w));
-        }
-        let tail = chunks.remainder();
-        if !tail.is_empty() {
-            let mut w = 0u64;
-            for (i, &b) in tail.iter().enumerate() {
-                w |= u64::from(b) << (8 * i);
+            w.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
+        let load4 = |at: usize| {
+            let mut w = [0u8; 4];
+            w.copy_from_slice(&bytes[at..at + 4]);
+            u64::from(u32::from_le_bytes(w))
+        };
+        if n >= 8 {
+            let mut at = 0;
+            while at + 8 <= n {
+                self.word(load8(at));
+                at += 8;
             }
-            self.word(w ^ ((tail.len() as u64) << 59));
+            if at < n {
+                // The last 8 bytes, overlapping what came before.
+                self.word(load8(n - 8) ^ 0x5a);
+            }
+        } else if n >= 4 {
+            self.word(load4(0) | (load4(n - 4) << 32));
+        } else if n > 0 {
+            self.word(u64::from(bytes[0]) | (u64::from(bytes[n / 2]) << 8) | (u64::from(bytes[n - 1]) << 16));
         }
-        self.len = self.len.wrapping_add(bytes.len() as u64);
+        self.len = self.len.wrapping_add(n as u64).rotate_left(7);
     }
 
     pub(crate) fn write_u64(&mut self, v: u64) {
