@@ -403,10 +403,14 @@ impl Names {
 
     fn find(&self, key: &[u8]) -> Option<usize> {
         let ids = self.by_len.get(key.len().min(63))?;
-        // A plain byte loop: names are short, and a call to memcmp costs more.
-        ids.iter()
-            .copied()
-            .find(|&id| self.names[id].len() == key.len() && self.names[id].bytes().zip(key).all(|(a, b)| a == *b))
+        for &id in ids {
+            let name = self.names[id].as_bytes();
+            // First and last bytes decide most misses before the whole compare.
+            if name.len() == key.len() && name.first() == key.first() && name.last() == key.last() && name == key {
+                return Some(id);
+            }
+        }
+        None
     }
 }
 
@@ -422,13 +426,22 @@ impl<'d> Event<'d> {
     pub(crate) fn resolve(root: Val<'d>, names: &Names, slots: &'d mut Vec<u32>) -> Event<'d> {
         slots.clear();
         slots.resize(names.len(), NO_NODE);
-        for child in root.children() {
-            let n = child.node();
-            let raw = &root.src[n.key_start as usize..n.key_end as usize];
-            let id = if n.key_escaped { names.find(unescape(raw).as_bytes()) } else { names.find(raw.as_bytes()) };
+        let nodes = &root.doc.nodes;
+        let src = root.src.as_bytes();
+        let count = if root.tag() == Tag::Object { root.node().count } else { 0 };
+        let mut index = root.index + 1;
+        for _ in 0..count {
+            let Some(n) = nodes.get(index) else { break };
+            let raw = &src[n.key_start as usize..n.key_end as usize];
+            let id = if n.key_escaped {
+                names.find(unescape(&root.src[n.key_start as usize..n.key_end as usize]).as_bytes())
+            } else {
+                names.find(raw)
+            };
             if let Some(id) = id {
-                slots[id] = child.index as u32;
+                slots[id] = index as u32;
             }
+            index += n.size as usize;
         }
         Event { root, slots }
     }
