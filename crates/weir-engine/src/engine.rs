@@ -313,12 +313,14 @@ impl Engine {
         // 2. Parse.
         let mut doc = std::mem::take(&mut self.doc);
         // With [dedup], the payload's canonical hash comes from the same pass.
-        let parsed = if !utf8_ok {
-            Err("not UTF-8 text".to_owned())
-        } else if self.plan.horizon_ms.is_some() {
-            doc.parse_hashed(text, &mut self.hash_scratch).map_err(|e| format!("not JSON: {e}"))
+        // One pass: parse, the canonical hash with [dedup], and where the
+        // plan's top-level names are.
+        let mut slots = std::mem::take(&mut self.slots);
+        let parsed = if utf8_ok {
+            let scratch = self.plan.horizon_ms.is_some().then_some(&mut self.hash_scratch);
+            doc.parse_event(text, scratch, &self.plan.names, &mut slots).map_err(|e| format!("not JSON: {e}"))
         } else {
-            doc.parse(text).map(|()| 0).map_err(|e| format!("not JSON: {e}"))
+            Err("not UTF-8 text".to_owned())
         };
         let result = match parsed {
             Err(detail) => {
@@ -341,15 +343,13 @@ impl Engine {
                     None
                 } else {
                     let mut ctx = Ctx { id: None, ..ctx };
-                    let mut slots = std::mem::take(&mut self.slots);
-                    let event = Event::resolve(root, &self.plan.names, &mut slots);
-                    let result = self.intake_object(event, payload_hash, &mut ctx, wm, out);
-                    self.slots = slots;
-                    result
+                    let event = Event::from_slots(root, &slots);
+                    self.intake_object(event, payload_hash, &mut ctx, wm, out)
                 }
             }
         };
         self.doc = doc;
+        self.slots = slots;
         result
     }
 

@@ -56,24 +56,50 @@ pub struct Val<'d> {
 
 impl Doc {
     /// Parses `src` as one JSON value; the error is a short sentence.
+    #[cfg(test)]
     pub fn parse(&mut self, src: &str) -> Result<(), String> {
-        self.parse_inner(src, None).map(|_| ())
+        self.parse_with(src, None, None).map(|_| ())
     }
 
     /// Parses like [`Doc::parse`] and returns the document's
     /// [`Val::canonical_hash`], computed in the same pass.
+    #[cfg(test)]
     pub fn parse_hashed(&mut self, src: &str, scratch: &mut Vec<u8>) -> Result<u64, String> {
-        self.parse_inner(src, Some(scratch))
+        self.parse_with(src, Some(scratch), None)
     }
 
-    fn parse_inner(&mut self, src: &str, scratch: Option<&mut Vec<u8>>) -> Result<u64, String> {
+    /// Parses an event: with `scratch`, also its canonical hash (returned);
+    /// and when the root is an object, where each of `names` is among its
+    /// members (into `slots`), in the same pass.
+    pub(crate) fn parse_event(
+        &mut self,
+        src: &str,
+        scratch: Option<&mut Vec<u8>>,
+        names: &Names,
+        slots: &mut Vec<u32>,
+    ) -> Result<u64, String> {
+        slots.clear();
+        slots.resize(names.len(), NO_NODE);
+        self.parse_with(src, scratch, Some((names, slots.as_mut_slice())))
+    }
+
+    fn parse_with(
+        &mut self,
+        src: &str,
+        scratch: Option<&mut Vec<u8>>,
+        resolve: Option<(&Names, &mut [u32])>,
+    ) -> Result<u64, String> {
         if src.len() >= u32::MAX as usize {
             return Err("document larger than 4 GiB".into());
         }
         self.nodes.clear();
         let mut p = Parser { b: src.as_bytes(), src, i: 0, nodes: &mut self.nodes, scratch };
         p.ws();
-        let hash = p.value(0, 0, 0, false, None)?;
+        let hash = if p.b.get(p.i) == Some(&b'{') {
+            p.object(0, (0, 0, false), resolve)?
+        } else {
+            p.value(0, (0, 0, false), None)?
+        };
         p.ws();
         if p.i != p.b.len() {
             return Err(format!("unexpected text after the JSON value at byte {}", p.i + 1));
@@ -96,12 +122,15 @@ struct Parser<'a> {
 }
 
 impl Parser<'_> {
+    #[inline]
     fn ws(&mut self) {
-        while self.i < self.b.len() && matches!(self.b[self.i], b' ' | b'\t' | b'\n' | b'\r') {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.b.get(self.i) {
             self.i += 1;
         }
     }
 
+    #[cold]
+    #[inline(never)]
     fn fail<T>(&self, what: &str) -> Result<T, String> {
         if self.i >= self.b.len() {
             Err(format!("{what}: the line ends too early"))
@@ -114,17 +143,88 @@ impl Parser<'_> {
     /// canonical form into `member` (an object member's hash, already fed
     /// with the name) or returns its own hash; a container returns its hash,
     /// also fed into `member`.
-    fn value(
+    fn value(&mut self, depth: usize, key: (u32, u32, bool), member: Option<&mut Mix>) -> Result<u64, String> {
+        match self.b.get(self.i) {
+            Some(b'{') => {
+                let hash = self.object(depth, key, None)?;
+                if let Some(m) = member {
+                    m.write_u64(hash);
+                }
+                Ok(hash)
+            }
+            Some(b'[') => {
+                let hash = self.array(depth, key)?;
+                if let Some(m) = member {
+                    m.write_u64(hash);
+                }
+                Ok(hash)
+            }
+            _ => self.scalar(key, member),
+        }
+    }
+
+    /// A string, number or literal: one node, pushed once.
+    fn scalar(
         &mut self,
-        depth: usize,
-        key_start: u32,
-        key_end: u32,
-        key_escaped: bool,
+        (key_start, key_end, key_escaped): (u32, u32, bool),
         member: Option<&mut Mix>,
     ) -> Result<u64, String> {
-        let index = self.nodes.len();
+        let start = self.i;
         let mut node = Node {
             tag: Tag::Null,
+            escaped: false,
+            key_escaped,
+            start: start as u32,
+            end: 0,
+            key_start,
+            key_end,
+            size: 1,
+            count: 0,
+        };
+        match self.b.get(self.i) {
+            Some(b'"') => {
+                let (s, e, esc) = self.string()?;
+                node.tag = Tag::String;
+                node.escaped = esc;
+                node.start = s as u32;
+                node.end = e as u32;
+            }
+            Some(b'-' | b'0'..=b'9') => {
+                self.number()?;
+                node.tag = Tag::Number;
+                node.end = self.i as u32;
+            }
+            Some(b't') => self.literal(b"true", &mut node, Tag::True)?,
+            Some(b'f') => self.literal(b"false", &mut node, Tag::False)?,
+            Some(b'n') => self.literal(b"null", &mut node, Tag::Null)?,
+            _ => return self.fail("expected a JSON value"),
+        }
+        if matches!(node.tag, Tag::True | Tag::False | Tag::Null) {
+            node.end = self.i as u32;
+        }
+        self.nodes.push(node);
+        let Some(scratch) = self.scratch.as_deref_mut() else { return Ok(0) };
+        let raw = &self.src[node.start as usize..node.end as usize];
+        Ok(match node.tag {
+            Tag::String => scalar_hash(member, SEED, |h| feed_string(h, raw, node.escaped)),
+            Tag::Number => scalar_hash(member, SEED, |h| feed_number(h, raw, scratch)),
+            tag => scalar_hash(member, SEED, |h| feed_literal(h, tag)),
+        })
+    }
+
+    /// An object; at the root, `resolve` records where the plan's names are.
+    fn object(
+        &mut self,
+        depth: usize,
+        (key_start, key_end, key_escaped): (u32, u32, bool),
+        mut resolve: Option<(&Names, &mut [u32])>,
+    ) -> Result<u64, String> {
+        if depth >= DEPTH_MAX {
+            return self.fail(&format!("nested deeper than {DEPTH_MAX} levels"));
+        }
+        let index = self.nodes.len();
+        let mut node = Node {
+            tag: Tag::Object,
             escaped: false,
             key_escaped,
             start: self.i as u32,
@@ -136,121 +236,100 @@ impl Parser<'_> {
         };
         self.nodes.push(node);
         let hashing = self.scratch.is_some();
-        let mut hash = 0;
-        match self.b.get(self.i) {
-            Some(b'{') => {
-                if depth >= DEPTH_MAX {
-                    return self.fail(&format!("nested deeper than {DEPTH_MAX} levels"));
+        let mut sum: u64 = 0;
+        self.i += 1;
+        self.ws();
+        if self.b.get(self.i) == Some(&b'}') {
+            self.i += 1;
+        } else {
+            loop {
+                self.ws();
+                if self.b.get(self.i) != Some(&b'"') {
+                    return self.fail("expected a member name in quotes");
                 }
-                node.tag = Tag::Object;
+                let (ks, ke, kesc) = self.string()?;
+                self.ws();
+                if self.b.get(self.i) != Some(&b':') {
+                    return self.fail("expected `:` after a member name");
+                }
                 self.i += 1;
                 self.ws();
-                let mut sum: u64 = 0;
-                if self.b.get(self.i) == Some(&b'}') {
-                    self.i += 1;
+                if let Some((names, slots)) = resolve.as_mut() {
+                    let raw = &self.src[ks..ke];
+                    let id = if kesc { names.find(unescape(raw).as_bytes()) } else { names.find(raw.as_bytes()) };
+                    if let Some(id) = id {
+                        slots[id] = self.nodes.len() as u32;
+                    }
+                }
+                let key = (ks as u32, ke as u32, kesc);
+                if hashing {
+                    let mut m = member_start(&self.src[ks..ke], kesc, SEED);
+                    self.value(depth + 1, key, Some(&mut m))?;
+                    sum = sum.wrapping_add(m.finish());
                 } else {
-                    loop {
-                        self.ws();
-                        if self.b.get(self.i) != Some(&b'"') {
-                            return self.fail("expected a member name in quotes");
-                        }
-                        let (ks, ke, kesc) = self.string()?;
-                        self.ws();
-                        if self.b.get(self.i) != Some(&b':') {
-                            return self.fail("expected `:` after a member name");
-                        }
+                    self.value(depth + 1, key, None)?;
+                }
+                node.count += 1;
+                self.ws();
+                match self.b.get(self.i) {
+                    Some(b',') => self.i += 1,
+                    Some(b'}') => {
                         self.i += 1;
-                        self.ws();
-                        if hashing {
-                            let mut m = member_start(&self.src[ks..ke], kesc, SEED);
-                            self.value(depth + 1, ks as u32, ke as u32, kesc, Some(&mut m))?;
-                            sum = sum.wrapping_add(m.finish());
-                        } else {
-                            self.value(depth + 1, ks as u32, ke as u32, kesc, None)?;
-                        }
-                        node.count += 1;
-                        self.ws();
-                        match self.b.get(self.i) {
-                            Some(b',') => self.i += 1,
-                            Some(b'}') => {
-                                self.i += 1;
-                                break;
-                            }
-                            _ => return self.fail("expected `,` or `}`"),
-                        }
+                        break;
                     }
-                }
-                if hashing {
-                    hash = object_hash(sum, SEED);
+                    _ => return self.fail("expected `,` or `}`"),
                 }
             }
-            Some(b'[') => {
-                if depth >= DEPTH_MAX {
-                    return self.fail(&format!("nested deeper than {DEPTH_MAX} levels"));
-                }
-                node.tag = Tag::Array;
-                self.i += 1;
-                self.ws();
-                let mut h = Mix::new(SEED ^ 0x5b);
-                if self.b.get(self.i) == Some(&b']') {
-                    self.i += 1;
-                } else {
-                    loop {
-                        self.ws();
-                        let child = self.value(depth + 1, 0, 0, false, None)?;
-                        h.write_u64(child);
-                        node.count += 1;
-                        self.ws();
-                        match self.b.get(self.i) {
-                            Some(b',') => self.i += 1,
-                            Some(b']') => {
-                                self.i += 1;
-                                break;
-                            }
-                            _ => return self.fail("expected `,` or `]`"),
-                        }
-                    }
-                }
-                hash = h.finish();
-            }
-            Some(b'"') => {
-                let (s, e, esc) = self.string()?;
-                node.tag = Tag::String;
-                node.escaped = esc;
-                node.start = s as u32;
-                self.nodes[index] = Node { end: e as u32, ..node };
-                if hashing {
-                    return Ok(scalar_hash(member, SEED, |h| feed_string(h, &self.src[s..e], esc)));
-                }
-                return Ok(0);
-            }
-            Some(b't') => self.literal(b"true", &mut node, Tag::True)?,
-            Some(b'f') => self.literal(b"false", &mut node, Tag::False)?,
-            Some(b'n') => self.literal(b"null", &mut node, Tag::Null)?,
-            Some(b'-' | b'0'..=b'9') => {
-                self.number()?;
-                node.tag = Tag::Number;
-            }
-            _ => return self.fail("expected a JSON value"),
         }
         node.end = self.i as u32;
         node.size = (self.nodes.len() - index) as u32;
         self.nodes[index] = node;
-        if let Some(scratch) = self.scratch.as_deref_mut() {
-            match node.tag {
-                Tag::Object | Tag::Array => {
-                    if let Some(m) = member {
-                        m.write_u64(hash);
+        Ok(if hashing { object_hash(sum, SEED) } else { 0 })
+    }
+
+    fn array(&mut self, depth: usize, (key_start, key_end, key_escaped): (u32, u32, bool)) -> Result<u64, String> {
+        if depth >= DEPTH_MAX {
+            return self.fail(&format!("nested deeper than {DEPTH_MAX} levels"));
+        }
+        let index = self.nodes.len();
+        let mut node = Node {
+            tag: Tag::Array,
+            escaped: false,
+            key_escaped,
+            start: self.i as u32,
+            end: 0,
+            key_start,
+            key_end,
+            size: 1,
+            count: 0,
+        };
+        self.nodes.push(node);
+        let mut h = Mix::new(SEED ^ 0x5b);
+        self.i += 1;
+        self.ws();
+        if self.b.get(self.i) == Some(&b']') {
+            self.i += 1;
+        } else {
+            loop {
+                self.ws();
+                let child = self.value(depth + 1, (0, 0, false), None)?;
+                h.write_u64(child);
+                node.count += 1;
+                self.ws();
+                match self.b.get(self.i) {
+                    Some(b',') => self.i += 1,
+                    Some(b']') => {
+                        self.i += 1;
+                        break;
                     }
+                    _ => return self.fail("expected `,` or `]`"),
                 }
-                Tag::Number => {
-                    let raw = &self.src[node.start as usize..self.i];
-                    hash = scalar_hash(member, SEED, |h| feed_number(h, raw, scratch));
-                }
-                tag => hash = scalar_hash(member, SEED, |h| feed_literal(h, tag)),
             }
         }
-        Ok(hash)
+        node.end = self.i as u32;
+        node.size = (self.nodes.len() - index) as u32;
+        self.nodes[index] = node;
+        Ok(if self.scratch.is_some() { h.finish() } else { 0 })
     }
 
     fn literal(&mut self, word: &[u8], node: &mut Node, tag: Tag) -> Result<(), String> {
@@ -422,6 +501,7 @@ pub(crate) struct Event<'d> {
 }
 
 impl<'d> Event<'d> {
+    #[cfg(test)]
     /// Resolves `root`'s members into `slots` (one pass; the last of a repeated name wins).
     pub(crate) fn resolve(root: Val<'d>, names: &Names, slots: &'d mut Vec<u32>) -> Event<'d> {
         slots.clear();
@@ -443,6 +523,11 @@ impl<'d> Event<'d> {
             }
             index += n.size as usize;
         }
+        Event { root, slots }
+    }
+
+    /// An event whose `slots` [`Doc::parse_event`] filled.
+    pub(crate) fn from_slots(root: Val<'d>, slots: &'d [u32]) -> Event<'d> {
         Event { root, slots }
     }
 
