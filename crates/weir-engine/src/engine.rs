@@ -80,6 +80,8 @@ impl Counters {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Window {
+    /// The group key's bytes (see `key`).
+    pub key: Box<[u8]>,
     pub start: i64,
     pub end: i64,
     pub events: u64,
@@ -108,8 +110,8 @@ pub(crate) struct State {
     pub part_wm: Vec<i64>,
     pub part_idle: Vec<bool>,
     pub wm: i64,
-    pub windows: HashMap<Box<[u8]>, Window>,
-    pub timers: BTreeSet<(i64, Box<[u8]>)>,
+    pub windows: HashMap<WinId, Window>,
+    pub timers: BTreeSet<(i64, WinId)>,
     pub sessions: HashMap<Box<[u8]>, BTreeMap<i64, i64>>,
     /// Remembered event ids, by a 128-bit hash of the id (see `dedup_key`).
     pub seen: HashMap<u128, Seen>,
@@ -118,6 +120,10 @@ pub(crate) struct State {
     pub expiry: BTreeMap<i64, Vec<(i64, u128)>>,
     pub counters: Counters,
 }
+
+/// A window's identity: a 128-bit hash of its start and group key. Two
+/// windows share one with probability about 2^-128 per pair, as event ids do.
+pub(crate) type WinId = u128;
 
 /// Remembered ids are forgotten a bucket at a time; a lookup also checks the
 /// exact expiry, so an id is never remembered past `t + horizon`.
@@ -143,8 +149,9 @@ pub struct Engine {
     wkey_buf: Vec<u8>,
     contribs: Vec<Contrib>,
     agg_pass: Vec<bool>,
-    dirty: Vec<Box<[u8]>>,
-    pending: Vec<(i64, Box<[u8]>, Row)>,
+    dirty: Vec<WinId>,
+    /// Rows of this step with their window's end, sorted before they go out.
+    pending: Vec<(i64, Row)>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -499,13 +506,13 @@ impl Engine {
     }
 
     /// Adds the event's contributions to a window.
-    fn add_to(&mut self, wkey: &[u8], time: i64, id: Option<&str>, late: bool) {
-        let Some(w) = self.st.windows.get_mut(wkey) else {
+    fn add_to(&mut self, id: WinId, time: i64, event_id: Option<&str>, late: bool) {
+        let Some(w) = self.st.windows.get_mut(&id) else {
             debug_assert!(false, "window to add to is missing");
             return;
         };
-        if add_event(w, &self.contribs, time, id, late) {
-            self.dirty.push(wkey.into());
+        if add_event(w, &self.contribs, time, event_id, late) {
+            self.dirty.push(id);
         }
     }
 
@@ -543,23 +550,21 @@ impl Engine {
                     None,
                 );
             } else {
-                let mut wkey = std::mem::take(&mut self.wkey_buf);
-                key::window_key(start, key_bytes, &mut wkey);
+                let id = self.win_id(start, key_bytes);
                 let late = !global && end <= wm;
                 late_any |= late;
-                let w = match self.st.windows.entry_ref(wkey.as_slice()) {
-                    hashbrown::hash_map::EntryRef::Occupied(e) => e.into_mut(),
-                    hashbrown::hash_map::EntryRef::Vacant(e) => {
+                let w = match self.st.windows.entry(id) {
+                    Entry::Occupied(e) => e.into_mut(),
+                    Entry::Vacant(e) => {
                         if !global {
-                            self.st.timers.insert((end, wkey.as_slice().into()));
+                            self.st.timers.insert((end, id));
                         }
-                        e.insert_with_key(wkey.as_slice().into(), new_window(&self.plan, start, end))
+                        e.insert(new_window(&self.plan, key_bytes, start, end))
                     }
                 };
                 if add_event(w, &self.contribs, time, ctx.id.as_deref(), late) {
-                    self.dirty.push(wkey.as_slice().into());
+                    self.dirty.push(id);
                 }
-                self.wkey_buf = wkey;
                 counted = true;
             }
             if global || start >= last {
@@ -571,6 +576,12 @@ impl Engine {
             self.st.counters.late_allowed += 1;
         }
         counted
+    }
+
+    /// A window's identity: a 128-bit hash of its start and key (see `WinId`).
+    fn win_id(&mut self, start: i64, key_bytes: &[u8]) -> WinId {
+        key::window_key(start, key_bytes, &mut self.wkey_buf);
+        xxhash_rust::xxh3::xxh3_128(&self.wkey_buf)
     }
 
     /// Session windows: merge first, then test the merged window.
@@ -604,26 +615,25 @@ impl Engine {
         }
         // The merged session keeps the identity of the one that starts earliest,
         // or is new when this event starts before all of them.
-        let mut merged = new_window(&self.plan, start, end);
-        let mut identity: Option<(Box<[u8]>, Window)> = None;
+        let mut merged = new_window(&self.plan, key_bytes, start, end);
+        let mut identity: Option<(WinId, Window)> = None;
         for &(s, e) in overlapping.iter().rev() {
-            let mut wkey = Vec::new();
-            key::window_key(s, key_bytes, &mut wkey);
-            let Some(w) = self.st.windows.remove(wkey.as_slice()) else {
+            let id = self.win_id(s, key_bytes);
+            let Some(w) = self.st.windows.remove(&id) else {
                 debug_assert!(false, "session index names a missing window");
                 continue;
             };
-            self.st.timers.remove(&(e, wkey.as_slice().into()));
+            self.st.timers.remove(&(e, id));
             if let Some(sessions) = self.st.sessions.get_mut(key_bytes) {
                 sessions.remove(&s);
             }
             if s == start && identity.is_none() {
-                identity = Some((wkey.into(), w));
+                identity = Some((id, w));
                 continue;
             }
             if w.revision > 0 {
-                let row = self.row(key_bytes, &w, Status::Retracted, w.revision + 1);
-                self.pending.push((w.end, wkey.into(), row));
+                let row = self.row(&w, Status::Retracted, w.revision + 1);
+                self.pending.push((w.end, row));
             }
             for (into, from) in merged.aggs.iter_mut().zip(w.aggs) {
                 into.merge(from);
@@ -631,8 +641,8 @@ impl Engine {
             merged.events += w.events;
             merged.late_events += w.late_events;
         }
-        let wkey: Box<[u8]> = match identity {
-            Some((wkey, mut w)) => {
+        let id = match identity {
+            Some((id, mut w)) => {
                 for (into, from) in w.aggs.iter_mut().zip(merged.aggs) {
                     into.merge(from);
                 }
@@ -643,37 +653,35 @@ impl Engine {
                     w.past_end_emitted = false;
                 }
                 w.dirty = w.dirty || merged.events > 0;
-                self.st.windows.insert(wkey.clone(), w);
-                wkey
+                self.st.windows.insert(id, w);
+                id
             }
             None => {
-                let mut wkey = Vec::new();
-                key::window_key(start, key_bytes, &mut wkey);
+                let id = self.win_id(start, key_bytes);
                 merged.dirty = merged.events > 0;
-                let wkey: Box<[u8]> = wkey.into();
-                self.st.windows.insert(wkey.clone(), merged);
-                wkey
+                self.st.windows.insert(id, merged);
+                id
             }
         };
-        if self.st.windows.get(&wkey).is_some_and(|w| w.dirty) {
-            self.dirty.push(wkey.clone());
+        if self.st.windows.get(&id).is_some_and(|w| w.dirty) {
+            self.dirty.push(id);
         }
-        self.st.timers.insert((end, wkey.clone()));
+        self.st.timers.insert((end, id));
         self.st.sessions.entry(key_bytes.into()).or_default().insert(start, end);
         let late = end <= wm;
         if late {
             self.st.counters.late_allowed += 1;
         }
         // add_to pushes the window on the dirty list only when it was clean.
-        self.add_to(&wkey, time, ctx.id.as_deref(), late);
+        self.add_to(id, time, ctx.id.as_deref(), late);
         true
     }
 
-    fn row(&self, key_bytes: &[u8], w: &Window, status: Status, revision: u32) -> Row {
+    fn row(&self, w: &Window, status: Status, revision: u32) -> Row {
         let global = matches!(self.plan.kind, WindowKind::Global);
         let wm = self.st.wm;
         Row {
-            key: key_bytes.into(),
+            key: w.key.clone(),
             window_start: (!global).then_some(w.start),
             window_end: (!global).then_some(w.end),
             status,
@@ -689,26 +697,26 @@ impl Engine {
     /// of window end, window start and key; then settled windows are forgotten.
     fn emit(&mut self, wm_before: i64, everything: bool, out: &mut Output) {
         let wm = self.st.wm;
-        let mut candidates: Vec<(i64, Box<[u8]>)> = Vec::new();
+        let mut candidates: Vec<(i64, WinId)> = Vec::new();
         // A changed window can only emit early, past its end under revise,
         // or as a global window; otherwise its time decides (the timers below).
         let plan = &self.plan;
         let global = matches!(plan.kind, WindowKind::Global);
-        for wkey in self.dirty.drain(..) {
-            if let Some(w) = self.st.windows.get(&wkey) {
+        for id in self.dirty.drain(..) {
+            if let Some(w) = self.st.windows.get(&id) {
                 if global || plan.early || (plan.late == LatePolicy::Revise && w.end <= wm) {
-                    candidates.push((w.end, wkey));
+                    candidates.push((w.end, id));
                 }
             }
         }
         if everything {
-            candidates.extend(self.st.windows.iter().map(|(k, w)| (w.end, k.clone())));
+            candidates.extend(self.st.windows.iter().map(|(id, w)| (w.end, *id)));
         } else if wm > wm_before {
             let settle_to = wm.saturating_sub(self.plan.lateness_ms);
-            candidates.extend(self.st.timers.iter().take_while(|(end, _)| *end <= settle_to).cloned());
+            candidates.extend(self.st.timers.iter().take_while(|(end, _)| *end <= settle_to).copied());
             if self.plan.late == LatePolicy::Revise {
-                let from = (wm_before.saturating_add(1), Box::<[u8]>::default());
-                candidates.extend(self.st.timers.range(from..).take_while(|(end, _)| *end <= wm).cloned());
+                let from = (wm_before.saturating_add(1), 0);
+                candidates.extend(self.st.timers.range(from..).take_while(|(end, _)| *end <= wm).copied());
             }
         }
         if candidates.is_empty() && self.pending.is_empty() {
@@ -716,13 +724,13 @@ impl Engine {
         }
         candidates.sort_unstable();
         candidates.dedup();
-        for (end, wkey) in candidates {
-            if let Some(row) = self.decide(&wkey) {
-                self.pending.push((end, wkey, row));
+        for (end, id) in candidates {
+            if let Some(row) = self.decide(id) {
+                self.pending.push((end, row));
             }
         }
-        self.pending.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-        for (_, _, row) in self.pending.drain(..) {
+        self.pending.sort_by(|a, b| (a.0, a.1.window_start, &a.1.key).cmp(&(b.0, b.1.window_start, &b.1.key)));
+        for (_, row) in self.pending.drain(..) {
             match row.status {
                 Status::Provisional => self.st.counters.rows_provisional += 1,
                 Status::Settled => self.st.counters.rows_settled += 1,
@@ -733,10 +741,10 @@ impl Engine {
     }
 
     /// Rules 1-3 of SPEC.md section 3.4 for one window.
-    fn decide(&mut self, wkey: &[u8]) -> Option<Row> {
+    fn decide(&mut self, id: WinId) -> Option<Row> {
         let wm = self.st.wm;
         let plan = &self.plan;
-        let w = self.st.windows.get(wkey)?;
+        let w = self.st.windows.get(&id)?;
         let global = matches!(plan.kind, WindowKind::Global);
         let status = if global {
             if wm == WM_MAX {
@@ -756,11 +764,10 @@ impl Engine {
         } else {
             return None;
         };
-        let (_, key_bytes) = key::split_window_key(wkey);
-        let row = self.row(key_bytes, w, status, w.revision + 1);
+        let row = self.row(w, status, w.revision + 1);
         if status == Status::Settled {
-            self.forget_window(wkey);
-        } else if let Some(w) = self.st.windows.get_mut(wkey) {
+            self.forget_window(id);
+        } else if let Some(w) = self.st.windows.get_mut(&id) {
             w.revision += 1;
             w.dirty = false;
             if wm >= w.end {
@@ -770,15 +777,14 @@ impl Engine {
         Some(row)
     }
 
-    fn forget_window(&mut self, wkey: &[u8]) {
-        let Some(w) = self.st.windows.remove(wkey) else { return };
-        let (start, key_bytes) = key::split_window_key(wkey);
-        self.st.timers.remove(&(w.end, wkey.into()));
+    fn forget_window(&mut self, id: WinId) {
+        let Some(w) = self.st.windows.remove(&id) else { return };
+        self.st.timers.remove(&(w.end, id));
         if let WindowKind::Session { .. } = self.plan.kind {
-            if let Some(sessions) = self.st.sessions.get_mut(key_bytes) {
-                sessions.remove(&start);
+            if let Some(sessions) = self.st.sessions.get_mut(&w.key) {
+                sessions.remove(&w.start);
                 if sessions.is_empty() {
-                    self.st.sessions.remove(key_bytes);
+                    self.st.sessions.remove(&w.key);
                 }
             }
         }
@@ -802,8 +808,9 @@ impl Engine {
     }
 }
 
-fn new_window(plan: &Plan, start: i64, end: i64) -> Window {
+fn new_window(plan: &Plan, key: &[u8], start: i64, end: i64) -> Window {
     Window {
+        key: key.into(),
         start,
         end,
         events: 0,

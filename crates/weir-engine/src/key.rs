@@ -2,8 +2,8 @@
 //! the key's JSON. Each field is a tag (`s` string, `i` integer, `b` boolean),
 //! a 4-byte big-endian length, and the text.
 //!
-//! A window is found by its "window key": the window start (sign-flipped,
-//! big-endian, so byte order is time order) followed by the group key.
+//! A window's identity hashes its "window key": the window start
+//! (sign-flipped, big-endian) followed by the group key.
 
 use crate::output::write_str;
 
@@ -17,12 +17,6 @@ pub(crate) fn window_key(start: i64, key: &[u8], out: &mut Vec<u8>) {
     out.clear();
     out.extend_from_slice(&((start as u64) ^ (1 << 63)).to_be_bytes());
     out.extend_from_slice(key);
-}
-
-pub(crate) fn split_window_key(wkey: &[u8]) -> (i64, &[u8]) {
-    let mut start = [0u8; 8];
-    start.copy_from_slice(&wkey[..8]);
-    ((u64::from_be_bytes(start) ^ (1 << 63)) as i64, &wkey[8..])
 }
 
 /// Decodes the fields of a key; stops quietly at anything malformed.

@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 use weir_contract::{Contract, WindowKind};
 
 use crate::engine::{Counters, Engine, Mode, PlanError, Seen, State, Window, EXPIRY_BUCKET_MS};
-use crate::key;
 use crate::plan::Plan;
 
 const MAGIC: &[u8; 8] = b"WEIRSNAP";
@@ -42,7 +41,7 @@ struct Image {
     part_wm: Vec<i64>,
     part_idle: Vec<bool>,
     wm: i64,
-    windows: Vec<(Box<[u8]>, Window)>,
+    windows: Vec<(u128, Window)>,
     seen: Vec<(u128, Seen)>,
     counters: Counters,
 }
@@ -55,8 +54,8 @@ impl Engine {
     /// The engine's whole state as bytes.
     pub fn snapshot(&self) -> Vec<u8> {
         let st = &self.st;
-        let mut windows: Vec<(Box<[u8]>, Window)> = st.windows.iter().map(|(k, w)| (k.clone(), w.clone())).collect();
-        windows.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut windows: Vec<(u128, Window)> = st.windows.iter().map(|(k, w)| (*k, w.clone())).collect();
+        windows.sort_by_key(|w| w.0);
         let mut seen: Vec<(u128, Seen)> = st.seen.iter().map(|(k, s)| (*k, *s)).collect();
         seen.sort_by_key(|a| a.0);
         let image = Image {
@@ -107,18 +106,17 @@ impl Engine {
         };
         let global = matches!(plan.kind, WindowKind::Global);
         let session = matches!(plan.kind, WindowKind::Session { .. });
-        for (wkey, w) in image.windows {
-            if wkey.len() < 8 || w.aggs.len() != plan.aggs.len() {
+        for (id, w) in image.windows {
+            if w.aggs.len() != plan.aggs.len() {
                 return Err(SnapshotError::Corrupt("a window does not match the contract".into()));
             }
-            let (start, key_bytes) = key::split_window_key(&wkey);
             if !global {
-                st.timers.insert((w.end, wkey.clone()));
+                st.timers.insert((w.end, id));
             }
             if session {
-                st.sessions.entry(key_bytes.into()).or_default().insert(start, w.end);
+                st.sessions.entry(w.key.clone()).or_default().insert(w.start, w.end);
             }
-            st.windows.insert(wkey, w);
+            st.windows.insert(id, w);
         }
         for (id, seen) in image.seen {
             st.expiry.entry(seen.expires.div_euclid(EXPIRY_BUCKET_MS)).or_default().push((seen.expires, id));
