@@ -800,8 +800,11 @@ impl Engine {
                 break;
             }
             for (expires, id) in entry.remove() {
-                if self.st.seen.get(&id).is_some_and(|s| s.expires == expires) {
-                    self.st.seen.remove(&id);
+                // One probe: the id may have been remembered again since.
+                if let Entry::Occupied(e) = self.st.seen.entry(id) {
+                    if e.get().expires == expires {
+                        e.remove();
+                    }
                 }
             }
         }
