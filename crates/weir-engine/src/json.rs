@@ -40,6 +40,13 @@ struct Node {
     count: u32,
 }
 
+impl Node {
+    /// A node starting at byte `start`, an object member when `key` names one.
+    fn new(tag: Tag, start: usize, (key_start, key_end, key_escaped): (u32, u32, bool)) -> Node {
+        Node { tag, escaped: false, key_escaped, start: start as u32, end: 0, key_start, key_end, size: 1, count: 0 }
+    }
+}
+
 /// A parsed document. Reuse one across events with [`Doc::parse`].
 #[derive(Debug, Default)]
 pub struct Doc {
@@ -164,23 +171,8 @@ impl Parser<'_> {
     }
 
     /// A string, number or literal: one node, pushed once.
-    fn scalar(
-        &mut self,
-        (key_start, key_end, key_escaped): (u32, u32, bool),
-        member: Option<&mut Mix>,
-    ) -> Result<u64, String> {
-        let start = self.i;
-        let mut node = Node {
-            tag: Tag::Null,
-            escaped: false,
-            key_escaped,
-            start: start as u32,
-            end: 0,
-            key_start,
-            key_end,
-            size: 1,
-            count: 0,
-        };
+    fn scalar(&mut self, key: (u32, u32, bool), member: Option<&mut Mix>) -> Result<u64, String> {
+        let mut node = Node::new(Tag::Null, self.i, key);
         match self.b.get(self.i) {
             Some(b'"') => {
                 let (s, e, esc) = self.string()?;
@@ -212,33 +204,36 @@ impl Parser<'_> {
         })
     }
 
-    /// An object; at the root, `resolve` records where the plan's names are.
-    fn object(
-        &mut self,
-        depth: usize,
-        (key_start, key_end, key_escaped): (u32, u32, bool),
-        mut resolve: Option<(&Names, &mut [u32])>,
-    ) -> Result<u64, String> {
+    /// Starts an object or array at `self.i`: its node is pushed now and
+    /// completed by [`Parser::close`].
+    fn open(&mut self, depth: usize, tag: Tag, key: (u32, u32, bool)) -> Result<(usize, Node), String> {
         if depth >= DEPTH_MAX {
             return self.fail(&format!("nested deeper than {DEPTH_MAX} levels"));
         }
         let index = self.nodes.len();
-        let mut node = Node {
-            tag: Tag::Object,
-            escaped: false,
-            key_escaped,
-            start: self.i as u32,
-            end: 0,
-            key_start,
-            key_end,
-            size: 1,
-            count: 0,
-        };
+        let node = Node::new(tag, self.i, key);
         self.nodes.push(node);
-        let hashing = self.scratch.is_some();
-        let mut sum: u64 = 0;
         self.i += 1;
         self.ws();
+        Ok((index, node))
+    }
+
+    fn close(&mut self, index: usize, mut node: Node) {
+        node.end = self.i as u32;
+        node.size = (self.nodes.len() - index) as u32;
+        self.nodes[index] = node;
+    }
+
+    /// An object; at the root, `resolve` records where the plan's names are.
+    fn object(
+        &mut self,
+        depth: usize,
+        key: (u32, u32, bool),
+        mut resolve: Option<(&Names, &mut [u32])>,
+    ) -> Result<u64, String> {
+        let (index, mut node) = self.open(depth, Tag::Object, key)?;
+        let hashing = self.scratch.is_some();
+        let mut sum: u64 = 0;
         if self.b.get(self.i) == Some(&b'}') {
             self.i += 1;
         } else {
@@ -281,32 +276,13 @@ impl Parser<'_> {
                 }
             }
         }
-        node.end = self.i as u32;
-        node.size = (self.nodes.len() - index) as u32;
-        self.nodes[index] = node;
+        self.close(index, node);
         Ok(if hashing { object_hash(sum, SEED) } else { 0 })
     }
 
-    fn array(&mut self, depth: usize, (key_start, key_end, key_escaped): (u32, u32, bool)) -> Result<u64, String> {
-        if depth >= DEPTH_MAX {
-            return self.fail(&format!("nested deeper than {DEPTH_MAX} levels"));
-        }
-        let index = self.nodes.len();
-        let mut node = Node {
-            tag: Tag::Array,
-            escaped: false,
-            key_escaped,
-            start: self.i as u32,
-            end: 0,
-            key_start,
-            key_end,
-            size: 1,
-            count: 0,
-        };
-        self.nodes.push(node);
+    fn array(&mut self, depth: usize, key: (u32, u32, bool)) -> Result<u64, String> {
+        let (index, mut node) = self.open(depth, Tag::Array, key)?;
         let mut h = Mix::new(SEED ^ 0x5b);
-        self.i += 1;
-        self.ws();
         if self.b.get(self.i) == Some(&b']') {
             self.i += 1;
         } else {
@@ -326,9 +302,7 @@ impl Parser<'_> {
                 }
             }
         }
-        node.end = self.i as u32;
-        node.size = (self.nodes.len() - index) as u32;
-        self.nodes[index] = node;
+        self.close(index, node);
         Ok(if self.scratch.is_some() { h.finish() } else { 0 })
     }
 
@@ -673,12 +647,7 @@ impl<'d> Val<'d> {
     /// A 64-bit hash of the value as parsed JSON: member order, whitespace,
     /// escapes and the spelling of numbers (`1.50` vs `1.5e0`) do not matter.
     pub fn canonical_hash(&self) -> u64 {
-        self.canonical_hash_in(&mut Vec::new())
-    }
-
-    /// [`Val::canonical_hash`] with a caller's scratch buffer (no allocation).
-    pub fn canonical_hash_in(&self, scratch: &mut Vec<u8>) -> u64 {
-        self.hash_into(scratch, 0)
+        self.hash_into(&mut Vec::new(), 0)
     }
 
     /// The same, in 128 bits (two independent seeds), for sets of values.
