@@ -54,9 +54,11 @@ pub(crate) enum AggState {
     },
     Min(Option<Decimal>),
     Max(Option<Decimal>),
-    Distinct(DistinctSet),
-    First(Option<Pick>),
-    Last(Option<Pick>),
+    // Boxed, so that the common states stay small enough to live inside
+    // their window (see `Window::aggs`).
+    Distinct(Box<DistinctSet>),
+    First(Option<Box<Pick>>),
+    Last(Option<Box<Pick>>),
 }
 
 /// Canonical hashes of the distinct values; serialised sorted.
@@ -94,7 +96,7 @@ impl AggState {
             AggFn::Sum | AggFn::Avg => AggState::Sum { sum: Decimal::ZERO, n: 0, overflow: false },
             AggFn::Min => AggState::Min(None),
             AggFn::Max => AggState::Max(None),
-            AggFn::CountDistinct => AggState::Distinct(DistinctSet::default()),
+            AggFn::CountDistinct => AggState::Distinct(Box::default()),
             AggFn::First => AggState::First(None),
             AggFn::Last => AggState::Last(None),
         }
@@ -142,9 +144,9 @@ impl AggState {
             }
             (AggState::Min(a), AggState::Min(b)) => *a = opt(*a, b, Decimal::min),
             (AggState::Max(a), AggState::Max(b)) => *a = opt(*a, b, Decimal::max),
-            (AggState::Distinct(a), AggState::Distinct(b)) => a.0.extend(b.0),
-            (AggState::First(a), AggState::First(Some(b))) => keep(a, b, Ordering::Less),
-            (AggState::Last(a), AggState::Last(Some(b))) => keep(a, b, Ordering::Greater),
+            (AggState::Distinct(a), AggState::Distinct(b)) => a.0.extend(b.0.iter()),
+            (AggState::First(a), AggState::First(Some(b))) => keep(a, *b, Ordering::Less),
+            (AggState::Last(a), AggState::Last(Some(b))) => keep(a, *b, Ordering::Greater),
             _ => {}
         }
     }
@@ -175,12 +177,12 @@ fn opt(a: Option<Decimal>, b: Option<Decimal>, pick: fn(Decimal, Decimal) -> Dec
 }
 
 /// Keeps `candidate` when it orders `wanted` relative to the current pick.
-fn keep(slot: &mut Option<Pick>, candidate: Pick, wanted: Ordering) {
+fn keep(slot: &mut Option<Box<Pick>>, candidate: Pick, wanted: Ordering) {
     let replace = match slot {
         None => true,
         Some(current) => candidate.order(current) == wanted,
     };
     if replace {
-        *slot = Some(candidate);
+        *slot = Some(Box::new(candidate));
     }
 }

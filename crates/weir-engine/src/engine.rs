@@ -92,8 +92,12 @@ pub(crate) struct Window {
     pub dirty: bool,
     /// A row was emitted while the watermark was at or past `end`.
     pub past_end_emitted: bool,
-    pub aggs: Vec<AggState>,
+    /// Inline for up to two aggregates: adding an event then touches the
+    /// window's table entry and nothing else.
+    pub aggs: Aggs,
 }
+
+pub(crate) type Aggs = smallvec::SmallVec<[AggState; 2]>;
 
 /// An event id remembered for dedup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,10 +118,9 @@ pub(crate) struct State {
     pub timers: BTreeSet<(i64, WinId)>,
     pub sessions: HashMap<Box<[u8]>, BTreeMap<i64, i64>>,
     /// Remembered event ids, by a 128-bit hash of the id (see `dedup_key`).
+    /// An entry whose `expires` the watermark has reached counts as
+    /// forgotten; [`Engine::forget_ids`] removes such entries in sweeps.
     pub seen: HashMap<u128, Seen>,
-    /// When remembered ids expire, in buckets of [`EXPIRY_BUCKET_MS`] of
-    /// event time: `(expires, id)` under `expires / EXPIRY_BUCKET_MS`.
-    pub expiry: BTreeMap<i64, Vec<(i64, u128)>>,
     pub counters: Counters,
 }
 
@@ -125,9 +128,11 @@ pub(crate) struct State {
 /// windows share one with probability about 2^-128 per pair, as event ids do.
 pub(crate) type WinId = u128;
 
-/// Remembered ids are forgotten a bucket at a time; a lookup also checks the
-/// exact expiry, so an id is never remembered past `t + horizon`.
-pub(crate) const EXPIRY_BUCKET_MS: i64 = 1_000;
+/// Expired ids are swept out of the table each time the watermark has moved
+/// by a quarter of the horizon (at least this much), so the table holds at
+/// most 1.25 horizons of ids. A lookup checks the exact expiry, so an id is
+/// never remembered past `t + horizon` whenever the sweep runs.
+const SWEEP_MIN_MS: i64 = 1_000;
 
 /// What intake learned about one event, for its ledger entries.
 struct Ctx<'a> {
@@ -146,12 +151,13 @@ pub struct Engine {
     slots: Vec<u32>,
     hash_scratch: Vec<u8>,
     key_buf: Vec<u8>,
-    wkey_buf: Vec<u8>,
     contribs: Vec<Contrib>,
     agg_pass: Vec<bool>,
     dirty: Vec<WinId>,
     /// Rows of this step with their window's end, sorted before they go out.
     pending: Vec<(i64, Row)>,
+    /// The watermark at which the next sweep of expired ids runs.
+    sweep_at: i64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -162,7 +168,7 @@ impl std::fmt::Debug for Engine {
             .field("mode", &self.mode)
             .field("watermark", &self.watermark())
             .field("open_windows", &self.st.windows.len())
-            .field("remembered_ids", &self.st.seen.len())
+            .field("remembered_ids", &self.remembered_ids())
             .finish()
     }
 }
@@ -190,11 +196,11 @@ impl Engine {
             slots: Vec::new(),
             hash_scratch: Vec::new(),
             key_buf: Vec::new(),
-            wkey_buf: Vec::new(),
             contribs: Vec::new(),
             agg_pass: Vec::new(),
             dirty: Vec::new(),
             pending: Vec::new(),
+            sweep_at: WM_MIN,
         }
     }
 
@@ -215,8 +221,10 @@ impl Engine {
         self.st.windows.len()
     }
 
+    /// Event ids remembered for duplicate detection (expired ones not counted).
     pub fn remembered_ids(&self) -> usize {
-        self.st.seen.len()
+        let wm = self.st.wm;
+        self.st.seen.values().filter(|s| s.expires > wm).count()
     }
 
     /// How to write this engine's rows and ledger entries as JSON.
@@ -490,7 +498,6 @@ impl Engine {
                 record(&mut self.st.counters, out, ctx, Some(&self.key_buf), reason, detail, None, Some(seen.offset));
                 return Some(time);
             }
-            self.st.expiry.entry(expires.div_euclid(EXPIRY_BUCKET_MS)).or_default().push((expires, id_key));
         }
         // 7. Windows.
         let key_bytes = std::mem::take(&mut self.key_buf);
@@ -578,10 +585,9 @@ impl Engine {
         counted
     }
 
-    /// A window's identity: a 128-bit hash of its start and key (see `WinId`).
-    fn win_id(&mut self, start: i64, key_bytes: &[u8]) -> WinId {
-        key::window_key(start, key_bytes, &mut self.wkey_buf);
-        xxhash_rust::xxh3::xxh3_128(&self.wkey_buf)
+    /// A window's id: its group key's bytes hashed with its start as the seed.
+    fn win_id(&self, start: i64, key_bytes: &[u8]) -> WinId {
+        xxhash_rust::xxh3::xxh3_128_with_seed(key_bytes, start as u64)
     }
 
     /// Session windows: merge first, then test the merged window.
@@ -790,24 +796,16 @@ impl Engine {
         }
     }
 
-    /// Forgets event ids whose horizon the watermark has reached, a whole
-    /// bucket at a time.
+    /// Forgets event ids whose horizon the watermark has reached: one pass
+    /// over the table each time the watermark has moved far enough.
     fn forget_ids(&mut self) {
         let wm = self.st.wm;
-        while let Some(entry) = self.st.expiry.first_entry() {
-            let bucket_last = entry.key().saturating_add(1).saturating_mul(EXPIRY_BUCKET_MS) - 1;
-            if bucket_last > wm {
-                break;
-            }
-            for (expires, id) in entry.remove() {
-                // One probe: the id may have been remembered again since.
-                if let Entry::Occupied(e) = self.st.seen.entry(id) {
-                    if e.get().expires == expires {
-                        e.remove();
-                    }
-                }
-            }
+        let Some(horizon) = self.plan.horizon_ms else { return };
+        if wm < self.sweep_at {
+            return;
         }
+        self.st.seen.retain(|_, seen| seen.expires > wm);
+        self.sweep_at = wm.saturating_add((horizon / 4).max(SWEEP_MIN_MS));
     }
 }
 

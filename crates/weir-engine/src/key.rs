@@ -2,8 +2,8 @@
 //! the key's JSON. Each field is a tag (`s` string, `i` integer, `b` boolean),
 //! a 4-byte big-endian length, and the text.
 //!
-//! A window's identity hashes its "window key": the window start
-//! (sign-flipped, big-endian) followed by the group key.
+//! A window's identity hashes the group key with the window start as the
+//! seed (`Engine::win_id`).
 
 use crate::output::write_str;
 
@@ -11,12 +11,6 @@ pub(crate) fn push_field(tag: u8, text: &str, out: &mut Vec<u8>) {
     out.push(tag);
     out.extend_from_slice(&(text.len() as u32).to_be_bytes());
     out.extend_from_slice(text.as_bytes());
-}
-
-pub(crate) fn window_key(start: i64, key: &[u8], out: &mut Vec<u8>) {
-    out.clear();
-    out.extend_from_slice(&((start as u64) ^ (1 << 63)).to_be_bytes());
-    out.extend_from_slice(key);
 }
 
 /// Decodes the fields of a key; stops quietly at anything malformed.

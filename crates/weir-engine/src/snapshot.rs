@@ -11,12 +11,13 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use weir_contract::{Contract, WindowKind};
 
-use crate::engine::{Counters, Engine, Mode, PlanError, Seen, State, Window, EXPIRY_BUCKET_MS};
+use crate::engine::{Counters, Engine, Mode, PlanError, Seen, State, Window};
 use crate::plan::Plan;
 
 const MAGIC: &[u8; 8] = b"WEIRSNAP";
-/// The snapshot format this build writes and reads.
-pub const SNAPSHOT_FORMAT: u32 = 1;
+/// The snapshot format this build writes and reads. Format 2: window ids are
+/// `xxh3_128(key, seed = start)`; format 1 hashed start and key together.
+pub const SNAPSHOT_FORMAT: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SnapshotError {
@@ -56,7 +57,10 @@ impl Engine {
         let st = &self.st;
         let mut windows: Vec<(u128, Window)> = st.windows.iter().map(|(k, w)| (*k, w.clone())).collect();
         windows.sort_by_key(|w| w.0);
-        let mut seen: Vec<(u128, Seen)> = st.seen.iter().map(|(k, s)| (*k, *s)).collect();
+        // Expired ids not yet swept out are forgotten already: leave them out,
+        // so the bytes do not depend on when the last sweep ran.
+        let mut seen: Vec<(u128, Seen)> =
+            st.seen.iter().filter(|(_, s)| s.expires > st.wm).map(|(k, s)| (*k, *s)).collect();
         seen.sort_by_key(|a| a.0);
         let image = Image {
             pipeline: self.plan.name.clone(),
@@ -119,7 +123,6 @@ impl Engine {
             st.windows.insert(id, w);
         }
         for (id, seen) in image.seen {
-            st.expiry.entry(seen.expires.div_euclid(EXPIRY_BUCKET_MS)).or_default().push((seen.expires, id));
             st.seen.insert(id, seen);
         }
         Ok(Engine::from_parts(Arc::new(plan), image.mode, st))
