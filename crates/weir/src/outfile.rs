@@ -1,5 +1,8 @@
 //! Output files that appear whole or not at all: written beside the target
 //! under a temporary name, flushed and synced, then renamed into place.
+//! A destination that exists and is not a regular file (`/dev/null`, a
+//! named pipe, a terminal) is written directly: renaming over it would
+//! replace the device or pipe with a file.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -10,6 +13,7 @@ use anyhow::{Context, Result};
 pub enum Sink {
     Stdout(BufWriter<io::Stdout>),
     File { out: BufWriter<File>, tmp: PathBuf, dest: PathBuf },
+    Direct { out: BufWriter<File>, dest: PathBuf },
     Discard,
 }
 
@@ -19,6 +23,12 @@ impl Sink {
         match path {
             None => Ok(Sink::Stdout(BufWriter::with_capacity(1 << 16, io::stdout()))),
             Some(p) if p == Path::new("-") => Ok(Sink::Stdout(BufWriter::with_capacity(1 << 16, io::stdout()))),
+            Some(dest) if std::fs::metadata(dest).is_ok_and(|m| !m.is_file() && !m.is_dir()) => {
+                let file = std::fs::OpenOptions::new().write(true).open(dest).with_context(|| {
+                    format!("cannot write {}: check that it is writable", dest.display())
+                })?;
+                Ok(Sink::Direct { out: BufWriter::with_capacity(1 << 16, file), dest: dest.to_owned() })
+            }
             Some(dest) => {
                 let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
                 let tmp = dest.with_file_name(format!(".{name}.weir-tmp-{}", std::process::id()));
@@ -33,7 +43,7 @@ impl Sink {
     pub fn write(&mut self, text: &str) -> Result<()> {
         let result = match self {
             Sink::Stdout(out) => out.write_all(text.as_bytes()),
-            Sink::File { out, .. } => out.write_all(text.as_bytes()),
+            Sink::File { out, .. } | Sink::Direct { out, .. } => out.write_all(text.as_bytes()),
             Sink::Discard => Ok(()),
         };
         result.with_context(|| format!("cannot write {}", self.name()))
@@ -42,7 +52,7 @@ impl Sink {
     fn name(&self) -> String {
         match self {
             Sink::Stdout(_) => "standard output".into(),
-            Sink::File { dest, .. } => dest.display().to_string(),
+            Sink::File { dest, .. } | Sink::Direct { dest, .. } => dest.display().to_string(),
             Sink::Discard => "nothing".into(),
         }
     }
@@ -52,6 +62,7 @@ impl Sink {
         match &mut self {
             Sink::Stdout(out) => out.flush().context("cannot write standard output"),
             Sink::Discard => Ok(()),
+            Sink::Direct { out, dest } => out.flush().with_context(|| format!("cannot write {}", dest.display())),
             Sink::File { out, tmp, dest } => {
                 let done =
                     out.flush().and_then(|()| out.get_ref().sync_all()).and_then(|()| std::fs::rename(&*tmp, &*dest));

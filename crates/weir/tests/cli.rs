@@ -122,6 +122,28 @@ fn run_is_deterministic_and_reports_on_stderr() {
 }
 
 #[test]
+fn output_to_a_named_pipe_writes_through_it_and_leaves_it_a_pipe() {
+    use std::os::unix::fs::FileTypeExt;
+    let (s, c, input) = setup("fifo", 500);
+    let (file, pipe) = (s.path("rows"), s.path("pipe"));
+    let made = std::process::Command::new("mkfifo").arg(&pipe).status().unwrap();
+    assert!(made.success());
+    let reader = {
+        let pipe = pipe.clone();
+        std::thread::spawn(move || std::fs::read(pipe).unwrap())
+    };
+    let piped = weir(&[&"run", &c, &"--input", &input, &"--output", &pipe]);
+    assert!(piped.status.success(), "{}", text(&piped.stderr));
+    // Checked before joining: a reader on a replaced pipe would wait forever.
+    assert!(std::fs::metadata(&pipe).unwrap().file_type().is_fifo(), "the pipe was replaced by a file");
+    let through_pipe = reader.join().unwrap();
+    let to_file = weir(&[&"run", &c, &"--input", &input, &"--output", &file]);
+    assert!(to_file.status.success());
+    assert_eq!(through_pipe, std::fs::read(&file).unwrap());
+    assert!(!through_pipe.is_empty());
+}
+
+#[test]
 fn gen_is_reproducible_and_realistic() {
     let s = Scratch::new("gen");
     let (a, b, c) = (s.path("a"), s.path("b"), s.path("c"));
