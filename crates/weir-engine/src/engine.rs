@@ -17,7 +17,6 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
 use weir_contract::{AggFn, Contract, LatePolicy, WindowKind};
@@ -28,6 +27,7 @@ use crate::key;
 use crate::number::parse_decimal;
 use crate::output::{LedgerEntry, Output, Reason, Row, RowFormat, Status, PAYLOAD_BYTES_MAX};
 use crate::plan::Plan;
+use crate::table::HashedTable;
 use crate::time::{parse_rfc3339_ms, TIME_MAX_MS, TIME_MIN_MS};
 
 /// Watermark before any event: -infinity.
@@ -78,7 +78,7 @@ impl Counters {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Window {
     /// The group key's bytes (see `key`).
     pub key: Box<[u8]>,
@@ -100,7 +100,7 @@ pub(crate) struct Window {
 pub(crate) type Aggs = smallvec::SmallVec<[AggState; 2]>;
 
 /// An event id remembered for dedup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Seen {
     pub partition: u32,
     pub offset: u64,
@@ -114,13 +114,13 @@ pub(crate) struct State {
     pub part_wm: Vec<i64>,
     pub part_idle: Vec<bool>,
     pub wm: i64,
-    pub windows: HashMap<WinId, Window>,
+    pub windows: HashedTable<Window>,
     pub timers: BTreeSet<(i64, WinId)>,
     pub sessions: HashMap<Box<[u8]>, BTreeMap<i64, i64>>,
     /// Remembered event ids, by a 128-bit hash of the id (see `dedup_key`).
     /// An entry whose `expires` the watermark has reached counts as
     /// forgotten; [`Engine::forget_ids`] removes such entries in sweeps.
-    pub seen: HashMap<u128, Seen>,
+    pub seen: HashedTable<Seen>,
     pub counters: Counters,
 }
 
@@ -224,7 +224,7 @@ impl Engine {
     /// Event ids remembered for duplicate detection (expired ones not counted).
     pub fn remembered_ids(&self) -> usize {
         let wm = self.st.wm;
-        self.st.seen.values().filter(|s| s.expires > wm).count()
+        self.st.seen.iter().filter(|(_, s)| s.expires > wm).count()
     }
 
     /// How to write this engine's rows and ledger entries as JSON.
@@ -393,9 +393,24 @@ impl Engine {
             record(&mut self.st.counters, out, ctx, None, reason, detail, None, None);
             return Some(time);
         }
+        if !matches!(plan.kind, WindowKind::Session { .. }) {
+            // Steps 4 to 6 run while the first window's slot comes into the cache.
+            let first = fixed_span(&plan.kind, time).first;
+            self.st.windows.prefetch(self.win_id(first, &self.key_buf));
+        }
+        let mut id_key = None;
         if let Some(id_path) = &plan.id_path {
-            match read_id(root.get(id_path), &plan.id_name) {
-                Ok(id) => ctx.id = Some(id),
+            let val = root.get(id_path);
+            match read_id(val, &plan.id_name) {
+                Ok(id) => {
+                    if plan.horizon_ms.is_some() {
+                        // Steps 4 and 5 run while the id's slot comes into the cache.
+                        let k = dedup_key(val, &id);
+                        self.st.seen.prefetch(k);
+                        id_key = Some(k);
+                    }
+                    ctx.id = Some(id);
+                }
                 Err((reason, detail)) if plan.horizon_ms.is_some() => {
                     record(&mut self.st.counters, out, ctx, Some(&self.key_buf), reason, detail, None, None);
                     return Some(time);
@@ -470,22 +485,10 @@ impl Engine {
             }
         }
         // 6. Duplicates.
-        if let (Some(horizon), Some(id)) = (plan.horizon_ms, ctx.id.as_deref()) {
-            let id_key = dedup_key(plan.id_path.as_ref().and_then(|p| root.get(p)), id);
+        if let (Some(horizon), Some(id_key)) = (plan.horizon_ms, id_key) {
             let expires = time.saturating_add(horizon);
             let fresh = Seen { partition: ctx.partition, offset: ctx.offset, payload_hash: hash, expires };
-            let first = match self.st.seen.entry(id_key) {
-                Entry::Occupied(e) if e.get().expires > wm => Some(*e.get()),
-                Entry::Occupied(mut e) => {
-                    e.insert(fresh);
-                    None
-                }
-                Entry::Vacant(e) => {
-                    e.insert(fresh);
-                    None
-                }
-            };
-            if let Some(seen) = first {
+            if let Some(seen) = remember(&mut self.st.seen, id_key, fresh, wm) {
                 let (reason, how) = if seen.payload_hash == hash {
                     (Reason::Duplicate, "the same event")
                 } else {
@@ -514,7 +517,7 @@ impl Engine {
 
     /// Adds the event's contributions to a window.
     fn add_to(&mut self, id: WinId, time: i64, event_id: Option<&str>, late: bool) {
-        let Some(w) = self.st.windows.get_mut(&id) else {
+        let Some(w) = self.st.windows.get_mut(id) else {
             debug_assert!(false, "window to add to is missing");
             return;
         };
@@ -525,17 +528,8 @@ impl Engine {
 
     /// Tumbling, hopping and global windows.
     fn assign_fixed(&mut self, ctx: &Ctx<'_>, time: i64, key_bytes: &[u8], wm: i64, out: &mut Output) -> bool {
-        let (size, slide) = match self.plan.kind {
-            WindowKind::Tumbling { size_ms } => (size_ms, size_ms),
-            WindowKind::Hopping { size_ms, slide_ms } => (size_ms, slide_ms),
-            _ => (0, 0),
-        };
+        let FixedSpan { size, slide, first, last } = fixed_span(&self.plan.kind, time);
         let global = size == 0;
-        let (first, last) = if global {
-            (WM_MIN, WM_MIN)
-        } else {
-            ((time - size).div_euclid(slide) * slide + slide, time.div_euclid(slide) * slide)
-        };
         let mut counted = false;
         let mut late_any = false;
         let mut start = first;
@@ -560,15 +554,11 @@ impl Engine {
                 let id = self.win_id(start, key_bytes);
                 let late = !global && end <= wm;
                 late_any |= late;
-                let w = match self.st.windows.entry(id) {
-                    Entry::Occupied(e) => e.into_mut(),
-                    Entry::Vacant(e) => {
-                        if !global {
-                            self.st.timers.insert((end, id));
-                        }
-                        e.insert(new_window(&self.plan, key_bytes, start, end))
-                    }
-                };
+                let (w, made) =
+                    self.st.windows.get_or_insert_with(id, || new_window(&self.plan, key_bytes, start, end));
+                if made && !global {
+                    self.st.timers.insert((end, id));
+                }
                 if add_event(w, &self.contribs, time, ctx.id.as_deref(), late) {
                     self.dirty.push(id);
                 }
@@ -625,7 +615,7 @@ impl Engine {
         let mut identity: Option<(WinId, Window)> = None;
         for &(s, e) in overlapping.iter().rev() {
             let id = self.win_id(s, key_bytes);
-            let Some(w) = self.st.windows.remove(&id) else {
+            let Some(w) = self.st.windows.remove(id) else {
                 debug_assert!(false, "session index names a missing window");
                 continue;
             };
@@ -669,7 +659,7 @@ impl Engine {
                 id
             }
         };
-        if self.st.windows.get(&id).is_some_and(|w| w.dirty) {
+        if self.st.windows.get(id).is_some_and(|w| w.dirty) {
             self.dirty.push(id);
         }
         self.st.timers.insert((end, id));
@@ -709,14 +699,14 @@ impl Engine {
         let plan = &self.plan;
         let global = matches!(plan.kind, WindowKind::Global);
         for id in self.dirty.drain(..) {
-            if let Some(w) = self.st.windows.get(&id) {
+            if let Some(w) = self.st.windows.get(id) {
                 if global || plan.early || (plan.late == LatePolicy::Revise && w.end <= wm) {
                     candidates.push((w.end, id));
                 }
             }
         }
         if everything {
-            candidates.extend(self.st.windows.iter().map(|(id, w)| (w.end, *id)));
+            candidates.extend(self.st.windows.iter().map(|(id, w)| (w.end, id)));
         } else if wm > wm_before {
             let settle_to = wm.saturating_sub(self.plan.lateness_ms);
             candidates.extend(self.st.timers.iter().take_while(|(end, _)| *end <= settle_to).copied());
@@ -750,7 +740,7 @@ impl Engine {
     fn decide(&mut self, id: WinId) -> Option<Row> {
         let wm = self.st.wm;
         let plan = &self.plan;
-        let w = self.st.windows.get(&id)?;
+        let w = self.st.windows.get(id)?;
         let global = matches!(plan.kind, WindowKind::Global);
         let status = if global {
             if wm == WM_MAX {
@@ -773,7 +763,7 @@ impl Engine {
         let row = self.row(w, status, w.revision + 1);
         if status == Status::Settled {
             self.forget_window(id);
-        } else if let Some(w) = self.st.windows.get_mut(&id) {
+        } else if let Some(w) = self.st.windows.get_mut(id) {
             w.revision += 1;
             w.dirty = false;
             if wm >= w.end {
@@ -784,7 +774,7 @@ impl Engine {
     }
 
     fn forget_window(&mut self, id: WinId) {
-        let Some(w) = self.st.windows.remove(&id) else { return };
+        let Some(w) = self.st.windows.remove(id) else { return };
         self.st.timers.remove(&(w.end, id));
         if let WindowKind::Session { .. } = self.plan.kind {
             if let Some(sessions) = self.st.sessions.get_mut(&w.key) {
@@ -804,7 +794,7 @@ impl Engine {
         if wm < self.sweep_at {
             return;
         }
-        self.st.seen.retain(|_, seen| seen.expires > wm);
+        self.st.seen.retain(|seen| seen.expires > wm);
         self.sweep_at = wm.saturating_add((horizon / 4).max(SWEEP_MIN_MS));
     }
 }
@@ -936,6 +926,39 @@ fn read_id<'a>(val: Option<Val<'a>>, name: &str) -> Result<Cow<'a, str>, FieldEr
     }
 }
 
+/// The fixed windows (tumbling, hopping, global) an event time falls in:
+/// starts `first..=last`, `slide` apart; `size` 0 for the global window.
+struct FixedSpan {
+    size: i64,
+    slide: i64,
+    first: i64,
+    last: i64,
+}
+
+fn fixed_span(kind: &WindowKind, time: i64) -> FixedSpan {
+    let (size, slide) = match *kind {
+        WindowKind::Tumbling { size_ms } => (size_ms, size_ms),
+        WindowKind::Hopping { size_ms, slide_ms } => (size_ms, slide_ms),
+        _ => return FixedSpan { size: 0, slide: 0, first: WM_MIN, last: WM_MIN },
+    };
+    let first = (time - size).div_euclid(slide) * slide + slide;
+    FixedSpan { size, slide, first, last: time.div_euclid(slide) * slide }
+}
+
+/// The live entry for `id` (one whose `expires` is past `wm`), left as it
+/// is; otherwise `fresh` is stored for `id` and the result is `None`.
+fn remember(seen: &mut HashedTable<Seen>, id: u128, fresh: Seen, wm: i64) -> Option<Seen> {
+    let (entry, made) = seen.get_or_insert_with(id, || fresh);
+    if made {
+        return None;
+    }
+    if entry.expires > wm {
+        return Some(*entry);
+    }
+    *entry = fresh;
+    None
+}
+
 /// Dedup identity: a 128-bit hash of the id's type and text, so memory per
 /// remembered id is fixed (`"5"` and `5` differ). Two ids share a hash with
 /// probability about 2^-128 per pair.
@@ -944,10 +967,7 @@ fn dedup_key(val: Option<Val<'_>>, id: &str) -> u128 {
         Some(Tag::Number) => b'i',
         _ => b's',
     };
-    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-    hasher.update(&[tag]);
-    hasher.update(id.as_bytes());
-    hasher.digest128()
+    xxhash_rust::xxh3::xxh3_128_with_seed(id.as_bytes(), u64::from(tag))
 }
 
 /// Step 5 for one aggregate: what the event gives it, or why it cannot.

@@ -12,8 +12,10 @@ mod key;
 mod number;
 mod output;
 mod plan;
+mod prefetch;
 mod rule;
 mod snapshot;
+mod table;
 pub mod time;
 
 pub use agg::OutValue;

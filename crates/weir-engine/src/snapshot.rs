@@ -55,12 +55,12 @@ impl Engine {
     /// The engine's whole state as bytes.
     pub fn snapshot(&self) -> Vec<u8> {
         let st = &self.st;
-        let mut windows: Vec<(u128, Window)> = st.windows.iter().map(|(k, w)| (*k, w.clone())).collect();
+        let mut windows: Vec<(u128, Window)> = st.windows.iter().map(|(k, w)| (k, w.clone())).collect();
         windows.sort_by_key(|w| w.0);
         // Expired ids not yet swept out are forgotten already: leave them out,
         // so the bytes do not depend on when the last sweep ran.
         let mut seen: Vec<(u128, Seen)> =
-            st.seen.iter().filter(|(_, s)| s.expires > st.wm).map(|(k, s)| (*k, *s)).collect();
+            st.seen.iter().filter(|(_, s)| s.expires > st.wm).map(|(k, s)| (k, *s)).collect();
         seen.sort_by_key(|a| a.0);
         let image = Image {
             pipeline: self.plan.name.clone(),

@@ -24,9 +24,10 @@ impl Sink {
             None => Ok(Sink::Stdout(BufWriter::with_capacity(1 << 16, io::stdout()))),
             Some(p) if p == Path::new("-") => Ok(Sink::Stdout(BufWriter::with_capacity(1 << 16, io::stdout()))),
             Some(dest) if std::fs::metadata(dest).is_ok_and(|m| !m.is_file() && !m.is_dir()) => {
-                let file = std::fs::OpenOptions::new().write(true).open(dest).with_context(|| {
-                    format!("cannot write {}: check that it is writable", dest.display())
-                })?;
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(dest)
+                    .with_context(|| format!("cannot write {}: check that it is writable", dest.display()))?;
                 Ok(Sink::Direct { out: BufWriter::with_capacity(1 << 16, file), dest: dest.to_owned() })
             }
             Some(dest) => {

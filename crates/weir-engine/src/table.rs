@@ -1,0 +1,215 @@
+//! A map from 128-bit hashes (window ids, event ids) to values, built so the
+//! engine can prefetch an entry before it needs it.
+//!
+//! Keys are already uniform hashes, so the table is open addressing with
+//! linear probing and a key's home slot is its low bits. The engine calls
+//! [`HashedTable::prefetch`] as soon as it knows a key (an event's id and its
+//! window's id, right after reading the event's fields) and does the rest of
+//! the event's work while the slot's cache lines arrive: with a million
+//! remembered ids or tens of thousands of windows, each lookup is otherwise a
+//! cache miss on every event.
+//!
+//! Invariants: `keys` and `values` have the same power-of-two length; key 0
+//! marks an empty slot (a real key of 0 is stored as 1, which merges two keys
+//! with probability 2^-128, as any two hashes may); every key sits in the run
+//! of occupied slots that starts at its home slot; at most 7/10 of the slots
+//! are occupied, so every run ends; an empty slot holds `V::default()`.
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HashedTable<V> {
+    keys: Vec<u128>,
+    values: Vec<V>,
+    len: usize,
+}
+
+const MIN_SLOTS: usize = 64;
+
+impl<V: Default> HashedTable<V> {
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u128, &V)> {
+        self.keys.iter().zip(&self.values).filter(|(k, _)| **k != 0).map(|(k, v)| (*k, v))
+    }
+
+    /// Starts loading the cache lines a lookup of `key` will touch.
+    pub(crate) fn prefetch(&self, key: u128) {
+        if self.keys.is_empty() {
+            return;
+        }
+        let slot = self.home(stored(key));
+        crate::prefetch::read(&self.keys[slot]);
+        crate::prefetch::read(&self.values[slot]);
+    }
+
+    pub(crate) fn get(&self, key: u128) -> Option<&V> {
+        self.find(stored(key)).ok().map(|slot| &self.values[slot])
+    }
+
+    pub(crate) fn get_mut(&mut self, key: u128) -> Option<&mut V> {
+        self.find(stored(key)).ok().map(|slot| &mut self.values[slot])
+    }
+
+    /// The value for `key`, made by `make` when there is none; true when it was made.
+    pub(crate) fn get_or_insert_with(&mut self, key: u128, make: impl FnOnce() -> V) -> (&mut V, bool) {
+        if (self.len + 1) * 10 > self.keys.len() * 7 {
+            self.grow();
+        }
+        let key = stored(key);
+        match self.find(key) {
+            Ok(slot) => (&mut self.values[slot], false),
+            Err(slot) => {
+                self.keys[slot] = key;
+                self.values[slot] = make();
+                self.len += 1;
+                (&mut self.values[slot], true)
+            }
+        }
+    }
+
+    /// Stores `value` for `key`, replacing any value it had.
+    pub(crate) fn insert(&mut self, key: u128, value: V) {
+        let mut value = Some(value);
+        let (slot, made) = self.get_or_insert_with(key, || value.take().unwrap_or_default());
+        if !made {
+            *slot = value.take().unwrap_or_default();
+        }
+    }
+
+    pub(crate) fn remove(&mut self, key: u128) -> Option<V> {
+        let slot = self.find(stored(key)).ok()?;
+        Some(self.delete(slot))
+    }
+
+    /// Keeps only the entries for which `keep` is true, in one pass.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&V) -> bool) {
+        if self.len == 0 {
+            return;
+        }
+        let mask = self.mask();
+        // Scan from an empty slot, so that no run wraps past the scan's start
+        // and every entry a deletion moves back is one not yet scanned.
+        let Some(start) = self.keys.iter().position(|&k| k == 0) else { return };
+        let mut step = 1;
+        while step < self.keys.len() {
+            let slot = (start + step) & mask;
+            if self.keys[slot] != 0 && !keep(&self.values[slot]) {
+                // The slot may now hold a later entry of its run: look at it again.
+                self.delete(slot);
+            } else {
+                step += 1;
+            }
+        }
+    }
+
+    fn mask(&self) -> usize {
+        self.keys.len().wrapping_sub(1)
+    }
+
+    fn home(&self, key: u128) -> usize {
+        key as usize & self.mask()
+    }
+
+    /// `Ok(slot)` holding `key`, or `Err(slot)`: the empty slot ending its run.
+    fn find(&self, key: u128) -> Result<usize, usize> {
+        if self.keys.is_empty() {
+            return Err(0);
+        }
+        let mask = self.mask();
+        let mut slot = self.home(key);
+        loop {
+            match self.keys[slot] {
+                0 => return Err(slot),
+                k if k == key => return Ok(slot),
+                _ => slot = (slot + 1) & mask,
+            }
+        }
+    }
+
+    /// Empties `hole` and moves later entries of its run back so each stays
+    /// reachable from its home slot (backward-shift deletion).
+    fn delete(&mut self, mut hole: usize) -> V {
+        let removed = std::mem::take(&mut self.values[hole]);
+        let mask = self.mask();
+        let mut next = (hole + 1) & mask;
+        while self.keys[next] != 0 {
+            let home = self.home(self.keys[next]);
+            // The entry may move to `hole` when `hole` lies between its home and it.
+            if (next.wrapping_sub(home) & mask) >= (next.wrapping_sub(hole) & mask) {
+                self.keys[hole] = self.keys[next];
+                self.values[hole] = std::mem::take(&mut self.values[next]);
+                hole = next;
+            }
+            next = (next + 1) & mask;
+        }
+        self.keys[hole] = 0;
+        self.len -= 1;
+        removed
+    }
+
+    fn grow(&mut self) {
+        let slots = (self.keys.len() * 2).max(MIN_SLOTS);
+        let keys = std::mem::replace(&mut self.keys, vec![0; slots]);
+        let mut values = std::mem::take(&mut self.values);
+        self.values.resize_with(slots, V::default);
+        for (key, value) in keys.into_iter().zip(values.drain(..)).filter(|(k, _)| *k != 0) {
+            let Err(slot) = self.find(key) else { continue };
+            self.keys[slot] = key;
+            self.values[slot] = value;
+        }
+    }
+}
+
+fn stored(key: u128) -> u128 {
+    key.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_stay_whole_through_growth_removal_and_sweeps() {
+        let mut table = HashedTable::<i64>::default();
+        // Keys that share home slots at the table's end, so runs form and wrap.
+        let keys: Vec<u128> = (0..3000u128).map(|i| (i << 64) | (u64::MAX - (i % 7) as u64) as u128).collect();
+        for (n, key) in keys.iter().enumerate() {
+            let (value, made) = table.get_or_insert_with(*key, || n as i64 % 10);
+            assert!(made && *value == n as i64 % 10);
+        }
+        assert_eq!(table.len(), 3000);
+        for (n, key) in keys.iter().enumerate() {
+            assert_eq!(table.get(*key), Some(&(n as i64 % 10)));
+        }
+        table.retain(|v| *v > 4);
+        assert_eq!(table.len(), 1500);
+        for (n, key) in keys.iter().enumerate() {
+            assert_eq!(table.get(*key).is_some(), n as i64 % 10 > 4, "key {n}");
+        }
+        for key in keys.iter().step_by(2) {
+            table.remove(*key);
+        }
+        for (n, key) in keys.iter().enumerate() {
+            assert_eq!(table.get(*key).is_some(), n % 2 == 1 && n as i64 % 10 > 4, "key {n}");
+        }
+        assert_eq!(table.len(), table.iter().count());
+        table.retain(|_| false);
+        assert_eq!((table.len(), table.iter().count()), (0, 0));
+    }
+
+    #[test]
+    fn key_zero_and_replacing() {
+        let mut table = HashedTable::<i64>::default();
+        assert_eq!(table.get(0), None);
+        table.insert(0, 5);
+        assert_eq!(table.get(1), Some(&5));
+        table.insert(1, 6);
+        assert_eq!((table.get(0), table.len()), (Some(&6), 1));
+        if let Some(v) = table.get_mut(0) {
+            *v += 1;
+        }
+        assert_eq!(table.remove(0), Some(7));
+        assert_eq!(table.remove(0), None);
+    }
+}
