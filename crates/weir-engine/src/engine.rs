@@ -128,12 +128,6 @@ pub(crate) struct State {
 /// windows share one with probability about 2^-128 per pair, as event ids do.
 pub(crate) type WinId = u128;
 
-/// Expired ids are swept out of the table each time the watermark has moved
-/// by a quarter of the horizon (at least this much), so the table holds at
-/// most 1.25 horizons of ids. A lookup checks the exact expiry, so an id is
-/// never remembered past `t + horizon` whenever the sweep runs.
-const SWEEP_MIN_MS: i64 = 1_000;
-
 /// What intake learned about one event, for its ledger entries.
 struct Ctx<'a> {
     partition: u32,
@@ -156,8 +150,6 @@ pub struct Engine {
     dirty: Vec<WinId>,
     /// Rows of this step with their window's end, sorted before they go out.
     pending: Vec<(i64, Row)>,
-    /// The watermark at which the next sweep of expired ids runs.
-    sweep_at: i64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -200,7 +192,6 @@ impl Engine {
             agg_pass: Vec::new(),
             dirty: Vec::new(),
             pending: Vec::new(),
-            sweep_at: WM_MIN,
         }
     }
 
@@ -243,7 +234,6 @@ impl Engine {
         }
         if self.mode == Mode::Stream {
             self.emit(wm_before, false, out);
-            self.forget_ids();
         }
     }
 
@@ -260,7 +250,6 @@ impl Engine {
         let wm_before = self.st.wm;
         self.st.wm = WM_MAX;
         self.emit(wm_before, true, out);
-        self.forget_ids();
     }
 
     /// Marks a partition idle (it stops holding the watermark back) or active.
@@ -273,7 +262,6 @@ impl Engine {
         let wm_before = self.st.wm;
         self.recompute_watermark();
         self.emit(wm_before, false, out);
-        self.forget_ids();
     }
 
     fn ensure_partition(&mut self, partition: u32) {
@@ -488,6 +476,9 @@ impl Engine {
         if let (Some(horizon), Some(id_key)) = (plan.horizon_ms, id_key) {
             let expires = time.saturating_add(horizon);
             let fresh = Seen { partition: ctx.partition, offset: ctx.offset, payload_hash: hash, expires };
+            if self.st.seen.is_full() {
+                self.forget_ids();
+            }
             if let Some(seen) = remember(&mut self.st.seen, id_key, fresh, wm) {
                 let (reason, how) = if seen.payload_hash == hash {
                     (Reason::Duplicate, "the same event")
@@ -786,16 +777,16 @@ impl Engine {
         }
     }
 
-    /// Forgets event ids whose horizon the watermark has reached: one pass
-    /// over the table each time the watermark has moved far enough.
+    /// Forgets event ids whose horizon the watermark has reached, in one
+    /// pass, when the table is full; grows it when that freed too little.
+    /// Sweeping only when full keeps the table within a constant factor of
+    /// the ids a horizon holds (memory stays flat) and makes the sweep's cost
+    /// per event small. A lookup checks the exact expiry, so when the sweep
+    /// runs never changes what counts as a duplicate.
     fn forget_ids(&mut self) {
         let wm = self.st.wm;
-        let Some(horizon) = self.plan.horizon_ms else { return };
-        if wm < self.sweep_at {
-            return;
-        }
         self.st.seen.retain(|seen| seen.expires > wm);
-        self.sweep_at = wm.saturating_add((horizon / 4).max(SWEEP_MIN_MS));
+        self.st.seen.grow_if_half_full();
     }
 }
 

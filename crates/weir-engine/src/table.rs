@@ -51,9 +51,21 @@ impl<V: Default> HashedTable<V> {
         self.find(stored(key)).ok().map(|slot| &mut self.values[slot])
     }
 
+    /// True when one more key would make the table grow.
+    pub(crate) fn is_full(&self) -> bool {
+        (self.len + 1) * 10 > self.keys.len() * 7
+    }
+
+    /// Doubles the slots when at least half are taken.
+    pub(crate) fn grow_if_half_full(&mut self) {
+        if self.len * 2 >= self.keys.len() {
+            self.grow();
+        }
+    }
+
     /// The value for `key`, made by `make` when there is none; true when it was made.
     pub(crate) fn get_or_insert_with(&mut self, key: u128, make: impl FnOnce() -> V) -> (&mut V, bool) {
-        if (self.len + 1) * 10 > self.keys.len() * 7 {
+        if self.is_full() {
             self.grow();
         }
         let key = stored(key);
