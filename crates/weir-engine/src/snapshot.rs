@@ -1,5 +1,7 @@
 //! Snapshot and restore of an engine's whole state: open windows, dedup
-//! memory, watermarks, revision counters and counters.
+//! memory, watermarks, revision counters and counters. Also in parts: a
+//! server checkpoints only what changed ([`Engine::take_delta`]) into a
+//! store keyed by window and id, and restores from the parts.
 //!
 //! Layout: the 8 bytes `WEIRSNAP`, the format number (u32, little-endian),
 //! then the state in postcard. Maps are written in sorted order, so the same
@@ -62,6 +64,12 @@ impl Engine {
         let mut seen: Vec<(u128, Seen)> =
             st.seen.iter().filter(|(_, s)| s.expires > st.wm).map(|(k, s)| (k, *s)).collect();
         seen.sort_by_key(|a| a.0);
+        self.image_bytes(windows, seen)
+    }
+
+    /// The snapshot format around the state, with these windows and ids.
+    fn image_bytes(&self, windows: Vec<(u128, Window)>, seen: Vec<(u128, Seen)>) -> Vec<u8> {
+        let st = &self.st;
         let image = Image {
             pipeline: self.plan.name.clone(),
             version: self.plan.version,
@@ -83,48 +91,146 @@ impl Engine {
 
     /// An engine for `contract` continuing from `bytes`.
     pub fn restore(contract: &Contract, bytes: &[u8]) -> Result<Engine, SnapshotError> {
-        if bytes.len() < 12 || &bytes[..8] != MAGIC {
-            return Err(SnapshotError::NotASnapshot);
-        }
-        let found = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-        if found != SNAPSHOT_FORMAT {
-            return Err(SnapshotError::Format { found });
-        }
-        let image: Image = postcard::from_bytes(&bytes[12..]).map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
-        let plan = Plan::compile(contract).map_err(PlanError)?;
-        if image.pipeline != plan.name || image.version != plan.version || image.text_hash != plan.text_hash {
-            return Err(SnapshotError::Contract {
-                found: identity(&image.pipeline, image.version, image.text_hash),
-                expected: identity(&plan.name, plan.version, plan.text_hash),
-            });
-        }
-        if image.part_wm.len() != image.part_idle.len() || image.part_wm.is_empty() {
-            return Err(SnapshotError::Corrupt("partition watermarks do not match".into()));
-        }
-        let mut st = State {
-            part_wm: image.part_wm,
-            part_idle: image.part_idle,
-            wm: image.wm,
-            counters: image.counters,
-            ..State::default()
-        };
-        let global = matches!(plan.kind, WindowKind::Global);
-        let session = matches!(plan.kind, WindowKind::Session { .. });
-        for (id, w) in image.windows {
-            if w.aggs.len() != plan.aggs.len() {
-                return Err(SnapshotError::Corrupt("a window does not match the contract".into()));
-            }
-            if !global {
-                st.timers.insert((w.end, id));
-            }
-            if session {
-                st.sessions.entry(w.key.clone()).or_default().insert(w.start, w.end);
-            }
-            st.windows.insert(id, w);
-        }
-        for (id, seen) in image.seen {
-            st.seen.insert(id, seen);
-        }
-        Ok(Engine::from_parts(Arc::new(plan), image.mode, st))
+        let (plan, mut image) = decode(contract, bytes)?;
+        let windows = std::mem::take(&mut image.windows);
+        let seen = std::mem::take(&mut image.seen);
+        build(plan, image, windows.into_iter().map(Ok), seen)
     }
+
+    /// Starts recording what changes, for [`Engine::take_delta`].
+    pub fn track_changes(&mut self) {
+        self.st.windows.track();
+        self.st.seen.track();
+    }
+
+    /// What changed since the last delta (or since [`Engine::track_changes`]):
+    /// applied in order to a store holding the windows and ids by their
+    /// keys, the deltas hold what [`Engine::restore_parts`] needs.
+    pub fn take_delta(&mut self) -> Delta {
+        let mut keys = self.st.windows.take_touched();
+        keys.sort_unstable();
+        keys.dedup();
+        let windows = keys
+            .into_iter()
+            .map(|k| (k, self.st.windows.get(k).map(|w| postcard::to_allocvec(w).unwrap_or_default())))
+            .collect();
+        let wm = self.st.wm;
+        let mut keys = self.st.seen.take_touched();
+        keys.sort_unstable();
+        keys.dedup();
+        let ids = keys
+            .into_iter()
+            .filter_map(|k| self.st.seen.get(k).filter(|s| s.expires > wm).map(|s| (k, IdEntry::from(*s))))
+            .collect();
+        Delta { header: self.image_bytes(Vec::new(), Vec::new()), windows, ids, forget_ids_through: wm }
+    }
+
+    /// An engine for `contract` from a store that applied every delta: the
+    /// last header, every window and every id whose `expires` is past the
+    /// last delta's `forget_ids_through` (older ones may be left out).
+    pub fn restore_parts(
+        contract: &Contract,
+        header: &[u8],
+        windows: impl IntoIterator<Item = (u128, Vec<u8>)>,
+        ids: impl IntoIterator<Item = (u128, IdEntry)>,
+    ) -> Result<Engine, SnapshotError> {
+        let (plan, image) = decode(contract, header)?;
+        let windows = windows.into_iter().map(|(k, bytes)| {
+            postcard::from_bytes::<Window>(&bytes).map(|w| (k, w)).map_err(|e| SnapshotError::Corrupt(e.to_string()))
+        });
+        let wm = image.wm;
+        let ids = ids.into_iter().map(|(k, e)| (k, Seen::from(e))).filter(move |(_, s)| s.expires > wm);
+        build(plan, image, windows, ids)
+    }
+}
+
+/// A checkpoint's worth of change (see [`Engine::take_delta`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delta {
+    /// Watermarks, counters and the contract's identity: a snapshot without
+    /// windows and ids. Replaces the previous header.
+    pub header: Vec<u8>,
+    /// Windows written (`Some(bytes)`) or removed (`None`).
+    pub windows: Vec<(u128, Option<Vec<u8>>)>,
+    /// Ids remembered or remembered again.
+    pub ids: Vec<(u128, IdEntry)>,
+    /// Ids whose `expires` is at or before this are forgotten: a store may delete them.
+    pub forget_ids_through: i64,
+}
+
+/// A remembered event id, as a store keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdEntry {
+    pub partition: u32,
+    pub offset: u64,
+    pub payload_hash: u64,
+    pub expires: i64,
+}
+
+impl From<Seen> for IdEntry {
+    fn from(s: Seen) -> IdEntry {
+        IdEntry { partition: s.partition, offset: s.offset, payload_hash: s.payload_hash, expires: s.expires }
+    }
+}
+
+impl From<IdEntry> for Seen {
+    fn from(e: IdEntry) -> Seen {
+        Seen { partition: e.partition, offset: e.offset, payload_hash: e.payload_hash, expires: e.expires }
+    }
+}
+
+fn decode(contract: &Contract, bytes: &[u8]) -> Result<(Plan, Image), SnapshotError> {
+    if bytes.len() < 12 || &bytes[..8] != MAGIC {
+        return Err(SnapshotError::NotASnapshot);
+    }
+    let found = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+    if found != SNAPSHOT_FORMAT {
+        return Err(SnapshotError::Format { found });
+    }
+    let image: Image = postcard::from_bytes(&bytes[12..]).map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
+    let plan = Plan::compile(contract).map_err(PlanError)?;
+    if image.pipeline != plan.name || image.version != plan.version || image.text_hash != plan.text_hash {
+        return Err(SnapshotError::Contract {
+            found: identity(&image.pipeline, image.version, image.text_hash),
+            expected: identity(&plan.name, plan.version, plan.text_hash),
+        });
+    }
+    if image.part_wm.len() != image.part_idle.len() || image.part_wm.is_empty() {
+        return Err(SnapshotError::Corrupt("partition watermarks do not match".into()));
+    }
+    Ok((plan, image))
+}
+
+fn build(
+    plan: Plan,
+    image: Image,
+    windows: impl IntoIterator<Item = Result<(u128, Window), SnapshotError>>,
+    seen: impl IntoIterator<Item = (u128, Seen)>,
+) -> Result<Engine, SnapshotError> {
+    let mut st = State {
+        part_wm: image.part_wm,
+        part_idle: image.part_idle,
+        wm: image.wm,
+        counters: image.counters,
+        ..State::default()
+    };
+    let global = matches!(plan.kind, WindowKind::Global);
+    let session = matches!(plan.kind, WindowKind::Session { .. });
+    for window in windows {
+        let (id, w) = window?;
+        if w.aggs.len() != plan.aggs.len() {
+            return Err(SnapshotError::Corrupt("a window does not match the contract".into()));
+        }
+        if !global {
+            st.timers.insert((w.end, id));
+        }
+        if session {
+            st.sessions.entry(w.key.clone()).or_default().insert(w.start, w.end);
+        }
+        st.windows.insert(id, w);
+    }
+    for (id, s) in seen {
+        st.seen.insert(id, s);
+    }
+    Ok(Engine::from_parts(Arc::new(plan), image.mode, st))
 }

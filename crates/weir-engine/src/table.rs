@@ -20,11 +20,28 @@ pub(crate) struct HashedTable<V> {
     keys: Vec<u128>,
     values: Vec<V>,
     len: usize,
+    /// Keys written or removed since the last `take_touched`, while tracking
+    /// (`retain` does not record what it drops).
+    touched: Option<Vec<u128>>,
 }
 
 const MIN_SLOTS: usize = 64;
 
 impl<V: Default> HashedTable<V> {
+    pub(crate) fn track(&mut self) {
+        self.touched.get_or_insert_with(Vec::new);
+    }
+
+    pub(crate) fn take_touched(&mut self) -> Vec<u128> {
+        self.touched.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn touch(&mut self, key: u128) {
+        if let Some(touched) = &mut self.touched {
+            touched.push(key);
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -48,6 +65,7 @@ impl<V: Default> HashedTable<V> {
     }
 
     pub(crate) fn get_mut(&mut self, key: u128) -> Option<&mut V> {
+        self.touch(key);
         self.find(stored(key)).ok().map(|slot| &mut self.values[slot])
     }
 
@@ -68,6 +86,7 @@ impl<V: Default> HashedTable<V> {
         if self.is_full() {
             self.grow();
         }
+        self.touch(key);
         let key = stored(key);
         match self.find(key) {
             Ok(slot) => (&mut self.values[slot], false),
@@ -90,6 +109,7 @@ impl<V: Default> HashedTable<V> {
     }
 
     pub(crate) fn remove(&mut self, key: u128) -> Option<V> {
+        self.touch(key);
         let slot = self.find(stored(key)).ok()?;
         Some(self.delete(slot))
     }

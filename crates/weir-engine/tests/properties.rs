@@ -222,6 +222,54 @@ proptest! {
         prop_assert_eq!(second.counters(), &whole_counters);
     }
 
+    /// (b, in parts) Deltas taken at random points and applied to a store of
+    /// windows and ids restore an engine equal to one snapshotted whole, and
+    /// it continues with exactly the rows of an uninterrupted run.
+    #[test]
+    fn deltas_restore_what_a_snapshot_restores(
+        shape in shape(),
+        events in events(),
+        jitter in prop::collection::vec(0i64..1_000_000, 1..64),
+        disorder_ms in 0i64..30_000,
+        lateness in 0i64..10_000,
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 1..5),
+    ) {
+        let c = contract(&shape, lateness, 2_000);
+        let lines = arrive(&events, &jitter, disorder_ms);
+        let (whole, _) = run_counted(&c, Mode::Stream, &lines.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c.index(lines.len() + 1)).collect();
+        cuts.sort_unstable();
+        let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+        engine.track_changes();
+        let mut out = Output::default();
+        let (mut header, mut windows, mut ids) = (Vec::new(), BTreeMap::new(), BTreeMap::new());
+        let mut done = 0;
+        for &cut in &cuts {
+            for (i, line) in lines[done..cut].iter().enumerate() {
+                engine.process(EventIn { partition: 0, offset: (done + i) as u64 + 1, bytes: line.as_bytes() }, &mut out);
+            }
+            done = cut;
+            let delta = engine.take_delta();
+            header = delta.header;
+            for (k, w) in delta.windows {
+                match w {
+                    Some(bytes) => windows.insert(k, bytes),
+                    None => windows.remove(&k),
+                };
+            }
+            ids.extend(delta.ids);
+            ids.retain(|_, e: &mut weir_engine::IdEntry| e.expires > delta.forget_ids_through);
+        }
+        let mut restored = Engine::restore_parts(&c, &header, windows, ids).unwrap();
+        prop_assert_eq!(restored.snapshot(), engine.snapshot());
+        for (i, line) in lines[done..].iter().enumerate() {
+            restored.process(EventIn { partition: 0, offset: (done + i) as u64 + 1, bytes: line.as_bytes() }, &mut out);
+        }
+        restored.finish(&mut out);
+        prop_assert_eq!(&out.rows, &whole.rows);
+        prop_assert_eq!(&out.ledger, &whole.ledger);
+    }
+
     /// (c) Per window: revisions are 1..n, nothing follows `settled` or
     /// `retracted`, and every row before the last is `provisional`.
     ///
