@@ -287,7 +287,7 @@ impl Contract {
     }
 }
 
-fn line_of(text: &str, byte: usize) -> usize {
+pub(crate) fn line_of(text: &str, byte: usize) -> usize {
     text.as_bytes()[..byte.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
 }
 
@@ -300,14 +300,14 @@ fn fnv1a(text: &str) -> u64 {
     hash
 }
 
-struct Reader<'a> {
-    file: &'a str,
-    text: &'a str,
-    errors: Vec<ContractError>,
+pub(crate) struct Reader<'a> {
+    pub file: &'a str,
+    pub text: &'a str,
+    pub errors: Vec<ContractError>,
 }
 
 impl Reader<'_> {
-    fn error(&mut self, span: Option<Range<usize>>, key: &str, message: impl Into<String>) {
+    pub(crate) fn error(&mut self, span: Option<Range<usize>>, key: &str, message: impl Into<String>) {
         self.errors.push(ContractError {
             file: self.file.into(),
             line: span.map(|s| line_of(self.text, s.start)),
@@ -360,7 +360,7 @@ impl Reader<'_> {
         Some(Contract { pipeline, source, window, dedup, aggregates, text_hash: fnv1a(self.text) })
     }
 
-    fn table<'t>(&mut self, root: &'t Table, name: &str, required: bool) -> Option<&'t Table> {
+    pub(crate) fn table<'t>(&mut self, root: &'t Table, name: &str, required: bool) -> Option<&'t Table> {
         match root.get(name) {
             Some(Item::Table(table)) => Some(table),
             Some(other) => {
@@ -380,7 +380,7 @@ impl Reader<'_> {
         }
     }
 
-    fn unknown_keys(&mut self, table: &Table, section: &str, allowed: &[&str]) {
+    pub(crate) fn unknown_keys(&mut self, table: &Table, section: &str, allowed: &[&str]) {
         for (name, item) in table.iter() {
             if !allowed.contains(&name) {
                 let span = table.key(name).and_then(|k| k.span()).or_else(|| item.span());
@@ -393,7 +393,13 @@ impl Reader<'_> {
         }
     }
 
-    fn value<'t>(&mut self, table: &'t Table, section: &str, key: &str, required: bool) -> Option<&'t Value> {
+    pub(crate) fn value<'t>(
+        &mut self,
+        table: &'t Table,
+        section: &str,
+        key: &str,
+        required: bool,
+    ) -> Option<&'t Value> {
         match table.get(key) {
             Some(Item::Value(value)) => Some(value),
             Some(other) => {
@@ -414,7 +420,7 @@ impl Reader<'_> {
         }
     }
 
-    fn string(&mut self, table: &Table, section: &str, key: &str, required: bool) -> Option<String> {
+    pub(crate) fn string(&mut self, table: &Table, section: &str, key: &str, required: bool) -> Option<String> {
         let value = self.value(table, section, key, required)?;
         match value.as_str() {
             Some(text) => Some(text.to_owned()),
@@ -435,7 +441,7 @@ impl Reader<'_> {
         Some(text)
     }
 
-    fn duration(&mut self, table: &Table, section: &str, key: &str) -> Option<Option<i64>> {
+    pub(crate) fn duration(&mut self, table: &Table, section: &str, key: &str) -> Option<Option<i64>> {
         let Some(text) = self.string(table, section, key, false) else {
             return if table.contains_key(key) { None } else { Some(None) };
         };

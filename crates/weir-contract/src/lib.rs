@@ -4,10 +4,12 @@
 //! that can run: every refusal happens here, before anything runs, and names
 //! the file, the line, the key and what to do.
 
+mod config;
 mod contract;
 mod duration;
 mod rule;
 
+pub use config::{ServerConfig, TopicConfig};
 pub use contract::{
     AggFn, Aggregate, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Pipeline, Source, WindowKind,
     WindowSpec,

@@ -1,0 +1,168 @@
+//! `weir.toml`: how `weir serve` runs (SPEC.md section 7). Every key is
+//! optional; an unknown key or a bad value is refused with the file, the
+//! line, the key and what to do, as contracts are.
+//!
+//! ```toml
+//! listen = "127.0.0.1:8080"
+//! idle_timeout = "30s"          # a partition silent this long stops holding the watermark back
+//! checkpoint_interval = "100ms" # results are published (and checkpointed) at least this often
+//! checkpoint_events = 50000     # ... and after at most this many events
+//! max_body_bytes = 67108864     # largest POST body
+//!
+//! [topics.payments]
+//! partitions = 4
+//! key = "account_id"            # the top-level field whose hash picks the partition
+//! retention = "7d"
+//! max_event_bytes = 1048576
+//! ```
+
+use std::collections::BTreeMap;
+
+use toml_edit::{Document, Item, Table};
+
+use crate::contract::{line_of, Reader, MAX_EVENT_BYTES_DEFAULT};
+use crate::{ContractError, ContractErrors};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    pub listen: Option<String>,
+    pub idle_timeout_ms: i64,
+    pub checkpoint_interval_ms: i64,
+    pub checkpoint_events: u64,
+    pub max_body_bytes: usize,
+    pub topics: BTreeMap<String, TopicConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicConfig {
+    pub partitions: u32,
+    pub key: Option<String>,
+    pub retention_ms: Option<i64>,
+    pub max_event_bytes: usize,
+}
+
+impl Default for TopicConfig {
+    fn default() -> TopicConfig {
+        TopicConfig { partitions: 1, key: None, retention_ms: None, max_event_bytes: MAX_EVENT_BYTES_DEFAULT }
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            listen: None,
+            idle_timeout_ms: 30_000,
+            checkpoint_interval_ms: 100,
+            checkpoint_events: 50_000,
+            max_body_bytes: 64 << 20,
+            topics: BTreeMap::new(),
+        }
+    }
+}
+
+const TOP_KEYS: &[&str] =
+    &["listen", "idle_timeout", "checkpoint_interval", "checkpoint_events", "max_body_bytes", "topics"];
+const TOPIC_KEYS: &[&str] = &["partitions", "key", "retention", "max_event_bytes"];
+
+impl ServerConfig {
+    /// The settings for `topic`: its own section, or the defaults (one partition).
+    pub fn topic(&self, topic: &str) -> TopicConfig {
+        self.topics.get(topic).cloned().unwrap_or_default()
+    }
+
+    /// Parses and validates `weir.toml`; `file` names it in every error.
+    pub fn parse(file: &str, text: &str) -> Result<ServerConfig, ContractErrors> {
+        let doc = Document::parse(text).map_err(|err| {
+            ContractErrors(vec![ContractError {
+                file: file.into(),
+                line: err.span().map(|span| line_of(text, span.start)),
+                key: "(toml)".into(),
+                message: format!("not valid TOML: {}; fix the syntax at this line", err.message().trim()),
+            }])
+        })?;
+        let mut r = Reader { file, text, errors: Vec::new() };
+        let config = read(&mut r, doc.as_table());
+        match config {
+            Some(config) if r.errors.is_empty() => Ok(config),
+            _ => {
+                let mut errors = r.errors;
+                errors.sort_by_key(|e| e.line.unwrap_or(usize::MAX));
+                Err(ContractErrors(errors))
+            }
+        }
+    }
+}
+
+fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
+    r.unknown_keys(root, "weir.toml", TOP_KEYS);
+    let defaults = ServerConfig::default();
+    let listen = r.string(root, "weir.toml", "listen", false);
+    let idle = r.duration(root, "weir.toml", "idle_timeout");
+    let interval = r.duration(root, "weir.toml", "checkpoint_interval");
+    let events = whole(r, root, "weir.toml", "checkpoint_events", 1, u32::MAX as i64);
+    let body = whole(r, root, "weir.toml", "max_body_bytes", 1024, 1 << 31);
+    if let Some(Some(ms)) = interval {
+        if !(1..=1_000).contains(&ms) {
+            let span = root.get("checkpoint_interval").and_then(Item::span);
+            r.error(
+                span,
+                "checkpoint_interval",
+                "must be between 1ms and 1s: results are published at least every second",
+            );
+        }
+    }
+    let mut topics = BTreeMap::new();
+    if let Some(table) = r.table(root, "topics", false) {
+        for (name, item) in table.iter() {
+            let Item::Table(t) = item else {
+                r.error(
+                    item.span(),
+                    &format!("topics.{name}"),
+                    format!("must be a table: write it as [topics.{name}]"),
+                );
+                continue;
+            };
+            if let Some(topic) = read_topic(r, t, name) {
+                topics.insert(name.to_owned(), topic);
+            }
+        }
+    }
+    Some(ServerConfig {
+        listen,
+        idle_timeout_ms: idle?.unwrap_or(defaults.idle_timeout_ms),
+        checkpoint_interval_ms: interval?.unwrap_or(defaults.checkpoint_interval_ms),
+        checkpoint_events: events?.map_or(defaults.checkpoint_events, |v| v as u64),
+        max_body_bytes: body?.map_or(defaults.max_body_bytes, |v| v as usize),
+        topics,
+    })
+}
+
+fn read_topic(r: &mut Reader<'_>, t: &Table, name: &str) -> Option<TopicConfig> {
+    let section = format!("topics.{name}");
+    r.unknown_keys(t, &section, TOPIC_KEYS);
+    let defaults = TopicConfig::default();
+    let partitions = whole(r, t, &section, "partitions", 1, 1024);
+    let key = r.string(t, &section, "key", false);
+    let retention = r.duration(t, &section, "retention");
+    let max_event_bytes = whole(r, t, &section, "max_event_bytes", 1, 64 << 20);
+    Some(TopicConfig {
+        partitions: partitions?.map_or(defaults.partitions, |v| v as u32),
+        key,
+        retention_ms: retention?,
+        max_event_bytes: max_event_bytes?.map_or(defaults.max_event_bytes, |v| v as usize),
+    })
+}
+
+/// An optional whole number in `min..=max`: `Some(None)` when absent, `None` when bad.
+fn whole(r: &mut Reader<'_>, t: &Table, section: &str, key: &str, min: i64, max: i64) -> Option<Option<i64>> {
+    let Some(value) = r.value(t, section, key, false) else {
+        return if t.contains_key(key) { None } else { Some(None) };
+    };
+    match value.as_integer() {
+        Some(v) if (min..=max).contains(&v) => Some(Some(v)),
+        _ => {
+            r.error(value.span(), &format!("{section}.{key}"), format!("must be a whole number from {min} to {max}"));
+            None
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! `weir.toml`: what parses, and how each mistake is refused.
+
+use weir_contract::ServerConfig;
+
+#[test]
+fn a_full_config_parses_and_missing_topics_get_defaults() {
+    let text = r#"listen = "127.0.0.1:9000"
+idle_timeout = "5s"
+checkpoint_interval = "250ms"
+checkpoint_events = 1000
+
+[topics.payments]
+partitions = 4
+key = "account_id"
+retention = "7d"
+max_event_bytes = 4096
+"#;
+    let c = ServerConfig::parse("weir.toml", text).unwrap();
+    assert_eq!(c.listen.as_deref(), Some("127.0.0.1:9000"));
+    assert_eq!((c.idle_timeout_ms, c.checkpoint_interval_ms, c.checkpoint_events), (5_000, 250, 1000));
+    let p = c.topic("payments");
+    assert_eq!(
+        (p.partitions, p.key.as_deref(), p.retention_ms, p.max_event_bytes),
+        (4, Some("account_id"), Some(604_800_000), 4096)
+    );
+    let other = c.topic("invites");
+    assert_eq!((other.partitions, other.key, other.retention_ms), (1, None, None));
+    assert_eq!(ServerConfig::parse("weir.toml", "").unwrap(), ServerConfig::default());
+}
+
+#[test]
+fn mistakes_name_the_file_line_and_key() {
+    let cases = [
+        ("listen = \"x\"\nport = 1\n", "weir.toml:2: `weir.toml.port`: unknown key"),
+        ("[topics.p]\npartitions = 0\n", "weir.toml:2: `topics.p.partitions`: must be a whole number from 1 to 1024"),
+        ("[topics.p]\nretention = \"forever\"\n", "weir.toml:2: `topics.p.retention`"),
+        ("[topics.p]\nkeys = \"a\"\n", "weir.toml:2: `topics.p.keys`: unknown key"),
+        ("checkpoint_interval = \"5s\"\n", "weir.toml:1: `checkpoint_interval`: must be between 1ms and 1s"),
+        ("topics = 3\n", "`topics`: must be a table"),
+        ("listen = \n", "weir.toml:1: `(toml)`: not valid TOML"),
+    ];
+    for (text, expected) in cases {
+        let err = ServerConfig::parse("weir.toml", text).unwrap_err().to_string();
+        assert!(err.contains(expected), "{text:?}: got {err}");
+    }
+}
