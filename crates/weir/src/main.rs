@@ -8,6 +8,7 @@ mod outfile;
 mod procstat;
 mod reconcile;
 mod run;
+mod serve;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -79,6 +80,21 @@ enum Command {
     },
     /// Validate a contract and print a short summary of it.
     Check { contract: PathBuf },
+    /// Run every contract in a folder continuously over the embedded log, with the HTTP API.
+    Serve {
+        /// Folder for the log and the results database (created if missing).
+        #[arg(long)]
+        data: PathBuf,
+        /// Folder of contracts (*.toml).
+        #[arg(long)]
+        contracts: PathBuf,
+        /// weir.toml: topics, partitions, retention, timeouts.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Address to listen on (default: weir.toml's `listen`, else 127.0.0.1:8080; port 0 picks a free one).
+        #[arg(long)]
+        listen: Option<String>,
+    },
     /// Generate a realistic event stream as JSON lines.
     Gen {
         #[command(subcommand)]
@@ -164,6 +180,9 @@ fn main() -> ExitCode {
         }
         Command::Reconcile { stream, batch, format } => reconcile::reconcile(&stream, &batch, format == Format::Json),
         Command::Demo { events, dir } => demo::demo(events, dir.as_deref()),
+        Command::Serve { data, contracts, config, listen } => {
+            serve::serve(serve::ServeArgs { data, contracts, config, listen })
+        }
         Command::Check { contract } => load_contract(&contract).map(|c| print!("{}", c.summary())),
         Command::Gen { what: GenWhat::Payments { events, seed, accounts, rate, profile, output } } => {
             gen::payments(gen::PaymentsArgs { events, seed, accounts, rate, profile }, output.as_deref())

@@ -1,0 +1,426 @@
+//! The HTTP surface of SPEC.md section 7. Lists are JSON lines; errors are
+//! `{"error": "..."}` with a status that says whose fault it is.
+//!
+//! `POST /v1/topics/{topic}/events` checks the whole body before anything
+//! is appended: a line that is not JSON is a 400 naming the line, an event
+//! over the topic's `max_event_bytes` a 413 naming the line; blank lines are
+//! skipped. It answers after the log has fsynced the events, with the
+//! offsets written per partition; a log that cannot write answers 503 with
+//! `Retry-After` and appended nothing.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use rusqlite::Connection;
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use weir_contract::ServerConfig;
+use weir_engine::time::format_rfc3339_ms;
+use weir_engine::Reason;
+use weir_log::{Log, LogError};
+
+use crate::pipeline::{lock, Pipeline};
+use crate::store;
+
+pub struct App {
+    pub log: Log,
+    pub config: Arc<ServerConfig>,
+    pub pipelines: BTreeMap<String, Pipeline>,
+    pub db: std::path::PathBuf,
+    readers: Mutex<Vec<Connection>>,
+    round_robin: AtomicU64,
+}
+
+impl App {
+    pub fn new(
+        log: Log,
+        config: Arc<ServerConfig>,
+        pipelines: BTreeMap<String, Pipeline>,
+        db: std::path::PathBuf,
+    ) -> App {
+        App { log, config, pipelines, db, readers: Mutex::new(Vec::new()), round_robin: AtomicU64::new(0) }
+    }
+
+    /// Runs `query` on a pooled read connection, off the async threads.
+    async fn read<T: Send + 'static>(
+        self: &Arc<Self>,
+        query: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let app = Arc::clone(self);
+        let joined = tokio::task::spawn_blocking(move || {
+            let conn = match lock(&app.readers).pop() {
+                Some(c) => c,
+                None => store::open(&app.db)?,
+            };
+            let result = query(&conn);
+            lock(&app.readers).push(conn);
+            result
+        })
+        .await;
+        let failed = |e: String| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("reading results failed: {e}"));
+        match joined {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(failed(e.to_string())),
+            Err(e) => Err(failed(e.to_string())),
+        }
+    }
+}
+
+pub fn router(app: Arc<App>) -> Router {
+    let body_limit = app.config.max_body_bytes;
+    Router::new()
+        .route("/v1/topics/{topic}/events", get(read_events).post(post_events))
+        .route("/v1/pipelines", get(list_pipelines))
+        .route("/v1/pipelines/{name}/results", get(results))
+        .route("/v1/pipelines/{name}/changes", get(changes))
+        .route("/v1/pipelines/{name}/ledger", get(ledger))
+        .route("/v1/pipelines/{name}/status", get(status))
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit))
+        .with_state(app)
+}
+
+/// A refusal: its status and what to do about it.
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error(self.0, self.1)
+    }
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+fn error(code: StatusCode, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({ "error": message.into() }).to_string() + "\n";
+    (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn lines(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
+}
+
+fn json(value: serde_json::Value) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], value.to_string() + "\n").into_response()
+}
+
+async fn post_events(State(app): State<Arc<App>>, Path(topic): Path<String>, body: Bytes) -> Response {
+    let Ok(partitions) = app.log.partitions(&topic) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("no topic {topic:?}: topics are the ones a contract reads or weir.toml names"),
+        );
+    };
+    let tc = app.config.topic(&topic);
+    let mut records = Vec::new();
+    for (i, line) in body.split(|&b| b == b'\n').enumerate() {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let n = i + 1;
+        if line.len() > tc.max_event_bytes {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "line {n} is {} bytes, over max_event_bytes = {} for topic {topic:?}; nothing was appended; split the event or raise [topics.{topic}] max_event_bytes in weir.toml",
+                    line.len(),
+                    tc.max_event_bytes
+                ),
+            );
+        }
+        let key = match key_of(line, tc.key.as_deref()) {
+            Ok(key) => key,
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("line {n} is not JSON ({e}); nothing was appended; send one JSON value per line"),
+                )
+            }
+        };
+        let partition = match key {
+            Some(k) => (xxhash_rust::xxh3::xxh3_64(k.as_bytes()) % u64::from(partitions)) as u32,
+            None => (app.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(partitions)) as u32,
+        };
+        records.push((partition, line.to_vec()));
+    }
+    if records.is_empty() {
+        return error(StatusCode::BAD_REQUEST, "the body has no events: send one JSON value per line");
+    }
+    let count = records.len();
+    let answer = match app.log.append(&topic, records) {
+        Ok(pending) => pending.wait().await,
+        Err(e) => Err(e),
+    };
+    match answer {
+        Ok(offsets) => {
+            let mut ranges: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
+            for (p, o) in offsets {
+                let r = ranges.entry(p).or_insert((o, o, 0));
+                r.0 = r.0.min(o);
+                r.1 = r.1.max(o);
+                r.2 += 1;
+            }
+            let parts: Vec<_> = ranges
+                .into_iter()
+                .map(|(p, (first, last, n))| serde_json::json!({"partition": p, "first": first, "last": last, "count": n}))
+                .collect();
+            json(serde_json::json!({ "accepted": count, "partitions": parts }))
+        }
+        Err(LogError::Unavailable(why)) => {
+            let mut r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the log cannot write now ({why}); nothing was acknowledged; send again later"),
+            );
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            r
+        }
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Checks that `line` is one JSON value, and finds the partitioning field's
+/// value (its JSON text) when `field` is set and the value is an object.
+fn key_of(line: &[u8], field: Option<&str>) -> Result<Option<String>, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(line);
+    let key = KeySeed(field).deserialize(&mut de)?;
+    de.end()?;
+    Ok(key)
+}
+
+struct KeySeed<'f>(Option<&'f str>);
+
+impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
+    type Value = Option<String>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed<'_> {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = None;
+        while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if Some(name.as_ref()) == self.0 && found.is_none() {
+                found = Some(map.next_value::<serde_json::Value>()?.to_string());
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+}
+
+fn param<T: std::str::FromStr>(q: &BTreeMap<String, String>, name: &str, default: T) -> Result<T, ApiError> {
+    match q.get(name) {
+        None => Ok(default),
+        Some(v) => v.parse().map_err(|_| bad(format!("query parameter {name}={v:?} is not a valid value"))),
+    }
+}
+
+async fn read_events(
+    State(app): State<Arc<App>>,
+    Path(topic): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let partition = param(&q, "partition", 0u32)?;
+    let from = param(&q, "from", 0u64)?;
+    let limit = param(&q, "limit", 1000usize)?.min(100_000);
+    let log = app.log.clone();
+    let read = tokio::task::spawn_blocking(move || log.read(&topic, partition, from, limit, 64 << 20)).await;
+    let records = match read {
+        Ok(Ok(records)) => records,
+        Ok(Err(e @ (LogError::NoTopic(_) | LogError::NoPartition { .. }))) => {
+            return Err(ApiError(StatusCode::NOT_FOUND, e.to_string()))
+        }
+        Ok(Err(e)) => return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+        Err(e) => return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+    };
+    let mut body = String::new();
+    for r in records {
+        body.push_str(&format!(
+            "{{\"partition\":{},\"offset\":{},\"append_time\":\"{}\",\"event\":",
+            r.partition,
+            r.offset,
+            format_rfc3339_ms(r.append_ms)
+        ));
+        body.push_str(&String::from_utf8_lossy(&r.payload));
+        body.push_str("}\n");
+    }
+    Ok(lines(body))
+}
+
+async fn list_pipelines(State(app): State<Arc<App>>) -> Response {
+    let mut body = String::new();
+    for (name, p) in &app.pipelines {
+        let c = &p.contract;
+        body.push_str(
+            &(serde_json::json!({
+                "name": name,
+                "version": c.pipeline.version,
+                "owner": c.pipeline.owner,
+                "steward": c.pipeline.steward,
+                "decision": c.pipeline.decision,
+                "topic": c.source.topic,
+            })
+            .to_string()
+                + "\n"),
+        );
+    }
+    lines(body)
+}
+
+fn pipeline<'a>(app: &'a App, name: &str) -> Result<&'a Pipeline, ApiError> {
+    app.pipelines.get(name).ok_or_else(|| {
+        let known: Vec<&String> = app.pipelines.keys().collect();
+        ApiError(StatusCode::NOT_FOUND, format!("no pipeline {name:?}; the pipelines are {known:?}"))
+    })
+}
+
+fn joined(rows: Vec<String>) -> Response {
+    let mut body = rows.join("\n");
+    if !body.is_empty() {
+        body.push('\n');
+    }
+    lines(body)
+}
+
+async fn results(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    pipeline(&app, &name)?;
+    let time = |k: &str| -> Result<Option<i64>, ApiError> {
+        let Some(v) = q.get(k) else { return Ok(None) };
+        match weir_engine::time::parse_rfc3339_ms(v) {
+            Some(ms) => Ok(Some(ms)),
+            None => Err(bad(format!("{k}={v:?} is not an RFC 3339 time such as 2026-11-29T14:00:00Z"))),
+        }
+    };
+    let filter = store::ResultFilter {
+        status: q.get("status").cloned(),
+        from_ms: time("from")?,
+        to_ms: time("to")?,
+        key: q.iter().filter_map(|(k, v)| Some((k.strip_prefix("key.")?.to_owned(), v.clone()))).collect(),
+        limit: param(&q, "limit", 10_000i64)?,
+    };
+    Ok(joined(app.read(move |c| store::results(c, &name, &filter)).await?))
+}
+
+async fn changes(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    pipeline(&app, &name)?;
+    let since = param(&q, "since", 1i64)?;
+    let limit = param(&q, "limit", 10_000i64)?;
+    Ok(joined(app.read(move |c| store::changes(c, &name, since, limit)).await?))
+}
+
+async fn ledger(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    pipeline(&app, &name)?;
+    let reason = q.get("reason").cloned();
+    if let Some(r) = &reason {
+        if !Reason::ALL.iter().any(|x| x.as_str() == r) {
+            let all: Vec<&str> = Reason::ALL.iter().map(|x| x.as_str()).collect();
+            return Err(bad(format!("reason={r:?} is not a ledger reason; use one of {all:?}")));
+        }
+    }
+    let since = param(&q, "since", 1i64)?;
+    let limit = param(&q, "limit", 10_000i64)?;
+    Ok(joined(app.read(move |c| store::ledger(c, &name, reason.as_deref(), since, limit)).await?))
+}
+
+/// Lag and ages of one pipeline, computed now.
+pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
+    let s = lock(&p.status).clone();
+    let now = weir_log::now_ms();
+    let topic = &p.contract.source.topic;
+    let bounds = app.log.bounds(topic).unwrap_or_default();
+    let mut parts = Vec::new();
+    let (mut lag, mut oldest) = (0u64, None::<i64>);
+    for (i, (start, end)) in bounds.iter().enumerate() {
+        let next = s.offsets.get(i).copied().unwrap_or(0).max(*start);
+        let behind = end.saturating_sub(next);
+        lag += behind;
+        let waiting_since = if behind > 0 {
+            app.log.read(topic, i as u32, next, 1, 1).ok().and_then(|r| r.first().map(|r| r.append_ms))
+        } else {
+            None
+        };
+        if let Some(t) = waiting_since {
+            oldest = Some(oldest.map_or(t, |o: i64| o.min(t)));
+        }
+        parts.push(serde_json::json!({
+            "partition": i, "next_offset": next, "end_offset": end, "lag": behind,
+            "idle": s.idle.get(i).copied().unwrap_or(false),
+        }));
+    }
+    let c = &s.counters;
+    let ledger: serde_json::Map<String, serde_json::Value> =
+        Reason::ALL.iter().map(|r| (r.as_str().to_owned(), c.ledger[r.index()].into())).collect();
+    serde_json::json!({
+        "pipeline": name,
+        "version": p.contract.pipeline.version,
+        "watermark": s.watermark.map(format_rfc3339_ms),
+        "watermark_age_ms": s.watermark.map(|w| now.saturating_sub(w)),
+        "lag_records": lag,
+        "oldest_unprocessed_age_ms": oldest.map_or(0, |t| now.saturating_sub(t).max(0)),
+        "partitions": parts,
+        "events": {"read": c.read, "counted": c.counted, "filtered": c.filtered, "late_allowed": c.late_allowed},
+        "ledger": ledger,
+        "rows": {"provisional": c.rows_provisional, "settled": c.rows_settled, "retracted": c.rows_retracted},
+        "open_windows": s.open_windows,
+        "last_checkpoint": (s.last_checkpoint_ms > 0).then(|| format_rfc3339_ms(s.last_checkpoint_ms)),
+        "checkpoint_age_ms": (s.last_checkpoint_ms > 0).then(|| now.saturating_sub(s.last_checkpoint_ms)),
+        "failed": s.failed,
+    })
+}
+
+async fn status(State(app): State<Arc<App>>, Path(name): Path<String>) -> Result<Response, ApiError> {
+    let p = pipeline(&app, &name)?;
+    Ok(json(status_json(&app, &name, p)))
+}

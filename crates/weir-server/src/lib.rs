@@ -1,0 +1,157 @@
+//! `weir serve`: every contract in a folder running continuously over the
+//! embedded log (`weir-log`), results and checkpoints in SQLite, and the
+//! HTTP API of SPEC.md section 7.
+//!
+//! ```text
+//!  POST events ──> weir-log (fsync, group commit) ──> pipeline thread per contract
+//!                                                      │ Engine (weir-engine)
+//!  GET results/changes/ledger <── SQLite (weir.db) <───┘ one transaction per checkpoint
+//! ```
+//!
+//! Layout of `--data`: `log/` (the log's topics), `weir.db` (SQLite).
+
+mod http;
+mod pipeline;
+pub mod store;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use weir_contract::{Contract, ServerConfig};
+use weir_log::{Log, LogOptions};
+
+pub use http::status_json;
+use pipeline::{Pipeline, Runner, Status};
+
+pub struct ServeOptions {
+    pub data: PathBuf,
+    pub contracts: Vec<Contract>,
+    pub config: ServerConfig,
+    pub listen: String,
+    /// Where the log's injected failures are switched (tests and drills).
+    pub log_options: LogOptions,
+}
+
+/// Reads every `*.toml` in `dir` as a contract, in name order.
+pub fn load_contracts(dir: &Path) -> Result<Vec<Contract>, String> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read the contracts folder {}: {e}; check the --contracts path", dir.display()))?;
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    paths.sort();
+    let mut contracts: Vec<Contract> = Vec::new();
+    let mut errors = Vec::new();
+    for path in paths {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                errors.push(format!("{}: cannot read: {e}", path.display()));
+                continue;
+            }
+        };
+        match Contract::parse(&path.display().to_string(), &text) {
+            Ok(c) => {
+                if let Some(other) = contracts.iter().find(|o| o.pipeline.name == c.pipeline.name) {
+                    errors.push(format!(
+                        "{}: pipeline {:?} is also defined by another contract (version {}); each pipeline name may appear once",
+                        path.display(),
+                        c.pipeline.name,
+                        other.pipeline.version
+                    ));
+                } else {
+                    contracts.push(c);
+                }
+            }
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors.join("\n"));
+    }
+    if contracts.is_empty() {
+        return Err(format!("no contracts (*.toml) in {}; add one, e.g. from weir demo's folder", dir.display()));
+    }
+    Ok(contracts)
+}
+
+/// Runs the server until `shutdown` completes, then stops every pipeline
+/// after a last checkpoint. `on_listen` is told the bound address.
+pub async fn serve(
+    opts: ServeOptions,
+    on_listen: impl FnOnce(std::net::SocketAddr),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&opts.data)
+        .with_context(|| format!("cannot create the data folder {}", opts.data.display()))?;
+    let (log, recovered) = Log::open(&opts.data.join("log"), opts.log_options.clone())?;
+    for (topic, r) in &recovered {
+        if r.torn_bytes > 0 {
+            eprintln!(
+                "weir: log {topic}/{}: cut {} bytes of a write torn by a crash (never acknowledged)",
+                r.partition, r.torn_bytes
+            );
+        }
+    }
+    let config = Arc::new(opts.config);
+    let mut topics: BTreeMap<String, u32> = config.topics.iter().map(|(n, t)| (n.clone(), t.partitions)).collect();
+    for c in &opts.contracts {
+        topics.entry(c.source.topic.clone()).or_insert(1);
+    }
+    for (name, partitions) in &topics {
+        let retention = config.topic(name).retention_ms.map(|ms| Duration::from_millis(ms.max(0) as u64));
+        log.ensure_topic(name, *partitions, retention)?;
+    }
+    let db = opts.data.join("weir.db");
+    let conn = store::open(&db).with_context(|| format!("cannot open {}", db.display()))?;
+    store::migrate(&conn)?;
+    drop(conn);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    let mut pipelines = BTreeMap::new();
+    for contract in opts.contracts {
+        let status = Arc::new(Mutex::new(Status::default()));
+        let runner = Runner {
+            contract: contract.clone(),
+            config: Arc::clone(&config),
+            log: log.clone(),
+            conn: store::open(&db)?,
+            status: Arc::clone(&status),
+            stop: Arc::clone(&stop),
+            runtime: tokio::runtime::Handle::current(),
+        };
+        let name = contract.pipeline.name.clone();
+        threads.push(std::thread::Builder::new().name(format!("weir-pipeline-{name}")).spawn(move || runner.run())?);
+        pipelines.insert(name, Pipeline { contract, status });
+    }
+    let app = Arc::new(http::App::new(log.clone(), Arc::clone(&config), pipelines, db));
+    let retention_log = log.clone();
+    let retention = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            let log = retention_log.clone();
+            let done = tokio::task::spawn_blocking(move || log.enforce_retention(weir_log::now_ms())).await;
+            if let Ok(Err(e)) = done {
+                eprintln!("weir: retention: {e}");
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind(&opts.listen).await.with_context(|| {
+        format!("cannot listen on {}: is another server using it? choose one with --listen", opts.listen)
+    })?;
+    on_listen(listener.local_addr()?);
+    let served = axum::serve(listener, http::router(app)).with_graceful_shutdown(shutdown).await;
+    retention.abort();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for t in threads {
+        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    }
+    served.context("the HTTP server failed")
+}

@@ -1,0 +1,188 @@
+//! One pipeline running continuously: read the topic's partitions from the
+//! log, feed the engine, checkpoint into SQLite.
+//!
+//! Each pipeline has its own thread (the engine is synchronous and
+//! CPU-bound) and its own database connection. The loop:
+//!
+//! 1. read up to a batch from each partition, from the offsets of the last
+//!    checkpoint, and process it (partition and log offset on every event);
+//! 2. mark a partition idle once it has been caught up and silent for
+//!    `idle_timeout` (processing time), and active again when it has data;
+//! 3. every `checkpoint_interval`, or after `checkpoint_events` events,
+//!    write one checkpoint: rows, ledger entries, the engine's changed state
+//!    and the offsets, in one transaction (see `store`);
+//! 4. when caught up, wait for the log to say the topic grew.
+//!
+//! Invariant: rows become visible only with the checkpoint that holds the
+//! state and offsets they came from, so after a crash the pipeline restores
+//! that checkpoint, reads on from its offsets and publishes exactly what an
+//! uninterrupted run publishes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+use weir_contract::{Contract, ServerConfig};
+use weir_engine::{Counters, Engine, EventIn, Mode, Output};
+use weir_log::Log;
+
+use crate::store;
+
+/// What the HTTP side may read of a running pipeline.
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    pub watermark: Option<i64>,
+    pub counters: Counters,
+    /// The next offset to read, per partition (checkpointed).
+    pub offsets: Vec<u64>,
+    pub idle: Vec<bool>,
+    pub open_windows: usize,
+    pub last_checkpoint_ms: i64,
+    pub checkpoints: u64,
+    /// Why the pipeline stopped, if it did.
+    pub failed: Option<String>,
+}
+
+pub struct Pipeline {
+    pub contract: Contract,
+    pub status: Arc<Mutex<Status>>,
+}
+
+pub struct Runner {
+    pub contract: Contract,
+    pub config: Arc<ServerConfig>,
+    pub log: Log,
+    pub conn: Connection,
+    pub status: Arc<Mutex<Status>>,
+    pub stop: Arc<AtomicBool>,
+    pub runtime: tokio::runtime::Handle,
+}
+
+const READ_RECORDS: usize = 2_000;
+const READ_BYTES: usize = 4 << 20;
+
+impl Runner {
+    /// Runs until `stop` is set (then writes a last checkpoint) or an error.
+    pub fn run(mut self) {
+        let name = self.contract.pipeline.name.clone();
+        if let Err(e) = self.run_inner() {
+            let message = format!("pipeline {name} stopped: {e:#}");
+            eprintln!("weir: {message}");
+            lock(&self.status).failed = Some(message);
+        }
+    }
+
+    fn run_inner(&mut self) -> anyhow::Result<()> {
+        let c = &self.contract;
+        let topic = c.source.topic.clone();
+        let partitions = self.log.partitions(&topic)?;
+        let loaded = store::load(&mut self.conn, &c.pipeline.name, c.pipeline.version, c.text_hash)?;
+        let mut offsets = vec![0u64; partitions as usize];
+        let (mut engine, mut next_seq, mut next_ledger) = match loaded {
+            Some(cp) => {
+                for (p, o) in cp.offsets {
+                    if let Some(slot) = offsets.get_mut(p as usize) {
+                        *slot = o;
+                    }
+                }
+                let engine = Engine::restore_parts(c, &cp.header, cp.windows, cp.ids)?;
+                (engine, cp.next_seq, cp.next_ledger)
+            }
+            None => (Engine::new(c, Mode::Stream, partitions)?, 1, 1),
+        };
+        engine.track_changes();
+        let idle_after = Duration::from_millis(self.config.idle_timeout_ms.max(0) as u64);
+        let interval = Duration::from_millis(self.config.checkpoint_interval_ms.max(1) as u64);
+        let mut changes = self.log.subscribe(&topic)?;
+        let mut idle = vec![false; partitions as usize];
+        let mut heard = vec![Instant::now(); partitions as usize];
+        let mut out = Output::default();
+        let mut last_checkpoint = Instant::now();
+        let mut since_checkpoint = 0u64;
+        let mut dirty = false;
+        self.publish_status(&engine, &offsets, &idle, None);
+        loop {
+            let stopping = self.stop.load(Ordering::SeqCst);
+            let mut read_any = false;
+            for p in 0..partitions {
+                let i = p as usize;
+                let records = self.log.read(&topic, p, offsets[i], READ_RECORDS, READ_BYTES)?;
+                if records.is_empty() {
+                    continue;
+                }
+                read_any = true;
+                heard[i] = Instant::now();
+                if idle[i] {
+                    idle[i] = false;
+                    engine.set_partition_idle(p, false, &mut out);
+                }
+                for r in &records {
+                    engine.process(EventIn { partition: p, offset: r.offset, bytes: &r.payload }, &mut out);
+                    offsets[i] = r.offset + 1;
+                }
+                since_checkpoint += records.len() as u64;
+                dirty = true;
+            }
+            for i in 0..idle.len() {
+                if !idle[i] && heard[i].elapsed() >= idle_after {
+                    idle[i] = true;
+                    engine.set_partition_idle(i as u32, true, &mut out);
+                    dirty = true;
+                }
+            }
+            let due = last_checkpoint.elapsed() >= interval || since_checkpoint >= self.config.checkpoint_events;
+            if dirty && (due || stopping) {
+                let now = weir_log::now_ms();
+                let delta = engine.take_delta();
+                let (s, l) = store::checkpoint(
+                    &mut self.conn,
+                    store::CheckpointWrite {
+                        pipeline: &c.pipeline.name,
+                        version: c.pipeline.version,
+                        text_hash: c.text_hash,
+                        format: engine.format(),
+                        out: &out,
+                        delta,
+                        offsets: &offsets,
+                        next_seq,
+                        next_ledger,
+                        now_ms: now,
+                    },
+                )?;
+                (next_seq, next_ledger) = (s, l);
+                out.clear();
+                dirty = false;
+                since_checkpoint = 0;
+                last_checkpoint = Instant::now();
+                self.publish_status(&engine, &offsets, &idle, Some(now));
+            }
+            if stopping {
+                return Ok(());
+            }
+            if !read_any {
+                // Caught up: wait for the topic to grow, a checkpoint to be due, or a stop.
+                let wait = if dirty { interval.saturating_sub(last_checkpoint.elapsed()) } else { interval };
+                let wait = wait.min(Duration::from_millis(100));
+                let _ = self.runtime.block_on(async { tokio::time::timeout(wait, changes.changed()).await });
+            }
+        }
+    }
+
+    fn publish_status(&self, engine: &Engine, offsets: &[u64], idle: &[bool], checkpoint_ms: Option<i64>) {
+        let mut s = lock(&self.status);
+        s.watermark = engine.watermark();
+        s.counters = engine.counters().clone();
+        s.offsets = offsets.to_vec();
+        s.idle = idle.to_vec();
+        s.open_windows = engine.open_windows();
+        if let Some(ms) = checkpoint_ms {
+            s.last_checkpoint_ms = ms;
+            s.checkpoints += 1;
+        }
+    }
+}
+
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,344 @@
+//! Results, the change stream, the ledger and checkpoints in one SQLite
+//! database (`DATA/weir.db`, WAL mode, `synchronous = FULL`), so a user can
+//! open it with `sqlite3`.
+//!
+//! Invariant: a checkpoint ([`Store::checkpoint`]) is one transaction
+//! holding the rows and ledger entries a pipeline emitted since the last
+//! one, the engine's changed state, and the log offsets it consumed. After
+//! any crash the database holds some checkpoint whole, never a part.
+//!
+//! Schema version 1:
+//!
+//! | table | holds |
+//! |---|---|
+//! | `meta` | `schema_version` |
+//! | `pipelines` | per pipeline: contract version and hash, engine header, next change and ledger sequence, last checkpoint time |
+//! | `offsets` | per pipeline and partition: the next log offset to read |
+//! | `state_windows`, `state_ids` | the engine's open windows and remembered ids, by their hash |
+//! | `results` | the latest row of every key and window |
+//! | `changes` | every row in emission order (`seq` from 1) |
+//! | `ledger` | every ledger entry in order (`seq` from 1) |
+
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use weir_engine::{Delta, IdEntry, LedgerEntry, Output, Row, RowFormat};
+
+pub const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pipelines (
+    name TEXT PRIMARY KEY, version INTEGER NOT NULL, text_hash TEXT NOT NULL, header BLOB NOT NULL,
+    next_seq INTEGER NOT NULL, next_ledger INTEGER NOT NULL, checkpoint_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS offsets (
+    pipeline TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, partition));
+CREATE TABLE IF NOT EXISTS state_windows (
+    pipeline TEXT NOT NULL, id BLOB NOT NULL, data BLOB NOT NULL, PRIMARY KEY (pipeline, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS state_ids (
+    pipeline TEXT NOT NULL, id BLOB NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
+    payload_hash INTEGER NOT NULL, expires INTEGER NOT NULL, PRIMARY KEY (pipeline, id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS state_ids_expires ON state_ids (pipeline, expires);
+CREATE TABLE IF NOT EXISTS results (
+    pipeline TEXT NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL, window_end INTEGER,
+    status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
+    PRIMARY KEY (pipeline, key, window_start)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS changes (
+    pipeline TEXT NOT NULL, seq INTEGER NOT NULL, row TEXT NOT NULL, PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger (
+    pipeline TEXT NOT NULL, seq INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
+    PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ledger_reason ON ledger (pipeline, reason, seq);
+";
+
+/// A global window's start in the `results` key (it has none).
+const GLOBAL_START: i64 = i64::MIN;
+
+pub fn open(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    Ok(conn)
+}
+
+/// Creates the schema, or checks that the database's is this build's.
+pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
+    conn.execute_batch(SCHEMA)?;
+    let found: Option<String> =
+        conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0)).optional()?;
+    match found {
+        None => {
+            conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?1)", [SCHEMA_VERSION.to_string()])?;
+        }
+        Some(v) if v == SCHEMA_VERSION.to_string() => {}
+        Some(v) => anyhow::bail!(
+            "the results database has schema version {v}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or move weir.db aside to rebuild results from the log"
+        ),
+    }
+    Ok(())
+}
+
+/// A pipeline's last checkpoint.
+pub struct Checkpoint {
+    pub header: Vec<u8>,
+    pub windows: Vec<(u128, Vec<u8>)>,
+    pub ids: Vec<(u128, IdEntry)>,
+    pub offsets: Vec<(u32, u64)>,
+    pub next_seq: i64,
+    pub next_ledger: i64,
+}
+
+fn id_bytes(id: u128) -> [u8; 16] {
+    id.to_be_bytes()
+}
+
+fn id_from(bytes: &[u8]) -> u128 {
+    let mut b = [0u8; 16];
+    let n = bytes.len().min(16);
+    b[..n].copy_from_slice(&bytes[..n]);
+    u128::from_be_bytes(b)
+}
+
+/// The pipeline's last checkpoint if it was made by this contract (same
+/// version and text); `Ok(None)` when there is none. A checkpoint of
+/// another contract is removed with everything the pipeline published: a
+/// changed contract starts again from the log (SPEC.md section 3).
+pub fn load(conn: &mut Connection, pipeline: &str, version: u32, text_hash: u64) -> anyhow::Result<Option<Checkpoint>> {
+    let found: Option<(i64, String, Vec<u8>, i64, i64)> = conn
+        .query_row(
+            "SELECT version, text_hash, header, next_seq, next_ledger FROM pipelines WHERE name = ?1",
+            [pipeline],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )
+        .optional()?;
+    let Some((v, hash, header, next_seq, next_ledger)) = found else { return Ok(None) };
+    if v != i64::from(version) || hash != format!("{text_hash:016x}") {
+        forget(conn, pipeline)?;
+        return Ok(None);
+    }
+    let mut windows = Vec::new();
+    let mut stmt = conn.prepare("SELECT id, data FROM state_windows WHERE pipeline = ?1")?;
+    let rows = stmt.query_map([pipeline], |r| Ok((id_from(&r.get::<_, Vec<u8>>(0)?), r.get::<_, Vec<u8>>(1)?)))?;
+    for row in rows {
+        windows.push(row?);
+    }
+    let mut ids = Vec::new();
+    let mut stmt =
+        conn.prepare("SELECT id, partition, offset, payload_hash, expires FROM state_ids WHERE pipeline = ?1")?;
+    let rows = stmt.query_map([pipeline], |r| {
+        Ok((
+            id_from(&r.get::<_, Vec<u8>>(0)?),
+            IdEntry {
+                partition: r.get(1)?,
+                offset: r.get::<_, i64>(2)? as u64,
+                payload_hash: r.get::<_, i64>(3)? as u64,
+                expires: r.get(4)?,
+            },
+        ))
+    })?;
+    for row in rows {
+        ids.push(row?);
+    }
+    let mut offsets = Vec::new();
+    let mut stmt = conn.prepare("SELECT partition, next_offset FROM offsets WHERE pipeline = ?1")?;
+    let rows = stmt.query_map([pipeline], |r| Ok((r.get::<_, u32>(0)?, r.get::<_, i64>(1)? as u64)))?;
+    for row in rows {
+        offsets.push(row?);
+    }
+    Ok(Some(Checkpoint { header, windows, ids, offsets, next_seq, next_ledger }))
+}
+
+/// Removes a pipeline's checkpoint and everything it published.
+pub fn forget(conn: &mut Connection, pipeline: &str) -> anyhow::Result<()> {
+    let tx = conn.transaction()?;
+    for table in ["offsets", "state_windows", "state_ids", "results", "changes", "ledger"] {
+        tx.execute(&format!("DELETE FROM {table} WHERE pipeline = ?1"), [pipeline])?;
+    }
+    tx.execute("DELETE FROM pipelines WHERE name = ?1", [pipeline])?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// What one checkpoint writes.
+pub struct CheckpointWrite<'a> {
+    pub pipeline: &'a str,
+    pub version: u32,
+    pub text_hash: u64,
+    pub format: &'a RowFormat,
+    pub out: &'a Output,
+    pub delta: Delta,
+    pub offsets: &'a [u64],
+    pub next_seq: i64,
+    pub next_ledger: i64,
+    pub now_ms: i64,
+}
+
+/// Writes one checkpoint in one transaction; returns the next change and
+/// ledger sequence numbers.
+pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Result<(i64, i64)> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let (mut seq, mut lseq) = (w.next_seq, w.next_ledger);
+    {
+        let mut change = tx.prepare_cached("INSERT INTO changes (pipeline, seq, row) VALUES (?1, ?2, ?3)")?;
+        let mut result = tx.prepare_cached(
+            "INSERT INTO results (pipeline, key, window_start, window_end, status, revision, row)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (pipeline, key, window_start) DO UPDATE SET
+               window_end = excluded.window_end, status = excluded.status,
+               revision = excluded.revision, row = excluded.row",
+        )?;
+        let mut text = String::new();
+        for row in &w.out.rows {
+            text.clear();
+            write_row(w.format, row, seq, &mut text);
+            change.execute(params![w.pipeline, seq, text])?;
+            result.execute(params![
+                w.pipeline,
+                &row.key[..],
+                row.window_start.unwrap_or(GLOBAL_START),
+                row.window_end,
+                row.status.as_str(),
+                row.revision,
+                text
+            ])?;
+            seq += 1;
+        }
+        let mut ledger =
+            tx.prepare_cached("INSERT INTO ledger (pipeline, seq, reason, entry) VALUES (?1, ?2, ?3, ?4)")?;
+        for entry in &w.out.ledger {
+            text.clear();
+            write_ledger(w.format, entry, lseq, &mut text);
+            ledger.execute(params![w.pipeline, lseq, entry.reason.as_str(), text])?;
+            lseq += 1;
+        }
+        let mut put_window =
+            tx.prepare_cached("INSERT OR REPLACE INTO state_windows (pipeline, id, data) VALUES (?1, ?2, ?3)")?;
+        let mut drop_window = tx.prepare_cached("DELETE FROM state_windows WHERE pipeline = ?1 AND id = ?2")?;
+        for (id, data) in &w.delta.windows {
+            match data {
+                Some(bytes) => put_window.execute(params![w.pipeline, &id_bytes(*id)[..], bytes])?,
+                None => drop_window.execute(params![w.pipeline, &id_bytes(*id)[..]])?,
+            };
+        }
+        let mut put_id = tx.prepare_cached(
+            "INSERT OR REPLACE INTO state_ids (pipeline, id, partition, offset, payload_hash, expires)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?;
+        for (id, e) in &w.delta.ids {
+            put_id.execute(params![
+                w.pipeline,
+                &id_bytes(*id)[..],
+                e.partition,
+                e.offset as i64,
+                e.payload_hash as i64,
+                e.expires
+            ])?;
+        }
+        tx.prepare_cached("DELETE FROM state_ids WHERE pipeline = ?1 AND expires <= ?2")?
+            .execute(params![w.pipeline, w.delta.forget_ids_through])?;
+        let mut offset =
+            tx.prepare_cached("INSERT OR REPLACE INTO offsets (pipeline, partition, next_offset) VALUES (?1, ?2, ?3)")?;
+        for (p, o) in w.offsets.iter().enumerate() {
+            offset.execute(params![w.pipeline, p as i64, *o as i64])?;
+        }
+        tx.prepare_cached(
+            "INSERT OR REPLACE INTO pipelines (name, version, text_hash, header, next_seq, next_ledger, checkpoint_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )?
+        .execute(params![
+            w.pipeline,
+            w.version,
+            format!("{:016x}", w.text_hash),
+            w.delta.header,
+            seq,
+            lseq,
+            w.now_ms
+        ])?;
+    }
+    tx.commit()?;
+    Ok((seq, lseq))
+}
+
+/// A row as served: the engine's JSON with its sequence number first.
+fn write_row(format: &RowFormat, row: &Row, seq: i64, out: &mut String) {
+    let mut line = String::new();
+    format.write_row(row, &mut line);
+    with_seq(&line, seq, out);
+}
+
+fn write_ledger(format: &RowFormat, entry: &LedgerEntry, seq: i64, out: &mut String) {
+    let mut line = String::new();
+    format.write_ledger(entry, &mut line);
+    with_seq(&line, seq, out);
+}
+
+fn with_seq(line: &str, seq: i64, out: &mut String) {
+    let body = line.trim_end().strip_prefix('{').unwrap_or(line);
+    out.push_str("{\"seq\":");
+    out.push_str(&seq.to_string());
+    out.push(',');
+    out.push_str(body);
+}
+
+/// Filters for `GET .../results`.
+#[derive(Debug, Default)]
+pub struct ResultFilter {
+    pub status: Option<String>,
+    pub from_ms: Option<i64>,
+    pub to_ms: Option<i64>,
+    /// `key.FIELD=value`: the key field's value as text.
+    pub key: Vec<(String, String)>,
+    pub limit: i64,
+}
+
+pub fn results(conn: &Connection, pipeline: &str, f: &ResultFilter) -> rusqlite::Result<Vec<String>> {
+    let mut sql = String::from("SELECT row FROM results WHERE pipeline = ?1");
+    let mut args: Vec<rusqlite::types::Value> = vec![pipeline.to_owned().into()];
+    if let Some(s) = &f.status {
+        args.push(s.clone().into());
+        sql.push_str(&format!(" AND status = ?{}", args.len()));
+    }
+    if let Some(from) = f.from_ms {
+        args.push(from.into());
+        sql.push_str(&format!(" AND window_start >= ?{} AND window_start != {GLOBAL_START}", args.len()));
+    }
+    if let Some(to) = f.to_ms {
+        args.push(to.into());
+        sql.push_str(&format!(" AND window_start < ?{} AND window_start != {GLOBAL_START}", args.len()));
+    }
+    for (field, value) in &f.key {
+        args.push(format!("$.key.\"{}\"", field.replace('"', "")).into());
+        let path = args.len();
+        args.push(value.clone().into());
+        sql.push_str(&format!(" AND CAST(json_extract(row, ?{path}) AS TEXT) = ?{}", args.len()));
+    }
+    args.push(f.limit.into());
+    sql.push_str(&format!(" ORDER BY window_start, key LIMIT ?{}", args.len()));
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| r.get::<_, String>(0))?;
+    rows.collect()
+}
+
+pub fn changes(conn: &Connection, pipeline: &str, since: i64, limit: i64) -> rusqlite::Result<Vec<String>> {
+    let mut stmt =
+        conn.prepare_cached("SELECT row FROM changes WHERE pipeline = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3")?;
+    let rows = stmt.query_map(params![pipeline, since, limit], |r| r.get::<_, String>(0))?;
+    rows.collect()
+}
+
+pub fn ledger(
+    conn: &Connection,
+    pipeline: &str,
+    reason: Option<&str>,
+    since: i64,
+    limit: i64,
+) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT entry FROM ledger WHERE pipeline = ?1 AND (?2 IS NULL OR reason = ?2) AND seq >= ?3
+         ORDER BY seq LIMIT ?4",
+    )?;
+    let rows = stmt.query_map(params![pipeline, reason, since, limit], |r| r.get::<_, String>(0))?;
+    rows.collect()
+}
