@@ -1,0 +1,247 @@
+//! The HTTP surface against a server in this process (a real listener, a
+//! real log and SQLite in a temporary folder): refusals, failed writes,
+//! reading back, and results that equal the batch.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use weir_contract::{Contract, ServerConfig};
+use weir_engine::{Engine, EventIn, Mode, Output};
+use weir_log::LogOptions;
+
+const CONTRACT: &str = r#"
+[pipeline]
+name = "paid"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Unlock paid features"
+
+[source]
+topic = "payments"
+event_time = "t"
+key = ["acct"]
+event_id = "id"
+max_delay = "0s"
+
+[window]
+type = "tumbling"
+size = "1m"
+allowed_lateness = "10m"
+late = "revise"
+
+[dedup]
+horizon = "20m"
+
+[[aggregate]]
+name = "total"
+fn = "sum"
+field = "amount"
+"#;
+
+struct Server {
+    url: String,
+    dir: PathBuf,
+    fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(name: &str, config: &str) -> Server {
+        let dir = std::env::temp_dir().join(format!("weir-server-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let contract = Contract::parse("paid.toml", CONTRACT).unwrap();
+        let config = ServerConfig::parse("weir.toml", config).unwrap();
+        let log_options = LogOptions::default();
+        let fail = log_options.fail_writes.clone();
+        let opts = weir_server::ServeOptions {
+            data: dir.clone(),
+            contracts: vec![contract],
+            config,
+            listen: "127.0.0.1:0".into(),
+            log_options,
+        };
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+            rt.block_on(weir_server::serve(opts, move |addr| addr_tx.send(addr).unwrap(), async move {
+                let _ = stop_rx.await;
+            }))
+            .unwrap();
+        });
+        let addr = addr_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        Server { url: format!("http://{addr}"), dir, fail, stop: Some(stop_tx), thread: Some(thread) }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder().http_status_as_error(false).build().into()
+}
+
+fn post(url: &str, body: &str) -> (u16, String) {
+    let mut r = agent().post(url).send(body).unwrap();
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+}
+
+fn get(url: &str) -> (u16, String) {
+    let mut r = agent().get(url).call().unwrap();
+    let status = r.status().as_u16();
+    (status, r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap())
+}
+
+fn event(id: u32, acct: u32, t_ms: i64, amount: &str) -> String {
+    let t = weir_engine::time::format_rfc3339_ms(1_764_374_400_000 + t_ms);
+    format!(r#"{{"id":"p{id}","acct":"a{acct}","t":"{t}","amount":{amount}}}"#)
+}
+
+#[test]
+fn refusals_name_the_line_and_append_nothing() {
+    let s = Server::start("refusals", "[topics.payments]\npartitions = 2\nkey = \"acct\"\nmax_event_bytes = 200\n");
+    let events = format!("{}\n{}\n", event(1, 1, 0, "1.00"), event(2, 2, 0, "2.00"));
+    let url = format!("{}/v1/topics/payments/events", s.url);
+    let (code, body) = post(&url, &format!("{events}{{\"id\": oops}}\n"));
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("line 3 is not JSON") && body.contains("nothing was appended"), "{body}");
+    let big = format!("{{\"id\":\"x\",\"pad\":\"{}\"}}", "x".repeat(300));
+    let (code, body) = post(&url, &format!("{events}\n{big}\n"));
+    assert_eq!(code, 413, "{body}");
+    assert!(body.contains("line 4 is") && body.contains("max_event_bytes = 200"), "{body}");
+    let (code, body) = post(&url, "\n\n");
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = post(&format!("{}/v1/topics/nope/events", s.url), &events);
+    assert_eq!(code, 404, "{body}");
+    for p in 0..2 {
+        let (code, body) = get(&format!("{url}?partition={p}"));
+        assert_eq!((code, body.as_str()), (200, ""), "nothing may have been appended");
+    }
+    let (code, body) = post(&url, &events);
+    assert_eq!(code, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["accepted"], 2);
+    let (code, body) = get(&format!("{}/v1/pipelines/paid/ledger?reason=nope", s.url));
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = get(&format!("{}/v1/pipelines/nope/results", s.url));
+    assert_eq!(code, 404, "{body}");
+}
+
+#[test]
+fn a_failing_log_answers_503_appends_nothing_and_recovers() {
+    let s = Server::start("fail", "");
+    let url = format!("{}/v1/topics/payments/events", s.url);
+    assert_eq!(post(&url, &event(1, 1, 0, "1")).0, 200);
+    s.fail.store(true, Ordering::SeqCst);
+    let (code, body) = post(&url, &event(2, 1, 0, "1"));
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("nothing was acknowledged"), "{body}");
+    assert_eq!(post(&url, &event(3, 1, 0, "1")).0, 503, "refused while unhealthy");
+    s.fail.store(false, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, _) = post(&url, &event(4, 1, 0, "1"));
+        if code == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the log did not recover");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (_, body) = get(&format!("{url}?limit=100"));
+    let ids: Vec<String> = body
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["event"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, vec!["p1", "p4"], "only acknowledged events are in the log, with no gap");
+}
+
+/// Final rows of a batch over `lines`, by (key, window start): values as JSON.
+fn batch_values(lines: &[String]) -> Vec<(String, String, String)> {
+    let c = Contract::parse("paid.toml", CONTRACT).unwrap();
+    let mut engine = Engine::new(&c, Mode::Batch, 1).unwrap();
+    let mut out = Output::default();
+    for (i, l) in lines.iter().enumerate() {
+        engine.process(EventIn { partition: 0, offset: i as u64, bytes: l.as_bytes() }, &mut out);
+    }
+    engine.finish(&mut out);
+    let mut text = String::new();
+    let mut rows = Vec::new();
+    for row in &out.rows {
+        text.clear();
+        engine.format().write_row(row, &mut text);
+        rows.push(identity(&serde_json::from_str(&text).unwrap()));
+    }
+    rows.sort();
+    rows
+}
+
+fn identity(v: &serde_json::Value) -> (String, String, String) {
+    (v["key"].to_string(), v["window_start"].to_string(), v["values"].to_string())
+}
+
+#[test]
+fn results_changes_and_status_follow_the_log() {
+    let s = Server::start("results", "idle_timeout = \"1h\"\n[topics.payments]\npartitions = 3\nkey = \"acct\"\n");
+    let url = format!("{}/v1/topics/payments/events", s.url);
+    let mut lines = Vec::new();
+    for i in 0..600u32 {
+        // Ten accounts over ten minutes, a few duplicates, some out of order.
+        let t = i64::from(i) * 1_000 - if i % 7 == 0 { 30_000 } else { 0 };
+        lines.push(event(i, i % 10, t.max(0), &format!("{}.{:02}", i % 50, i % 100)));
+        if i % 50 == 0 {
+            lines.push(event(i, i % 10, t.max(0), &format!("{}.{:02}", i % 50, i % 100)));
+        }
+    }
+    // A last event an hour later moves every partition's watermark past the windows above.
+    for acct in 0..10 {
+        lines.push(event(10_000 + acct, acct, 3_600_000 + 600_000, "0"));
+    }
+    for chunk in lines.chunks(100) {
+        assert_eq!(post(&url, &(chunk.join("\n") + "\n")).0, 200);
+    }
+    let status_url = format!("{}/v1/pipelines/paid/status", s.url);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status: serde_json::Value = serde_json::from_str(&get(&status_url).1).unwrap();
+        if status["lag_records"] == 0 && status["events"]["read"] == lines.len() as u64 {
+            assert_eq!(status["ledger"]["duplicate"], 12);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the pipeline did not catch up: {status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/results", s.url));
+    let mut current: Vec<_> =
+        body.lines().map(|l| identity(&serde_json::from_str(l).unwrap())).filter(|r| !r.1.contains("T01:")).collect();
+    current.sort();
+    let mut expected = batch_values(&lines);
+    expected.retain(|r| !r.1.contains("T01:"));
+    assert_eq!(current, expected);
+    // Every row in /changes has the next seq, and revisions of a window only go up.
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/changes", s.url));
+    let mut last = std::collections::BTreeMap::new();
+    for (i, l) in body.lines().enumerate() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["seq"], i as u64 + 1);
+        let key = (v["key"].to_string(), v["window_start"].to_string());
+        let rev = v["revision"].as_u64().unwrap();
+        assert_eq!(last.insert(key, rev).map_or(0, |r| r) + 1, rev, "{l}");
+    }
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/ledger?reason=duplicate", s.url));
+    assert_eq!(body.lines().count(), 12);
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/results?key.acct=a3&status=settled", s.url));
+    assert!(body.lines().count() >= 10 && body.lines().all(|l| l.contains("\"a3\"")), "{body}");
+}
