@@ -82,43 +82,73 @@ impl Payment {
     }
 }
 
-pub fn payments(args: PaymentsArgs, output: Option<&Path>) -> Result<(), Failure> {
-    if args.accounts == 0 || args.rate == 0 {
-        return Err(Failure::usage("--accounts and --rate must be at least 1".into()));
+/// An endless payments stream: each call writes the next line.
+pub struct PaymentStream {
+    rng: Rng,
+    recent: Vec<Payment>,
+    accounts: u64,
+    realistic: bool,
+    /// Malformed events stay valid JSON (for posting to the server, which
+    /// refuses a body with a line that is not JSON).
+    json_only: bool,
+    next_id: u64,
+}
+
+impl PaymentStream {
+    pub fn new(seed: u64, accounts: u64, profile: Profile, json_only: bool) -> PaymentStream {
+        PaymentStream {
+            rng: Rng::new(seed),
+            recent: Vec::with_capacity(1024),
+            accounts: accounts.max(1),
+            realistic: profile == Profile::Realistic,
+            json_only,
+            next_id: 0,
+        }
     }
-    let mut sink = Sink::create(output).map_err(Failure::usage_from)?;
-    let mut rng = Rng::new(args.seed);
-    let mut recent: Vec<Payment> = Vec::with_capacity(1024);
-    let mut text = String::with_capacity(1 << 17);
-    let realistic = args.profile == Profile::Realistic;
-    let step_us = 1_000_000 / args.rate.max(1);
-    for i in 0..args.events {
-        let nominal = GEN_START_MS + (i * step_us / 1000) as i64;
+
+    /// Writes one event line (with its newline) around event time `nominal`.
+    pub fn next(&mut self, nominal: i64, out: &mut String) {
+        let (rng, i) = (&mut self.rng, self.next_id);
+        self.next_id += 1;
         // Re-sends: an exact duplicate, or (realistic) the same id with another amount.
-        if !recent.is_empty() && rng.chance(10) {
-            let again = &recent[rng.below(recent.len() as u64) as usize];
-            again.write(&mut text);
-        } else if realistic && !recent.is_empty() && rng.chance(5) {
-            let again = &recent[rng.below(recent.len() as u64) as usize];
+        if !self.recent.is_empty() && rng.chance(10) {
+            let again = &self.recent[rng.below(self.recent.len() as u64) as usize];
+            again.write(out);
+        } else if self.realistic && !self.recent.is_empty() && rng.chance(5) {
+            let again = &self.recent[rng.below(self.recent.len() as u64) as usize];
             let changed = Payment {
                 cents: again.cents + 1 + rng.below(500),
                 currency: again.currency,
                 status: again.status,
                 ..*again
             };
-            changed.write(&mut text);
-        } else if realistic && rng.chance(5) {
-            malformed(&mut rng, i, nominal, &mut text);
+            changed.write(out);
+        } else if self.realistic && rng.chance(5) {
+            malformed(rng, i, nominal, self.json_only, out);
         } else {
-            let p = payment(&mut rng, i, nominal, args.accounts, realistic);
-            p.write(&mut text);
-            if recent.len() < 1024 {
-                recent.push(p);
+            let p = payment(rng, i, nominal, self.accounts, self.realistic);
+            p.write(out);
+            if self.recent.len() < 1024 {
+                self.recent.push(p);
             } else {
                 let slot = rng.below(1024) as usize;
-                recent[slot] = p;
+                self.recent[slot] = p;
             }
         }
+    }
+}
+
+pub fn payments(args: PaymentsArgs, output: Option<&Path>) -> Result<(), Failure> {
+    if args.accounts == 0 || args.rate == 0 {
+        return Err(Failure::usage("--accounts and --rate must be at least 1".into()));
+    }
+    let mut sink = Sink::create(output).map_err(Failure::usage_from)?;
+    let mut stream = PaymentStream::new(args.seed, args.accounts, args.profile, false);
+    let mut text = String::with_capacity(1 << 17);
+    let step_us = 1_000_000 / args.rate.max(1);
+    for i in 0..args.events {
+        let nominal = GEN_START_MS + (i * step_us / 1000) as i64;
+        stream.next(nominal, &mut text);
         if text.len() >= 1 << 16 {
             sink.write(&text).map_err(Failure::run)?;
             text.clear();
@@ -159,12 +189,13 @@ fn payment(rng: &mut Rng, i: u64, nominal: i64, accounts: u64, realistic: bool) 
     Payment { id: i, account, cents, currency, status, time }
 }
 
-fn malformed(rng: &mut Rng, i: u64, nominal: i64, out: &mut String) {
+fn malformed(rng: &mut Rng, i: u64, nominal: i64, json_only: bool, out: &mut String) {
     let mut good = String::new();
     Payment { id: i, account: rng.below(100), cents: 1999, currency: "EUR", status: "approved", time: nominal }
         .write(&mut good);
     let good = good.trim_end();
     match rng.below(5) {
+        0 if json_only => out.push_str("\"just a string\""),
         0 => out.push_str(&good[..good.len() / 2]),
         1 => out.push_str("[\"not\",\"an\",\"object\"]"),
         2 => out.push_str(&good.replace("\"account_id\"", "\"acct\"")),

@@ -1,9 +1,11 @@
 //! The `weir` command line (SPEC.md section 6). Exit status: 0 success,
 //! 1 a failed comparison or run, 2 bad arguments or a contract that cannot run.
 
+mod client;
 mod demo;
 mod gen;
 mod input;
+mod live;
 mod outfile;
 mod procstat;
 mod reconcile;
@@ -69,17 +71,53 @@ enum Command {
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
-    /// See weir work end to end: a generated payments stream through a contract, as a stream and a batch, reconciled.
+    /// See weir work: a server with three billing contracts and a producer posting a realistic stream to it.
     Demo {
-        /// Events to generate.
+        /// Folder for the log, the results database and the contracts (default: a new temporary folder).
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Events posted per second.
+        #[arg(long, default_value_t = 2_000)]
+        rate: u64,
+        /// Stop by itself after this long (e.g. 30s, 5m); default: until Ctrl-C.
+        #[arg(long)]
+        duration: Option<String>,
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        /// Instead: the files walk-through (generate, run, batch, reconcile), no server.
+        #[arg(long)]
+        files: bool,
+        /// With --files: events to generate.
         #[arg(long, default_value_t = 200_000)]
         events: u64,
-        /// Folder for the files (default: a new temporary folder).
-        #[arg(long)]
-        dir: Option<PathBuf>,
     },
     /// Validate a contract and print a short summary of it.
     Check { contract: PathBuf },
+    /// Post a JSON-lines file (or - for standard input) to a running server, in batches, retrying what was not acknowledged.
+    Produce {
+        #[arg(long)]
+        topic: String,
+        file: PathBuf,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// Events per POST.
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+        /// Give up on a batch the server has not acknowledged for this many seconds.
+        #[arg(long, default_value_t = 60)]
+        retry_for: u64,
+    },
+    /// Print a pipeline's current rows from a running server.
+    Results {
+        pipeline: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// Only rows with this status (provisional, settled, retracted).
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
     /// Run every contract in a folder continuously over the embedded log, with the HTTP API.
     Serve {
         /// Folder for the log and the results database (created if missing).
@@ -179,9 +217,31 @@ fn main() -> ExitCode {
             run::run(run::RunArgs { contract, input, output, ledger, no_final: false, mode: Mode::Batch })
         }
         Command::Reconcile { stream, batch, format } => reconcile::reconcile(&stream, &batch, format == Format::Json),
-        Command::Demo { events, dir } => demo::demo(events, dir.as_deref()),
+        Command::Demo { files: true, events, data, .. } => demo::demo(events, data.as_deref()),
+        Command::Demo { data, rate, duration, listen, .. } => {
+            match duration.as_deref().map(weir_contract::parse_duration_ms) {
+                Some(Err(e)) => Err(Failure::usage(format!("--duration: {e}"))),
+                Some(Ok(ms)) => live::demo(live::LiveArgs {
+                    data,
+                    rate,
+                    duration: Some(std::time::Duration::from_millis(ms.max(0) as u64)),
+                    listen,
+                }),
+                None => live::demo(live::LiveArgs { data, rate, duration: None, listen }),
+            }
+        }
         Command::Serve { data, contracts, config, listen } => {
             serve::serve(serve::ServeArgs { data, contracts, config, listen })
+        }
+        Command::Produce { topic, file, url, batch, retry_for } => client::produce(client::ProduceArgs {
+            url: &url,
+            topic: &topic,
+            file: &file,
+            batch: batch.max(1),
+            give_up_after: std::time::Duration::from_secs(retry_for),
+        }),
+        Command::Results { pipeline, url, status, format } => {
+            client::results(&url, &pipeline, status.as_deref(), format == Format::Json)
         }
         Command::Check { contract } => load_contract(&contract).map(|c| print!("{}", c.summary())),
         Command::Gen { what: GenWhat::Payments { events, seed, accounts, rate, profile, output } } => {

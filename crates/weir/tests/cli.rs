@@ -193,3 +193,24 @@ fn the_benchmark_contract_in_the_repo_is_valid() {
     let out = weir(&[&"check", &repo_root().join("bench/paid_revenue.toml")]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+#[test]
+fn demo_serves_posts_and_stops_by_itself_with_results_on_disk() {
+    let s = Scratch::new("demo");
+    let data = s.path("data");
+    let out = weir(&[&"demo", &"--duration", &"4s", &"--rate", &"500", &"--listen", &"127.0.0.1:0", &"--data", &data]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    for words in
+        ["served at http://127.0.0.1:", "paid_revenue", "current_plan", "accepted_invites", "posted", "stopped after"]
+    {
+        assert!(err.contains(words), "{words}: {err}");
+    }
+    for file in ["weir.db", "weir.toml", "contracts/paid_revenue.toml", "log/payments/0", "log/invitations/0"] {
+        assert!(data.join(file).exists(), "{file}");
+    }
+    // The results survive the stop: serve the same folder and read them.
+    let produce = weir(&[&"results", &"paid_revenue", &"--url", &"http://127.0.0.1:1"]);
+    assert_eq!(produce.status.code(), Some(1), "an unreachable server is a clear failure");
+    assert!(text(&produce.stderr).contains("cannot reach"), "{}", text(&produce.stderr));
+}

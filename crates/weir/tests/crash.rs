@@ -7,14 +7,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{text, weir, Scratch};
+use common::{start, text, weir, Scratch};
 
 const WITH_DEDUP: &str = r#"[pipeline]
 name = "with_dedup"
@@ -52,47 +49,6 @@ fn = "count"
 
 fn without_dedup() -> String {
     WITH_DEDUP.replace("with_dedup", "without_dedup").replace("[dedup]\nhorizon = \"10m\"\n", "")
-}
-
-struct Server {
-    child: Child,
-}
-
-fn start(root: &Path, port: u16) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["serve", "--data"])
-        .arg(root.join("data"))
-        .arg("--contracts")
-        .arg(root.join("contracts"))
-        .arg("--config")
-        .arg(root.join("weir.toml"))
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Wait for the line that says it is serving.
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if !sent && line.contains("serving http://") {
-                let _ = tx.send(Ok(()));
-                sent = true;
-            } else if !sent {
-                let _ = tx.send(Err(line));
-            }
-        }
-    });
-    loop {
-        match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(Ok(())) => return Server { child },
-            Ok(Err(line)) if line.contains("cut") => continue,
-            Ok(Err(line)) => panic!("weir serve said: {line}"),
-            Err(_) => panic!("weir serve did not start"),
-        }
-    }
 }
 
 fn agent() -> ureq::Agent {

@@ -1,0 +1,190 @@
+//! Commands against a running `weir serve`: `weir produce` posts JSON lines
+//! in batches and retries what was not acknowledged; `weir results` prints
+//! a pipeline's current rows.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::Failure;
+
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
+/// One POST of a batch: `Ok(true)` acknowledged, `Ok(false)` worth retrying
+/// (the server was unreachable or answered 503), `Err` a refusal to report.
+pub fn post_batch(agent: &ureq::Agent, url: &str, body: &str) -> Result<bool, String> {
+    match agent.post(url).header("content-type", "application/x-ndjson").send(body) {
+        Ok(mut r) => {
+            let code = r.status().as_u16();
+            let text = r.body_mut().read_to_string().unwrap_or_default();
+            match code {
+                200 => Ok(true),
+                503 | 502 | 504 => Ok(false),
+                _ => Err(format!("the server refused a batch ({code}): {}", error_text(&text))),
+            }
+        }
+        Err(_) => Ok(false),
+    }
+}
+
+fn error_text(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| body.trim().to_owned())
+}
+
+pub struct ProduceArgs<'a> {
+    pub url: &'a str,
+    pub topic: &'a str,
+    pub file: &'a Path,
+    pub batch: usize,
+    pub give_up_after: Duration,
+}
+
+/// Posts every line of a file in batches; a batch that is not acknowledged
+/// is sent again (with backoff) until it is, or until `give_up_after`.
+pub fn produce(args: ProduceArgs<'_>) -> Result<(), Failure> {
+    let reader: Box<dyn Read> = if args.file == Path::new("-") {
+        Box::new(std::io::stdin())
+    } else {
+        Box::new(
+            std::fs::File::open(args.file)
+                .map_err(|e| Failure::usage(format!("cannot read {}: {e}; check the path", args.file.display())))?,
+        )
+    };
+    let url = format!("{}/v1/topics/{}/events", args.url.trim_end_matches('/'), args.topic);
+    let agent = agent();
+    let started = Instant::now();
+    let (mut sent, mut retries, mut batch, mut first_line) = (0u64, 0u64, String::new(), 1u64);
+    let mut lines = BufReader::new(reader).lines();
+    let mut n = 0u64;
+    loop {
+        let line = lines.next().transpose().map_err(|e| Failure::usage(format!("cannot read the input: {e}")))?;
+        if let Some(line) = &line {
+            n += 1;
+            batch.push_str(line);
+            batch.push('\n');
+        }
+        let full = n - first_line + 1 >= args.batch as u64;
+        if !batch.is_empty() && (full || line.is_none()) {
+            let count = batch.lines().filter(|l| !l.trim().is_empty()).count() as u64;
+            let mut wait = Duration::from_millis(100);
+            let since = Instant::now();
+            loop {
+                match post_batch(&agent, &url, &batch) {
+                    Ok(true) => break,
+                    Ok(false) if since.elapsed() < args.give_up_after => {
+                        retries += 1;
+                        std::thread::sleep(wait);
+                        wait = (wait * 2).min(Duration::from_secs(5));
+                    }
+                    Ok(false) => {
+                        return Err(Failure::run(anyhow::anyhow!(
+                            "{url} did not acknowledge lines {first_line}-{n} for {:?}; {sent} events before them were acknowledged; start again from line {first_line}",
+                            args.give_up_after
+                        )))
+                    }
+                    Err(why) => {
+                        return Err(Failure::run(anyhow::anyhow!(
+                            "{why}\nlines {first_line}-{n} were not appended; {sent} events before them were acknowledged"
+                        )))
+                    }
+                }
+            }
+            sent += count;
+            batch.clear();
+            first_line = n + 1;
+        }
+        if line.is_none() {
+            break;
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "weir: produced {sent} events to {} in {secs:.2} s ({:.0} events/s), {retries} retries",
+        args.topic,
+        sent as f64 / secs.max(1e-9)
+    );
+    Ok(())
+}
+
+/// `weir results`: the current rows of a pipeline, as a table or JSON lines.
+pub fn results(url: &str, pipeline: &str, status: Option<&str>, json: bool) -> Result<(), Failure> {
+    let mut target = format!("{}/v1/pipelines/{pipeline}/results?limit=100000", url.trim_end_matches('/'));
+    if let Some(s) = status {
+        target.push_str(&format!("&status={s}"));
+    }
+    let mut r = agent()
+        .get(&target)
+        .call()
+        .map_err(|e| Failure::run(anyhow::anyhow!("cannot reach {url}: {e}; is weir serve running there?")))?;
+    let code = r.status().as_u16();
+    let body = r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap_or_default();
+    if code != 200 {
+        return Err(Failure::run(anyhow::anyhow!("{} ({code})", error_text(&body))));
+    }
+    if json {
+        print!("{body}");
+        return Ok(());
+    }
+    let rows: Vec<serde_json::Value> = body.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    print!("{}", table(&rows));
+    Ok(())
+}
+
+/// Rows as an aligned table: key, window, status, revision, then each value.
+pub fn table(rows: &[serde_json::Value]) -> String {
+    let mut value_names: Vec<String> = Vec::new();
+    for r in rows {
+        if let Some(values) = r["values"].as_object() {
+            for k in values.keys() {
+                if !value_names.contains(k) {
+                    value_names.push(k.clone());
+                }
+            }
+        }
+    }
+    let mut head = vec!["key".to_owned(), "window".to_owned(), "status".to_owned(), "rev".to_owned()];
+    head.extend(value_names.iter().cloned());
+    let mut cells = vec![head];
+    for r in rows {
+        let key = match r["key"].as_object() {
+            Some(k) if !k.is_empty() => {
+                k.iter().map(|(k, v)| format!("{k}={}", plain(v))).collect::<Vec<_>>().join(" ")
+            }
+            _ => "-".into(),
+        };
+        let window = match (r["window_start"].as_str(), r["window_end"].as_str()) {
+            (Some(s), Some(e)) => format!("{s} .. {}", e.get(11..).unwrap_or(e)),
+            _ => "global".into(),
+        };
+        let mut line = vec![key, window, plain(&r["status"]), plain(&r["revision"])];
+        line.extend(value_names.iter().map(|n| plain(&r["values"][n])));
+        cells.push(line);
+    }
+    let widths: Vec<usize> =
+        (0..cells[0].len()).map(|i| cells.iter().map(|c| c[i].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for c in &cells {
+        let line: Vec<String> = c.iter().zip(&widths).map(|(s, w)| format!("{s:<w$}")).collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out.push_str(&format!("{} rows\n", rows.len()));
+    out
+}
+
+fn plain(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}

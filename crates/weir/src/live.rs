@@ -1,0 +1,345 @@
+//! `weir demo`: the server on the embedded default with three contracts of a
+//! SaaS billing team, and a built-in producer posting a realistic stream to
+//! its HTTP API at a steady rate. Prints the URLs to look at and a line per
+//! pipeline every few seconds; stops after `--duration` or on Ctrl-C, with a
+//! last checkpoint.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weir_contract::{Contract, ServerConfig};
+use weir_log::LogOptions;
+
+use crate::gen::{PaymentStream, Profile, Rng};
+use crate::Failure;
+
+const PAYMENTS: &str = r#"# Payments approved per account per minute: the number that unlocks paid features.
+[pipeline]
+name = "paid_revenue"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Unlock paid features within seconds of payment approval"
+
+[source]
+topic = "payments"
+event_time = "approved_at"
+key = ["account_id"]
+event_id = "payment_id"
+where = 'status == "approved"'
+max_delay = "5s"
+
+[window]
+type = "tumbling"
+size = "1m"
+allowed_lateness = "2m"
+late = "revise"
+early = true
+
+[dedup]
+horizon = "10m"
+
+[[aggregate]]
+name = "revenue"
+fn = "sum"
+field = "amount"
+
+[[aggregate]]
+name = "payments"
+fn = "count"
+"#;
+
+const PLANS: &str = r#"# Each account's current plan: what the product shows and bills.
+[pipeline]
+name = "current_plan"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Which features an account may use right now"
+
+[source]
+topic = "plan_changes"
+event_time = "changed_at"
+key = ["account_id"]
+event_id = "change_id"
+max_delay = "5s"
+
+[window]
+type = "global"
+early = true
+
+[dedup]
+horizon = "1h"
+
+[[aggregate]]
+name = "plan"
+fn = "last"
+field = "plan"
+"#;
+
+const INVITES: &str = r#"# Accepted teammate invitations per account per hour: seat growth for the sales team.
+[pipeline]
+name = "accepted_invites"
+version = 1
+owner = "growth"
+steward = "data-platform"
+decision = "Offer a larger plan to accounts adding seats quickly"
+
+[source]
+topic = "invitations"
+event_time = "accepted_at"
+key = ["account_id"]
+event_id = "invite_id"
+where = 'status == "accepted"'
+max_delay = "10s"
+
+[window]
+type = "tumbling"
+size = "1h"
+allowed_lateness = "10m"
+late = "revise"
+early = true
+
+[dedup]
+horizon = "2h"
+
+[[aggregate]]
+name = "accepted"
+fn = "count"
+"#;
+
+const CONFIG: &str = r#"idle_timeout = "5s"
+checkpoint_interval = "100ms"
+
+[topics.payments]
+partitions = 2
+key = "account_id"
+retention = "1d"
+
+[topics.plan_changes]
+partitions = 1
+key = "account_id"
+
+[topics.invitations]
+partitions = 1
+key = "account_id"
+"#;
+
+pub struct LiveArgs {
+    pub data: Option<PathBuf>,
+    pub rate: u64,
+    pub duration: Option<Duration>,
+    pub listen: String,
+}
+
+pub fn demo(args: LiveArgs) -> Result<(), Failure> {
+    let data = match &args.data {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("weir-demo-{}", std::process::id())),
+    };
+    let contracts_dir = data.join("contracts");
+    std::fs::create_dir_all(&contracts_dir).map_err(|e| {
+        Failure::usage(format!("cannot create {}: {e}; pass --data with a writable folder", contracts_dir.display()))
+    })?;
+    let mut contracts = Vec::new();
+    for (file, text) in
+        [("paid_revenue.toml", PAYMENTS), ("current_plan.toml", PLANS), ("accepted_invites.toml", INVITES)]
+    {
+        let path = contracts_dir.join(file);
+        std::fs::write(&path, text).map_err(|e| Failure::usage(format!("cannot write {}: {e}", path.display())))?;
+        contracts
+            .push(Contract::parse(&path.display().to_string(), text).map_err(|e| Failure::contract(e.to_string()))?);
+    }
+    let config_path = data.join("weir.toml");
+    std::fs::write(&config_path, CONFIG)
+        .map_err(|e| Failure::usage(format!("cannot write {}: {e}", config_path.display())))?;
+    let config = ServerConfig::parse(&config_path.display().to_string(), CONFIG)
+        .map_err(|e| Failure::contract(e.to_string()))?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::run(anyhow::anyhow!("cannot start the runtime: {e}")))?;
+    let listen = match std::net::TcpListener::bind(&args.listen) {
+        Ok(l) => {
+            drop(l);
+            args.listen.clone()
+        }
+        Err(_) => "127.0.0.1:0".to_owned(),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let shutdown = {
+        let stop = Arc::clone(&stop);
+        async move {
+            tokio::select! {
+                _ = crate::serve::shutdown_signal() => {}
+                _ = async { while !stop.load(Ordering::SeqCst) { tokio::time::sleep(Duration::from_millis(100)).await; } } => {}
+            }
+        }
+    };
+    let opts =
+        weir_server::ServeOptions { data: data.clone(), contracts, config, listen, log_options: LogOptions::default() };
+    let server = std::thread::spawn(move || {
+        runtime.block_on(weir_server::serve(
+            opts,
+            move |addr| {
+                let _ = addr_tx.send(addr);
+            },
+            shutdown,
+        ))
+    });
+    let addr = match addr_rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(addr) => addr,
+        Err(_) => {
+            let why = match server.join() {
+                Ok(Err(e)) => format!("{e:#}"),
+                _ => "it did not start".into(),
+            };
+            return Err(Failure::run(anyhow::anyhow!("the demo server failed: {why}")));
+        }
+    };
+    let base = format!("http://{addr}");
+    print_intro(&base, &data, args.rate);
+    let sent = Arc::new(AtomicU64::new(0));
+    let producer = {
+        let (base, stop, sent) = (base.clone(), Arc::clone(&stop), Arc::clone(&sent));
+        std::thread::spawn(move || produce(&base, args.rate.max(1), &stop, &sent))
+    };
+    let started = Instant::now();
+    let mut next_report = Instant::now() + Duration::from_secs(5);
+    while !server.is_finished() {
+        std::thread::sleep(Duration::from_millis(100));
+        if args.duration.is_some_and(|d| started.elapsed() >= d) {
+            stop.store(true, Ordering::SeqCst);
+        }
+        if Instant::now() >= next_report {
+            next_report += Duration::from_secs(5);
+            report(&base, sent.load(Ordering::Relaxed));
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let _ = producer.join();
+    let served = server.join().map_err(|_| Failure::run(anyhow::anyhow!("the demo server panicked")))?;
+    served.map_err(Failure::run)?;
+    let d = data.display();
+    eprintln!(
+        "\nweir demo: stopped after {:.0} s, {} events posted. Everything is in {d}:\n  weir.db (try: sqlite3 {d}/weir.db 'select row from results limit 5'), log/, contracts/, weir.toml\n  run it again with: weir serve --data {d} --contracts {d}/contracts --config {d}/weir.toml",
+        started.elapsed().as_secs_f64(),
+        sent.load(Ordering::Relaxed),
+    );
+    Ok(())
+}
+
+fn print_intro(base: &str, data: &Path, rate: u64) {
+    eprintln!("weir demo: a SaaS billing team's three decisions, served at {base}");
+    eprintln!("  data (log, results in SQLite, contracts): {}", data.display());
+    eprintln!("  posting about {rate} events/s: payments, plan changes, teammate invitations;");
+    eprintln!("  a few per cent late, duplicated, conflicting or malformed\n");
+    eprintln!("look at:");
+    eprintln!("  {base}/v1/pipelines");
+    for p in ["paid_revenue", "current_plan", "accepted_invites"] {
+        eprintln!("  {base}/v1/pipelines/{p}/results    .../changes?since=1    .../ledger    .../status");
+    }
+    eprintln!("  {base}/v1/topics/payments/events?partition=0&from=0&limit=10");
+    eprintln!("  or: weir results paid_revenue --url {base}\n");
+    eprintln!("Ctrl-C stops it (after a last checkpoint).\n");
+}
+
+/// Posts every 100 ms a tenth of a second's worth of events, with event
+/// times around now, until `stop`.
+fn produce(base: &str, rate: u64, stop: &AtomicBool, sent: &AtomicU64) {
+    let agent = crate::client::agent();
+    let mut payments = PaymentStream::new(2026, 2_000, Profile::Realistic, true);
+    let mut rng = Rng::new(7);
+    let tick = Duration::from_millis(100);
+    let mut next = Instant::now();
+    let mut n = 0u64;
+    let per_tick = (rate / 10).max(1);
+    while !stop.load(Ordering::SeqCst) {
+        let now = weir_log::now_ms();
+        let (mut pay, mut plans, mut invites) = (String::new(), String::new(), String::new());
+        for _ in 0..per_tick {
+            n += 1;
+            match rng.below(100) {
+                0..=4 => plan_change(&mut rng, n, now, &mut plans),
+                5..=14 => invitation(&mut rng, n, now, &mut invites),
+                _ => payments.next(now, &mut pay),
+            }
+        }
+        for (topic, body) in [("payments", &pay), ("plan_changes", &plans), ("invitations", &invites)] {
+            if body.is_empty() {
+                continue;
+            }
+            let url = format!("{base}/v1/topics/{topic}/events");
+            let mut wait = Duration::from_millis(50);
+            // Retried until acknowledged: a 503 or a dropped connection loses nothing.
+            while !matches!(crate::client::post_batch(&agent, &url, body), Ok(true)) && !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_secs(2));
+            }
+            sent.fetch_add(body.lines().count() as u64, Ordering::Relaxed);
+        }
+        next += tick;
+        if let Some(rest) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(rest);
+        } else {
+            next = Instant::now();
+        }
+    }
+}
+
+const PLANS_NAMES: [&str; 4] = ["free", "team", "business", "enterprise"];
+
+fn plan_change(rng: &mut Rng, n: u64, now: i64, out: &mut String) {
+    let account = rng.below(2_000);
+    let plan = PLANS_NAMES[rng.below(4) as usize];
+    // A few arrive late: the last change by event time still wins.
+    let t = now - if rng.chance(50) { 20_000 + rng.below(60_000) as i64 } else { rng.below(2_000) as i64 };
+    out.push_str(&format!(
+        "{{\"change_id\":\"chg-{n}\",\"account_id\":\"acct-{account:05}\",\"plan\":\"{plan}\",\"changed_at\":\"{}\"}}\n",
+        weir_engine::time::format_rfc3339_ms(t)
+    ));
+}
+
+fn invitation(rng: &mut Rng, n: u64, now: i64, out: &mut String) {
+    let account = rng.below(2_000);
+    let status = match rng.below(10) {
+        0..=5 => "accepted",
+        6..=8 => "sent",
+        _ => "expired",
+    };
+    let t = now - rng.below(3_000) as i64;
+    let id = if rng.chance(20) && n > 10 { n - 1 - rng.below(5) } else { n };
+    out.push_str(&format!(
+        "{{\"invite_id\":\"inv-{id}\",\"account_id\":\"acct-{account:05}\",\"invitee\":\"user{n}@example.com\",\"status\":\"{status}\",\"accepted_at\":\"{}\"}}\n",
+        weir_engine::time::format_rfc3339_ms(t)
+    ));
+}
+
+/// One line per pipeline from its status endpoint.
+fn report(base: &str, sent: u64) {
+    let agent = crate::client::agent();
+    let mut line = format!("posted {sent:>8}");
+    for p in ["paid_revenue", "current_plan", "accepted_invites"] {
+        let Ok(mut r) = agent.get(&format!("{base}/v1/pipelines/{p}/status")).call() else { continue };
+        let Ok(body) = r.body_mut().read_to_string() else { continue };
+        let Ok(s) = serde_json::from_str::<serde_json::Value>(&body) else { continue };
+        let ledger: Vec<String> = s["ledger"]
+            .as_object()
+            .map(|m| m.iter().filter(|(_, v)| v.as_u64() != Some(0)).map(|(k, v)| format!("{k} {v}")).collect())
+            .unwrap_or_default();
+        line.push_str(&format!(
+            "\n  {p:<17} in {:>7}  lag {:>5}  watermark {}  rows provisional {} settled {}  ledger: {}",
+            s["events"]["read"],
+            s["lag_records"],
+            s["watermark"].as_str().map_or("-", |w| w.get(11..19).unwrap_or(w)),
+            s["rows"]["provisional"],
+            s["rows"]["settled"],
+            if ledger.is_empty() { "none".to_owned() } else { ledger.join(", ") }
+        ));
+    }
+    eprintln!("{line}");
+}

@@ -1,0 +1,94 @@
+//! `weir serve` with `weir produce` and `weir results`, and a server that
+//! refuses to start on a damaged log.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{repo_root, start, text, weir, Scratch};
+
+fn status(base: &str, pipeline: &str) -> serde_json::Value {
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let body = agent.get(&format!("{base}/v1/pipelines/{pipeline}/status")).call().unwrap().body_mut().read_to_string();
+    serde_json::from_str(&body.unwrap()).unwrap()
+}
+
+#[test]
+fn produce_results_and_a_refusal_on_a_damaged_log() {
+    let s = Scratch::new("serve");
+    std::fs::create_dir_all(s.path("contracts")).unwrap();
+    let contract = std::fs::read_to_string(repo_root().join("bench/paid_revenue.toml")).unwrap();
+    s.write("contracts/paid_revenue.toml", &contract);
+    s.write("weir.toml", "[topics.payments]\npartitions = 2\nkey = \"account_id\"\n");
+    let input = s.path("in.jsonl");
+    let gen = weir(&[
+        &"gen",
+        &"payments",
+        &"--events",
+        &"3000",
+        &"--seed",
+        &"5",
+        &"--rate",
+        &"20",
+        &"--profile",
+        &"bench",
+        &"--output",
+        &input,
+    ]);
+    assert!(gen.status.success());
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut server = start(&s.0, port);
+
+    let produced = weir(&[&"produce", &"--topic", &"payments", &input, &"--url", &base, &"--batch", &"700"]);
+    assert!(produced.status.success(), "{}", text(&produced.stderr));
+    assert!(text(&produced.stderr).contains("produced 3000 events to payments"), "{}", text(&produced.stderr));
+    let bad = s.write("bad.jsonl", "{\"a\":1}\n{oops\n");
+    let refused = weir(&[&"produce", &"--topic", &"payments", &bad, &"--url", &base]);
+    assert_eq!(refused.status.code(), Some(1));
+    let err = text(&refused.stderr);
+    assert!(err.contains("400") && err.contains("line 2 is not JSON") && err.contains("0 events before"), "{err}");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(&base, "paid_revenue")["events"]["read"] != 3000
+        || status(&base, "paid_revenue")["checkpoint_age_ms"].is_null()
+    {
+        assert!(Instant::now() < deadline, "not caught up: {}", status(&base, "paid_revenue"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let json = weir(&[&"results", &"paid_revenue", &"--url", &base, &"--format", &"json"]);
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let rows: Vec<serde_json::Value> = text(&json.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(!rows.is_empty(), "tumbling windows whose end the watermark passed have rows");
+    assert!(rows.iter().all(|r| r["pipeline"] == "paid_revenue" && r["values"]["payments"].as_u64() > Some(0)));
+    let table = weir(&[&"results", &"paid_revenue", &"--url", &base]);
+    let table = text(&table.stdout);
+    let header = table.lines().next().unwrap();
+    for column in ["key", "window", "status", "rev", "revenue", "payments"] {
+        assert!(header.contains(column), "{header}");
+    }
+    assert!(table.trim_end().ends_with(&format!("{} rows", rows.len())), "{table}");
+    let missing = weir(&[&"results", &"nope", &"--url", &base]);
+    assert!(text(&missing.stderr).contains("no pipeline \"nope\""), "{}", text(&missing.stderr));
+
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    // Damage a record in the middle of partition 0: the server refuses to start, naming the file.
+    let seg = s.path("data/log/payments/0/00000000000000000000.seg");
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[100] ^= 0xff;
+    std::fs::write(&seg, &bytes).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(s.path("data"))
+        .arg("--contracts")
+        .arg(s.path("contracts"))
+        .arg("--config")
+        .arg(s.path("weir.toml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("the log is damaged at") && err.contains("00000000000000000000.seg"), "{err}");
+}
