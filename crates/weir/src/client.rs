@@ -25,7 +25,7 @@ pub fn post_batch(agent: &ureq::Agent, url: &str, body: &str) -> Result<bool, St
             let text = r.body_mut().read_to_string().unwrap_or_default();
             match code {
                 200 => Ok(true),
-                503 | 502 | 504 => Ok(false),
+                502..=504 => Ok(false),
                 _ => Err(format!("the server refused a batch ({code}): {}", error_text(&text))),
             }
         }
