@@ -81,6 +81,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/pipelines/{name}/changes", get(changes))
         .route("/v1/pipelines/{name}/ledger", get(ledger))
         .route("/v1/pipelines/{name}/status", get(status))
+        .route("/metrics", get(metrics))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .with_state(app)
 }
@@ -423,4 +424,113 @@ pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
 async fn status(State(app): State<Arc<App>>, Path(name): Path<String>) -> Result<Response, ApiError> {
     let p = pipeline(&app, &name)?;
     Ok(json(status_json(&app, &name, p)))
+}
+
+/// Prometheus text: per pipeline and partition, what `status` shows.
+/// Attribute names follow the OpenTelemetry messaging conventions, with dots
+/// as underscores (Prometheus' own translation).
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let mut m = Metrics::default();
+    let log = app.log.stats();
+    m.counter("weir_log_records_appended_total", "Records appended and acknowledged by the log.", "", log.records);
+    m.counter("weir_log_group_commits_total", "Group commits (one fsync per touched partition each).", "", log.commits);
+    m.counter("weir_log_appends_refused_total", "Appends refused because a write or fsync failed.", "", log.refused);
+    m.gauge("weir_log_healthy", "1 while the log accepts writes.", "", i64::from(app.log.unhealthy().is_none()));
+    for (name, p) in &app.pipelines {
+        let s = status_json(&app, name, p);
+        let topic = &p.contract.source.topic;
+        let base = format!("pipeline=\"{name}\",messaging_destination_name=\"{topic}\"");
+        for (what, help) in [
+            ("read", "Events read from the log."),
+            ("counted", "Events counted in a window."),
+            ("filtered", "Events a where rule left out."),
+            ("late_allowed", "Events counted in a window the watermark had passed."),
+        ] {
+            m.counter(&format!("weir_events_{what}_total"), help, &base, s["events"][what].as_u64().unwrap_or(0));
+        }
+        for r in Reason::ALL {
+            let labels = format!("{base},reason=\"{}\"", r.as_str());
+            m.counter(
+                "weir_ledger_entries_total",
+                "Events that did not count, by reason (the dead-letter volume).",
+                &labels,
+                s["ledger"][r.as_str()].as_u64().unwrap_or(0),
+            );
+        }
+        for status in ["provisional", "settled", "retracted"] {
+            let labels = format!("{base},status=\"{status}\"");
+            m.counter(
+                "weir_rows_emitted_total",
+                "Rows emitted, by status.",
+                &labels,
+                s["rows"][status].as_u64().unwrap_or(0),
+            );
+        }
+        m.gauge(
+            "weir_consumer_lag_records",
+            "Records in the log not yet read.",
+            &base,
+            s["lag_records"].as_i64().unwrap_or(0),
+        );
+        m.gauge(
+            "weir_oldest_unprocessed_age_ms",
+            "Age of the oldest unprocessed event, in milliseconds.",
+            &base,
+            s["oldest_unprocessed_age_ms"].as_i64().unwrap_or(0),
+        );
+        if let Some(age) = s["watermark_age_ms"].as_i64() {
+            m.gauge("weir_watermark_age_ms", "Now minus the watermark, in milliseconds.", &base, age);
+        }
+        m.gauge("weir_open_windows", "Windows open in the engine.", &base, s["open_windows"].as_i64().unwrap_or(0));
+        if let Some(age) = s["checkpoint_age_ms"].as_i64() {
+            m.gauge("weir_checkpoint_age_ms", "Milliseconds since the last checkpoint.", &base, age);
+        }
+        if let Some(parts) = s["partitions"].as_array() {
+            for part in parts {
+                let labels = format!("{base},messaging_destination_partition_id=\"{}\"", part["partition"]);
+                m.gauge(
+                    "weir_partition_lag_records",
+                    "Records in the partition not yet read.",
+                    &labels,
+                    part["lag"].as_i64().unwrap_or(0),
+                );
+            }
+        }
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], m.text()).into_response()
+}
+
+#[derive(Default)]
+struct Metrics {
+    described: std::collections::BTreeSet<String>,
+    families: BTreeMap<String, Vec<String>>,
+}
+
+impl Metrics {
+    fn add(&mut self, name: &str, kind: &str, help: &str, labels: &str, value: String) {
+        let family = self.families.entry(name.to_owned()).or_default();
+        if self.described.insert(name.to_owned()) {
+            family.push(format!("# HELP {name} {help}\n# TYPE {name} {kind}"));
+        }
+        family.push(if labels.is_empty() { format!("{name} {value}") } else { format!("{name}{{{labels}}} {value}") });
+    }
+
+    fn counter(&mut self, name: &str, help: &str, labels: &str, value: u64) {
+        self.add(name, "counter", help, labels, value.to_string());
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, labels: &str, value: i64) {
+        self.add(name, "gauge", help, labels, value.to_string());
+    }
+
+    fn text(&self) -> String {
+        let mut out = String::new();
+        for lines in self.families.values() {
+            for l in lines {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
 }

@@ -242,6 +242,13 @@ fn results_changes_and_status_follow_the_log() {
     }
     let (_, body) = get(&format!("{}/v1/pipelines/paid/ledger?reason=duplicate", s.url));
     assert_eq!(body.lines().count(), 12);
+    let (code, metrics) = get(&format!("{}/metrics", s.url));
+    assert_eq!(code, 200);
+    let read =
+        format!("weir_events_read_total{{pipeline=\"paid\",messaging_destination_name=\"payments\"}} {}", lines.len());
+    assert!(metrics.contains(&read), "{metrics}");
+    assert!(metrics.contains("reason=\"duplicate\"} 12"), "{metrics}");
+    assert!(metrics.contains("weir_partition_lag_records{pipeline=\"paid\",messaging_destination_name=\"payments\",messaging_destination_partition_id=\"2\"} 0"), "{metrics}");
     let (_, body) = get(&format!("{}/v1/pipelines/paid/results?key.acct=a3&status=settled", s.url));
     assert!(body.lines().count() >= 10 && body.lines().all(|l| l.contains("\"a3\"")), "{body}");
 }

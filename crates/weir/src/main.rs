@@ -1,6 +1,7 @@
 //! The `weir` command line (SPEC.md section 6). Exit status: 0 success,
 //! 1 a failed comparison or run, 2 bad arguments or a contract that cannot run.
 
+mod bench;
 mod client;
 mod demo;
 mod gen;
@@ -133,10 +134,40 @@ enum Command {
         #[arg(long)]
         listen: Option<String>,
     },
+    /// The server's benchmarks; each starts its own weir serve on a temporary folder.
+    Bench {
+        #[command(subcommand)]
+        what: BenchWhat,
+    },
     /// Generate a realistic event stream as JSON lines.
     Gen {
         #[command(subcommand)]
         what: GenWhat,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// Events per second acknowledged (fsynced) over HTTP.
+    Ingest {
+        #[arg(long, default_value_t = 2_000_000)]
+        events: u64,
+        #[arg(long, default_value_t = 1_000)]
+        batch: usize,
+        #[arg(long, default_value_t = 4)]
+        connections: usize,
+    },
+    /// From POST to the row visible in /changes, at a steady rate.
+    Latency {
+        #[arg(long, default_value_t = 20_000)]
+        rate: u64,
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+    },
+    /// Time to serve again after kill -9 with this many events in the log.
+    Recovery {
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
     },
 }
 
@@ -243,6 +274,11 @@ fn main() -> ExitCode {
         Command::Results { pipeline, url, status, format } => {
             client::results(&url, &pipeline, status.as_deref(), format == Format::Json)
         }
+        Command::Bench { what: BenchWhat::Ingest { events, batch, connections } } => {
+            bench::ingest(events, batch.max(1), connections)
+        }
+        Command::Bench { what: BenchWhat::Latency { rate, seconds } } => bench::latency(rate, seconds),
+        Command::Bench { what: BenchWhat::Recovery { events } } => bench::recovery(events),
         Command::Check { contract } => load_contract(&contract).map(|c| print!("{}", c.summary())),
         Command::Gen { what: GenWhat::Payments { events, seed, accounts, rate, profile, output } } => {
             gen::payments(gen::PaymentsArgs { events, seed, accounts, rate, profile }, output.as_deref())

@@ -1,0 +1,329 @@
+//! `weir bench ingest|latency|recovery`: the server's benchmarks
+//! (BENCHMARKS.md). Each starts its own `weir serve` on a temporary folder
+//! with the payments contract and prints what it measured.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::gen::{PaymentStream, Profile, GEN_START_MS};
+use crate::Failure;
+
+const CONTRACT: &str = r#"[pipeline]
+name = "paid_revenue"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Unlock paid features within seconds of payment approval"
+
+[source]
+topic = "payments"
+event_time = "approved_at"
+key = ["account_id"]
+event_id = "payment_id"
+where = 'status == "approved"'
+max_delay = "30s"
+
+[window]
+type = "tumbling"
+size = "1m"
+allowed_lateness = "2m"
+late = "revise"
+early = true
+
+[dedup]
+horizon = "10m"
+
+[[aggregate]]
+name = "revenue"
+fn = "sum"
+field = "amount"
+
+[[aggregate]]
+name = "payments"
+fn = "count"
+"#;
+
+const CONFIG: &str = "[topics.payments]\npartitions = 2\nkey = \"account_id\"\n";
+
+fn fail(message: String) -> Failure {
+    Failure::run(anyhow::anyhow!(message))
+}
+
+struct Folder(PathBuf);
+
+impl Folder {
+    fn new(what: &str) -> Result<Folder, Failure> {
+        let dir = std::env::temp_dir().join(format!("weir-bench-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("contracts"))
+            .map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
+        let write =
+            |p: PathBuf, t: &str| std::fs::write(&p, t).map_err(|e| fail(format!("cannot write {}: {e}", p.display())));
+        write(dir.join("contracts/paid_revenue.toml"), CONTRACT)?;
+        write(dir.join("weir.toml"), CONFIG)?;
+        Ok(Folder(dir))
+    }
+}
+
+impl Drop for Folder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `weir serve` on `dir` and returns once it serves.
+fn serve(dir: &Path, port: u16) -> Result<Server, Failure> {
+    let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find the weir binary: {e}")))?;
+    let mut child = Command::new(exe)
+        .arg("serve")
+        .arg("--data")
+        .arg(dir.join("data"))
+        .arg("--contracts")
+        .arg(dir.join("contracts"))
+        .arg("--config")
+        .arg(dir.join("weir.toml"))
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(format!("cannot start weir serve: {e}")))?;
+    let stderr = child.stderr.take().ok_or_else(|| fail("no stderr".into()))?;
+    let mut lines = BufReader::new(stderr).lines();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) if line.contains("serving http://") => break,
+            Some(Ok(_)) => {}
+            _ => return Err(fail("weir serve stopped before serving".into())),
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    Ok(Server { child, base: format!("http://127.0.0.1:{port}") })
+}
+
+fn free_port() -> Result<u16, Failure> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| fail(format!("no free port: {e}")))?;
+    Ok(l.local_addr().map_err(|e| fail(e.to_string()))?.port())
+}
+
+/// Batches of `batch` generated payments (bench profile), event times from `start_ms` at `rate` per second.
+fn batches(events: u64, batch: usize, start_ms: i64, rate: u64) -> Vec<String> {
+    let mut stream = PaymentStream::new(11, 10_000, Profile::Bench, true);
+    let mut out = Vec::new();
+    let mut text = String::new();
+    for i in 0..events {
+        stream.next(start_ms + (i * 1000 / rate.max(1)) as i64, &mut text);
+        if (i + 1) % batch as u64 == 0 {
+            out.push(std::mem::take(&mut text));
+        }
+    }
+    if !text.is_empty() {
+        out.push(text);
+    }
+    out
+}
+
+fn status(agent: &ureq::Agent, base: &str) -> Option<serde_json::Value> {
+    let mut r = agent.get(&format!("{base}/v1/pipelines/paid_revenue/status")).call().ok()?;
+    serde_json::from_str(&r.body_mut().read_to_string().ok()?).ok()
+}
+
+/// Posts all batches from `connections` threads; returns the wall time.
+fn post_all(base: &str, batches: &[String], connections: usize) -> Result<Duration, Failure> {
+    let url = format!("{base}/v1/topics/payments/events");
+    let next = AtomicU64::new(0);
+    let failed = Mutex::new(None);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..connections.max(1) {
+            s.spawn(|| {
+                let agent = crate::client::agent();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    let Some(body) = batches.get(i) else { break };
+                    if let Err(e) = crate::client::post_batch(&agent, &url, body).and_then(|ok| {
+                        if ok {
+                            Ok(())
+                        } else {
+                            Err("not acknowledged".to_owned())
+                        }
+                    }) {
+                        *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(fail(e)),
+        None => Ok(started.elapsed()),
+    }
+}
+
+/// Waits until the pipeline has read `events` and checkpointed them.
+fn caught_up(base: &str, events: u64, within: Duration) -> Result<Duration, Failure> {
+    let agent = crate::client::agent();
+    let started = Instant::now();
+    loop {
+        if let Some(s) = status(&agent, base) {
+            if s["events"]["read"].as_u64() >= Some(events) && s["lag_records"] == 0 {
+                return Ok(started.elapsed());
+            }
+        }
+        if started.elapsed() > within {
+            return Err(fail(format!("the pipeline did not catch up within {within:?}")));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn ingest(events: u64, batch: usize, connections: usize) -> Result<(), Failure> {
+    let dir = Folder::new("ingest")?;
+    let server = serve(&dir.0, free_port()?)?;
+    let batches = batches(events, batch, GEN_START_MS, 1_000);
+    let wall = post_all(&server.base, &batches, connections)?;
+    let rate = events as f64 / wall.as_secs_f64();
+    println!(
+        "ingest: {events} events in batches of {batch} from {connections} connections: {:.2} s, {rate:.0} events/s acknowledged (fsynced)",
+        wall.as_secs_f64()
+    );
+    let behind = caught_up(&server.base, events, Duration::from_secs(300))?;
+    println!("        the pipeline had read and checkpointed them all {:.2} s later", behind.as_secs_f64());
+    Ok(())
+}
+
+pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
+    let dir = Folder::new("latency")?;
+    let server = serve(&dir.0, free_port()?)?;
+    let url = format!("{}/v1/topics/payments/events", server.base);
+    // Every 50 ms a batch of rate/20 events, the first of each with its own
+    // key: the row for that key shows when the batch became visible.
+    let per_batch = (rate / 20).max(1);
+    let sent_at: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let done = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let (base, sent_at, done) = (server.base.clone(), Arc::clone(&sent_at), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let agent = crate::client::agent();
+            let mut since = 1u64;
+            let mut latencies = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                let got = agent.get(&format!("{base}/v1/pipelines/paid_revenue/changes?since={since}")).call();
+                let now = Instant::now();
+                if let Ok(mut r) = got {
+                    let body = r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap_or_default();
+                    for line in body.lines() {
+                        since += 1;
+                        let Some(at) = line.find("\"account_id\":\"probe-") else { continue };
+                        let n: usize =
+                            line[at + 20..].split('"').next().and_then(|s| s.parse().ok()).unwrap_or(usize::MAX);
+                        if let Some(t) = sent_at.lock().unwrap_or_else(|e| e.into_inner()).get(n) {
+                            latencies.push(now.duration_since(*t));
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            latencies
+        })
+    };
+    let mut stream = PaymentStream::new(3, 10_000, Profile::Bench, true);
+    let agent = crate::client::agent();
+    let started = Instant::now();
+    let mut next = Instant::now();
+    let mut posted = 0u64;
+    let mut b = 0usize;
+    while started.elapsed() < Duration::from_secs(seconds) {
+        let now_ms = weir_log::now_ms();
+        let mut body = format!(
+            "{{\"payment_id\":\"probe-{b}\",\"account_id\":\"probe-{b}\",\"amount\":1.00,\"currency\":\"EUR\",\"status\":\"approved\",\"approved_at\":\"{}\"}}\n",
+            weir_engine::time::format_rfc3339_ms(now_ms)
+        );
+        for _ in 1..per_batch {
+            stream.next(now_ms, &mut body);
+        }
+        sent_at.lock().unwrap_or_else(|e| e.into_inner()).push(Instant::now());
+        if !matches!(crate::client::post_batch(&agent, &url, &body), Ok(true)) {
+            return Err(fail("a batch was not acknowledged".into()));
+        }
+        posted += per_batch;
+        b += 1;
+        next += Duration::from_millis(50);
+        match next.checked_duration_since(Instant::now()) {
+            Some(rest) => std::thread::sleep(rest),
+            None => next = Instant::now(),
+        }
+    }
+    let achieved = posted as f64 / started.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(2));
+    done.store(true, Ordering::SeqCst);
+    let mut l = poller.join().map_err(|_| fail("the poller panicked".into()))?;
+    if l.is_empty() {
+        return Err(fail("no probe row was seen".into()));
+    }
+    l.sort();
+    let pct = |p: f64| l[((l.len() as f64 * p).ceil() as usize).clamp(1, l.len()) - 1].as_secs_f64() * 1e3;
+    println!(
+        "latency: {posted} events at {achieved:.0}/s for {seconds} s; POST to row visible in /changes over {} batches: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        l.len(),
+        pct(0.50),
+        pct(0.99),
+        pct(1.0)
+    );
+    Ok(())
+}
+
+pub fn recovery(events: u64) -> Result<(), Failure> {
+    let dir = Folder::new("recovery")?;
+    let port = free_port()?;
+    let server = serve(&dir.0, port)?;
+    let batches = batches(events, 1_000, GEN_START_MS, 1_000);
+    post_all(&server.base, &batches, 4)?;
+    caught_up(&server.base, events, Duration::from_secs(600))?;
+    // A checkpoint about a second old: wait, then a few more events.
+    std::thread::sleep(Duration::from_secs(1));
+    let mut server = server;
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    let started = Instant::now();
+    let server = serve(&dir.0, port)?;
+    let serving = started.elapsed();
+    let agent = crate::client::agent();
+    while status(&agent, &server.base).is_none() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let answering = started.elapsed();
+    caught_up(&server.base, 0, Duration::from_secs(60))?;
+    let restored = loop {
+        if let Some(s) = status(&agent, &server.base) {
+            if s["events"]["read"].as_u64() > Some(0) || s["open_windows"].as_u64() > Some(0) {
+                break started.elapsed();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    println!(
+        "recovery: {events} events in the log, kill -9, restart: serving after {:.2} s, answering status after {:.2} s, pipeline state restored after {:.2} s",
+        serving.as_secs_f64(),
+        answering.as_secs_f64(),
+        restored.as_secs_f64()
+    );
+    Ok(())
+}
