@@ -122,7 +122,7 @@ pub async fn serve(
             contract: contract.clone(),
             config: Arc::clone(&config),
             log: log.clone(),
-            conn: store::open(&db)?,
+            conn: store::open_writer(&db)?,
             status: Arc::clone(&status),
             stop: Arc::clone(&stop),
             runtime: tokio::runtime::Handle::current(),

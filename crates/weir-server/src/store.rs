@@ -14,7 +14,8 @@
 //! | `meta` | `schema_version` |
 //! | `pipelines` | per pipeline: contract version and hash, engine header, next change and ledger sequence, last checkpoint time |
 //! | `offsets` | per pipeline and partition: the next log offset to read |
-//! | `state_windows`, `state_ids` | the engine's open windows and remembered ids, by their hash |
+//! | `state_windows` | the engine's open windows, by their hash |
+//! | `state_id_batches` | the ids each checkpoint remembered, one row per checkpoint (44 bytes an id), deleted once all have expired |
 //! | `results` | the latest row of every key and window |
 //! | `changes` | every row in emission order (`seq` from 1) |
 //! | `ledger` | every ledger entry in order (`seq` from 1) |
@@ -36,10 +37,9 @@ CREATE TABLE IF NOT EXISTS offsets (
     PRIMARY KEY (pipeline, partition));
 CREATE TABLE IF NOT EXISTS state_windows (
     pipeline TEXT NOT NULL, id BLOB NOT NULL, data BLOB NOT NULL, PRIMARY KEY (pipeline, id)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS state_ids (
-    pipeline TEXT NOT NULL, id BLOB NOT NULL, partition INTEGER NOT NULL, offset INTEGER NOT NULL,
-    payload_hash INTEGER NOT NULL, expires INTEGER NOT NULL, PRIMARY KEY (pipeline, id)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS state_ids_expires ON state_ids (pipeline, expires);
+CREATE TABLE IF NOT EXISTS state_id_batches (
+    pipeline TEXT NOT NULL, seq INTEGER NOT NULL, max_expires INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS results (
     pipeline TEXT NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL, window_end INTEGER,
     status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
@@ -61,6 +61,39 @@ pub fn open(path: &Path) -> rusqlite::Result<Connection> {
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     Ok(conn)
+}
+
+/// A pipeline's writing connection: a page cache of up to 64 MiB, so the
+/// tables a checkpoint touches stay in memory.
+pub fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = open(path)?;
+    conn.pragma_update(None, "cache_size", -65_536)?;
+    Ok(conn)
+}
+
+const ID_BYTES: usize = 44;
+
+fn encode_ids(ids: &[(u128, IdEntry)]) -> (Vec<u8>, i64) {
+    let mut out = Vec::with_capacity(ids.len() * ID_BYTES);
+    let mut max = i64::MIN;
+    for (id, e) in ids {
+        out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(&e.partition.to_le_bytes());
+        out.extend_from_slice(&e.offset.to_le_bytes());
+        out.extend_from_slice(&e.payload_hash.to_le_bytes());
+        out.extend_from_slice(&e.expires.to_le_bytes());
+        max = max.max(e.expires);
+    }
+    (out, max)
+}
+
+fn decode_ids(bytes: &[u8], into: &mut std::collections::HashMap<u128, IdEntry>) {
+    for c in bytes.chunks_exact(ID_BYTES) {
+        let word = |at: usize| u64::from_le_bytes(c[at..at + 8].try_into().unwrap_or_default());
+        let id = u128::from_le_bytes(c[0..16].try_into().unwrap_or_default());
+        let partition = u32::from_le_bytes(c[16..20].try_into().unwrap_or_default());
+        into.insert(id, IdEntry { partition, offset: word(20), payload_hash: word(28), expires: word(36) as i64 });
+    }
 }
 
 /// Creates the schema, or checks that the database's is this build's.
@@ -124,23 +157,14 @@ pub fn load(conn: &mut Connection, pipeline: &str, version: u32, text_hash: u64)
     for row in rows {
         windows.push(row?);
     }
-    let mut ids = Vec::new();
-    let mut stmt =
-        conn.prepare("SELECT id, partition, offset, payload_hash, expires FROM state_ids WHERE pipeline = ?1")?;
-    let rows = stmt.query_map([pipeline], |r| {
-        Ok((
-            id_from(&r.get::<_, Vec<u8>>(0)?),
-            IdEntry {
-                partition: r.get(1)?,
-                offset: r.get::<_, i64>(2)? as u64,
-                payload_hash: r.get::<_, i64>(3)? as u64,
-                expires: r.get(4)?,
-            },
-        ))
-    })?;
+    // Later checkpoints' entries replace earlier ones (an id remembered again after it expired).
+    let mut ids = std::collections::HashMap::new();
+    let mut stmt = conn.prepare("SELECT data FROM state_id_batches WHERE pipeline = ?1 ORDER BY seq")?;
+    let rows = stmt.query_map([pipeline], |r| r.get::<_, Vec<u8>>(0))?;
     for row in rows {
-        ids.push(row?);
+        decode_ids(&row?, &mut ids);
     }
+    let ids: Vec<(u128, IdEntry)> = ids.into_iter().collect();
     let mut offsets = Vec::new();
     let mut stmt = conn.prepare("SELECT partition, next_offset FROM offsets WHERE pipeline = ?1")?;
     let rows = stmt.query_map([pipeline], |r| Ok((r.get::<_, u32>(0)?, r.get::<_, i64>(1)? as u64)))?;
@@ -153,7 +177,7 @@ pub fn load(conn: &mut Connection, pipeline: &str, version: u32, text_hash: u64)
 /// Removes a pipeline's checkpoint and everything it published.
 pub fn forget(conn: &mut Connection, pipeline: &str) -> anyhow::Result<()> {
     let tx = conn.transaction()?;
-    for table in ["offsets", "state_windows", "state_ids", "results", "changes", "ledger"] {
+    for table in ["offsets", "state_windows", "state_id_batches", "results", "changes", "ledger"] {
         tx.execute(&format!("DELETE FROM {table} WHERE pipeline = ?1"), [pipeline])?;
     }
     tx.execute("DELETE FROM pipelines WHERE name = ?1", [pipeline])?;
@@ -189,11 +213,20 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
                window_end = excluded.window_end, status = excluded.status,
                revision = excluded.revision, row = excluded.row",
         )?;
+        // Every row goes to the change stream; only the last of each window to `results`.
+        let mut last: std::collections::HashMap<(&[u8], i64), (usize, String)> = std::collections::HashMap::new();
         let mut text = String::new();
-        for row in &w.out.rows {
+        for (i, row) in w.out.rows.iter().enumerate() {
             text.clear();
             write_row(w.format, row, seq, &mut text);
             change.execute(params![w.pipeline, seq, text])?;
+            last.insert((&row.key[..], row.window_start.unwrap_or(GLOBAL_START)), (i, text.clone()));
+            seq += 1;
+        }
+        let mut latest: Vec<(usize, String)> = last.into_values().collect();
+        latest.sort_unstable_by_key(|(i, _)| *i);
+        for (i, text) in latest {
+            let row = &w.out.rows[i];
             result.execute(params![
                 w.pipeline,
                 &row.key[..],
@@ -203,7 +236,6 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
                 row.revision,
                 text
             ])?;
-            seq += 1;
         }
         let mut ledger =
             tx.prepare_cached("INSERT INTO ledger (pipeline, seq, reason, entry) VALUES (?1, ?2, ?3, ?4)")?;
@@ -222,21 +254,15 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
                 None => drop_window.execute(params![w.pipeline, &id_bytes(*id)[..]])?,
             };
         }
-        let mut put_id = tx.prepare_cached(
-            "INSERT OR REPLACE INTO state_ids (pipeline, id, partition, offset, payload_hash, expires)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )?;
-        for (id, e) in &w.delta.ids {
-            put_id.execute(params![
-                w.pipeline,
-                &id_bytes(*id)[..],
-                e.partition,
-                e.offset as i64,
-                e.payload_hash as i64,
-                e.expires
-            ])?;
+        if !w.delta.ids.is_empty() {
+            let (data, max_expires) = encode_ids(&w.delta.ids);
+            tx.prepare_cached(
+                "INSERT INTO state_id_batches (pipeline, seq, max_expires, data)
+                 VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM state_id_batches WHERE pipeline = ?1), ?2, ?3)",
+            )?
+            .execute(params![w.pipeline, max_expires, data])?;
         }
-        tx.prepare_cached("DELETE FROM state_ids WHERE pipeline = ?1 AND expires <= ?2")?
+        tx.prepare_cached("DELETE FROM state_id_batches WHERE pipeline = ?1 AND max_expires <= ?2")?
             .execute(params![w.pipeline, w.delta.forget_ids_through])?;
         let mut offset =
             tx.prepare_cached("INSERT OR REPLACE INTO offsets (pipeline, partition, next_offset) VALUES (?1, ?2, ?3)")?;
