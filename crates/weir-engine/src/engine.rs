@@ -284,11 +284,14 @@ impl Engine {
         self.recompute_watermark();
     }
 
+    /// The minimum over active partitions; when every partition is idle,
+    /// none holds the watermark back and the most advanced one sets it.
     fn recompute_watermark(&mut self) {
         let active = self.st.part_wm.iter().zip(&self.st.part_idle).filter(|(_, idle)| !**idle);
-        if let Some(min) = active.map(|(wm, _)| *wm).min() {
-            if min > self.st.wm {
-                self.st.wm = min;
+        let candidate = active.map(|(wm, _)| *wm).min().or_else(|| self.st.part_wm.iter().copied().max());
+        if let Some(wm) = candidate {
+            if wm > self.st.wm {
+                self.st.wm = wm;
             }
         }
     }

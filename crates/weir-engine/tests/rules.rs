@@ -374,6 +374,23 @@ fn the_watermark_is_the_minimum_over_partitions_and_idle_ones_step_aside() {
 }
 
 #[test]
+fn when_every_partition_is_idle_the_most_advanced_one_sets_the_watermark() {
+    let c = contract("", &format!("{TUMBLING_10S}\nlate = \"discard\""), "");
+    let mut engine = Engine::new(&c, Mode::Stream, 2).unwrap();
+    let mut out = Output::default();
+    let e1 = ev("a", 1, "1", "1");
+    let e2 = ev("a", 30, "2", "1");
+    engine.process(EventIn { partition: 0, offset: 1, bytes: e1.as_bytes() }, &mut out);
+    engine.process(EventIn { partition: 0, offset: 2, bytes: e2.as_bytes() }, &mut out);
+    // Both fall silent at once; the one with data is marked first.
+    engine.set_partition_idle(0, true, &mut out);
+    assert_eq!(engine.watermark(), None, "partition 1 is still active and has said nothing");
+    engine.set_partition_idle(1, true, &mut out);
+    assert_eq!(engine.watermark(), Some(30_000), "nothing holds the watermark back any more");
+    assert_eq!(out.rows.iter().map(show_row).collect::<Vec<_>>(), ["a [0,10) settled#1 events=1 late=0 {1,1}"]);
+}
+
+#[test]
 fn aggregates_are_exact_and_order_free() {
     let text = format!(
         "{HEAD}\n[source]\ntopic = \"t\"\nevent_time = \"t\"\nkey = []\nevent_id = \"id\"\n[window]\ntype = \"global\"\n{}",

@@ -252,3 +252,33 @@ fn results_changes_and_status_follow_the_log() {
     let (_, body) = get(&format!("{}/v1/pipelines/paid/results?key.acct=a3&status=settled", s.url));
     assert!(body.lines().count() >= 10 && body.lines().all(|l| l.contains("\"a3\"")), "{body}");
 }
+
+fn settled_rows(s: &Server) -> usize {
+    get(&format!("{}/v1/pipelines/paid/results?status=settled", s.url)).1.lines().count()
+}
+
+#[test]
+fn a_silent_partition_stops_holding_the_watermark_after_idle_timeout() {
+    // One account: every event goes to one of the two partitions; the other stays silent.
+    let events: Vec<String> = (0..30).map(|i| event(i, 7, i64::from(i) * 10_000, "1.00")).collect();
+    let flush = event(99, 7, 3_600_000, "0");
+    let body = events.join("\n") + "\n" + &flush + "\n";
+    let held = Server::start("idle-held", "idle_timeout = \"1h\"\n[topics.payments]\npartitions = 2\nkey = \"acct\"\n");
+    assert_eq!(post(&format!("{}/v1/topics/payments/events", held.url), &body).0, 200);
+    let idle =
+        Server::start("idle-let-go", "idle_timeout = \"300ms\"\n[topics.payments]\npartitions = 2\nkey = \"acct\"\n");
+    assert_eq!(post(&format!("{}/v1/topics/payments/events", idle.url), &body).0, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while settled_rows(&idle) < 5 {
+        assert!(
+            Instant::now() < deadline,
+            "the silent partition still holds the watermark back: {}",
+            get(&format!("{}/v1/pipelines/paid/status", idle.url)).1
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(settled_rows(&held), 0, "without idleness the silent partition holds the watermark back");
+    let status: serde_json::Value =
+        serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", idle.url)).1).unwrap();
+    assert!(status["partitions"].as_array().unwrap().iter().any(|p| p["idle"] == true), "{status}");
+}

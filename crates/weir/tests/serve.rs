@@ -72,8 +72,18 @@ fn produce_results_and_a_refusal_on_a_damaged_log() {
     let missing = weir(&[&"results", &"nope", &"--url", &base]);
     assert!(text(&missing.stderr).contains("no pipeline \"nope\""), "{}", text(&missing.stderr));
 
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    // SIGTERM stops it cleanly (a last checkpoint, exit 0).
+    let term = std::process::Command::new("kill").arg("-TERM").arg(server.child.id().to_string()).status().unwrap();
+    assert!(term.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "weir serve did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "{exit:?}");
     // Damage a record in the middle of partition 0: the server refuses to start, naming the file.
     let seg = s.path("data/log/payments/0/00000000000000000000.seg");
     let mut bytes = std::fs::read(&seg).unwrap();
