@@ -8,6 +8,7 @@
 //! checkpoint_interval = "100ms" # results are published (and checkpointed) at least this often
 //! checkpoint_events = 50000     # ... and after at most this many events
 //! max_body_bytes = 67108864     # largest POST body
+//! alert_webhook = "http://..."  # where alerts go when a contract names no webhook
 //!
 //! [topics.payments]
 //! partitions = 4
@@ -30,6 +31,8 @@ pub struct ServerConfig {
     pub checkpoint_interval_ms: i64,
     pub checkpoint_events: u64,
     pub max_body_bytes: usize,
+    /// Where alerts go when a contract's `[alerts]` names no webhook.
+    pub alert_webhook: Option<String>,
     pub topics: BTreeMap<String, TopicConfig>,
 }
 
@@ -55,13 +58,21 @@ impl Default for ServerConfig {
             checkpoint_interval_ms: 100,
             checkpoint_events: 50_000,
             max_body_bytes: 64 << 20,
+            alert_webhook: None,
             topics: BTreeMap::new(),
         }
     }
 }
 
-const TOP_KEYS: &[&str] =
-    &["listen", "idle_timeout", "checkpoint_interval", "checkpoint_events", "max_body_bytes", "topics"];
+const TOP_KEYS: &[&str] = &[
+    "listen",
+    "idle_timeout",
+    "checkpoint_interval",
+    "checkpoint_events",
+    "max_body_bytes",
+    "alert_webhook",
+    "topics",
+];
 const TOPIC_KEYS: &[&str] = &["partitions", "key", "retention", "max_event_bytes"];
 
 impl ServerConfig {
@@ -101,6 +112,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
     let interval = r.duration(root, "weir.toml", "checkpoint_interval");
     let events = whole(r, root, "weir.toml", "checkpoint_events", 1, u32::MAX as i64);
     let body = whole(r, root, "weir.toml", "max_body_bytes", 1024, 1 << 31);
+    let alert_webhook = r.string(root, "weir.toml", "alert_webhook", false);
     if let Some(Some(ms)) = interval {
         if !(1..=1_000).contains(&ms) {
             let span = root.get("checkpoint_interval").and_then(Item::span);
@@ -133,6 +145,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         checkpoint_interval_ms: interval?.unwrap_or(defaults.checkpoint_interval_ms),
         checkpoint_events: events?.map_or(defaults.checkpoint_events, |v| v as u64),
         max_body_bytes: body?.map_or(defaults.max_body_bytes, |v| v as usize),
+        alert_webhook,
         topics,
     })
 }

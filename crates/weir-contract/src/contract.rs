@@ -17,9 +17,27 @@ pub struct Contract {
     pub window: WindowSpec,
     pub dedup: Option<Dedup>,
     pub aggregates: Vec<Aggregate>,
+    pub alerts: Option<Alerts>,
     /// FNV-1a hash of the contract's text: names this exact contract in
     /// snapshots and provenance.
     pub text_hash: u64,
+}
+
+/// `[alerts]`: thresholds a server checks continuously (issue 4). Every key
+/// is optional; an alert fires when its observed value passes the threshold
+/// and resolves when it comes back.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Alerts {
+    /// Log time between the last record read and the newest record written.
+    pub max_lag_ms: Option<i64>,
+    /// Now minus the watermark.
+    pub max_watermark_age_ms: Option<i64>,
+    /// Now minus the append time of the oldest record not yet read.
+    pub max_oldest_unprocessed_ms: Option<i64>,
+    /// Ledger entries per event read, over the last minute (0 to 1).
+    pub max_ledger_rate: Option<f64>,
+    /// Where notifications are POSTed (else weir.toml's `alert_webhook`).
+    pub webhook: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -185,7 +203,8 @@ const SOURCE_KEYS: &[&str] = &["topic", "event_time", "key", "event_id", "where"
 const WINDOW_KEYS: &[&str] = &["type", "size", "slide", "gap", "allowed_lateness", "late", "early"];
 const DEDUP_KEYS: &[&str] = &["horizon"];
 const AGGREGATE_KEYS: &[&str] = &["name", "fn", "field", "where"];
-const SECTIONS: &[&str] = &["pipeline", "source", "window", "dedup", "aggregate"];
+const ALERT_KEYS: &[&str] = &["max_lag", "max_watermark_age", "max_oldest_unprocessed", "max_ledger_rate", "webhook"];
+const SECTIONS: &[&str] = &["pipeline", "source", "window", "dedup", "aggregate", "alerts"];
 
 /// Default `max_event_bytes`: 1 MiB.
 pub const MAX_EVENT_BYTES_DEFAULT: usize = 1 << 20;
@@ -323,7 +342,10 @@ impl Reader<'_> {
                 self.error(
                     span,
                     name,
-                    format!("unknown section; a contract has [{}] (and [[aggregate]])", SECTIONS[..4].join("], [")),
+                    format!(
+                        "unknown section; a contract has [{}] (and [[aggregate]], [alerts])",
+                        SECTIONS[..4].join("], [")
+                    ),
                 );
             }
         }
@@ -333,6 +355,10 @@ impl Reader<'_> {
         let dedup_table = self.table(root, "dedup", false);
         let dedup = dedup_table.and_then(|t| self.dedup(t));
         let aggregates = self.aggregates(root);
+        let alerts = match self.table(root, "alerts", false) {
+            Some(t) => Some(self.alerts(t)?),
+            None => None,
+        };
 
         let (pipeline, source, window, aggregates) = (pipeline?, source?, window?, aggregates?);
         if let Some(dedup) = &dedup {
@@ -357,7 +383,7 @@ impl Reader<'_> {
                 }
             }
         }
-        Some(Contract { pipeline, source, window, dedup, aggregates, text_hash: fnv1a(self.text) })
+        Some(Contract { pipeline, source, window, dedup, aggregates, alerts, text_hash: fnv1a(self.text) })
     }
 
     pub(crate) fn table<'t>(&mut self, root: &'t Table, name: &str, required: bool) -> Option<&'t Table> {
@@ -708,6 +734,41 @@ impl Reader<'_> {
             },
         };
         Some(WindowSpec { kind, allowed_lateness_ms: lateness, late, early })
+    }
+
+    fn alerts(&mut self, t: &Table) -> Option<Alerts> {
+        self.unknown_keys(t, "alerts", ALERT_KEYS);
+        let max_lag_ms = self.duration(t, "alerts", "max_lag");
+        let max_watermark_age_ms = self.duration(t, "alerts", "max_watermark_age");
+        let max_oldest_unprocessed_ms = self.duration(t, "alerts", "max_oldest_unprocessed");
+        let max_ledger_rate = match t.get("max_ledger_rate") {
+            None => Some(None),
+            Some(item) => match item.as_float().or_else(|| item.as_integer().map(|i| i as f64)) {
+                Some(r) if (0.0..=1.0).contains(&r) => Some(Some(r)),
+                _ => {
+                    self.error(
+                        item.span(),
+                        "alerts.max_ledger_rate",
+                        "must be a number from 0 to 1 (0.01 is one event in a hundred)",
+                    );
+                    None
+                }
+            },
+        };
+        let webhook = self.string(t, "alerts", "webhook", false);
+        if let Some(url) = &webhook {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                let span = t.get("webhook").and_then(Item::span);
+                self.error(span, "alerts.webhook", "must be an http:// or https:// URL");
+            }
+        }
+        Some(Alerts {
+            max_lag_ms: max_lag_ms?,
+            max_watermark_age_ms: max_watermark_age_ms?,
+            max_oldest_unprocessed_ms: max_oldest_unprocessed_ms?,
+            max_ledger_rate: max_ledger_rate?,
+            webhook,
+        })
     }
 
     fn dedup(&mut self, t: &Table) -> Option<Dedup> {

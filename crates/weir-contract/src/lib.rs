@@ -11,7 +11,7 @@ mod rule;
 
 pub use config::{ServerConfig, TopicConfig};
 pub use contract::{
-    AggFn, Aggregate, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Pipeline, Source, WindowKind,
+    AggFn, Aggregate, Alerts, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Pipeline, Source, WindowKind,
     WindowSpec,
 };
 pub use duration::{format_duration_ms, parse_duration_ms};

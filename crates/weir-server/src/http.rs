@@ -33,6 +33,7 @@ pub struct App {
     pub config: Arc<ServerConfig>,
     pub pipelines: BTreeMap<String, Pipeline>,
     pub db: std::path::PathBuf,
+    pub alerts: Mutex<crate::alerts::AlertState>,
     readers: Mutex<Vec<Connection>>,
     round_robin: AtomicU64,
 }
@@ -44,7 +45,15 @@ impl App {
         pipelines: BTreeMap<String, Pipeline>,
         db: std::path::PathBuf,
     ) -> App {
-        App { log, config, pipelines, db, readers: Mutex::new(Vec::new()), round_robin: AtomicU64::new(0) }
+        App {
+            log,
+            config,
+            pipelines,
+            db,
+            alerts: Mutex::default(),
+            readers: Mutex::new(Vec::new()),
+            round_robin: AtomicU64::new(0),
+        }
     }
 
     /// Runs `query` on a pooled read connection, off the async threads.
@@ -382,18 +391,20 @@ pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
     let topic = &p.contract.source.topic;
     let bounds = app.log.bounds(topic).unwrap_or_default();
     let mut parts = Vec::new();
-    let (mut lag, mut oldest) = (0u64, None::<i64>);
+    let (mut lag, mut oldest, mut lag_ms) = (0u64, None::<i64>, 0i64);
+    let append_ms = |p: usize, offset: u64| {
+        app.log.read(topic, p as u32, offset, 1, 1).ok().and_then(|r| r.first().map(|r| r.append_ms))
+    };
     for (i, (start, end)) in bounds.iter().enumerate() {
         let next = s.offsets.get(i).copied().unwrap_or(0).max(*start);
         let behind = end.saturating_sub(next);
         lag += behind;
-        let waiting_since = if behind > 0 {
-            app.log.read(topic, i as u32, next, 1, 1).ok().and_then(|r| r.first().map(|r| r.append_ms))
-        } else {
-            None
-        };
+        let waiting_since = if behind > 0 { append_ms(i, next) } else { None };
         if let Some(t) = waiting_since {
             oldest = Some(oldest.map_or(t, |o: i64| o.min(t)));
+            if let Some(newest) = append_ms(i, end - 1) {
+                lag_ms = lag_ms.max(newest.saturating_sub(t));
+            }
         }
         parts.push(serde_json::json!({
             "partition": i, "next_offset": next, "end_offset": end, "lag": behind,
@@ -409,6 +420,7 @@ pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
         "watermark": s.watermark.map(format_rfc3339_ms),
         "watermark_age_ms": s.watermark.map(|w| now.saturating_sub(w)),
         "lag_records": lag,
+        "lag_ms": lag_ms,
         "oldest_unprocessed_age_ms": oldest.map_or(0, |t| now.saturating_sub(t).max(0)),
         "partitions": parts,
         "events": {"read": c.read, "counted": c.counted, "filtered": c.filtered, "late_allowed": c.late_allowed},
@@ -418,6 +430,9 @@ pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
         "last_checkpoint": (s.last_checkpoint_ms > 0).then(|| format_rfc3339_ms(s.last_checkpoint_ms)),
         "checkpoint_age_ms": (s.last_checkpoint_ms > 0).then(|| now.saturating_sub(s.last_checkpoint_ms)),
         "failed": s.failed,
+        "alerts": lock(&app.alerts).firing.get(name).map_or_else(Vec::new, |f| f.iter().map(|f| serde_json::json!({
+            "alert": f.alert, "threshold": f.threshold, "observed": f.observed, "since": format_rfc3339_ms(f.since_ms),
+        })).collect()),
     })
 }
 

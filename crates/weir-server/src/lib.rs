@@ -10,6 +10,7 @@
 //!
 //! Layout of `--data`: `log/` (the log's topics), `weir.db` (SQLite).
 
+mod alerts;
 mod http;
 mod pipeline;
 pub mod store;
@@ -132,6 +133,7 @@ pub async fn serve(
         pipelines.insert(name, Pipeline { contract, status });
     }
     let app = Arc::new(http::App::new(log.clone(), Arc::clone(&config), pipelines, db));
+    let alerting = tokio::spawn(alerts::run(Arc::clone(&app)));
     let retention_log = log.clone();
     let retention = tokio::spawn(async move {
         loop {
@@ -149,6 +151,7 @@ pub async fn serve(
     on_listen(listener.local_addr()?);
     let served = axum::serve(listener, http::router(app)).with_graceful_shutdown(shutdown).await;
     retention.abort();
+    alerting.abort();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     for t in threads {
         let _ = tokio::task::spawn_blocking(move || t.join()).await;

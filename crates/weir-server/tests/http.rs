@@ -50,9 +50,13 @@ struct Server {
 
 impl Server {
     fn start(name: &str, config: &str) -> Server {
+        Server::start_with(name, CONTRACT, config)
+    }
+
+    fn start_with(name: &str, contract: &str, config: &str) -> Server {
         let dir = std::env::temp_dir().join(format!("weir-server-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let contract = Contract::parse("paid.toml", CONTRACT).unwrap();
+        let contract = Contract::parse("paid.toml", contract).unwrap();
         let config = ServerConfig::parse("weir.toml", config).unwrap();
         let log_options = LogOptions::default();
         let fail = log_options.fail_writes.clone();
@@ -281,4 +285,72 @@ fn a_silent_partition_stops_holding_the_watermark_after_idle_timeout() {
     let status: serde_json::Value =
         serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", idle.url)).1).unwrap();
     assert!(status["partitions"].as_array().unwrap().iter().any(|p| p["idle"] == true), "{status}");
+}
+
+/// A webhook receiver: every POST body, in order.
+fn receiver() -> (String, std::sync::mpsc::Receiver<serde_json::Value>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_ok() {
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                if let Ok(v) = serde_json::from_slice(&body) {
+                    let _ = tx.send(v);
+                }
+            }
+        }
+    });
+    (url, rx)
+}
+
+#[test]
+fn an_alert_fires_with_its_fields_reaches_the_webhook_and_resolves() {
+    let (url, notes) = receiver();
+    let contract = format!("{CONTRACT}\n[alerts]\nmax_watermark_age = \"10m\"\nwebhook = \"{url}\"\n");
+    let s = Server::start_with("alerts", &contract, "");
+    let events = format!("{}/v1/topics/payments/events", s.url);
+    // Event times a year old: the watermark is far behind the clock.
+    assert_eq!(post(&events, &event(1, 1, 0, "1.00")).0, 200);
+    let fired = notes.recv_timeout(Duration::from_secs(15)).expect("no alert reached the webhook");
+    assert_eq!(fired["status"], "firing", "{fired}");
+    assert_eq!(fired["alert"], "max_watermark_age");
+    assert_eq!(
+        (fired["pipeline"].as_str(), fired["owner"].as_str(), fired["steward"].as_str()),
+        (Some("paid"), Some("billing-ops"), Some("data-platform"))
+    );
+    assert_eq!(fired["decision"], "Unlock paid features");
+    assert_eq!(fired["threshold"], "10m");
+    assert!(fired["observed"].as_str().is_some_and(|o| o.ends_with('d') || o.contains('h')), "{fired}");
+    assert!(fired["question"].as_str().is_some_and(|q| q.ends_with('?')), "{fired}");
+    let status: serde_json::Value =
+        serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", s.url)).1).unwrap();
+    assert_eq!(status["alerts"][0]["alert"], "max_watermark_age", "{status}");
+    // An event of now brings the watermark to the clock: the alert resolves.
+    let now = weir_log::now_ms() - 1_764_374_400_000;
+    assert_eq!(post(&events, &event(2, 1, now, "1.00")).0, 200);
+    let resolved = notes.recv_timeout(Duration::from_secs(15)).expect("no resolution reached the webhook");
+    assert_eq!(
+        (resolved["status"].as_str(), resolved["alert"].as_str()),
+        (Some("resolved"), Some("max_watermark_age")),
+        "{resolved}"
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", s.url)).1).unwrap();
+    assert_eq!(status["alerts"], serde_json::json!([]), "{status}");
 }

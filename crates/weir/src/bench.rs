@@ -1,6 +1,6 @@
 //! `weir bench ingest|latency|recovery`: the server's benchmarks
 //! (BENCHMARKS.md). Each starts its own `weir serve` on a temporary folder
-//! with the payments contract and prints what it measured.
+//! with the demo's payments contract and prints what it measured.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -12,40 +12,8 @@ use std::time::{Duration, Instant};
 use crate::gen::{PaymentStream, Profile, GEN_START_MS};
 use crate::Failure;
 
-const CONTRACT: &str = r#"[pipeline]
-name = "paid_revenue"
-version = 1
-owner = "billing-ops"
-steward = "data-platform"
-decision = "Unlock paid features within seconds of payment approval"
-
-[source]
-topic = "payments"
-event_time = "approved_at"
-key = ["account_id"]
-event_id = "payment_id"
-where = 'status == "approved"'
-max_delay = "30s"
-
-[window]
-type = "tumbling"
-size = "1m"
-allowed_lateness = "2m"
-late = "revise"
-early = true
-
-[dedup]
-horizon = "10m"
-
-[[aggregate]]
-name = "revenue"
-fn = "sum"
-field = "amount"
-
-[[aggregate]]
-name = "payments"
-fn = "count"
-"#;
+/// The demo's payments contract (`early = true`, 2 minutes of lateness, dedup by payment id).
+const CONTRACT: &str = crate::live::PAYMENTS;
 
 const CONFIG: &str = "[topics.payments]\npartitions = 2\nkey = \"account_id\"\n";
 

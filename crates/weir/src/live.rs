@@ -15,7 +15,7 @@ use weir_log::LogOptions;
 use crate::gen::{PaymentStream, Profile, Rng};
 use crate::Failure;
 
-const PAYMENTS: &str = r#"# Payments approved per account per minute: the number that unlocks paid features.
+pub const PAYMENTS: &str = r#"# Payments approved per account per minute: the number that unlocks paid features.
 [pipeline]
 name = "paid_revenue"
 version = 1

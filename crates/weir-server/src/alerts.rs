@@ -1,0 +1,223 @@
+//! Alerts from the contracts' `[alerts]` sections, evaluated every second.
+//!
+//! An alert fires when its observed value passes the threshold and resolves
+//! when the value comes back; each change is a notification POSTed as JSON
+//! to the contract's `webhook` (else weir.toml's `alert_webhook`), retried
+//! with backoff on a thread of its own, so delivery never blocks processing.
+//! Firing alerts are shown by `status`.
+//!
+//! Observed values: `max_lag` the log time between the oldest record not yet
+//! read and the newest record (per partition, the largest);
+//! `max_watermark_age` now minus the watermark; `max_oldest_unprocessed` now
+//! minus the append time of the oldest record not yet read;
+//! `max_ledger_rate` ledger entries per event read over the last minute.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weir_contract::Alerts;
+use weir_engine::time::format_rfc3339_ms;
+
+use crate::http::{status_json, App};
+use crate::pipeline::lock;
+
+/// One firing alert.
+#[derive(Debug, Clone)]
+pub struct Firing {
+    pub alert: &'static str,
+    pub threshold: String,
+    pub observed: String,
+    pub since_ms: i64,
+}
+
+#[derive(Default)]
+pub struct AlertState {
+    /// Firing alerts by pipeline.
+    pub firing: BTreeMap<String, Vec<Firing>>,
+    /// Notifications sent and failed for good, for status and tests.
+    pub delivered: u64,
+    pub undelivered: u64,
+    history: BTreeMap<String, VecDeque<(Instant, u64, u64)>>,
+}
+
+struct Check {
+    alert: &'static str,
+    /// Observed and threshold, comparable.
+    observed: f64,
+    threshold: f64,
+    show: fn(f64) -> String,
+    question: &'static str,
+}
+
+fn ms(v: f64) -> String {
+    weir_contract::format_duration_ms(v.max(0.0) as i64)
+}
+
+fn ratio(v: f64) -> String {
+    format!("{v:.4}")
+}
+
+fn checks(alerts: &Alerts, status: &serde_json::Value, ledger_rate: Option<f64>) -> Vec<Check> {
+    let mut out = Vec::new();
+    let value = |k: &str| status[k].as_i64().map(|v| v as f64);
+    if let (Some(t), Some(v)) = (alerts.max_lag_ms, value("lag_ms")) {
+        out.push(Check {
+            alert: "max_lag",
+            observed: v,
+            threshold: t as f64,
+            show: ms,
+            question: "Is the pipeline keeping up with the log, or did a burst of events arrive?",
+        });
+    }
+    if let Some(t) = alerts.max_watermark_age_ms {
+        // No watermark yet counts as infinitely old only once events were read.
+        let v = value("watermark_age_ms").or_else(|| (status["events"]["read"].as_u64() > Some(0)).then_some(f64::MAX));
+        if let Some(v) = v {
+            out.push(Check {
+                alert: "max_watermark_age",
+                observed: v,
+                threshold: t as f64,
+                show: ms,
+                question: "Has a source or partition stopped sending, or are event times far behind the clock?",
+            });
+        }
+    }
+    if let (Some(t), Some(v)) = (alerts.max_oldest_unprocessed_ms, value("oldest_unprocessed_age_ms")) {
+        out.push(Check {
+            alert: "max_oldest_unprocessed",
+            observed: v,
+            threshold: t as f64,
+            show: ms,
+            question: "Is the pipeline stuck or paused while events wait in the log?",
+        });
+    }
+    if let (Some(t), Some(v)) = (alerts.max_ledger_rate, ledger_rate) {
+        out.push(Check {
+            alert: "max_ledger_rate",
+            observed: v,
+            threshold: t,
+            show: ratio,
+            question: "Did a producer change its event format, or start resending?",
+        });
+    }
+    out
+}
+
+/// Evaluates every pipeline's alerts once a second, forever.
+pub async fn run(app: Arc<App>) {
+    let (tx, rx) = std::sync::mpsc::channel::<(String, serde_json::Value)>();
+    let delivery = Arc::clone(&app);
+    std::thread::Builder::new().name("weir-alerts".into()).spawn(move || deliver(&delivery, &rx)).ok();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let a = Arc::clone(&app);
+        let tx = tx.clone();
+        let _ = tokio::task::spawn_blocking(move || evaluate(&a, &tx)).await;
+    }
+}
+
+fn evaluate(app: &App, tx: &std::sync::mpsc::Sender<(String, serde_json::Value)>) {
+    let now = weir_log::now_ms();
+    for (name, p) in &app.pipelines {
+        let Some(alerts) = &p.contract.alerts else { continue };
+        let status = status_json(app, name, p);
+        let read = status["events"]["read"].as_u64().unwrap_or(0);
+        let ledger: u64 = status["ledger"].as_object().map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
+        let rate = {
+            let mut state = lock(&app.alerts);
+            let h = state.history.entry(name.clone()).or_default();
+            h.push_back((Instant::now(), read, ledger));
+            while h.len() > 2 && h.front().is_some_and(|(t, _, _)| t.elapsed() > Duration::from_secs(60)) {
+                h.pop_front();
+            }
+            let (first, last) = (h.front().copied(), h.back().copied());
+            match (first, last) {
+                (Some((_, r0, l0)), Some((_, r1, l1))) if r1 > r0 => Some((l1 - l0) as f64 / (r1 - r0) as f64),
+                _ => None,
+            }
+        };
+        let webhook = alerts.webhook.clone().or_else(|| app.config.alert_webhook.clone());
+        let mut state = lock(&app.alerts);
+        let firing = state.firing.entry(name.clone()).or_default();
+        for c in checks(alerts, &status, rate) {
+            let over = c.observed > c.threshold;
+            let at = firing.iter().position(|f| f.alert == c.alert);
+            let change = match (over, at) {
+                (true, None) => {
+                    firing.push(Firing {
+                        alert: c.alert,
+                        threshold: (c.show)(c.threshold),
+                        observed: (c.show)(c.observed),
+                        since_ms: now,
+                    });
+                    Some(("firing", firing.len() - 1))
+                }
+                (true, Some(i)) => {
+                    firing[i].observed = (c.show)(c.observed);
+                    None
+                }
+                (false, Some(i)) => Some(("resolved", i)),
+                (false, None) => None,
+            };
+            let Some((what, i)) = change else { continue };
+            let f = firing[i].clone();
+            if what == "resolved" {
+                firing.remove(i);
+            }
+            let c2 = &p.contract.pipeline;
+            let note = serde_json::json!({
+                "status": what,
+                "alert": c.alert,
+                "pipeline": name,
+                "version": c2.version,
+                "owner": c2.owner,
+                "steward": c2.steward,
+                "decision": c2.decision,
+                "threshold": f.threshold,
+                "observed": (c.show)(c.observed),
+                "question": c.question,
+                "since": format_rfc3339_ms(f.since_ms),
+                "at": format_rfc3339_ms(now),
+            });
+            eprintln!(
+                "weir: alert {what}: {name} {} observed {} (threshold {})",
+                c.alert,
+                (c.show)(c.observed),
+                f.threshold
+            );
+            if let Some(url) = &webhook {
+                let _ = tx.send((url.clone(), note));
+            }
+        }
+    }
+}
+
+/// Sends notifications in order, each retried with backoff for up to a minute.
+fn deliver(app: &App, rx: &std::sync::mpsc::Receiver<(String, serde_json::Value)>) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    for (url, note) in rx {
+        let started = Instant::now();
+        let mut wait = Duration::from_millis(250);
+        let body = note.to_string();
+        loop {
+            let sent = agent.post(&url).header("content-type", "application/json").send(&body);
+            if matches!(&sent, Ok(r) if r.status().is_success()) {
+                lock(&app.alerts).delivered += 1;
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                eprintln!("weir: could not deliver an alert to {url} for a minute; it stays in status");
+                lock(&app.alerts).undelivered += 1;
+                break;
+            }
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(Duration::from_secs(8));
+        }
+    }
+}
