@@ -188,3 +188,115 @@ fn plain(v: &serde_json::Value) -> String {
         other => other.to_string(),
     }
 }
+
+fn get_json(agent: &ureq::Agent, url: &str) -> Result<String, Failure> {
+    let mut r = agent
+        .get(url)
+        .call()
+        .map_err(|e| Failure::run(anyhow::anyhow!("cannot reach {url}: {e}; is weir serve running there?")))?;
+    let code = r.status().as_u16();
+    let body = r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap_or_default();
+    if code != 200 {
+        return Err(Failure::run(anyhow::anyhow!("{} ({code})", error_text(&body))));
+    }
+    Ok(body)
+}
+
+/// `weir status [PIPELINE]`: a one-screen health summary of each pipeline.
+pub fn status(url: &str, pipeline: Option<&str>) -> Result<(), Failure> {
+    let base = url.trim_end_matches('/');
+    let agent = agent();
+    let listed = get_json(&agent, &format!("{base}/v1/pipelines"))?;
+    let mut shown = 0;
+    for line in listed.lines() {
+        let p: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+        let Some(name) = p["name"].as_str() else { continue };
+        if pipeline.is_some_and(|want| want != name) {
+            continue;
+        }
+        let s: serde_json::Value =
+            serde_json::from_str(&get_json(&agent, &format!("{base}/v1/pipelines/{name}/status"))?).unwrap_or_default();
+        print!("{}", summary(&p, &s));
+        shown += 1;
+    }
+    if shown == 0 {
+        let want = pipeline.unwrap_or("any");
+        return Err(Failure::run(anyhow::anyhow!("no pipeline {want:?} at {base}; see {base}/v1/pipelines")));
+    }
+    Ok(())
+}
+
+fn age(ms: &serde_json::Value) -> String {
+    match ms.as_i64() {
+        Some(ms) if ms < 1_000 => format!("{ms}ms"),
+        Some(ms) if ms < 120_000 => format!("{:.1}s", ms as f64 / 1e3),
+        Some(ms) => weir_contract::format_duration_ms(ms / 1000 * 1000),
+        None => "-".into(),
+    }
+}
+
+/// One pipeline's summary: identity, time, volume, output, ledger, alerts.
+pub fn summary(p: &serde_json::Value, s: &serde_json::Value) -> String {
+    let mut out = format!(
+        "{} v{}  owner {}, steward {}\n  decision: {}\n",
+        plain(&p["name"]),
+        plain(&p["version"]),
+        plain(&p["owner"]),
+        plain(&p["steward"]),
+        plain(&p["decision"])
+    );
+    if let Some(f) = s["failed"].as_str() {
+        out.push_str(&format!("  STOPPED: {f}\n"));
+    }
+    out.push_str(&format!(
+        "  watermark {} (age {})  lag {} records ({})  oldest unprocessed {}\n",
+        plain(&s["watermark"]),
+        age(&s["watermark_age_ms"]),
+        plain(&s["lag_records"]),
+        age(&s["lag_ms"]),
+        age(&s["oldest_unprocessed_age_ms"])
+    ));
+    let e = &s["events"];
+    out.push_str(&format!(
+        "  events read {} counted {} filtered {} late-allowed {}\n",
+        plain(&e["read"]),
+        plain(&e["counted"]),
+        plain(&e["filtered"]),
+        plain(&e["late_allowed"])
+    ));
+    let r = &s["rows"];
+    out.push_str(&format!(
+        "  rows provisional {} settled {} retracted {}  open windows {}  checkpoint {} ago\n",
+        plain(&r["provisional"]),
+        plain(&r["settled"]),
+        plain(&r["retracted"]),
+        plain(&s["open_windows"]),
+        age(&s["checkpoint_age_ms"])
+    ));
+    let ledger: Vec<String> = s["ledger"]
+        .as_object()
+        .map(|m| m.iter().filter(|(_, v)| v.as_u64() != Some(0)).map(|(k, v)| format!("{k} {v}")).collect())
+        .unwrap_or_default();
+    out.push_str(&format!(
+        "  ledger: {}\n",
+        if ledger.is_empty() { "nothing left out".into() } else { ledger.join(", ") }
+    ));
+    let alerts: Vec<String> = s["alerts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|f| {
+                    format!(
+                        "FIRING {} observed {} (threshold {}) since {}",
+                        plain(&f["alert"]),
+                        plain(&f["observed"]),
+                        plain(&f["threshold"]),
+                        plain(&f["since"])
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push_str(&format!("  alerts: {}\n", if alerts.is_empty() { "none".into() } else { alerts.join("; ") }));
+    out
+}

@@ -108,6 +108,12 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         retry_for: u64,
     },
+    /// A one-screen health summary of every pipeline (or one) of a running server.
+    Status {
+        pipeline: Option<String>,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
     /// Print a pipeline's current rows from a running server.
     Results {
         pipeline: String,
@@ -271,6 +277,7 @@ fn main() -> ExitCode {
             batch: batch.max(1),
             give_up_after: std::time::Duration::from_secs(retry_for),
         }),
+        Command::Status { pipeline, url } => client::status(&url, pipeline.as_deref()),
         Command::Results { pipeline, url, status, format } => {
             client::results(&url, &pipeline, status.as_deref(), format == Format::Json)
         }

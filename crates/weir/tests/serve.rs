@@ -69,6 +69,21 @@ fn produce_results_and_a_refusal_on_a_damaged_log() {
         assert!(header.contains(column), "{header}");
     }
     assert!(table.trim_end().ends_with(&format!("{} rows", rows.len())), "{table}");
+    let st = weir(&[&"status", &"--url", &base]);
+    assert!(st.status.success(), "{}", text(&st.stderr));
+    let screen = text(&st.stdout);
+    for words in [
+        "paid_revenue v1",
+        "owner billing-ops",
+        "events read 3000",
+        "lag 0 records",
+        "ledger: duplicate",
+        "alerts: none",
+    ] {
+        assert!(screen.contains(words), "{words}: {screen}");
+    }
+    let missing = weir(&[&"status", &"nope", &"--url", &base]);
+    assert_eq!(missing.status.code(), Some(1));
     let missing = weir(&[&"results", &"nope", &"--url", &base]);
     assert!(text(&missing.stderr).contains("no pipeline \"nope\""), "{}", text(&missing.stderr));
 
