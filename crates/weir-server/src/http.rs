@@ -90,6 +90,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/pipelines/{name}/changes", get(changes))
         .route("/v1/pipelines/{name}/ledger", get(ledger))
         .route("/v1/pipelines/{name}/status", get(status))
+        .route("/v1/pipelines/{name}/pause", axum::routing::post(pause))
+        .route("/v1/pipelines/{name}/resume", axum::routing::post(resume))
+        .route("/v1/audit", get(audit))
         .route("/metrics", get(metrics))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .with_state(app)
@@ -430,6 +433,7 @@ pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
         "last_checkpoint": (s.last_checkpoint_ms > 0).then(|| format_rfc3339_ms(s.last_checkpoint_ms)),
         "checkpoint_age_ms": (s.last_checkpoint_ms > 0).then(|| now.saturating_sub(s.last_checkpoint_ms)),
         "failed": s.failed,
+        "paused": p.paused.load(Ordering::SeqCst),
         "alerts": lock(&app.alerts).firing.get(name).map_or_else(Vec::new, |f| f.iter().map(|f| serde_json::json!({
             "alert": f.alert, "threshold": f.threshold, "observed": f.observed, "since": format_rfc3339_ms(f.since_ms),
         })).collect()),
@@ -497,6 +501,12 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             m.gauge("weir_watermark_age_ms", "Now minus the watermark, in milliseconds.", &base, age);
         }
         m.gauge("weir_open_windows", "Windows open in the engine.", &base, s["open_windows"].as_i64().unwrap_or(0));
+        m.gauge(
+            "weir_pipeline_paused",
+            "1 while an operator has paused publishing.",
+            &base,
+            i64::from(s["paused"] == true),
+        );
         if let Some(age) = s["checkpoint_age_ms"].as_i64() {
             m.gauge("weir_checkpoint_age_ms", "Milliseconds since the last checkpoint.", &base, age);
         }
@@ -548,4 +558,45 @@ impl Metrics {
         }
         out
     }
+}
+
+/// Who acts and why: required on every operator action (the audit log keeps both).
+#[derive(serde::Deserialize)]
+struct Action {
+    who: Option<String>,
+    why: Option<String>,
+}
+
+fn who_and_why(body: &Bytes) -> Result<(String, String), ApiError> {
+    let a: Action = serde_json::from_slice(body)
+        .map_err(|e| bad(format!("the body must be JSON like {{\"who\":\"alice\",\"why\":\"...\"}}: {e}")))?;
+    match (a.who.filter(|w| !w.trim().is_empty()), a.why.filter(|w| !w.trim().is_empty())) {
+        (Some(who), Some(why)) => Ok((who, why)),
+        _ => Err(bad("say who acts and why: {\"who\":\"alice\",\"why\":\"...\"} (both are kept in the audit log)")),
+    }
+}
+
+async fn set_paused(app: Arc<App>, name: String, body: Bytes, pause: bool) -> Result<Response, ApiError> {
+    let p = pipeline(&app, &name)?;
+    let (who, why) = who_and_why(&body)?;
+    let was = p.paused.swap(pause, Ordering::SeqCst);
+    let action = if pause { "pause" } else { "resume" };
+    let detail = serde_json::json!({ "was_paused": was });
+    let (n, d, w, pn) = (who.clone(), detail.clone(), why.clone(), name.clone());
+    let seq = app.read(move |c| store::audit(c, &n, action, Some(&pn), &d, &w)).await?;
+    Ok(json(serde_json::json!({ "pipeline": name, "paused": pause, "was_paused": was, "audit": seq })))
+}
+
+async fn pause(State(app): State<Arc<App>>, Path(name): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+    set_paused(app, name, body, true).await
+}
+
+async fn resume(State(app): State<Arc<App>>, Path(name): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+    set_paused(app, name, body, false).await
+}
+
+async fn audit(State(app): State<Arc<App>>, Query(q): Query<BTreeMap<String, String>>) -> Result<Response, ApiError> {
+    let since = param(&q, "since", 1i64)?;
+    let limit = param(&q, "limit", 10_000i64)?;
+    Ok(joined(app.read(move |c| store::audit_log(c, since, limit)).await?))
 }

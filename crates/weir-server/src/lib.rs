@@ -119,6 +119,7 @@ pub async fn serve(
     let mut pipelines = BTreeMap::new();
     for contract in opts.contracts {
         let status = Arc::new(Mutex::new(Status::default()));
+        let paused = Arc::new(AtomicBool::new(false));
         let runner = Runner {
             contract: contract.clone(),
             config: Arc::clone(&config),
@@ -126,11 +127,12 @@ pub async fn serve(
             conn: store::open_writer(&db)?,
             status: Arc::clone(&status),
             stop: Arc::clone(&stop),
+            paused: Arc::clone(&paused),
             runtime: tokio::runtime::Handle::current(),
         };
         let name = contract.pipeline.name.clone();
         threads.push(std::thread::Builder::new().name(format!("weir-pipeline-{name}")).spawn(move || runner.run())?);
-        pipelines.insert(name, Pipeline { contract, status });
+        pipelines.insert(name, Pipeline { contract, status, paused });
     }
     let app = Arc::new(http::App::new(log.clone(), Arc::clone(&config), pipelines, db));
     let alerting = tokio::spawn(alerts::run(Arc::clone(&app)));

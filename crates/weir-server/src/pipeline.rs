@@ -47,6 +47,8 @@ pub struct Status {
 pub struct Pipeline {
     pub contract: Contract,
     pub status: Arc<Mutex<Status>>,
+    /// Publishing paused by an operator (processing goes on).
+    pub paused: Arc<AtomicBool>,
 }
 
 pub struct Runner {
@@ -56,6 +58,7 @@ pub struct Runner {
     pub conn: Connection,
     pub status: Arc<Mutex<Status>>,
     pub stop: Arc<AtomicBool>,
+    pub paused: Arc<AtomicBool>,
     pub runtime: tokio::runtime::Handle,
 }
 
@@ -92,6 +95,11 @@ impl Runner {
             None => (Engine::new(c, Mode::Stream, partitions)?, 1, 1),
         };
         engine.track_changes();
+        // A pause survives restarts; an operator's resume takes effect at the next checkpoint.
+        let mut published_paused = store::is_paused(&self.conn, &c.pipeline.name)?;
+        if published_paused {
+            self.paused.store(true, Ordering::SeqCst);
+        }
         let idle_after = Duration::from_millis(self.config.idle_timeout_ms.max(0) as u64);
         let interval = Duration::from_millis(self.config.checkpoint_interval_ms.max(1) as u64);
         let mut changes = self.log.subscribe(&topic)?;
@@ -131,6 +139,10 @@ impl Runner {
                     dirty = true;
                 }
             }
+            let paused = self.paused.load(Ordering::SeqCst);
+            if paused != published_paused {
+                dirty = true;
+            }
             let due = last_checkpoint.elapsed() >= interval || since_checkpoint >= self.config.checkpoint_events;
             if dirty && (due || stopping) {
                 let now = weir_log::now_ms();
@@ -148,8 +160,10 @@ impl Runner {
                         next_seq,
                         next_ledger,
                         now_ms: now,
+                        paused,
                     },
                 )?;
+                published_paused = paused;
                 (next_seq, next_ledger) = (s, l);
                 out.clear();
                 dirty = false;

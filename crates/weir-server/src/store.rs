@@ -19,6 +19,9 @@
 //! | `results` | the latest row of every key and window |
 //! | `changes` | every row in emission order (`seq` from 1) |
 //! | `ledger` | every ledger entry in order (`seq` from 1) |
+//! | `pauses` | a paused pipeline: the first change `seq` not published |
+//! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
+//! | `audit` | operator actions: who, when, what, why (append-only: triggers refuse updates and deletes) |
 
 use std::path::Path;
 
@@ -50,6 +53,18 @@ CREATE TABLE IF NOT EXISTS ledger (
     pipeline TEXT NOT NULL, seq INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
     PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS ledger_reason ON ledger (pipeline, reason, seq);
+CREATE TABLE IF NOT EXISTS pauses (pipeline TEXT PRIMARY KEY, from_seq INTEGER NOT NULL, at_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS held_results (
+    pipeline TEXT NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL, window_end INTEGER,
+    status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
+    PRIMARY KEY (pipeline, key, window_start)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, who TEXT NOT NULL, action TEXT NOT NULL,
+    pipeline TEXT, detail TEXT NOT NULL, why TEXT NOT NULL);
+CREATE TRIGGER IF NOT EXISTS audit_append_only_update BEFORE UPDATE ON audit
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS audit_append_only_delete BEFORE DELETE ON audit
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 ";
 
 /// A global window's start in the `results` key (it has none).
@@ -177,7 +192,9 @@ pub fn load(conn: &mut Connection, pipeline: &str, version: u32, text_hash: u64)
 /// Removes a pipeline's checkpoint and everything it published.
 pub fn forget(conn: &mut Connection, pipeline: &str) -> anyhow::Result<()> {
     let tx = conn.transaction()?;
-    for table in ["offsets", "state_windows", "state_id_batches", "results", "changes", "ledger"] {
+    for table in
+        ["offsets", "state_windows", "state_id_batches", "results", "changes", "ledger", "pauses", "held_results"]
+    {
         tx.execute(&format!("DELETE FROM {table} WHERE pipeline = ?1"), [pipeline])?;
     }
     tx.execute("DELETE FROM pipelines WHERE name = ?1", [pipeline])?;
@@ -197,6 +214,9 @@ pub struct CheckpointWrite<'a> {
     pub next_seq: i64,
     pub next_ledger: i64,
     pub now_ms: i64,
+    /// Publishing is paused: rows go to the change stream past the pause
+    /// point (hidden from readers) and to `held_results`.
+    pub paused: bool,
 }
 
 /// Writes one checkpoint in one transaction; returns the next change and
@@ -204,15 +224,25 @@ pub struct CheckpointWrite<'a> {
 pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Result<(i64, i64)> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let (mut seq, mut lseq) = (w.next_seq, w.next_ledger);
+    if w.paused {
+        tx.prepare_cached("INSERT OR IGNORE INTO pauses (pipeline, from_seq, at_ms) VALUES (?1, ?2, ?3)")?
+            .execute(params![w.pipeline, seq, w.now_ms])?;
+    } else if tx.prepare_cached("DELETE FROM pauses WHERE pipeline = ?1")?.execute([w.pipeline])? > 0 {
+        // Resumed: what was held is published with this checkpoint.
+        tx.prepare_cached("INSERT OR REPLACE INTO results SELECT * FROM held_results WHERE pipeline = ?1")?
+            .execute([w.pipeline])?;
+        tx.prepare_cached("DELETE FROM held_results WHERE pipeline = ?1")?.execute([w.pipeline])?;
+    }
+    let results_table = if w.paused { "held_results" } else { "results" };
     {
         let mut change = tx.prepare_cached("INSERT INTO changes (pipeline, seq, row) VALUES (?1, ?2, ?3)")?;
-        let mut result = tx.prepare_cached(
-            "INSERT INTO results (pipeline, key, window_start, window_end, status, revision, row)
+        let mut result = tx.prepare_cached(&format!(
+            "INSERT INTO {results_table} (pipeline, key, window_start, window_end, status, revision, row)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
              ON CONFLICT (pipeline, key, window_start) DO UPDATE SET
                window_end = excluded.window_end, status = excluded.status,
-               revision = excluded.revision, row = excluded.row",
-        )?;
+               revision = excluded.revision, row = excluded.row"
+        ))?;
         // Every row goes to the change stream; only the last of each window to `results`.
         let mut last: std::collections::HashMap<(&[u8], i64), (usize, String)> = std::collections::HashMap::new();
         let mut text = String::new();
@@ -347,9 +377,14 @@ pub fn results(conn: &Connection, pipeline: &str, f: &ResultFilter) -> rusqlite:
     rows.collect()
 }
 
+/// The published change stream from `since`: rows past a pause point stay
+/// hidden until the pipeline resumes.
 pub fn changes(conn: &Connection, pipeline: &str, since: i64, limit: i64) -> rusqlite::Result<Vec<String>> {
-    let mut stmt =
-        conn.prepare_cached("SELECT row FROM changes WHERE pipeline = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3")?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT row FROM changes WHERE pipeline = ?1 AND seq >= ?2
+           AND seq < coalesce((SELECT from_seq FROM pauses WHERE pipeline = ?1), 9223372036854775807)
+         ORDER BY seq LIMIT ?3",
+    )?;
     let rows = stmt.query_map(params![pipeline, since, limit], |r| r.get::<_, String>(0))?;
     rows.collect()
 }
@@ -366,5 +401,47 @@ pub fn ledger(
          ORDER BY seq LIMIT ?4",
     )?;
     let rows = stmt.query_map(params![pipeline, reason, since, limit], |r| r.get::<_, String>(0))?;
+    rows.collect()
+}
+
+/// Whether the pipeline's publishing was paused (a pause survives restarts).
+pub fn is_paused(conn: &Connection, pipeline: &str) -> rusqlite::Result<bool> {
+    conn.query_row("SELECT count(*) FROM pauses WHERE pipeline = ?1", [pipeline], |r| r.get::<_, i64>(0)).map(|n| n > 0)
+}
+
+/// One operator action, appended to the audit log; returns its `seq`.
+pub fn audit(
+    conn: &Connection,
+    who: &str,
+    action: &str,
+    pipeline: Option<&str>,
+    detail: &serde_json::Value,
+    why: &str,
+) -> rusqlite::Result<i64> {
+    conn.execute(
+        "INSERT INTO audit (at_ms, who, action, pipeline, detail, why) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![weir_log::now_ms(), who, action, pipeline, detail.to_string(), why],
+    )?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// The audit log from `since`, as JSON lines.
+pub fn audit_log(conn: &Connection, since: i64, limit: i64) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, at_ms, who, action, pipeline, detail, why FROM audit WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(params![since, limit], |r| {
+        let detail: String = r.get(5)?;
+        Ok(serde_json::json!({
+            "seq": r.get::<_, i64>(0)?,
+            "at": weir_engine::time::format_rfc3339_ms(r.get(1)?),
+            "who": r.get::<_, String>(2)?,
+            "action": r.get::<_, String>(3)?,
+            "pipeline": r.get::<_, Option<String>>(4)?,
+            "detail": serde_json::from_str::<serde_json::Value>(&detail).unwrap_or(serde_json::Value::Null),
+            "why": r.get::<_, String>(6)?,
+        })
+        .to_string())
+    })?;
     rows.collect()
 }

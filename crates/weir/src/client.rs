@@ -300,3 +300,31 @@ pub fn summary(p: &serde_json::Value, s: &serde_json::Value) -> String {
     out.push_str(&format!("  alerts: {}\n", if alerts.is_empty() { "none".into() } else { alerts.join("; ") }));
     out
 }
+
+/// `weir pause|resume PIPELINE --who --why`: an operator action, kept in the audit log.
+pub fn act(url: &str, pipeline: &str, action: &str, who: &str, why: &str) -> Result<(), Failure> {
+    let target = format!("{}/v1/pipelines/{pipeline}/{action}", url.trim_end_matches('/'));
+    let body = serde_json::json!({ "who": who, "why": why }).to_string();
+    let mut r = agent()
+        .post(&target)
+        .header("content-type", "application/json")
+        .send(&body)
+        .map_err(|e| Failure::run(anyhow::anyhow!("cannot reach {url}: {e}; is weir serve running there?")))?;
+    let code = r.status().as_u16();
+    let text = r.body_mut().read_to_string().unwrap_or_default();
+    if code != 200 {
+        return Err(Failure::run(anyhow::anyhow!("{} ({code})", error_text(&text))));
+    }
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    eprintln!(
+        "weir: {pipeline} {} (audit entry {}){}",
+        if action == "pause" {
+            "paused: rows are held until resume; processing goes on"
+        } else {
+            "resumed: held rows are published"
+        },
+        plain(&v["audit"]),
+        if v["was_paused"] == (action == "pause") { "; it already was" } else { "" }
+    );
+    Ok(())
+}

@@ -114,6 +114,26 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
     },
+    /// Stop publishing a pipeline's rows (processing goes on; nothing is lost); recorded in the audit log.
+    Pause {
+        pipeline: String,
+        #[arg(long)]
+        who: String,
+        #[arg(long)]
+        why: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
+    /// Publish everything held since the pause, and go on publishing; recorded in the audit log.
+    Resume {
+        pipeline: String,
+        #[arg(long)]
+        who: String,
+        #[arg(long)]
+        why: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
     /// Print a pipeline's current rows from a running server.
     Results {
         pipeline: String,
@@ -277,6 +297,8 @@ fn main() -> ExitCode {
             batch: batch.max(1),
             give_up_after: std::time::Duration::from_secs(retry_for),
         }),
+        Command::Pause { pipeline, who, why, url } => client::act(&url, &pipeline, "pause", &who, &why),
+        Command::Resume { pipeline, who, why, url } => client::act(&url, &pipeline, "resume", &who, &why),
         Command::Status { pipeline, url } => client::status(&url, pipeline.as_deref()),
         Command::Results { pipeline, url, status, format } => {
             client::results(&url, &pipeline, status.as_deref(), format == Format::Json)

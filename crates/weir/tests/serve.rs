@@ -82,6 +82,13 @@ fn produce_results_and_a_refusal_on_a_damaged_log() {
     ] {
         assert!(screen.contains(words), "{words}: {screen}");
     }
+    let paused = weir(&[&"pause", &"paid_revenue", &"--who", &"alice", &"--why", &"checking amounts", &"--url", &base]);
+    assert!(paused.status.success(), "{}", text(&paused.stderr));
+    assert!(text(&paused.stderr).contains("paid_revenue paused"), "{}", text(&paused.stderr));
+    assert_eq!(status(&base, "paid_revenue")["paused"], true);
+    let resumed = weir(&[&"resume", &"paid_revenue", &"--who", &"alice", &"--why", &"amounts fine", &"--url", &base]);
+    assert!(resumed.status.success(), "{}", text(&resumed.stderr));
+    assert_eq!(status(&base, "paid_revenue")["paused"], false);
     let missing = weir(&[&"status", &"nope", &"--url", &base]);
     assert_eq!(missing.status.code(), Some(1));
     let missing = weir(&[&"results", &"nope", &"--url", &base]);
