@@ -212,6 +212,16 @@ impl Engine {
         self.st.windows.len()
     }
 
+    /// About how many bytes the state holds: the window and id tables'
+    /// slots, the timers, and the windows' own allocations (keys, first/last
+    /// picks and distinct sets not counted).
+    pub fn state_bytes(&self) -> usize {
+        let windows = self.st.windows.slots() * (16 + std::mem::size_of::<Window>());
+        let windows_keys: usize = self.st.windows.iter().map(|(_, w)| w.key.len()).sum();
+        let ids = self.st.seen.slots() * (16 + std::mem::size_of::<Seen>());
+        windows + windows_keys + ids + self.st.timers.len() * 32
+    }
+
     /// Event ids remembered for duplicate detection (expired ones not counted).
     pub fn remembered_ids(&self) -> usize {
         let wm = self.st.wm;

@@ -46,6 +46,11 @@ impl<V: Default> HashedTable<V> {
         self.len
     }
 
+    /// Slots allocated (memory is slots times the key and value sizes).
+    pub(crate) fn slots(&self) -> usize {
+        self.keys.len()
+    }
+
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u128, &V)> {
         self.keys.iter().zip(&self.values).filter(|(k, _)| **k != 0).map(|(k, v)| (*k, v))
     }

@@ -34,6 +34,8 @@ pub struct App {
     pub pipelines: BTreeMap<String, Pipeline>,
     pub db: std::path::PathBuf,
     pub alerts: Mutex<crate::alerts::AlertState>,
+    /// From a POST's arrival to its events being durable.
+    pub durable: Mutex<crate::histogram::Histogram>,
     readers: Mutex<Vec<Connection>>,
     round_robin: AtomicU64,
 }
@@ -51,6 +53,7 @@ impl App {
             pipelines,
             db,
             alerts: Mutex::default(),
+            durable: Mutex::default(),
             readers: Mutex::new(Vec::new()),
             round_robin: AtomicU64::new(0),
         }
@@ -168,10 +171,14 @@ async fn post_events(State(app): State<Arc<App>>, Path(topic): Path<String>, bod
         return error(StatusCode::BAD_REQUEST, "the body has no events: send one JSON value per line");
     }
     let count = records.len();
+    let arrived = std::time::Instant::now();
     let answer = match app.log.append(&topic, records) {
         Ok(pending) => pending.wait().await,
         Err(e) => Err(e),
     };
+    if answer.is_ok() {
+        lock(&app.durable).observe(arrived.elapsed().as_secs_f64());
+    }
     match answer {
         Ok(offsets) => {
             let mut ranges: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
@@ -430,6 +437,7 @@ pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
         "ledger": ledger,
         "rows": {"provisional": c.rows_provisional, "settled": c.rows_settled, "retracted": c.rows_retracted},
         "open_windows": s.open_windows,
+        "state_bytes": s.state_bytes,
         "last_checkpoint": (s.last_checkpoint_ms > 0).then(|| format_rfc3339_ms(s.last_checkpoint_ms)),
         "checkpoint_age_ms": (s.last_checkpoint_ms > 0).then(|| now.saturating_sub(s.last_checkpoint_ms)),
         "failed": s.failed,
@@ -455,6 +463,8 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     m.counter("weir_log_group_commits_total", "Group commits (one fsync per touched partition each).", "", log.commits);
     m.counter("weir_log_appends_refused_total", "Appends refused because a write or fsync failed.", "", log.refused);
     m.gauge("weir_log_healthy", "1 while the log accepts writes.", "", i64::from(app.log.unhealthy().is_none()));
+    let durable = lock(&app.durable).clone();
+    m.histogram("weir_ingest_durable_latency_seconds", "From a POST's arrival to its events fsynced.", "", &durable);
     for (name, p) in &app.pipelines {
         let s = status_json(&app, name, p);
         let topic = &p.contract.source.topic;
@@ -502,6 +512,23 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         }
         m.gauge("weir_open_windows", "Windows open in the engine.", &base, s["open_windows"].as_i64().unwrap_or(0));
         m.gauge(
+            "weir_state_bytes",
+            "About how many bytes the engine's state holds.",
+            &base,
+            s["state_bytes"].as_i64().unwrap_or(0),
+        );
+        let (processing, checkpoint) = {
+            let st = lock(&p.status);
+            (st.processing.clone(), st.checkpoint_duration.clone())
+        };
+        m.histogram(
+            "weir_processing_latency_seconds",
+            "From an event's append to the log to its processing.",
+            &base,
+            &processing,
+        );
+        m.histogram("weir_checkpoint_duration_seconds", "How long a checkpoint took.", &base, &checkpoint);
+        m.gauge(
             "weir_pipeline_paused",
             "1 while an operator has paused publishing.",
             &base,
@@ -546,6 +573,14 @@ impl Metrics {
 
     fn gauge(&mut self, name: &str, help: &str, labels: &str, value: i64) {
         self.add(name, "gauge", help, labels, value.to_string());
+    }
+
+    fn histogram(&mut self, name: &str, help: &str, labels: &str, h: &crate::histogram::Histogram) {
+        let family = self.families.entry(name.to_owned()).or_default();
+        if self.described.insert(name.to_owned()) {
+            family.push(format!("# HELP {name} {help}\n# TYPE {name} histogram"));
+        }
+        family.extend(h.lines(name, labels));
     }
 
     fn text(&self) -> String {

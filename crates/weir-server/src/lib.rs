@@ -11,6 +11,7 @@
 //! Layout of `--data`: `log/` (the log's topics), `weir.db` (SQLite).
 
 mod alerts;
+mod histogram;
 mod http;
 mod pipeline;
 pub mod store;

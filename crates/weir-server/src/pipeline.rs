@@ -27,6 +27,7 @@ use weir_contract::{Contract, ServerConfig};
 use weir_engine::{Counters, Engine, EventIn, Mode, Output};
 use weir_log::Log;
 
+use crate::histogram::Histogram;
 use crate::store;
 
 /// What the HTTP side may read of a running pipeline.
@@ -42,6 +43,10 @@ pub struct Status {
     pub checkpoints: u64,
     /// Why the pipeline stopped, if it did.
     pub failed: Option<String>,
+    pub state_bytes: usize,
+    /// From an event's append to the log to its processing.
+    pub processing: Histogram,
+    pub checkpoint_duration: Histogram,
 }
 
 pub struct Pipeline {
@@ -125,6 +130,13 @@ impl Runner {
                     idle[i] = false;
                     engine.set_partition_idle(p, false, &mut out);
                 }
+                let now = weir_log::now_ms();
+                {
+                    let mut s = lock(&self.status);
+                    for r in &records {
+                        s.processing.observe(now.saturating_sub(r.append_ms).max(0) as f64 / 1e3);
+                    }
+                }
                 for r in &records {
                     engine.process(EventIn { partition: p, offset: r.offset, bytes: &r.payload }, &mut out);
                     offsets[i] = r.offset + 1;
@@ -146,6 +158,7 @@ impl Runner {
             let due = last_checkpoint.elapsed() >= interval || since_checkpoint >= self.config.checkpoint_events;
             if dirty && (due || stopping) {
                 let now = weir_log::now_ms();
+                let started = Instant::now();
                 let delta = engine.take_delta();
                 let (s, l) = store::checkpoint(
                     &mut self.conn,
@@ -164,6 +177,7 @@ impl Runner {
                     },
                 )?;
                 published_paused = paused;
+                lock(&self.status).checkpoint_duration.observe(started.elapsed().as_secs_f64());
                 (next_seq, next_ledger) = (s, l);
                 out.clear();
                 dirty = false;
@@ -190,6 +204,7 @@ impl Runner {
         s.offsets = offsets.to_vec();
         s.idle = idle.to_vec();
         s.open_windows = engine.open_windows();
+        s.state_bytes = engine.state_bytes();
         if let Some(ms) = checkpoint_ms {
             s.last_checkpoint_ms = ms;
             s.checkpoints += 1;

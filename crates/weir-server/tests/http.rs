@@ -439,3 +439,44 @@ fn pause_publishes_nothing_loses_nothing_and_resume_publishes_it_all() {
     assert!(refused.contains("append-only"), "{refused}");
     assert!(db.execute("DELETE FROM audit", []).is_err());
 }
+
+/// The value of the first sample of `name` with all of `labels`.
+fn sample(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .find(|l| {
+            l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']) && labels.iter().all(|x| l.contains(x))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} {labels:?} in\n{metrics}"))
+}
+
+#[test]
+fn metrics_move_with_the_input() {
+    let s = Server::start("metrics", "idle_timeout = \"1h\"\n");
+    let events = format!("{}/v1/topics/payments/events", s.url);
+    let metrics = || get(&format!("{}/metrics", s.url)).1;
+    let now = weir_log::now_ms() - 1_764_374_400_000;
+    assert_eq!(post(&events, &(event(1, 1, now, "1.00") + "\n" + &event(2, 2, now, "1.00"))).0, 200);
+    wait_read(&s, 2);
+    let m = metrics();
+    let bad = "reason=\"malformed_json\"";
+    assert_eq!(sample(&m, "weir_ledger_entries_total", &[bad]), 0.0);
+    assert_eq!(sample(&m, "weir_events_read_total", &["pipeline=\"paid\""]), 2.0);
+    assert!(sample(&m, "weir_ingest_durable_latency_seconds_count", &[]) >= 1.0);
+    assert_eq!(sample(&m, "weir_processing_latency_seconds_count", &[]), 2.0);
+    assert!(sample(&m, "weir_checkpoint_duration_seconds_count", &[]) >= 1.0);
+    assert!(sample(&m, "weir_state_bytes", &[]) > 0.0);
+    // A burst of bad events grows the ledger counter by as many.
+    let burst: Vec<&str> = vec!["[1,2]", "\"text\"", "42", "null", "[]"];
+    assert_eq!(post(&events, &(burst.join("\n") + "\n")).0, 200);
+    wait_read(&s, 7);
+    assert_eq!(sample(&metrics(), "weir_ledger_entries_total", &[bad]), 5.0);
+    // No events for a while: the watermark falls behind the clock.
+    let age = sample(&metrics(), "weir_watermark_age_ms", &[]);
+    std::thread::sleep(Duration::from_millis(1_200));
+    let later = sample(&metrics(), "weir_watermark_age_ms", &[]);
+    assert!(later >= age + 1_000.0, "watermark age {age} then {later}");
+    assert_eq!(sample(&metrics(), "weir_consumer_lag_records", &[]), 0.0);
+}
