@@ -95,6 +95,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/pipelines/{name}/status", get(status))
         .route("/v1/pipelines/{name}/pause", axum::routing::post(pause))
         .route("/v1/pipelines/{name}/resume", axum::routing::post(resume))
+        .route("/v1/pipelines/{name}/annotations", get(list_annotations).post(annotate))
         .route("/v1/audit", get(audit))
         .route("/metrics", get(metrics))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
@@ -634,4 +635,57 @@ async fn audit(State(app): State<Arc<App>>, Query(q): Query<BTreeMap<String, Str
     let since = param(&q, "since", 1i64)?;
     let limit = param(&q, "limit", 10_000i64)?;
     Ok(joined(app.read(move |c| store::audit_log(c, since, limit)).await?))
+}
+
+#[derive(serde::Deserialize)]
+struct NewAnnotation {
+    who: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    note: Option<String>,
+}
+
+async fn annotate(State(app): State<Arc<App>>, Path(name): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+    pipeline(&app, &name)?;
+    let usage = "the body must be JSON like {\"who\":\"alice\",\"from\":\"2026-11-29T14:00:00Z\",\"to\":\"2026-11-29T15:00:00Z\",\"note\":\"...\"}";
+    let a: NewAnnotation = serde_json::from_slice(&body).map_err(|e| bad(format!("{usage}: {e}")))?;
+    let time = |v: &Option<String>, k: &str| {
+        v.as_deref()
+            .and_then(weir_engine::time::parse_rfc3339_ms)
+            .ok_or_else(|| bad(format!("`{k}` must be an RFC 3339 time; {usage}")))
+    };
+    let (from_ms, to_ms) = (time(&a.from, "from")?, time(&a.to, "to")?);
+    if from_ms >= to_ms {
+        return Err(bad("`from` must be before `to`"));
+    }
+    let (Some(who), Some(note)) = (a.who.filter(|w| !w.trim().is_empty()), a.note.filter(|n| !n.trim().is_empty()))
+    else {
+        return Err(bad(format!("say who annotates and what: {usage}")));
+    };
+    let (pn, n, w) = (name.clone(), note.clone(), who.clone());
+    let id = app
+        .read(move |c| {
+            let id = store::add_annotation(c, &pn, (from_ms, to_ms), &n, &w)?;
+            let detail = serde_json::json!({ "annotation": id, "from": format_rfc3339_ms(from_ms), "to": format_rfc3339_ms(to_ms) });
+            store::audit(c, &w, "annotate", Some(&pn), &detail, &n)?;
+            Ok(id)
+        })
+        .await?;
+    Ok(json(serde_json::json!({ "pipeline": name, "annotation": id })))
+}
+
+async fn list_annotations(State(app): State<Arc<App>>, Path(name): Path<String>) -> Result<Response, ApiError> {
+    pipeline(&app, &name)?;
+    let notes = app.read(move |c| store::annotations(c, &name)).await?;
+    let rows = notes
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "id": a.id, "from": format_rfc3339_ms(a.from_ms), "to": format_rfc3339_ms(a.to_ms),
+                "note": a.note, "who": a.who, "at": format_rfc3339_ms(a.at_ms),
+            })
+            .to_string()
+        })
+        .collect();
+    Ok(joined(rows))
 }

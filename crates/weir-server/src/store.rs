@@ -21,6 +21,7 @@
 //! | `ledger` | every ledger entry in order (`seq` from 1) |
 //! | `pauses` | a paused pipeline: the first change `seq` not published |
 //! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
+//! | `annotations` | notes on a pipeline and an event-time range; rows whose window overlaps one carry its id |
 //! | `audit` | operator actions: who, when, what, why (append-only: triggers refuse updates and deletes) |
 
 use std::path::Path;
@@ -58,6 +59,9 @@ CREATE TABLE IF NOT EXISTS held_results (
     pipeline TEXT NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL, window_end INTEGER,
     status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
     PRIMARY KEY (pipeline, key, window_start)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS annotations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, from_ms INTEGER NOT NULL, to_ms INTEGER NOT NULL,
+    note TEXT NOT NULL, who TEXT NOT NULL, at_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, who TEXT NOT NULL, action TEXT NOT NULL,
     pipeline TEXT, detail TEXT NOT NULL, why TEXT NOT NULL);
@@ -374,7 +378,7 @@ pub fn results(conn: &Connection, pipeline: &str, f: &ResultFilter) -> rusqlite:
     sql.push_str(&format!(" ORDER BY window_start, key LIMIT ?{}", args.len()));
     let mut stmt = conn.prepare(&sql)?;
     let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| r.get::<_, String>(0))?;
-    rows.collect()
+    annotate_rows(conn, pipeline, rows.collect::<rusqlite::Result<Vec<String>>>()?)
 }
 
 /// The published change stream from `since`: rows past a pause point stay
@@ -386,7 +390,7 @@ pub fn changes(conn: &Connection, pipeline: &str, since: i64, limit: i64) -> rus
          ORDER BY seq LIMIT ?3",
     )?;
     let rows = stmt.query_map(params![pipeline, since, limit], |r| r.get::<_, String>(0))?;
-    rows.collect()
+    annotate_rows(conn, pipeline, rows.collect::<rusqlite::Result<Vec<String>>>()?)
 }
 
 pub fn ledger(
@@ -444,4 +448,79 @@ pub fn audit_log(conn: &Connection, since: i64, limit: i64) -> rusqlite::Result<
         .to_string())
     })?;
     rows.collect()
+}
+
+/// An annotation: a note on an event-time range of a pipeline.
+pub struct Annotation {
+    pub id: i64,
+    pub from_ms: i64,
+    pub to_ms: i64,
+    pub note: String,
+    pub who: String,
+    pub at_ms: i64,
+}
+
+pub fn add_annotation(
+    conn: &Connection,
+    pipeline: &str,
+    (from_ms, to_ms): (i64, i64),
+    note: &str,
+    who: &str,
+) -> rusqlite::Result<i64> {
+    conn.execute(
+        "INSERT INTO annotations (pipeline, from_ms, to_ms, note, who, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![pipeline, from_ms, to_ms, note, who, weir_log::now_ms()],
+    )?;
+    Ok(conn.last_insert_rowid())
+}
+
+pub fn annotations(conn: &Connection, pipeline: &str) -> rusqlite::Result<Vec<Annotation>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, from_ms, to_ms, note, who, at_ms FROM annotations WHERE pipeline = ?1 ORDER BY id",
+    )?;
+    let rows = stmt.query_map([pipeline], |r| {
+        Ok(Annotation {
+            id: r.get(0)?,
+            from_ms: r.get(1)?,
+            to_ms: r.get(2)?,
+            note: r.get(3)?,
+            who: r.get(4)?,
+            at_ms: r.get(5)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// The time of a row's `"window_start"` or `"window_end"`, `None` when null.
+fn row_time(row: &str, field: &str) -> Option<i64> {
+    let at = row.find(&format!("\"{field}\":\""))? + field.len() + 4;
+    let end = row[at..].find('"')? + at;
+    weir_engine::time::parse_rfc3339_ms(&row[at..end])
+}
+
+/// Adds `"annotations":[ids]` to each row whose window overlaps an
+/// annotation's range (a global window overlaps every range).
+fn annotate_rows(conn: &Connection, pipeline: &str, rows: Vec<String>) -> rusqlite::Result<Vec<String>> {
+    let notes = annotations(conn, pipeline)?;
+    if notes.is_empty() {
+        return Ok(rows);
+    }
+    Ok(rows
+        .into_iter()
+        .map(|row| {
+            let (start, end) = (row_time(&row, "window_start"), row_time(&row, "window_end"));
+            let ids: Vec<String> = notes
+                .iter()
+                .filter(|a| match (start, end) {
+                    (Some(s), Some(e)) => s < a.to_ms && a.from_ms < e,
+                    _ => true,
+                })
+                .map(|a| a.id.to_string())
+                .collect();
+            match row.strip_suffix('}') {
+                Some(body) if !ids.is_empty() => format!("{body},\"annotations\":[{}]}}", ids.join(",")),
+                _ => row,
+            }
+        })
+        .collect())
 }

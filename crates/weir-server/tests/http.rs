@@ -480,3 +480,41 @@ fn metrics_move_with_the_input() {
     assert!(later >= age + 1_000.0, "watermark age {age} then {later}");
     assert_eq!(sample(&metrics(), "weir_consumer_lag_records", &[]), 0.0);
 }
+
+#[test]
+fn annotations_mark_the_rows_of_their_range_and_are_audited() {
+    let s = Server::start("annotate", "idle_timeout = \"1h\"\n");
+    let events = format!("{}/v1/topics/payments/events", s.url);
+    let lines: Vec<String> = (0..50u32).map(|i| event(i, 1, i64::from(i) * 6_000, "1.00")).collect();
+    assert_eq!(post(&events, &(lines.join("\n") + "\n" + &event(99, 1, 3_600_000, "0") + "\n")).0, 200);
+    wait_read(&s, 51);
+    let url = format!("{}/v1/pipelines/paid/annotations", s.url);
+    let t = |ms: i64| weir_engine::time::format_rfc3339_ms(1_764_374_400_000 + ms);
+    let bad = format!(r#"{{"who":"alice","from":"{}","to":"{}","note":"x"}}"#, t(120_000), t(60_000));
+    assert_eq!(post_json(&url, &bad).0, 400, "from after to");
+    assert_eq!(post_json(&url, r#"{"who":"alice","note":"no range"}"#).0, 400);
+    let body = format!(
+        r#"{{"who":"alice","from":"{}","to":"{}","note":"gateway double-sent for 30 s"}}"#,
+        t(130_000),
+        t(160_000)
+    );
+    let (code, answer) = post_json(&url, &body);
+    assert_eq!(code, 200, "{answer}");
+    let id = serde_json::from_str::<serde_json::Value>(&answer).unwrap()["annotation"].as_i64().unwrap();
+    for rows in
+        [get(&format!("{}/v1/pipelines/paid/results", s.url)).1, get(&format!("{}/v1/pipelines/paid/changes", s.url)).1]
+    {
+        let mut marked = 0;
+        for l in rows.lines() {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let in_range = v["window_start"] == t(120_000);
+            assert_eq!(v["annotations"] == serde_json::json!([id]), in_range, "{l}");
+            marked += usize::from(in_range);
+        }
+        assert!(marked >= 1);
+    }
+    let listed = get(&url).1;
+    assert!(listed.contains("gateway double-sent") && listed.contains("\"who\":\"alice\""), "{listed}");
+    let audit = get(&format!("{}/v1/audit", s.url)).1;
+    assert!(audit.contains("\"action\":\"annotate\"") && audit.contains(&format!("\"annotation\":{id}")), "{audit}");
+}

@@ -328,3 +328,25 @@ pub fn act(url: &str, pipeline: &str, action: &str, who: &str, why: &str) -> Res
     );
     Ok(())
 }
+
+/// `weir annotate PIPELINE --from --to --note --who`: a note on an event-time range.
+pub fn annotate(url: &str, pipeline: &str, (from, to): (&str, &str), note: &str, who: &str) -> Result<(), Failure> {
+    let target = format!("{}/v1/pipelines/{pipeline}/annotations", url.trim_end_matches('/'));
+    let body = serde_json::json!({ "who": who, "from": from, "to": to, "note": note }).to_string();
+    let mut r = agent()
+        .post(&target)
+        .header("content-type", "application/json")
+        .send(&body)
+        .map_err(|e| Failure::run(anyhow::anyhow!("cannot reach {url}: {e}; is weir serve running there?")))?;
+    let code = r.status().as_u16();
+    let text = r.body_mut().read_to_string().unwrap_or_default();
+    if code != 200 {
+        return Err(Failure::run(anyhow::anyhow!("{} ({code})", error_text(&text))));
+    }
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    eprintln!(
+        "weir: annotation {} on {pipeline} from {from} to {to}; rows of windows in that range carry it",
+        plain(&v["annotation"])
+    );
+    Ok(())
+}

@@ -134,6 +134,21 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
     },
+    /// Note something about an event-time range of a pipeline; rows of windows in the range carry the note's id.
+    Annotate {
+        pipeline: String,
+        /// RFC 3339, e.g. 2026-11-29T14:00:00Z
+        #[arg(long)]
+        from: String,
+        #[arg(long)]
+        to: String,
+        #[arg(long)]
+        note: String,
+        #[arg(long)]
+        who: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
     /// Print a pipeline's current rows from a running server.
     Results {
         pipeline: String,
@@ -299,6 +314,9 @@ fn main() -> ExitCode {
         }),
         Command::Pause { pipeline, who, why, url } => client::act(&url, &pipeline, "pause", &who, &why),
         Command::Resume { pipeline, who, why, url } => client::act(&url, &pipeline, "resume", &who, &why),
+        Command::Annotate { pipeline, from, to, note, who, url } => {
+            client::annotate(&url, &pipeline, (&from, &to), &note, &who)
+        }
         Command::Status { pipeline, url } => client::status(&url, pipeline.as_deref()),
         Command::Results { pipeline, url, status, format } => {
             client::results(&url, &pipeline, status.as_deref(), format == Format::Json)

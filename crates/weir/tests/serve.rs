@@ -89,6 +89,22 @@ fn produce_results_and_a_refusal_on_a_damaged_log() {
     let resumed = weir(&[&"resume", &"paid_revenue", &"--who", &"alice", &"--why", &"amounts fine", &"--url", &base]);
     assert!(resumed.status.success(), "{}", text(&resumed.stderr));
     assert_eq!(status(&base, "paid_revenue")["paused"], false);
+    let noted = weir(&[
+        &"annotate",
+        &"paid_revenue",
+        &"--from",
+        &"2026-11-29T00:00:00Z",
+        &"--to",
+        &"2026-11-29T00:01:00Z",
+        &"--note",
+        &"test traffic",
+        &"--who",
+        &"alice",
+        &"--url",
+        &base,
+    ]);
+    assert!(noted.status.success(), "{}", text(&noted.stderr));
+    assert!(text(&noted.stderr).contains("annotation 1 on paid_revenue"), "{}", text(&noted.stderr));
     let missing = weir(&[&"status", &"nope", &"--url", &base]);
     assert_eq!(missing.status.code(), Some(1));
     let missing = weir(&[&"results", &"nope", &"--url", &base]);
