@@ -122,6 +122,9 @@ pub(crate) struct State {
     /// forgotten; [`Engine::forget_ids`] removes such entries in sweeps.
     pub seen: HashedTable<Seen>,
     pub counters: Counters,
+    /// A window's first row has revision `revision_floor + 1`: above every
+    /// revision published before a replay (0 otherwise).
+    pub revision_floor: u32,
 }
 
 /// A window's identity: a 128-bit hash of its start and group key. Two
@@ -220,6 +223,12 @@ impl Engine {
         let windows_keys: usize = self.st.windows.iter().map(|(_, w)| w.key.len()).sum();
         let ids = self.st.seen.slots() * (16 + std::mem::size_of::<Seen>());
         windows + windows_keys + ids + self.st.timers.len() * 32
+    }
+
+    /// Makes every window's first row revision `floor + 1` from now on: a
+    /// replay republishes rows above the revisions published before it.
+    pub fn set_revision_floor(&mut self, floor: u32) {
+        self.st.revision_floor = floor;
     }
 
     /// Event ids remembered for duplicate detection (expired ones not counted).
@@ -764,11 +773,12 @@ impl Engine {
         } else {
             return None;
         };
-        let row = self.row(w, status, w.revision + 1);
+        let revision = if w.revision == 0 { self.st.revision_floor.saturating_add(1) } else { w.revision + 1 };
+        let row = self.row(w, status, revision);
         if status == Status::Settled {
             self.forget_window(id);
         } else if let Some(w) = self.st.windows.get_mut(id) {
-            w.revision += 1;
+            w.revision = revision;
             w.dirty = false;
             if wm >= w.end {
                 w.past_end_emitted = true;

@@ -17,9 +17,10 @@ use crate::engine::{Counters, Engine, Mode, PlanError, Seen, State, Window};
 use crate::plan::Plan;
 
 const MAGIC: &[u8; 8] = b"WEIRSNAP";
-/// The snapshot format this build writes and reads. Format 2: window ids are
-/// `xxh3_128(key, seed = start)`; format 1 hashed start and key together.
-pub const SNAPSHOT_FORMAT: u32 = 2;
+/// The snapshot format this build writes and reads. Format 3 adds the
+/// revision floor (replays); format 2: window ids are `xxh3_128(key, seed =
+/// start)`; format 1 hashed start and key together.
+pub const SNAPSHOT_FORMAT: u32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SnapshotError {
@@ -47,6 +48,7 @@ struct Image {
     windows: Vec<(u128, Window)>,
     seen: Vec<(u128, Seen)>,
     counters: Counters,
+    revision_floor: u32,
 }
 
 fn identity(name: &str, version: u32, hash: u64) -> String {
@@ -81,6 +83,7 @@ impl Engine {
             windows,
             seen,
             counters: st.counters.clone(),
+            revision_floor: st.revision_floor,
         };
         let mut out = MAGIC.to_vec();
         out.extend_from_slice(&SNAPSHOT_FORMAT.to_le_bytes());
@@ -212,6 +215,7 @@ fn build(
         part_idle: image.part_idle,
         wm: image.wm,
         counters: image.counters,
+        revision_floor: image.revision_floor,
         ..State::default()
     };
     let global = matches!(plan.kind, WindowKind::Global);

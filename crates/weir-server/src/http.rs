@@ -96,6 +96,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/pipelines/{name}/pause", axum::routing::post(pause))
         .route("/v1/pipelines/{name}/resume", axum::routing::post(resume))
         .route("/v1/pipelines/{name}/annotations", get(list_annotations).post(annotate))
+        .route("/v1/pipelines/{name}/replay", axum::routing::post(replay))
         .route("/v1/audit", get(audit))
         .route("/metrics", get(metrics))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
@@ -443,6 +444,7 @@ pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
         "checkpoint_age_ms": (s.last_checkpoint_ms > 0).then(|| now.saturating_sub(s.last_checkpoint_ms)),
         "failed": s.failed,
         "paused": p.paused.load(Ordering::SeqCst),
+        "replays": s.replays,
         "alerts": lock(&app.alerts).firing.get(name).map_or_else(Vec::new, |f| f.iter().map(|f| serde_json::json!({
             "alert": f.alert, "threshold": f.threshold, "observed": f.observed, "since": format_rfc3339_ms(f.since_ms),
         })).collect()),
@@ -529,6 +531,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             &processing,
         );
         m.histogram("weir_checkpoint_duration_seconds", "How long a checkpoint took.", &base, &checkpoint);
+        m.counter("weir_replays_total", "Replays since the server started.", &base, s["replays"].as_u64().unwrap_or(0));
         m.gauge(
             "weir_pipeline_paused",
             "1 while an operator has paused publishing.",
@@ -688,4 +691,24 @@ async fn list_annotations(State(app): State<Arc<App>>, Path(name): Path<String>)
         })
         .collect();
     Ok(joined(rows))
+}
+
+#[derive(serde::Deserialize)]
+struct ReplayBody {
+    from_offset: Option<u64>,
+}
+
+/// Rebuilds a pipeline's state from the log; rows are republished with
+/// revisions above every one published before.
+async fn replay(State(app): State<Arc<App>>, Path(name): Path<String>, body: Bytes) -> Result<Response, ApiError> {
+    let p = pipeline(&app, &name)?;
+    let (who, why) = who_and_why(&body)?;
+    let r: ReplayBody =
+        serde_json::from_slice(&body).map_err(|e| bad(format!("from_offset must be a whole number: {e}")))?;
+    *lock(&p.replay) = Some(crate::pipeline::Replay { from_offset: r.from_offset });
+    let detail = serde_json::json!({ "from_offset": r.from_offset.unwrap_or(0) });
+    let pn = name.clone();
+    let seq = app.read(move |c| store::audit(c, &who, "replay", Some(&pn), &detail, &why)).await?;
+    let body = serde_json::json!({ "pipeline": name, "replay": "started", "audit": seq }).to_string() + "\n";
+    Ok((StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], body).into_response())
 }

@@ -121,6 +121,7 @@ pub async fn serve(
     for contract in opts.contracts {
         let status = Arc::new(Mutex::new(Status::default()));
         let paused = Arc::new(AtomicBool::new(false));
+        let replay = Arc::new(Mutex::new(None));
         let runner = Runner {
             contract: contract.clone(),
             config: Arc::clone(&config),
@@ -129,11 +130,12 @@ pub async fn serve(
             status: Arc::clone(&status),
             stop: Arc::clone(&stop),
             paused: Arc::clone(&paused),
+            replay: Arc::clone(&replay),
             runtime: tokio::runtime::Handle::current(),
         };
         let name = contract.pipeline.name.clone();
         threads.push(std::thread::Builder::new().name(format!("weir-pipeline-{name}")).spawn(move || runner.run())?);
-        pipelines.insert(name, Pipeline { contract, status, paused });
+        pipelines.insert(name, Pipeline { contract, status, paused, replay });
     }
     let app = Arc::new(http::App::new(log.clone(), Arc::clone(&config), pipelines, db));
     let alerting = tokio::spawn(alerts::run(Arc::clone(&app)));

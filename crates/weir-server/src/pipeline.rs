@@ -47,6 +47,8 @@ pub struct Status {
     /// From an event's append to the log to its processing.
     pub processing: Histogram,
     pub checkpoint_duration: Histogram,
+    /// Replays done since the server started.
+    pub replays: u64,
 }
 
 pub struct Pipeline {
@@ -54,6 +56,16 @@ pub struct Pipeline {
     pub status: Arc<Mutex<Status>>,
     /// Publishing paused by an operator (processing goes on).
     pub paused: Arc<AtomicBool>,
+    /// A replay an operator asked for, taken by the pipeline's next turn.
+    pub replay: Arc<Mutex<Option<Replay>>>,
+}
+
+/// Rebuild the state from the log, from this offset of every partition
+/// (its first kept record when `None` or older), and republish every row
+/// above the revisions published so far.
+#[derive(Debug, Clone, Copy)]
+pub struct Replay {
+    pub from_offset: Option<u64>,
 }
 
 pub struct Runner {
@@ -64,6 +76,7 @@ pub struct Runner {
     pub status: Arc<Mutex<Status>>,
     pub stop: Arc<AtomicBool>,
     pub paused: Arc<AtomicBool>,
+    pub replay: Arc<Mutex<Option<Replay>>>,
     pub runtime: tokio::runtime::Handle,
 }
 
@@ -117,6 +130,7 @@ impl Runner {
         self.publish_status(&engine, &offsets, &idle, None);
         loop {
             let stopping = self.stop.load(Ordering::SeqCst);
+            let replay = lock(&self.replay).take();
             let mut read_any = false;
             for p in 0..partitions {
                 let i = p as usize;
@@ -156,7 +170,7 @@ impl Runner {
                 dirty = true;
             }
             let due = last_checkpoint.elapsed() >= interval || since_checkpoint >= self.config.checkpoint_events;
-            if dirty && (due || stopping) {
+            if (dirty && (due || stopping)) || replay.is_some() {
                 let now = weir_log::now_ms();
                 let started = Instant::now();
                 let delta = engine.take_delta();
@@ -174,6 +188,7 @@ impl Runner {
                         next_ledger,
                         now_ms: now,
                         paused,
+                        reset: false,
                     },
                 )?;
                 published_paused = paused;
@@ -183,6 +198,39 @@ impl Runner {
                 dirty = false;
                 since_checkpoint = 0;
                 last_checkpoint = Instant::now();
+                self.publish_status(&engine, &offsets, &idle, Some(now));
+            }
+            if let Some(r) = replay {
+                // Everything so far is checkpointed; now start again from the log.
+                let floor = store::max_revision(&self.conn, &c.pipeline.name)?;
+                engine = Engine::new(c, Mode::Stream, partitions)?;
+                engine.set_revision_floor(floor);
+                engine.track_changes();
+                for (i, (start, _)) in self.log.bounds(&topic)?.into_iter().enumerate() {
+                    offsets[i] = r.from_offset.unwrap_or(0).max(start);
+                }
+                idle.iter_mut().for_each(|x| *x = false);
+                heard.iter_mut().for_each(|h| *h = Instant::now());
+                let now = weir_log::now_ms();
+                let delta = engine.take_delta();
+                (next_seq, next_ledger) = store::checkpoint(
+                    &mut self.conn,
+                    store::CheckpointWrite {
+                        pipeline: &c.pipeline.name,
+                        version: c.pipeline.version,
+                        text_hash: c.text_hash,
+                        format: engine.format(),
+                        out: &Output::default(),
+                        delta,
+                        offsets: &offsets,
+                        next_seq,
+                        next_ledger,
+                        now_ms: now,
+                        paused: published_paused,
+                        reset: true,
+                    },
+                )?;
+                lock(&self.status).replays += 1;
                 self.publish_status(&engine, &offsets, &idle, Some(now));
             }
             if stopping {

@@ -221,6 +221,8 @@ pub struct CheckpointWrite<'a> {
     /// Publishing is paused: rows go to the change stream past the pause
     /// point (hidden from readers) and to `held_results`.
     pub paused: bool,
+    /// A replay starts: the stored windows and ids are dropped first.
+    pub reset: bool,
 }
 
 /// Writes one checkpoint in one transaction; returns the next change and
@@ -236,6 +238,10 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
         tx.prepare_cached("INSERT OR REPLACE INTO results SELECT * FROM held_results WHERE pipeline = ?1")?
             .execute([w.pipeline])?;
         tx.prepare_cached("DELETE FROM held_results WHERE pipeline = ?1")?.execute([w.pipeline])?;
+    }
+    if w.reset {
+        tx.prepare_cached("DELETE FROM state_windows WHERE pipeline = ?1")?.execute([w.pipeline])?;
+        tx.prepare_cached("DELETE FROM state_id_batches WHERE pipeline = ?1")?.execute([w.pipeline])?;
     }
     let results_table = if w.paused { "held_results" } else { "results" };
     {
@@ -523,4 +529,15 @@ fn annotate_rows(conn: &Connection, pipeline: &str, rows: Vec<String>) -> rusqli
             }
         })
         .collect())
+}
+
+/// The highest revision the pipeline has published (or holds while paused).
+pub fn max_revision(conn: &Connection, pipeline: &str) -> rusqlite::Result<u32> {
+    conn.query_row(
+        "SELECT max(coalesce((SELECT max(revision) FROM results WHERE pipeline = ?1), 0),
+                    coalesce((SELECT max(revision) FROM held_results WHERE pipeline = ?1), 0))",
+        [pipeline],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|v| v.clamp(0, i64::from(u32::MAX)) as u32)
 }

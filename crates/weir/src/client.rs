@@ -302,9 +302,16 @@ pub fn summary(p: &serde_json::Value, s: &serde_json::Value) -> String {
 }
 
 /// `weir pause|resume PIPELINE --who --why`: an operator action, kept in the audit log.
-pub fn act(url: &str, pipeline: &str, action: &str, who: &str, why: &str) -> Result<(), Failure> {
+pub fn act(
+    url: &str,
+    pipeline: &str,
+    action: &str,
+    who: &str,
+    why: &str,
+    from_offset: Option<u64>,
+) -> Result<(), Failure> {
     let target = format!("{}/v1/pipelines/{pipeline}/{action}", url.trim_end_matches('/'));
-    let body = serde_json::json!({ "who": who, "why": why }).to_string();
+    let body = serde_json::json!({ "who": who, "why": why, "from_offset": from_offset }).to_string();
     let mut r = agent()
         .post(&target)
         .header("content-type", "application/json")
@@ -312,10 +319,14 @@ pub fn act(url: &str, pipeline: &str, action: &str, who: &str, why: &str) -> Res
         .map_err(|e| Failure::run(anyhow::anyhow!("cannot reach {url}: {e}; is weir serve running there?")))?;
     let code = r.status().as_u16();
     let text = r.body_mut().read_to_string().unwrap_or_default();
-    if code != 200 {
+    if !(200..300).contains(&code) {
         return Err(Failure::run(anyhow::anyhow!("{} ({code})", error_text(&text))));
     }
     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    if action == "replay" {
+        eprintln!("weir: {pipeline} replaying from the log (audit entry {}); watch `weir status`", plain(&v["audit"]));
+        return Ok(());
+    }
     eprintln!(
         "weir: {pipeline} {} (audit entry {}){}",
         if action == "pause" {

@@ -149,6 +149,19 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
     },
+    /// Rebuild a pipeline's state from the log and republish its rows with higher revisions; recorded in the audit log.
+    Replay {
+        pipeline: String,
+        #[arg(long)]
+        who: String,
+        #[arg(long)]
+        why: String,
+        /// Start every partition at this offset (default: the first record kept).
+        #[arg(long)]
+        from_offset: Option<u64>,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
     /// Print a pipeline's current rows from a running server.
     Results {
         pipeline: String,
@@ -312,8 +325,11 @@ fn main() -> ExitCode {
             batch: batch.max(1),
             give_up_after: std::time::Duration::from_secs(retry_for),
         }),
-        Command::Pause { pipeline, who, why, url } => client::act(&url, &pipeline, "pause", &who, &why),
-        Command::Resume { pipeline, who, why, url } => client::act(&url, &pipeline, "resume", &who, &why),
+        Command::Pause { pipeline, who, why, url } => client::act(&url, &pipeline, "pause", &who, &why, None),
+        Command::Resume { pipeline, who, why, url } => client::act(&url, &pipeline, "resume", &who, &why, None),
+        Command::Replay { pipeline, who, why, from_offset, url } => {
+            client::act(&url, &pipeline, "replay", &who, &why, from_offset)
+        }
         Command::Annotate { pipeline, from, to, note, who, url } => {
             client::annotate(&url, &pipeline, (&from, &to), &note, &who)
         }

@@ -105,6 +105,13 @@ fn produce_results_and_a_refusal_on_a_damaged_log() {
     ]);
     assert!(noted.status.success(), "{}", text(&noted.stderr));
     assert!(text(&noted.stderr).contains("annotation 1 on paid_revenue"), "{}", text(&noted.stderr));
+    let replayed = weir(&[&"replay", &"paid_revenue", &"--who", &"alice", &"--why", &"rebuild", &"--url", &base]);
+    assert!(replayed.status.success(), "{}", text(&replayed.stderr));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(&base, "paid_revenue")["replays"] != 1 {
+        assert!(Instant::now() < deadline, "no replay");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let missing = weir(&[&"status", &"nope", &"--url", &base]);
     assert_eq!(missing.status.code(), Some(1));
     let missing = weir(&[&"results", &"nope", &"--url", &base]);
