@@ -696,17 +696,26 @@ async fn list_annotations(State(app): State<Arc<App>>, Path(name): Path<String>)
 #[derive(serde::Deserialize)]
 struct ReplayBody {
     from_offset: Option<u64>,
+    from_time: Option<String>,
 }
 
 /// Rebuilds a pipeline's state from the log; rows are republished with
-/// revisions above every one published before.
+/// revisions above every one published before (with `from_time`, only those
+/// of windows ending after it).
 async fn replay(State(app): State<Arc<App>>, Path(name): Path<String>, body: Bytes) -> Result<Response, ApiError> {
     let p = pipeline(&app, &name)?;
     let (who, why) = who_and_why(&body)?;
-    let r: ReplayBody =
-        serde_json::from_slice(&body).map_err(|e| bad(format!("from_offset must be a whole number: {e}")))?;
-    *lock(&p.replay) = Some(crate::pipeline::Replay { from_offset: r.from_offset });
-    let detail = serde_json::json!({ "from_offset": r.from_offset.unwrap_or(0) });
+    let r: ReplayBody = serde_json::from_slice(&body)
+        .map_err(|e| bad(format!("from_offset must be a whole number, from_time an RFC 3339 time: {e}")))?;
+    let from_time = match &r.from_time {
+        None => None,
+        Some(t) => Some(
+            weir_engine::time::parse_rfc3339_ms(t)
+                .ok_or_else(|| bad(format!("from_time={t:?} is not an RFC 3339 time such as 2026-11-29T14:00:00Z")))?,
+        ),
+    };
+    *lock(&p.replay) = Some(crate::pipeline::Replay { from_offset: r.from_offset, from_time });
+    let detail = serde_json::json!({ "from_offset": r.from_offset.unwrap_or(0), "from_time": r.from_time });
     let pn = name.clone();
     let seq = app.read(move |c| store::audit(c, &who, "replay", Some(&pn), &detail, &why)).await?;
     let body = serde_json::json!({ "pipeline": name, "replay": "started", "audit": seq }).to_string() + "\n";

@@ -61,11 +61,13 @@ pub struct Pipeline {
 }
 
 /// Rebuild the state from the log, from this offset of every partition
-/// (its first kept record when `None` or older), and republish every row
-/// above the revisions published so far.
+/// (its first kept record when `None` or older), and republish rows above
+/// the revisions published so far: every row, or with `from_time` only the
+/// rows of windows that end after it (the state is still rebuilt whole).
 #[derive(Debug, Clone, Copy)]
 pub struct Replay {
     pub from_offset: Option<u64>,
+    pub from_time: Option<i64>,
 }
 
 pub struct Runner {
@@ -127,6 +129,9 @@ impl Runner {
         let mut last_checkpoint = Instant::now();
         let mut since_checkpoint = 0u64;
         let mut dirty = false;
+        // During a replay from an event time: rows of windows ending at or before it stay as published.
+        // Until the replay has read what the log held when it started.
+        let mut republish_after: Option<(i64, Vec<u64>)> = None;
         self.publish_status(&engine, &offsets, &idle, None);
         loop {
             let stopping = self.stop.load(Ordering::SeqCst);
@@ -173,6 +178,12 @@ impl Runner {
             if (dirty && (due || stopping)) || replay.is_some() {
                 let now = weir_log::now_ms();
                 let started = Instant::now();
+                if let Some((after, until)) = &republish_after {
+                    out.rows.retain(|r| r.window_end.is_none_or(|end| end > *after));
+                    if offsets.iter().zip(until).all(|(o, u)| o >= u) {
+                        republish_after = None;
+                    }
+                }
                 let delta = engine.take_delta();
                 let (s, l) = store::checkpoint(
                     &mut self.conn,
@@ -206,9 +217,11 @@ impl Runner {
                 engine = Engine::new(c, Mode::Stream, partitions)?;
                 engine.set_revision_floor(floor);
                 engine.track_changes();
-                for (i, (start, _)) in self.log.bounds(&topic)?.into_iter().enumerate() {
-                    offsets[i] = r.from_offset.unwrap_or(0).max(start);
+                let bounds = self.log.bounds(&topic)?;
+                for (i, (start, _)) in bounds.iter().enumerate() {
+                    offsets[i] = r.from_offset.unwrap_or(0).max(*start);
                 }
+                republish_after = r.from_time.map(|t| (t, bounds.iter().map(|(_, end)| *end).collect()));
                 idle.iter_mut().for_each(|x| *x = false);
                 heard.iter_mut().for_each(|h| *h = Instant::now());
                 let now = weir_log::now_ms();

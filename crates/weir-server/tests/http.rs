@@ -577,3 +577,49 @@ fn a_replay_rebuilds_the_same_results_with_higher_revisions() {
     let audit = get(&format!("{}/v1/audit", s.url)).1;
     assert!(audit.contains("\"action\":\"replay\"") && audit.contains("rebuild after the dedup fix"), "{audit}");
 }
+
+#[test]
+fn a_replay_from_an_event_time_republishes_only_later_windows() {
+    let s = Server::start("replay-time", "idle_timeout = \"1h\"\n");
+    let events = format!("{}/v1/topics/payments/events", s.url);
+    let lines: Vec<String> = (0..300u32)
+        .map(|i| event(i, i % 3, i64::from(i) * 1_000, "2.00"))
+        .chain([event(999, 0, 3_600_000, "0")])
+        .collect();
+    assert_eq!(post(&events, &(lines.join("\n") + "\n")).0, 200);
+    wait_read(&s, lines.len());
+    let results_url = format!("{}/v1/pipelines/paid/results", s.url);
+    let before = rows_by_window(&get(&results_url).1);
+    let from = weir_engine::time::format_rfc3339_ms(1_764_374_400_000 + 180_000);
+    let body = format!(r#"{{"who":"alice","why":"late fix","from_time":"{from}"}}"#);
+    assert_eq!(post_json(&format!("{}/v1/pipelines/paid/replay", s.url), &body).0, 202);
+    let bad = post_json(&format!("{}/v1/pipelines/paid/replay", s.url), r#"{"who":"a","why":"b","from_time":"soon"}"#);
+    assert_eq!(bad.0, 400, "{}", bad.1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st: serde_json::Value =
+            serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", s.url)).1).unwrap();
+        if st["replays"] == 1 && st["events"]["read"] == lines.len() as u64 && st["lag_records"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the replay did not finish: {st}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let after = rows_by_window(&get(&results_url).1);
+    let (mut kept, mut republished) = (0, 0);
+    for (window, (values, revision)) in &after {
+        let (old_values, old_revision) = &before[window];
+        assert_eq!(values, old_values);
+        // Windows start on the minute and last one: ending after 00:03 means starting at 00:03 or later.
+        let ends_after = window.1.as_str() >= "\"2025-11-29T00:03:00.000Z\"";
+        if ends_after {
+            assert!(revision > old_revision, "{window:?} was not republished");
+            republished += 1;
+        } else {
+            assert_eq!(revision, old_revision, "{window:?} ends before from_time and keeps its row");
+            kept += 1;
+        }
+    }
+    assert!(kept >= 3 && republished >= 3, "kept {kept}, republished {republished}");
+}

@@ -302,16 +302,18 @@ pub fn summary(p: &serde_json::Value, s: &serde_json::Value) -> String {
 }
 
 /// `weir pause|resume PIPELINE --who --why`: an operator action, kept in the audit log.
-pub fn act(
-    url: &str,
-    pipeline: &str,
-    action: &str,
-    who: &str,
-    why: &str,
-    from_offset: Option<u64>,
-) -> Result<(), Failure> {
+/// Where a replay starts: an offset of every partition, and an event time
+/// before which windows keep their published rows.
+#[derive(Default)]
+pub struct ReplayFrom {
+    pub offset: Option<u64>,
+    pub time: Option<String>,
+}
+
+pub fn act(url: &str, pipeline: &str, action: &str, who: &str, why: &str, from: ReplayFrom) -> Result<(), Failure> {
     let target = format!("{}/v1/pipelines/{pipeline}/{action}", url.trim_end_matches('/'));
-    let body = serde_json::json!({ "who": who, "why": why, "from_offset": from_offset }).to_string();
+    let body = serde_json::json!({ "who": who, "why": why, "from_offset": from.offset, "from_time": from.time });
+    let body = body.to_string();
     let mut r = agent()
         .post(&target)
         .header("content-type", "application/json")

@@ -159,6 +159,9 @@ enum Command {
         /// Start every partition at this offset (default: the first record kept).
         #[arg(long)]
         from_offset: Option<u64>,
+        /// Republish only the rows of windows ending after this event time (RFC 3339); the state is rebuilt whole.
+        #[arg(long)]
+        from_time: Option<String>,
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
     },
@@ -325,11 +328,20 @@ fn main() -> ExitCode {
             batch: batch.max(1),
             give_up_after: std::time::Duration::from_secs(retry_for),
         }),
-        Command::Pause { pipeline, who, why, url } => client::act(&url, &pipeline, "pause", &who, &why, None),
-        Command::Resume { pipeline, who, why, url } => client::act(&url, &pipeline, "resume", &who, &why, None),
-        Command::Replay { pipeline, who, why, from_offset, url } => {
-            client::act(&url, &pipeline, "replay", &who, &why, from_offset)
+        Command::Pause { pipeline, who, why, url } => {
+            client::act(&url, &pipeline, "pause", &who, &why, client::ReplayFrom::default())
         }
+        Command::Resume { pipeline, who, why, url } => {
+            client::act(&url, &pipeline, "resume", &who, &why, client::ReplayFrom::default())
+        }
+        Command::Replay { pipeline, who, why, from_offset, from_time, url } => client::act(
+            &url,
+            &pipeline,
+            "replay",
+            &who,
+            &why,
+            client::ReplayFrom { offset: from_offset, time: from_time },
+        ),
         Command::Annotate { pipeline, from, to, note, who, url } => {
             client::annotate(&url, &pipeline, (&from, &to), &note, &who)
         }
