@@ -97,7 +97,8 @@ impl Runner {
     }
 
     fn run_inner(&mut self) -> anyhow::Result<()> {
-        let c = &self.contract;
+        let contract = self.contract.clone();
+        let c = &contract;
         let topic = c.source.topic.clone();
         let partitions = self.log.partitions(&topic)?;
         let loaded = store::load(&mut self.conn, &c.pipeline.name, c.pipeline.version, c.text_hash)?;
@@ -184,24 +185,7 @@ impl Runner {
                         republish_after = None;
                     }
                 }
-                let delta = engine.take_delta();
-                let (s, l) = store::checkpoint(
-                    &mut self.conn,
-                    store::CheckpointWrite {
-                        pipeline: &c.pipeline.name,
-                        version: c.pipeline.version,
-                        text_hash: c.text_hash,
-                        format: engine.format(),
-                        out: &out,
-                        delta,
-                        offsets: &offsets,
-                        next_seq,
-                        next_ledger,
-                        now_ms: now,
-                        paused,
-                        reset: false,
-                    },
-                )?;
+                let (s, l) = self.checkpoint(&mut engine, &out, &offsets, (next_seq, next_ledger), paused, false)?;
                 published_paused = paused;
                 lock(&self.status).checkpoint_duration.observe(started.elapsed().as_secs_f64());
                 (next_seq, next_ledger) = (s, l);
@@ -225,24 +209,9 @@ impl Runner {
                 idle.iter_mut().for_each(|x| *x = false);
                 heard.iter_mut().for_each(|h| *h = Instant::now());
                 let now = weir_log::now_ms();
-                let delta = engine.take_delta();
-                (next_seq, next_ledger) = store::checkpoint(
-                    &mut self.conn,
-                    store::CheckpointWrite {
-                        pipeline: &c.pipeline.name,
-                        version: c.pipeline.version,
-                        text_hash: c.text_hash,
-                        format: engine.format(),
-                        out: &Output::default(),
-                        delta,
-                        offsets: &offsets,
-                        next_seq,
-                        next_ledger,
-                        now_ms: now,
-                        paused: published_paused,
-                        reset: true,
-                    },
-                )?;
+                let seqs = (next_seq, next_ledger);
+                (next_seq, next_ledger) =
+                    self.checkpoint(&mut engine, &Output::default(), &offsets, seqs, published_paused, true)?;
                 lock(&self.status).replays += 1;
                 self.publish_status(&engine, &offsets, &idle, Some(now));
             }
@@ -256,6 +225,36 @@ impl Runner {
                 let _ = self.runtime.block_on(async { tokio::time::timeout(wait, changes.changed()).await });
             }
         }
+    }
+
+    /// One checkpoint of `out` and the engine's changes since the last one;
+    /// returns the next change and ledger sequence numbers.
+    fn checkpoint(
+        &mut self,
+        engine: &mut Engine,
+        out: &Output,
+        offsets: &[u64],
+        (next_seq, next_ledger): (i64, i64),
+        paused: bool,
+        reset: bool,
+    ) -> anyhow::Result<(i64, i64)> {
+        let c = &self.contract;
+        let delta = engine.take_delta();
+        let write = store::CheckpointWrite {
+            pipeline: &c.pipeline.name,
+            version: c.pipeline.version,
+            text_hash: c.text_hash,
+            format: engine.format(),
+            out,
+            delta,
+            offsets,
+            next_seq,
+            next_ledger,
+            now_ms: weir_log::now_ms(),
+            paused,
+            reset,
+        };
+        Ok(store::checkpoint(&mut self.conn, write)?)
     }
 
     fn publish_status(&self, engine: &Engine, offsets: &[u64], idle: &[bool], checkpoint_ms: Option<i64>) {
