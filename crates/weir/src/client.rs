@@ -121,15 +121,7 @@ pub fn results(url: &str, pipeline: &str, status: Option<&str>, json: bool) -> R
     if let Some(s) = status {
         target.push_str(&format!("&status={s}"));
     }
-    let mut r = agent()
-        .get(&target)
-        .call()
-        .map_err(|e| Failure::run(anyhow::anyhow!("cannot reach {url}: {e}; is weir serve running there?")))?;
-    let code = r.status().as_u16();
-    let body = r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap_or_default();
-    if code != 200 {
-        return Err(Failure::run(anyhow::anyhow!("{} ({code})", error_text(&body))));
-    }
+    let body = get_ok(&agent(), &target)?;
     if json {
         print!("{body}");
         return Ok(());
@@ -189,7 +181,8 @@ fn plain(v: &serde_json::Value) -> String {
     }
 }
 
-fn get_json(agent: &ureq::Agent, url: &str) -> Result<String, Failure> {
+/// GETs a body the server answered with 200, else its error as a failure.
+fn get_ok(agent: &ureq::Agent, url: &str) -> Result<String, Failure> {
     let mut r = agent
         .get(url)
         .call()
@@ -202,11 +195,27 @@ fn get_json(agent: &ureq::Agent, url: &str) -> Result<String, Failure> {
     Ok(body)
 }
 
+/// POSTs a JSON body; the answer as JSON when the server accepted it (2xx),
+/// else its error as a failure.
+fn post_json(url: &str, body: &serde_json::Value) -> Result<serde_json::Value, Failure> {
+    let mut r = agent()
+        .post(url)
+        .header("content-type", "application/json")
+        .send(&body.to_string())
+        .map_err(|e| Failure::run(anyhow::anyhow!("cannot reach {url}: {e}; is weir serve running there?")))?;
+    let code = r.status().as_u16();
+    let text = r.body_mut().read_to_string().unwrap_or_default();
+    if !(200..300).contains(&code) {
+        return Err(Failure::run(anyhow::anyhow!("{} ({code})", error_text(&text))));
+    }
+    Ok(serde_json::from_str(&text).unwrap_or_default())
+}
+
 /// `weir status [PIPELINE]`: a one-screen health summary of each pipeline.
 pub fn status(url: &str, pipeline: Option<&str>) -> Result<(), Failure> {
     let base = url.trim_end_matches('/');
     let agent = agent();
-    let listed = get_json(&agent, &format!("{base}/v1/pipelines"))?;
+    let listed = get_ok(&agent, &format!("{base}/v1/pipelines"))?;
     let mut shown = 0;
     for line in listed.lines() {
         let p: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
@@ -215,7 +224,7 @@ pub fn status(url: &str, pipeline: Option<&str>) -> Result<(), Failure> {
             continue;
         }
         let s: serde_json::Value =
-            serde_json::from_str(&get_json(&agent, &format!("{base}/v1/pipelines/{name}/status"))?).unwrap_or_default();
+            serde_json::from_str(&get_ok(&agent, &format!("{base}/v1/pipelines/{name}/status"))?).unwrap_or_default();
         print!("{}", summary(&p, &s));
         shown += 1;
     }
@@ -313,18 +322,7 @@ pub struct ReplayFrom {
 pub fn act(url: &str, pipeline: &str, action: &str, who: &str, why: &str, from: ReplayFrom) -> Result<(), Failure> {
     let target = format!("{}/v1/pipelines/{pipeline}/{action}", url.trim_end_matches('/'));
     let body = serde_json::json!({ "who": who, "why": why, "from_offset": from.offset, "from_time": from.time });
-    let body = body.to_string();
-    let mut r = agent()
-        .post(&target)
-        .header("content-type", "application/json")
-        .send(&body)
-        .map_err(|e| Failure::run(anyhow::anyhow!("cannot reach {url}: {e}; is weir serve running there?")))?;
-    let code = r.status().as_u16();
-    let text = r.body_mut().read_to_string().unwrap_or_default();
-    if !(200..300).contains(&code) {
-        return Err(Failure::run(anyhow::anyhow!("{} ({code})", error_text(&text))));
-    }
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let v = post_json(&target, &body)?;
     if action == "replay" {
         eprintln!("weir: {pipeline} replaying from the log (audit entry {}); watch `weir status`", plain(&v["audit"]));
         return Ok(());
@@ -345,18 +343,8 @@ pub fn act(url: &str, pipeline: &str, action: &str, who: &str, why: &str, from: 
 /// `weir annotate PIPELINE --from --to --note --who`: a note on an event-time range.
 pub fn annotate(url: &str, pipeline: &str, (from, to): (&str, &str), note: &str, who: &str) -> Result<(), Failure> {
     let target = format!("{}/v1/pipelines/{pipeline}/annotations", url.trim_end_matches('/'));
-    let body = serde_json::json!({ "who": who, "from": from, "to": to, "note": note }).to_string();
-    let mut r = agent()
-        .post(&target)
-        .header("content-type", "application/json")
-        .send(&body)
-        .map_err(|e| Failure::run(anyhow::anyhow!("cannot reach {url}: {e}; is weir serve running there?")))?;
-    let code = r.status().as_u16();
-    let text = r.body_mut().read_to_string().unwrap_or_default();
-    if code != 200 {
-        return Err(Failure::run(anyhow::anyhow!("{} ({code})", error_text(&text))));
-    }
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let body = serde_json::json!({ "who": who, "from": from, "to": to, "note": note });
+    let v = post_json(&target, &body)?;
     eprintln!(
         "weir: annotation {} on {pipeline} from {from} to {to}; rows of windows in that range carry it",
         plain(&v["annotation"])
