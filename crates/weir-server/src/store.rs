@@ -254,18 +254,19 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
                revision = excluded.revision, row = excluded.row"
         ))?;
         // Every row goes to the change stream; only the last of each window to `results`.
-        let mut last: std::collections::HashMap<(&[u8], i64), (usize, String)> = std::collections::HashMap::new();
-        let mut text = String::new();
+        let mut texts = Vec::with_capacity(w.out.rows.len());
+        let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::new();
         for (i, row) in w.out.rows.iter().enumerate() {
-            text.clear();
+            let mut text = String::new();
             write_row(w.format, row, seq, &mut text);
             change.execute(params![w.pipeline, seq, text])?;
-            last.insert((&row.key[..], row.window_start.unwrap_or(GLOBAL_START)), (i, text.clone()));
+            texts.push(text);
+            last.insert((&row.key[..], row.window_start.unwrap_or(GLOBAL_START)), i);
             seq += 1;
         }
-        let mut latest: Vec<(usize, String)> = last.into_values().collect();
-        latest.sort_unstable_by_key(|(i, _)| *i);
-        for (i, text) in latest {
+        let mut latest: Vec<usize> = last.into_values().collect();
+        latest.sort_unstable();
+        for i in latest {
             let row = &w.out.rows[i];
             result.execute(params![
                 w.pipeline,
@@ -274,9 +275,10 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
                 row.window_end,
                 row.status.as_str(),
                 row.revision,
-                text
+                texts[i]
             ])?;
         }
+        let mut text = String::new();
         let mut ledger =
             tx.prepare_cached("INSERT INTO ledger (pipeline, seq, reason, entry) VALUES (?1, ?2, ?3, ?4)")?;
         for entry in &w.out.ledger {
