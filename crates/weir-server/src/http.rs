@@ -154,6 +154,12 @@ async fn post_events(State(app): State<Arc<App>>, Path(topic): Path<String>, bod
                 ),
             );
         }
+        if std::str::from_utf8(line).is_err() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("line {n} is not UTF-8 text; nothing was appended; send JSON lines encoded as UTF-8"),
+            );
+        }
         let key = match key_of(line, tc.key.as_deref()) {
             Ok(key) => key,
             Err(e) => {

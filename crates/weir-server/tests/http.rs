@@ -127,6 +127,10 @@ fn refusals_name_the_line_and_append_nothing() {
     assert!(body.contains("line 4 is") && body.contains("max_event_bytes = 200"), "{body}");
     let (code, body) = post(&url, "\n\n");
     assert_eq!(code, 400, "{body}");
+    let mut r = agent().post(&url).send(&b"{\"id\":\"\xff\xfe\"}\n"[..]).unwrap();
+    let (code, body) = (r.status().as_u16(), r.body_mut().read_to_string().unwrap());
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("line 1 is not UTF-8"), "{body}");
     let (code, body) = post(&format!("{}/v1/topics/nope/events", s.url), &events);
     assert_eq!(code, 404, "{body}");
     for p in 0..2 {
