@@ -451,6 +451,7 @@ pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
         "failed": s.failed,
         "paused": p.paused.load(Ordering::SeqCst),
         "replays": s.replays,
+        "restarts": s.restarts,
         "alerts": lock(&app.alerts).firing.get(name).map_or_else(Vec::new, |f| f.iter().map(|f| serde_json::json!({
             "alert": f.alert, "threshold": f.threshold, "observed": f.observed, "since": format_rfc3339_ms(f.since_ms),
         })).collect()),
@@ -511,11 +512,20 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             s["lag_records"].as_i64().unwrap_or(0),
         );
         m.gauge(
+            "weir_consumer_lag_ms",
+            "Log time between the oldest record not yet read and the newest record (largest over partitions).",
+            &base,
+            s["lag_ms"].as_i64().unwrap_or(0),
+        );
+        m.gauge(
             "weir_oldest_unprocessed_age_ms",
             "Age of the oldest unprocessed event, in milliseconds.",
             &base,
             s["oldest_unprocessed_age_ms"].as_i64().unwrap_or(0),
         );
+        if let Some(w) = lock(&p.status).watermark {
+            m.gauge("weir_watermark_ms", "The watermark, in milliseconds since the Unix epoch.", &base, w);
+        }
         if let Some(age) = s["watermark_age_ms"].as_i64() {
             m.gauge("weir_watermark_age_ms", "Now minus the watermark, in milliseconds.", &base, age);
         }
@@ -538,6 +548,18 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         );
         m.histogram("weir_checkpoint_duration_seconds", "How long a checkpoint took.", &base, &checkpoint);
         m.counter("weir_replays_total", "Replays since the server started.", &base, s["replays"].as_u64().unwrap_or(0));
+        m.counter(
+            "weir_pipeline_restarts_total",
+            "Restarts from the last checkpoint after a failure, since the server started.",
+            &base,
+            s["restarts"].as_u64().unwrap_or(0),
+        );
+        m.gauge(
+            "weir_pipeline_failing",
+            "1 while the pipeline's last attempt failed and no checkpoint has succeeded since.",
+            &base,
+            i64::from(!s["failed"].is_null()),
+        );
         m.gauge(
             "weir_pipeline_paused",
             "1 while an operator has paused publishing.",

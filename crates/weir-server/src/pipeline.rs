@@ -41,8 +41,10 @@ pub struct Status {
     pub open_windows: usize,
     pub last_checkpoint_ms: i64,
     pub checkpoints: u64,
-    /// Why the pipeline stopped, if it did.
+    /// Why the pipeline's last attempt failed, until a checkpoint succeeds again.
     pub failed: Option<String>,
+    /// Restarts from the last checkpoint after a failure, since the server started.
+    pub restarts: u64,
     pub state_bytes: usize,
     /// From an event's append to the log to its processing.
     pub processing: Histogram,
@@ -64,7 +66,7 @@ pub struct Pipeline {
 /// (its first kept record when `None` or older), and republish rows above
 /// the revisions published so far: every row, or with `from_time` only the
 /// rows of windows that end after it (the state is still rebuilt whole).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Replay {
     pub from_offset: Option<u64>,
     pub from_time: Option<i64>,
@@ -86,13 +88,36 @@ const READ_RECORDS: usize = 2_000;
 const READ_BYTES: usize = 4 << 20;
 
 impl Runner {
-    /// Runs until `stop` is set (then writes a last checkpoint) or an error.
+    /// Runs until `stop` is set (then writes a last checkpoint). A failure
+    /// (the database locked or full, the log unreadable) drops the
+    /// in-memory state and starts again from the last checkpoint after a
+    /// backoff of 0.5 s doubling to 30 s, as Flink's restart strategy does:
+    /// nothing was published past that checkpoint, so nothing is lost or
+    /// counted twice, and the consumer's lag shows the stall meanwhile.
     pub fn run(mut self) {
         let name = self.contract.pipeline.name.clone();
-        if let Err(e) = self.run_inner() {
-            let message = format!("pipeline {name} stopped: {e:#}");
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let started = Instant::now();
+            let Err(e) = self.run_inner() else { return };
+            let message = format!("pipeline {name} failed and restarts from its last checkpoint: {e:#}");
             eprintln!("weir: {message}");
-            lock(&self.status).failed = Some(message);
+            {
+                let mut s = lock(&self.status);
+                s.failed = Some(message);
+                s.restarts += 1;
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                backoff = Duration::from_millis(500);
+            }
+            let until = Instant::now() + backoff;
+            while Instant::now() < until {
+                if self.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(30));
         }
     }
 
@@ -136,7 +161,8 @@ impl Runner {
         self.publish_status(&engine, &offsets, &idle, None);
         loop {
             let stopping = self.stop.load(Ordering::SeqCst);
-            let replay = lock(&self.replay).take();
+            // Cleared only once done, so a failure before then does not lose it.
+            let replay = *lock(&self.replay);
             let mut read_any = false;
             for p in 0..partitions {
                 let i = p as usize;
@@ -213,6 +239,11 @@ impl Runner {
                 (next_seq, next_ledger) =
                     self.checkpoint(&mut engine, &Output::default(), &offsets, seqs, published_paused, true)?;
                 lock(&self.status).replays += 1;
+                let mut asked = lock(&self.replay);
+                if *asked == Some(r) {
+                    *asked = None;
+                }
+                drop(asked);
                 self.publish_status(&engine, &offsets, &idle, Some(now));
             }
             if stopping {
@@ -268,6 +299,7 @@ impl Runner {
         if let Some(ms) = checkpoint_ms {
             s.last_checkpoint_ms = ms;
             s.checkpoints += 1;
+            s.failed = None;
         }
     }
 }

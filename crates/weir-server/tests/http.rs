@@ -627,3 +627,88 @@ fn a_replay_from_an_event_time_republishes_only_later_windows() {
     }
     assert!(kept >= 3 && republished >= 3, "kept {kept}, republished {republished}");
 }
+
+#[test]
+fn a_stalled_consumer_grows_lag_fires_the_lag_alert_and_catches_up() {
+    let (url, notes) = receiver();
+    let contract = format!("{CONTRACT}\n[alerts]\nmax_lag = \"2s\"\nwebhook = \"{url}\"\n");
+    let s = Server::start_with("lag", &contract, "idle_timeout = \"1h\"\n");
+    let events = format!("{}/v1/topics/payments/events", s.url);
+    let lag = || sample(&get(&format!("{}/metrics", s.url)).1, "weir_consumer_lag_records", &[]);
+    let now = weir_log::now_ms() - 1_764_374_400_000;
+    assert_eq!(post(&events, &event(0, 1, now, "1.00")).0, 200);
+    wait_read(&s, 1);
+    // Another process holds the results database's write lock: the pipeline
+    // cannot checkpoint, so its consumer stalls while producers go on.
+    let db = rusqlite::Connection::open(s.dir.join("weir.db")).unwrap();
+    db.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let mut posted = 0u32;
+    let mut lags = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let fired = loop {
+        if let Ok(note) = notes.try_recv() {
+            break note;
+        }
+        assert!(Instant::now() < deadline, "no lag alert after {posted} events; lag {lags:?}");
+        posted += 1;
+        assert_eq!(post(&events, &event(posted, posted % 3, now, "1.00")).0, 200);
+        lags.push(lag());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(lags.windows(2).all(|w| w[0] <= w[1]) && lags.last() > lags.first(), "lag did not grow: {lags:?}");
+    assert_eq!(lag(), f64::from(posted), "every event posted during the stall is lag");
+    assert_eq!((fired["status"].as_str(), fired["alert"].as_str()), (Some("firing"), Some("max_lag")), "{fired}");
+    assert_eq!((fired["pipeline"].as_str(), fired["owner"].as_str()), (Some("paid"), Some("billing-ops")));
+    assert_eq!(
+        (fired["steward"].as_str(), fired["decision"].as_str()),
+        (Some("data-platform"), Some("Unlock paid features"))
+    );
+    assert_eq!(fired["threshold"], "2s");
+    assert!(fired["question"].as_str().is_some_and(|q| q.ends_with('?')), "{fired}");
+    let status: serde_json::Value =
+        serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", s.url)).1).unwrap();
+    assert!(status["lag_ms"].as_i64() >= Some(2_000), "{status}");
+    assert_eq!(status["alerts"][0]["alert"], "max_lag", "{status}");
+    // Held past the database's busy timeout, the checkpoint fails and the
+    // pipeline restarts from its last checkpoint.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics = || get(&format!("{}/metrics", s.url)).1;
+    while sample(&metrics(), "weir_pipeline_restarts_total", &[]) < 1.0 {
+        assert!(Instant::now() < deadline, "no restart while the database stayed locked");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(sample(&metrics(), "weir_pipeline_failing", &[]), 1.0);
+    let status: serde_json::Value =
+        serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", s.url)).1).unwrap();
+    assert!(status["failed"].as_str().is_some_and(|f| f.contains("locked")), "{status}");
+    // The lock goes away: the consumer catches up and the alert resolves.
+    db.execute_batch("ROLLBACK").unwrap();
+    let resolved = notes.recv_timeout(Duration::from_secs(30)).expect("no resolution reached the webhook");
+    assert_eq!((resolved["status"].as_str(), resolved["alert"].as_str()), (Some("resolved"), Some("max_lag")));
+    wait_read(&s, posted as usize + 1);
+    assert_eq!(lag(), 0.0);
+    assert_eq!(sample(&metrics(), "weir_pipeline_failing", &[]), 0.0);
+    // Nothing lost or counted twice across the restart, and no revision published twice.
+    let mut lines: Vec<String> = (0..=posted).map(|i| event(i, if i == 0 { 1 } else { i % 3 }, now, "1.00")).collect();
+    // Events an hour later close the windows of the stall.
+    let later: Vec<String> = (0..3).map(|a| event(10_000 + a, a, now + 3_600_000, "0")).collect();
+    assert_eq!(post(&events, &(later.join("\n") + "\n")).0, 200);
+    lines.extend(later);
+    wait_read(&s, lines.len());
+    let mut expected = batch_values(&lines);
+    let last_window = expected.iter().map(|r| r.1.clone()).max().unwrap();
+    expected.retain(|r| r.1 != last_window);
+    assert_eq!(expected.len(), 3, "one window per account: {expected:?}");
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/results?status=settled", s.url));
+    let mut current: Vec<_> = body.lines().map(|l| identity(&serde_json::from_str(l).unwrap())).collect();
+    current.sort();
+    assert_eq!(current, expected);
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/changes", s.url));
+    let mut last = std::collections::BTreeMap::new();
+    for l in body.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        let rev = v["revision"].as_u64().unwrap();
+        let key = (v["key"].to_string(), v["window_start"].to_string());
+        assert_eq!(last.insert(key, rev).unwrap_or(0) + 1, rev, "{l}");
+    }
+}
