@@ -25,7 +25,7 @@ use crate::agg::{AggState, Contrib};
 use crate::json::{Doc, Event, Tag, Val};
 use crate::key;
 use crate::number::parse_decimal;
-use crate::output::{LedgerEntry, Output, Reason, Row, RowFormat, Status, PAYLOAD_BYTES_MAX};
+use crate::output::{LedgerEntry, Output, Reason, Row, RowFormat, Sources, Status, PAYLOAD_BYTES_MAX};
 use crate::plan::Plan;
 use crate::table::HashedTable;
 use crate::time::{parse_rfc3339_ms, TIME_MAX_MS, TIME_MIN_MS};
@@ -95,6 +95,8 @@ pub(crate) struct Window {
     /// Inline for up to two aggregates: adding an event then touches the
     /// window's table entry and nothing else.
     pub aggs: Aggs,
+    /// Where the counted events came from, for provenance.
+    pub sources: Sources,
 }
 
 pub(crate) type Aggs = smallvec::SmallVec<[AggState; 2]>;
@@ -529,12 +531,12 @@ impl Engine {
     }
 
     /// Adds the event's contributions to a window.
-    fn add_to(&mut self, id: WinId, time: i64, event_id: Option<&str>, late: bool) {
+    fn add_to(&mut self, id: WinId, ctx: &Ctx<'_>, time: i64, late: bool) {
         let Some(w) = self.st.windows.get_mut(id) else {
             debug_assert!(false, "window to add to is missing");
             return;
         };
-        if add_event(w, &self.contribs, time, event_id, late) {
+        if add_event(w, &self.contribs, ctx, time, late) {
             self.dirty.push(id);
         }
     }
@@ -572,7 +574,7 @@ impl Engine {
                 if made && !global {
                     self.st.timers.insert((end, id));
                 }
-                if add_event(w, &self.contribs, time, ctx.id.as_deref(), late) {
+                if add_event(w, &self.contribs, ctx, time, late) {
                     self.dirty.push(id);
                 }
                 counted = true;
@@ -649,6 +651,7 @@ impl Engine {
             }
             merged.events += w.events;
             merged.late_events += w.late_events;
+            crate::output::merge_sources(&mut merged.sources, &w.sources);
         }
         let id = match identity {
             Some((id, mut w)) => {
@@ -657,6 +660,7 @@ impl Engine {
                 }
                 w.events += merged.events;
                 w.late_events += merged.late_events;
+                crate::output::merge_sources(&mut w.sources, &merged.sources);
                 if w.end != end {
                     w.end = end;
                     w.past_end_emitted = false;
@@ -682,7 +686,7 @@ impl Engine {
             self.st.counters.late_allowed += 1;
         }
         // add_to pushes the window on the dirty list only when it was clean.
-        self.add_to(id, time, ctx.id.as_deref(), late);
+        self.add_to(id, ctx, time, late);
         true
     }
 
@@ -698,6 +702,7 @@ impl Engine {
             values: w.aggs.iter().zip(&self.plan.aggs).map(|(s, a)| s.value(a.func)).collect(),
             events: w.events,
             late_events: w.late_events,
+            sources: w.sources.clone(),
             watermark: (wm != WM_MIN && wm != WM_MAX).then_some(wm),
         }
     }
@@ -824,14 +829,17 @@ fn new_window(plan: &Plan, key: &[u8], start: i64, end: i64) -> Window {
         dirty: false,
         past_end_emitted: false,
         aggs: plan.aggs.iter().map(|a| AggState::new(a.func)).collect(),
+        sources: Sources::new(),
     }
 }
 
 /// Adds one event to a window; true when the window just became dirty.
-fn add_event(w: &mut Window, contribs: &[Contrib], time: i64, id: Option<&str>, late: bool) -> bool {
+fn add_event(w: &mut Window, contribs: &[Contrib], ctx: &Ctx<'_>, time: i64, late: bool) -> bool {
+    let id = ctx.id.as_deref();
     for (state, contrib) in w.aggs.iter_mut().zip(contribs) {
         state.add(contrib, time, id);
     }
+    crate::output::add_source(&mut w.sources, ctx.partition, ctx.offset);
     w.events += 1;
     if late {
         w.late_events += 1;

@@ -36,7 +36,46 @@ pub struct Row {
     pub values: Vec<OutValue>,
     pub events: u64,
     pub late_events: u64,
+    /// Where the counted events came from.
+    pub sources: Sources,
     pub watermark: Option<i64>,
+}
+
+/// The events a window counted from one partition: the lowest and highest
+/// offset and how many (others, of other keys or windows, lie between).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Source {
+    pub partition: u32,
+    pub first_offset: u64,
+    pub last_offset: u64,
+    pub events: u64,
+}
+
+/// One [`Source`] per partition, in the order first seen: one inline.
+pub type Sources = smallvec::SmallVec<[Source; 1]>;
+
+pub(crate) fn add_source(sources: &mut Sources, partition: u32, offset: u64) {
+    match sources.iter_mut().find(|s| s.partition == partition) {
+        Some(s) => {
+            s.first_offset = s.first_offset.min(offset);
+            s.last_offset = s.last_offset.max(offset);
+            s.events += 1;
+        }
+        None => sources.push(Source { partition, first_offset: offset, last_offset: offset, events: 1 }),
+    }
+}
+
+pub(crate) fn merge_sources(into: &mut Sources, from: &Sources) {
+    for f in from {
+        match into.iter_mut().find(|s| s.partition == f.partition) {
+            Some(s) => {
+                s.first_offset = s.first_offset.min(f.first_offset);
+                s.last_offset = s.last_offset.max(f.last_offset);
+                s.events += f.events;
+            }
+            None => into.push(*f),
+        }
+    }
 }
 
 /// Why an event did not count (or did not count in one window).

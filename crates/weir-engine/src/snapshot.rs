@@ -17,10 +17,11 @@ use crate::engine::{Counters, Engine, Mode, PlanError, Seen, State, Window};
 use crate::plan::Plan;
 
 const MAGIC: &[u8; 8] = b"WEIRSNAP";
-/// The snapshot format this build writes and reads. Format 3 adds the
+/// The snapshot format this build writes and reads. Format 4 adds each
+/// window's sources (partition, offset range, events); format 3 the
 /// revision floor (replays); format 2: window ids are `xxh3_128(key, seed =
 /// start)`; format 1 hashed start and key together.
-pub const SNAPSHOT_FORMAT: u32 = 3;
+pub const SNAPSHOT_FORMAT: u32 = 4;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SnapshotError {

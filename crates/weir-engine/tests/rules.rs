@@ -481,3 +481,44 @@ fn batch_counts_what_the_stream_refused_as_too_late() {
     assert_eq!(batch.rows, ["a [0,10) settled#1 events=1 late=0 {1,1}", "a [20,30) settled#1 events=1 late=0 {1,1}"]);
     assert!(batch.ledger.is_empty());
 }
+
+/// Rows name where their events came from: per partition, the lowest and
+/// highest offset counted and how many; merged sessions add theirs up.
+#[test]
+fn rows_carry_the_partitions_and_offsets_they_counted() {
+    let c = contract("max_delay = \"30s\"", "type = \"session\"\ngap = \"5s\"\nlate = \"discard\"", "");
+    let mut engine = Engine::new(&c, Mode::Stream, 2).unwrap();
+    let mut out = Output::default();
+    // (partition, offset, event): two sessions of `a`, then an event joining them.
+    let events = [
+        (0, 10, ev("a", 1, "1", "1")),
+        (1, 3, ev("a", 2, "2", "1")),
+        (0, 11, ev("b", 2, "3", "1")),
+        (1, 7, ev("a", 12, "4", "1")),
+        (0, 15, ev("a", 9, "5", "1")),
+        (1, 9, ev("a", 6, "6", "1")),
+    ];
+    for (partition, offset, e) in &events {
+        engine.process(EventIn { partition: *partition, offset: *offset, bytes: e.as_bytes() }, &mut out);
+    }
+    engine.finish(&mut out);
+    let shown: Vec<String> = out
+        .rows
+        .iter()
+        .map(|r| {
+            let sources: Vec<String> = r
+                .sources
+                .iter()
+                .map(|s| format!("p{}:{}-{}x{}", s.partition, s.first_offset, s.last_offset, s.events))
+                .collect();
+            format!("{} {}", show_row(r), sources.join(" "))
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "b [2,7) settled#1 events=1 late=0 {1,1} p0:11-11x1",
+            "a [1,17) settled#1 events=5 late=0 {5,5} p0:10-15x2 p1:3-9x3",
+        ]
+    );
+}

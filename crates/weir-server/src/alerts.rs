@@ -39,7 +39,12 @@ pub struct AlertState {
     pub delivered: u64,
     pub undelivered: u64,
     history: BTreeMap<String, VecDeque<(Instant, u64, u64)>>,
+    /// The latest notifications, firing and resolved, newest last (for the dashboard).
+    pub incidents: VecDeque<serde_json::Value>,
 }
+
+/// How many notifications the dashboard's incident list keeps.
+const INCIDENTS_KEPT: usize = 200;
 
 struct Check {
     alert: &'static str,
@@ -104,7 +109,8 @@ fn checks(alerts: &Alerts, status: &serde_json::Value, ledger_rate: Option<f64>)
     out
 }
 
-/// Evaluates every pipeline's alerts once a second, forever.
+/// Every second, forever: samples every pipeline for the dashboard's
+/// charts and evaluates its alerts.
 pub async fn run(app: Arc<App>) {
     let (tx, rx) = std::sync::mpsc::channel::<(String, serde_json::Value)>();
     let delivery = Arc::clone(&app);
@@ -121,8 +127,9 @@ pub async fn run(app: Arc<App>) {
 fn evaluate(app: &App, tx: &std::sync::mpsc::Sender<(String, serde_json::Value)>) {
     let now = weir_log::now_ms();
     for (name, p) in &app.pipelines {
-        let Some(alerts) = &p.contract.alerts else { continue };
         let status = status_json(app, name, p);
+        crate::dashboard::record(app, name, &status);
+        let Some(alerts) = &p.contract.alerts else { continue };
         let read = status["events"]["read"].as_u64().unwrap_or(0);
         let ledger: u64 = status["ledger"].as_object().map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
         let rate = {
@@ -141,6 +148,7 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::Sender<(String, serde_json::Value)>
         let webhook = alerts.webhook.clone().or_else(|| app.config.alert_webhook.clone());
         let mut state = lock(&app.alerts);
         let firing = state.firing.entry(name.clone()).or_default();
+        let mut notes = Vec::new();
         for c in checks(alerts, &status, rate) {
             let over = c.observed > c.threshold;
             let at = firing.iter().position(|f| f.alert == c.alert);
@@ -187,6 +195,13 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::Sender<(String, serde_json::Value)>
                 (c.show)(c.observed),
                 f.threshold
             );
+            notes.push(note);
+        }
+        for note in notes {
+            state.incidents.push_back(note.clone());
+            if state.incidents.len() > INCIDENTS_KEPT {
+                state.incidents.pop_front();
+            }
             if let Some(url) = &webhook {
                 let _ = tx.send((url.clone(), note));
             }

@@ -36,6 +36,8 @@ pub struct App {
     pub alerts: Mutex<crate::alerts::AlertState>,
     /// From a POST's arrival to its events being durable.
     pub durable: Mutex<crate::histogram::Histogram>,
+    /// The dashboard's charts.
+    pub series: Mutex<crate::dashboard::Series>,
     readers: Mutex<Vec<Connection>>,
     round_robin: AtomicU64,
 }
@@ -54,13 +56,14 @@ impl App {
             db,
             alerts: Mutex::default(),
             durable: Mutex::default(),
+            series: Mutex::default(),
             readers: Mutex::new(Vec::new()),
             round_robin: AtomicU64::new(0),
         }
     }
 
     /// Runs `query` on a pooled read connection, off the async threads.
-    async fn read<T: Send + 'static>(
+    pub(crate) async fn read<T: Send + 'static>(
         self: &Arc<Self>,
         query: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, ApiError> {
@@ -87,9 +90,12 @@ impl App {
 pub fn router(app: Arc<App>) -> Router {
     let body_limit = app.config.max_body_bytes;
     Router::new()
+        .route("/", get(crate::dashboard::page))
+        .route("/v1/dashboard", get(crate::dashboard::data))
         .route("/v1/topics/{topic}/events", get(read_events).post(post_events))
         .route("/v1/pipelines", get(list_pipelines))
         .route("/v1/pipelines/{name}/results", get(results))
+        .route("/v1/pipelines/{name}/results/{seq}/provenance", get(provenance))
         .route("/v1/pipelines/{name}/changes", get(changes))
         .route("/v1/pipelines/{name}/ledger", get(ledger))
         .route("/v1/pipelines/{name}/status", get(status))
@@ -371,6 +377,24 @@ async fn results(
         limit: param(&q, "limit", 10_000i64)?,
     };
     Ok(joined(app.read(move |c| store::results(c, &name, &filter)).await?))
+}
+
+/// `{seq}` is the row's place in the change stream, as `/results` and
+/// `/changes` show it: one revision of one window.
+async fn provenance(
+    State(app): State<Arc<App>>,
+    Path((name, seq)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let contract = pipeline(&app, &name)?.contract.clone();
+    let Ok(seq) = seq.parse::<i64>() else {
+        return Err(bad(format!("{seq:?} is not a row: use the \"seq\" of a row from /results or /changes")));
+    };
+    let pn = name.clone();
+    let Some(origin) = app.read(move |c| store::row_origin(c, &pn, seq)).await? else {
+        return Err(ApiError(StatusCode::NOT_FOUND, format!("pipeline {name:?} has published no row with seq {seq}")));
+    };
+    let body = crate::provenance::document(&contract, seq, &origin).to_string() + "\n";
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 async fn changes(

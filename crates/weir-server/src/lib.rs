@@ -11,9 +11,11 @@
 //! Layout of `--data`: `log/` (the log's topics), `weir.db` (SQLite).
 
 mod alerts;
+mod dashboard;
 mod histogram;
 mod http;
 mod pipeline;
+mod provenance;
 pub mod store;
 
 use std::collections::BTreeMap;

@@ -97,9 +97,11 @@ impl Runner {
     pub fn run(mut self) {
         let name = self.contract.pipeline.name.clone();
         let mut backoff = Duration::from_millis(500);
+        let mut why = "server start".to_owned();
         loop {
             let started = Instant::now();
-            let Err(e) = self.run_inner() else { return };
+            let Err(e) = self.run_inner(&why) else { return };
+            why = format!("restart after a failure: {e:#}");
             let message = format!("pipeline {name} failed and restarts from its last checkpoint: {e:#}");
             eprintln!("weir: {message}");
             {
@@ -121,7 +123,8 @@ impl Runner {
         }
     }
 
-    fn run_inner(&mut self) -> anyhow::Result<()> {
+    /// One run, from the last checkpoint; `why` is recorded with it.
+    fn run_inner(&mut self, why: &str) -> anyhow::Result<()> {
         let contract = self.contract.clone();
         let c = &contract;
         let topic = c.source.topic.clone();
@@ -141,6 +144,7 @@ impl Runner {
             None => (Engine::new(c, Mode::Stream, partitions)?, 1, 1),
         };
         engine.track_changes();
+        let mut run = store::start_run(&self.conn, &c.pipeline.name, c.pipeline.version, c.text_hash, why)?;
         // A pause survives restarts; an operator's resume takes effect at the next checkpoint.
         let mut published_paused = store::is_paused(&self.conn, &c.pipeline.name)?;
         if published_paused {
@@ -211,7 +215,8 @@ impl Runner {
                         republish_after = None;
                     }
                 }
-                let (s, l) = self.checkpoint(&mut engine, &out, &offsets, (next_seq, next_ledger), paused, false)?;
+                let seqs = (next_seq, next_ledger);
+                let (s, l) = self.checkpoint(&mut engine, &out, &offsets, seqs, (paused, false), run)?;
                 published_paused = paused;
                 lock(&self.status).checkpoint_duration.observe(started.elapsed().as_secs_f64());
                 (next_seq, next_ledger) = (s, l);
@@ -236,8 +241,9 @@ impl Runner {
                 heard.iter_mut().for_each(|h| *h = Instant::now());
                 let now = weir_log::now_ms();
                 let seqs = (next_seq, next_ledger);
+                run = store::start_run(&self.conn, &c.pipeline.name, c.pipeline.version, c.text_hash, "replay")?;
                 (next_seq, next_ledger) =
-                    self.checkpoint(&mut engine, &Output::default(), &offsets, seqs, published_paused, true)?;
+                    self.checkpoint(&mut engine, &Output::default(), &offsets, seqs, (published_paused, true), run)?;
                 lock(&self.status).replays += 1;
                 let mut asked = lock(&self.replay);
                 if *asked == Some(r) {
@@ -266,8 +272,8 @@ impl Runner {
         out: &Output,
         offsets: &[u64],
         (next_seq, next_ledger): (i64, i64),
-        paused: bool,
-        reset: bool,
+        (paused, reset): (bool, bool),
+        run: i64,
     ) -> anyhow::Result<(i64, i64)> {
         let c = &self.contract;
         let delta = engine.take_delta();
@@ -284,6 +290,7 @@ impl Runner {
             now_ms: weir_log::now_ms(),
             paused,
             reset,
+            run,
         };
         Ok(store::checkpoint(&mut self.conn, write)?)
     }

@@ -7,7 +7,8 @@
 //! one, the engine's changed state, and the log offsets it consumed. After
 //! any crash the database holds some checkpoint whole, never a part.
 //!
-//! Schema version 1:
+//! Schema version 2 (version 1 is migrated in place: `changes` gains
+//! `at_ms`, `run` and `sources`, and `runs` is created):
 //!
 //! | table | holds |
 //! |---|---|
@@ -17,7 +18,8 @@
 //! | `state_windows` | the engine's open windows, by their hash |
 //! | `state_id_batches` | the ids each checkpoint remembered, one row per checkpoint (44 bytes an id), deleted once all have expired |
 //! | `results` | the latest row of every key and window |
-//! | `changes` | every row in emission order (`seq` from 1) |
+//! | `changes` | every row in emission order (`seq` from 1), with the checkpoint's time, the run that made it and its sources (`[[partition, first offset, last offset, events], ...]`) |
+//! | `runs` | every start of a pipeline (at server start, after a failure, at a replay): contract version and hash, weir's version |
 //! | `ledger` | every ledger entry in order (`seq` from 1) |
 //! | `pauses` | a paused pipeline: the first change `seq` not published |
 //! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
@@ -29,7 +31,7 @@ use std::path::Path;
 use rusqlite::{params, Connection, OptionalExtension};
 use weir_engine::{Delta, IdEntry, LedgerEntry, Output, Row, RowFormat};
 
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -49,7 +51,11 @@ CREATE TABLE IF NOT EXISTS results (
     status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
     PRIMARY KEY (pipeline, key, window_start)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS changes (
-    pipeline TEXT NOT NULL, seq INTEGER NOT NULL, row TEXT NOT NULL, PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
+    pipeline TEXT NOT NULL, seq INTEGER NOT NULL, row TEXT NOT NULL,
+    at_ms INTEGER, run INTEGER, sources TEXT, PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, version INTEGER NOT NULL,
+    text_hash TEXT NOT NULL, weir_version TEXT NOT NULL, started_ms INTEGER NOT NULL, why TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger (
     pipeline TEXT NOT NULL, seq INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
     PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
@@ -125,6 +131,16 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
             conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?1)", [SCHEMA_VERSION.to_string()])?;
         }
         Some(v) if v == SCHEMA_VERSION.to_string() => {}
+        Some(v) if v == "1" => {
+            conn.execute_batch(
+                "BEGIN IMMEDIATE;
+                 ALTER TABLE changes ADD COLUMN at_ms INTEGER;
+                 ALTER TABLE changes ADD COLUMN run INTEGER;
+                 ALTER TABLE changes ADD COLUMN sources TEXT;
+                 UPDATE meta SET value = '2' WHERE key = 'schema_version';
+                 COMMIT;",
+            )?;
+        }
         Some(v) => anyhow::bail!(
             "the results database has schema version {v}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or move weir.db aside to rebuild results from the log"
         ),
@@ -223,6 +239,29 @@ pub struct CheckpointWrite<'a> {
     pub paused: bool,
     /// A replay starts: the stored windows and ids are dropped first.
     pub reset: bool,
+    /// The run (see [`start_run`]) the rows come from.
+    pub run: i64,
+}
+
+/// Records a start of a pipeline; returns the run's id, which its rows carry.
+pub fn start_run(conn: &Connection, pipeline: &str, version: u32, text_hash: u64, why: &str) -> rusqlite::Result<i64> {
+    conn.execute(
+        "INSERT INTO runs (pipeline, version, text_hash, weir_version, started_ms, why) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![pipeline, version, format!("{text_hash:016x}"), env!("CARGO_PKG_VERSION"), weir_log::now_ms(), why],
+    )?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// `[[partition, first offset, last offset, events], ...]`.
+fn sources_json(row: &Row, out: &mut String) {
+    use std::fmt::Write;
+    out.clear();
+    out.push('[');
+    for (i, s) in row.sources.iter().enumerate() {
+        let comma = if i > 0 { "," } else { "" };
+        let _ = write!(out, "{comma}[{},{},{},{}]", s.partition, s.first_offset, s.last_offset, s.events);
+    }
+    out.push(']');
 }
 
 /// Writes one checkpoint in one transaction; returns the next change and
@@ -245,7 +284,9 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
     }
     let results_table = if w.paused { "held_results" } else { "results" };
     {
-        let mut change = tx.prepare_cached("INSERT INTO changes (pipeline, seq, row) VALUES (?1, ?2, ?3)")?;
+        let mut change = tx.prepare_cached(
+            "INSERT INTO changes (pipeline, seq, row, at_ms, run, sources) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?;
         let mut result = tx.prepare_cached(&format!(
             "INSERT INTO {results_table} (pipeline, key, window_start, window_end, status, revision, row)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
@@ -256,10 +297,12 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
         // Every row goes to the change stream; only the last of each window to `results`.
         let mut texts = Vec::with_capacity(w.out.rows.len());
         let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::new();
+        let mut sources = String::new();
         for (i, row) in w.out.rows.iter().enumerate() {
             let mut text = String::new();
             write_row(w.format, row, seq, &mut text);
-            change.execute(params![w.pipeline, seq, text])?;
+            sources_json(row, &mut sources);
+            change.execute(params![w.pipeline, seq, text, w.now_ms, w.run, sources])?;
             texts.push(text);
             last.insert((&row.key[..], row.window_start.unwrap_or(GLOBAL_START)), i);
             seq += 1;
@@ -542,4 +585,112 @@ pub fn max_revision(conn: &Connection, pipeline: &str) -> rusqlite::Result<u32> 
         |r| r.get::<_, i64>(0),
     )
     .map(|v| v.clamp(0, i64::from(u32::MAX)) as u32)
+}
+
+/// What the store knows of one published row, for its provenance.
+pub struct RowOrigin {
+    pub row: serde_json::Value,
+    pub at_ms: Option<i64>,
+    /// `[[partition, first offset, last offset, events], ...]`.
+    pub sources: Vec<[u64; 4]>,
+    pub run: Option<Run>,
+    /// The `seq` of the same window's previous row, if any.
+    pub previous: Option<(i64, serde_json::Value)>,
+    /// Ledger entries of the window's key whose window or event time is in
+    /// the window, by reason (as the ledger holds them now).
+    pub ledgered: Vec<(String, i64)>,
+}
+
+pub struct Run {
+    pub id: i64,
+    pub version: i64,
+    pub text_hash: String,
+    pub weir_version: String,
+    pub started_ms: i64,
+    pub why: String,
+}
+
+/// The published row `seq` of `pipeline` with where it came from; `None`
+/// when there is none (or it is held by a pause).
+pub fn row_origin(conn: &Connection, pipeline: &str, seq: i64) -> rusqlite::Result<Option<RowOrigin>> {
+    /// The row's text, checkpoint time, run and sources.
+    type Found = (String, Option<i64>, Option<i64>, Option<String>);
+    let found: Option<Found> = conn
+        .query_row(
+            "SELECT row, at_ms, run, sources FROM changes WHERE pipeline = ?1 AND seq = ?2
+               AND seq < coalesce((SELECT from_seq FROM pauses WHERE pipeline = ?1), 9223372036854775807)",
+            params![pipeline, seq],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .optional()?;
+    let Some((text, at_ms, run, sources)) = found else { return Ok(None) };
+    let row: serde_json::Value = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+    let sources = sources.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or_default();
+    let run = match run {
+        Some(id) => conn
+            .query_row("SELECT version, text_hash, weir_version, started_ms, why FROM runs WHERE id = ?1", [id], |r| {
+                Ok(Run {
+                    id,
+                    version: r.get(0)?,
+                    text_hash: r.get(1)?,
+                    weir_version: r.get(2)?,
+                    started_ms: r.get(3)?,
+                    why: r.get(4)?,
+                })
+            })
+            .optional()?,
+        None => None,
+    };
+    // The same key and window, the latest before this one (a backward scan
+    // from `seq`). Keys are compared as written, in the contract's field order.
+    let previous = {
+        let mut stmt = conn.prepare_cached(
+            "SELECT seq, row FROM changes WHERE pipeline = ?1 AND seq < ?2
+               AND json_extract(row, '$.key') = json_extract(?3, '$.key')
+               AND json_extract(row, '$.window_start') IS json_extract(?3, '$.window_start')
+             ORDER BY seq DESC LIMIT 1",
+        )?;
+        stmt.query_row(params![pipeline, seq, text], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+            .optional()?
+            .map(|(s, t)| (s, serde_json::from_str(&t).unwrap_or(serde_json::Value::Null)))
+    };
+    // RFC 3339 times with milliseconds in UTC compare as text.
+    let mut stmt = conn.prepare_cached(
+        "SELECT reason, count(*) FROM ledger WHERE pipeline = ?1 AND json_extract(entry, '$.key') = json_extract(?2, '$.key')
+           AND (json_extract(?2, '$.window_start') IS NULL
+                OR json_extract(entry, '$.window_start') = json_extract(?2, '$.window_start')
+                OR (json_extract(entry, '$.window_start') IS NULL
+                    AND json_extract(entry, '$.event_time') >= json_extract(?2, '$.window_start')
+                    AND json_extract(entry, '$.event_time') < json_extract(?2, '$.window_end')))
+         GROUP BY reason ORDER BY reason",
+    )?;
+    let ledgered =
+        stmt.query_map(params![pipeline, text], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+    Ok(Some(RowOrigin { row, at_ms, sources, run, previous, ledgered }))
+}
+
+/// The newest `limit` published rows of the change stream, newest first.
+pub fn latest_changes(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT row FROM changes WHERE pipeline = ?1
+           AND seq < coalesce((SELECT from_seq FROM pauses WHERE pipeline = ?1), 9223372036854775807)
+         ORDER BY seq DESC LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(params![pipeline, limit], |r| r.get::<_, String>(0))?;
+    annotate_rows(conn, pipeline, rows.collect::<rusqlite::Result<Vec<String>>>()?)
+}
+
+/// The newest `limit` ledger entries, newest first.
+pub fn latest_ledger(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare_cached("SELECT entry FROM ledger WHERE pipeline = ?1 ORDER BY seq DESC LIMIT ?2")?;
+    let rows = stmt.query_map(params![pipeline, limit], |r| r.get::<_, String>(0))?;
+    rows.collect()
+}
+
+/// The newest `limit` audit entries, newest first.
+pub fn latest_audit(conn: &Connection, limit: i64) -> rusqlite::Result<Vec<String>> {
+    let last: i64 = conn.query_row("SELECT coalesce(max(seq), 0) FROM audit", [], |r| r.get(0))?;
+    let mut rows = audit_log(conn, (last - limit + 1).max(1), limit)?;
+    rows.reverse();
+    Ok(rows)
 }

@@ -712,3 +712,109 @@ fn a_stalled_consumer_grows_lag_fires_the_lag_alert_and_catches_up() {
         assert_eq!(last.insert(key, rev).unwrap_or(0) + 1, rev, "{l}");
     }
 }
+
+#[test]
+fn provenance_names_the_log_ranges_a_row_counted_in_prov_json() {
+    let s = Server::start("provenance", "idle_timeout = \"1h\"\n[topics.payments]\npartitions = 2\nkey = \"acct\"\n");
+    let events = format!("{}/v1/topics/payments/events", s.url);
+    let mut n = 0;
+    let mut send = |lines: Vec<String>| {
+        n += lines.len();
+        assert_eq!(post(&events, &(lines.join("\n") + "\n")).0, 200);
+        wait_read(&s, n);
+    };
+    // Five accounts over four one-minute windows, and one duplicate (p6: a1 at 6 s).
+    let mut first: Vec<String> = (0..200).map(|i| event(i, i % 5, i64::from(i) * 1_000, "1.00")).collect();
+    first.push(event(6, 1, 6_000, "1.00"));
+    send(first);
+    // The watermark passes the windows' ends: provisional rows.
+    send((0..5).map(|a| event(1_000 + a, a, 300_000, "0")).collect());
+    // A late event revises a1's first window; then the watermark settles it.
+    send(vec![event(2_000, 1, 30_000, "5.00")]);
+    send((0..5).map(|a| event(3_000 + a, a, 1_200_000, "0")).collect());
+    // Too late for that window now: ledgered.
+    send(vec![event(4_000, 1, 40_000, "7.00")]);
+
+    let ledger: Vec<serde_json::Value> = get(&format!("{}/v1/pipelines/paid/ledger", s.url))
+        .1
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(ledger.len(), 2, "{ledger:?}");
+    let ledgered: std::collections::HashSet<(u64, u64)> =
+        ledger.iter().map(|e| (e["partition"].as_u64().unwrap(), e["offset"].as_u64().unwrap())).collect();
+    let hash = format!("{:016x}", Contract::parse("paid.toml", CONTRACT).unwrap().text_hash);
+    let rows: Vec<serde_json::Value> = get(&format!("{}/v1/pipelines/paid/results?status=settled", s.url))
+        .1
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 25, "5 accounts x 5 windows (0-4 min and 5 min)");
+    for row in &rows {
+        let seq = row["seq"].as_i64().unwrap();
+        let (code, body) = get(&format!("{}/v1/pipelines/paid/results/{seq}/provenance", s.url));
+        assert_eq!(code, 200, "{body}");
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let this = &doc["entity"][format!("weir:row/paid/{seq}")];
+        assert_eq!((&this["weir:revision"], &this["weir:events"]), (&row["revision"], &row["events"]), "{doc:#}");
+        assert_eq!(this["weir:key"], row["key"]);
+        let run = doc["activity"].as_object().unwrap().values().next().unwrap();
+        assert_eq!(
+            (run["weir:contract_version"].as_u64(), run["weir:contract_hash"].as_str()),
+            (Some(1), Some(&*hash))
+        );
+        assert!(run["prov:startTime"]["$"].as_str().is_some_and(|t| t.ends_with('Z')), "{run}");
+        let roles: Vec<&str> =
+            doc["wasAssociatedWith"].as_object().unwrap().values().map(|a| a["prov:agent"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["weir:agent/billing-ops", "weir:agent/data-platform"]);
+        // Every range the row used, checked against the log itself.
+        let (acct, start, end) = (
+            row["key"]["acct"].as_str().unwrap(),
+            row["window_start"].as_str().unwrap(),
+            row["window_end"].as_str().unwrap(),
+        );
+        let mut counted = 0;
+        for used in doc["used"].as_object().unwrap().values() {
+            let range = &doc["entity"][used["prov:entity"].as_str().unwrap()];
+            if range["prov:type"] != "weir:LogRange" {
+                continue;
+            }
+            assert_eq!(range["weir:topic"], "payments");
+            let p = range["weir:partition"].as_u64().unwrap();
+            let (lo, hi) = (range["weir:first_offset"].as_u64().unwrap(), range["weir:last_offset"].as_u64().unwrap());
+            let url = format!("{}/v1/topics/payments/events?partition={p}&from={lo}&limit={}", s.url, hi - lo + 1);
+            let ours: Vec<u64> = get(&url)
+                .1
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .filter(|r| {
+                    let e = &r["event"];
+                    let t = e["t"].as_str().unwrap();
+                    e["acct"] == acct && start <= t && t < end
+                })
+                .map(|r| r["offset"].as_u64().unwrap())
+                .filter(|o| !ledgered.contains(&(p, *o)))
+                .collect();
+            assert_eq!((ours.first(), ours.last()), (Some(&lo), Some(&hi)), "{range}");
+            assert_eq!(ours.len() as u64, range["weir:events"].as_u64().unwrap(), "{range}");
+            counted += ours.len() as u64;
+        }
+        assert_eq!(counted, row["events"].as_u64().unwrap(), "{doc:#}");
+        // a1's first window: revised by a late event, then a duplicate and a too-late event ledgered.
+        let revised = acct == "a1" && start.ends_with("00:00:00.000Z");
+        assert_eq!(this["weir:late_events"], u64::from(revised));
+        if revised {
+            assert_eq!(this["weir:revision"], 3);
+            assert_eq!(this["weir:ledgered"], serde_json::json!({"duplicate": 1, "too_late": 1}), "{doc:#}");
+            let derived = doc["wasDerivedFrom"]["_:derived"]["prov:usedEntity"].as_str().unwrap();
+            assert_eq!(doc["entity"][derived]["weir:revision"], 2, "{doc:#}");
+            assert_eq!(doc["entity"][derived]["weir:status"], "provisional");
+        } else {
+            assert_eq!(this["weir:ledgered"], serde_json::json!({}), "{doc:#}");
+        }
+    }
+    let (code, body) = get(&format!("{}/v1/pipelines/paid/results/999999/provenance", s.url));
+    assert_eq!(code, 404, "{body}");
+    let (code, body) = get(&format!("{}/v1/pipelines/paid/results/a1/provenance", s.url));
+    assert_eq!(code, 400, "{body}");
+}

@@ -1,0 +1,148 @@
+//! The dashboard: `GET /` serves one HTML page (embedded in the binary, no
+//! script or style from elsewhere) that polls `GET /v1/dashboard` every
+//! second and draws it.
+//!
+//! `/v1/dashboard` holds, per pipeline: the contract's name, version,
+//! owner, steward and decision; its status (as `/status`); the last 15
+//! minutes of throughput, lag and watermark age, sampled every second by the
+//! alert loop; the newest published rows; ledger counts by reason and the
+//! newest entries (without payloads); firing alerts; annotations. And for
+//! the server: incidents, the newest alert notifications and operator
+//! actions.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use crate::http::{status_json, ApiError, App};
+use crate::pipeline::lock;
+use crate::store;
+
+/// How long the charts look back.
+const WINDOW_MS: i64 = 15 * 60 * 1000;
+const LATEST_ROWS: i64 = 20;
+const LATEST_LEDGER: i64 = 10;
+const LATEST_AUDIT: i64 = 20;
+
+const PAGE: &str = include_str!("dashboard.html");
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at_ms: i64,
+    read: u64,
+    lag_records: i64,
+    watermark_age_ms: Option<i64>,
+}
+
+/// Samples per pipeline, oldest first, 15 minutes of them.
+#[derive(Default)]
+pub struct Series {
+    by_pipeline: BTreeMap<String, VecDeque<Sample>>,
+}
+
+/// Adds one sample of a pipeline's status (called every second).
+pub fn record(app: &App, name: &str, status: &Value) {
+    let sample = Sample {
+        at_ms: weir_log::now_ms(),
+        read: status["events"]["read"].as_u64().unwrap_or(0),
+        lag_records: status["lag_records"].as_i64().unwrap_or(0),
+        watermark_age_ms: status["watermark_age_ms"].as_i64(),
+    };
+    let mut series = lock(&app.series);
+    let samples = series.by_pipeline.entry(name.to_owned()).or_default();
+    samples.push_back(sample);
+    while samples.front().is_some_and(|s| s.at_ms < sample.at_ms - WINDOW_MS) {
+        samples.pop_front();
+    }
+}
+
+/// `[[time ms, events per second, lag records, watermark age ms or null]]`;
+/// events per second from one sample to the next (a replay restarts the
+/// engine's count, which shows as no throughput for that second).
+fn chart(app: &App, name: &str) -> Value {
+    let series = lock(&app.series);
+    let Some(samples) = series.by_pipeline.get(name) else { return json!([]) };
+    let mut points = Vec::with_capacity(samples.len());
+    let mut previous: Option<Sample> = None;
+    for s in samples {
+        let rate = previous.map_or(0.0, |p| {
+            let seconds = (s.at_ms - p.at_ms).max(1) as f64 / 1e3;
+            s.read.saturating_sub(p.read) as f64 / seconds
+        });
+        points.push(json!([s.at_ms, rate.round(), s.lag_records, s.watermark_age_ms]));
+        previous = Some(*s);
+    }
+    Value::Array(points)
+}
+
+pub async fn page() -> Response {
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-store")], PAGE).into_response()
+}
+
+fn parsed(lines: Vec<String>) -> Vec<Value> {
+    lines.iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
+}
+
+pub async fn data(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
+    let names: Vec<String> = app.pipelines.keys().cloned().collect();
+    let stored = {
+        let names = names.clone();
+        app.read(move |c| {
+            let mut per = Vec::new();
+            for name in &names {
+                let rows = parsed(store::latest_changes(c, name, LATEST_ROWS)?);
+                let mut ledger = parsed(store::latest_ledger(c, name, LATEST_LEDGER)?);
+                for entry in &mut ledger {
+                    // Raw payloads stay in the ledger endpoint.
+                    if let Some(m) = entry.as_object_mut() {
+                        m.remove("payload");
+                    }
+                }
+                let notes: Vec<Value> = store::annotations(c, name)?
+                    .into_iter()
+                    .map(|a| {
+                        json!({
+                            "id": a.id, "note": a.note, "who": a.who,
+                            "from": weir_engine::time::format_rfc3339_ms(a.from_ms),
+                            "to": weir_engine::time::format_rfc3339_ms(a.to_ms),
+                        })
+                    })
+                    .collect();
+                per.push((rows, ledger, notes));
+            }
+            Ok((per, parsed(store::latest_audit(c, LATEST_AUDIT)?)))
+        })
+        .await?
+    };
+    let (per, audit) = stored;
+    let mut pipelines = Vec::new();
+    for (name, (rows, ledger, notes)) in names.iter().zip(per) {
+        let Some(p) = app.pipelines.get(name) else { continue };
+        let c = &p.contract.pipeline;
+        pipelines.push(json!({
+            "name": name,
+            "version": c.version,
+            "owner": c.owner,
+            "steward": c.steward,
+            "decision": c.decision,
+            "topic": p.contract.source.topic,
+            "status": status_json(&app, name, p),
+            "chart": chart(&app, name),
+            "rows": rows,
+            "ledger_latest": ledger,
+            "annotations": notes,
+        }));
+    }
+    let alerts: Vec<Value> = lock(&app.alerts).incidents.iter().rev().take(50).cloned().collect();
+    let body = json!({
+        "now": weir_engine::time::format_rfc3339_ms(weir_log::now_ms()),
+        "pipelines": pipelines,
+        "incidents": { "alerts": alerts, "actions": audit },
+    });
+    Ok(([(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-store")], body.to_string())
+        .into_response())
+}
