@@ -239,6 +239,7 @@ fn print_intro(base: &str, data: &Path, rate: u64) {
     eprintln!("  posting about {rate} events/s: payments, plan changes, teammate invitations;");
     eprintln!("  a few per cent late, duplicated, conflicting or malformed\n");
     eprintln!("look at:");
+    eprintln!("  {base}/    (the dashboard: live charts, latest rows, ledger, alerts, incidents)");
     eprintln!("  {base}/v1/pipelines");
     for p in ["paid_revenue", "current_plan", "accepted_invites"] {
         eprintln!("  {base}/v1/pipelines/{p}/results    .../changes?since=1    .../ledger    .../status");
