@@ -209,6 +209,11 @@ impl Engine {
         (self.st.wm != WM_MIN).then_some(self.st.wm)
     }
 
+    /// Each partition's watermark; `None` while it is -infinity.
+    pub fn partition_watermarks(&self) -> Vec<Option<i64>> {
+        self.st.part_wm.iter().map(|&w| (w != WM_MIN).then_some(w)).collect()
+    }
+
     pub fn counters(&self) -> &Counters {
         &self.st.counters
     }

@@ -448,9 +448,12 @@ pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
                 lag_ms = lag_ms.max(newest.saturating_sub(t));
             }
         }
+        let watermark = s.partition_watermarks.get(i).copied().flatten();
         parts.push(serde_json::json!({
             "partition": i, "next_offset": next, "end_offset": end, "lag": behind,
             "idle": s.idle.get(i).copied().unwrap_or(false),
+            "watermark": watermark.map(format_rfc3339_ms),
+            "watermark_age_ms": watermark.map(|w| now.saturating_sub(w)),
         }));
     }
     let c = &s.counters;
@@ -535,6 +538,12 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             &base,
             s["lag_records"].as_i64().unwrap_or(0),
         );
+        m.counter(
+            "weir_duplicates_suppressed_total",
+            "Events not counted because their id was seen before (duplicate and duplicate_conflict).",
+            &base,
+            ["duplicate", "duplicate_conflict"].iter().map(|r| s["ledger"][r].as_u64().unwrap_or(0)).sum(),
+        );
         m.gauge(
             "weir_consumer_lag_ms",
             "Log time between the oldest record not yet read and the newest record (largest over partitions).",
@@ -602,6 +611,14 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
                     &labels,
                     part["lag"].as_i64().unwrap_or(0),
                 );
+                if let Some(age) = part["watermark_age_ms"].as_i64() {
+                    m.gauge(
+                        "weir_partition_watermark_age_ms",
+                        "Now minus the partition's watermark, in milliseconds.",
+                        &labels,
+                        age,
+                    );
+                }
             }
         }
     }

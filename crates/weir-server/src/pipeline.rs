@@ -34,6 +34,7 @@ use crate::store;
 #[derive(Debug, Clone, Default)]
 pub struct Status {
     pub watermark: Option<i64>,
+    pub partition_watermarks: Vec<Option<i64>>,
     pub counters: Counters,
     /// The next offset to read, per partition (checkpointed).
     pub offsets: Vec<u64>,
@@ -298,6 +299,7 @@ impl Runner {
     fn publish_status(&self, engine: &Engine, offsets: &[u64], idle: &[bool], checkpoint_ms: Option<i64>) {
         let mut s = lock(&self.status);
         s.watermark = engine.watermark();
+        s.partition_watermarks = engine.partition_watermarks();
         s.counters = engine.counters().clone();
         s.offsets = offsets.to_vec();
         s.idle = idle.to_vec();

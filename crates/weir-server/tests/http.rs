@@ -818,3 +818,50 @@ fn provenance_names_the_log_ranges_a_row_counted_in_prov_json() {
     let (code, body) = get(&format!("{}/v1/pipelines/paid/results/a1/provenance", s.url));
     assert_eq!(code, 400, "{body}");
 }
+
+#[test]
+fn a_stalled_partition_grows_its_watermark_age_and_holds_the_pipelines() {
+    let s = Server::start(
+        "stalled-partition",
+        "idle_timeout = \"1h\"\n[topics.payments]\npartitions = 2\nkey = \"acct\"\n",
+    );
+    let events = format!("{}/v1/topics/payments/events", s.url);
+    let clock = || weir_log::now_ms() - 1_764_374_400_000;
+    // One account per partition, found by where the log puts them.
+    let mut by_partition = std::collections::BTreeMap::new();
+    let mut n = 0;
+    for acct in 0..32 {
+        n += 1;
+        let (code, body) = post(&events, &event(acct, acct, clock(), "1.00"));
+        assert_eq!(code, 200, "{body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+        by_partition.entry(answer["partitions"][0]["partition"].as_u64().unwrap()).or_insert(acct);
+        if by_partition.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(by_partition.len(), 2, "32 accounts all hashed to one partition");
+    wait_read(&s, n);
+    // Partition 0 keeps receiving events of now; partition 1 falls silent.
+    let live = by_partition[&0];
+    let labels = |p: u32| format!("messaging_destination_partition_id=\"{p}\"");
+    let age = |p: u32| sample(&get(&format!("{}/metrics", s.url)).1, "weir_partition_watermark_age_ms", &[&labels(p)]);
+    let stalled_before = age(1);
+    for i in 0..15 {
+        n += 1;
+        assert_eq!(post(&events, &event(1_000 + i, live, clock(), "1.00")).0, 200);
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    wait_read(&s, n);
+    let (moving, stalled) = (age(0), age(1));
+    assert!(moving < 1_500.0, "the partition with events keeps up: {moving} ms");
+    assert!(
+        stalled >= stalled_before + 2_000.0,
+        "the silent partition's watermark age grows: {stalled_before} then {stalled}"
+    );
+    let pipeline = sample(&get(&format!("{}/metrics", s.url)).1, "weir_watermark_age_ms", &[]);
+    assert!(
+        pipeline >= stalled - 200.0,
+        "the silent partition holds the pipeline's watermark: {pipeline} vs {stalled}"
+    );
+}
