@@ -81,7 +81,12 @@ fn serve(dir: &Path, port: u16) -> Result<Server, Failure> {
             _ => return Err(fail("weir serve stopped before serving".into())),
         }
     }
-    std::thread::spawn(move || for _ in lines {});
+    // What the server says from here on (a failure, a restart) shows with the figures.
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            eprintln!("  weir serve: {line}");
+        }
+    });
     Ok(Server { child, base: format!("http://127.0.0.1:{port}") })
 }
 
@@ -192,6 +197,7 @@ pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
             let agent = crate::client::agent();
             let mut since = 1u64;
             let mut latencies = Vec::new();
+            let mut seen = std::collections::HashSet::new();
             while !done.load(Ordering::SeqCst) {
                 let got = agent.get(&format!("{base}/v1/pipelines/paid_revenue/changes?since={since}")).call();
                 let now = Instant::now();
@@ -202,6 +208,10 @@ pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
                         let Some(at) = line.find("\"account_id\":\"probe-") else { continue };
                         let n: usize =
                             line[at + 20..].split('"').next().and_then(|s| s.parse().ok()).unwrap_or(usize::MAX);
+                        // Only a probe's first row: its window emits again when the watermark passes its end.
+                        if !seen.insert(n) {
+                            continue;
+                        }
                         if let Some(t) = sent_at.lock().unwrap_or_else(|e| e.into_inner()).get(n) {
                             latencies.push(now.duration_since(*t));
                         }
