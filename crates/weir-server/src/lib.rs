@@ -14,6 +14,7 @@ mod alerts;
 mod dashboard;
 mod histogram;
 mod http;
+pub mod pg;
 mod pipeline;
 mod provenance;
 pub mod store;

@@ -78,7 +78,7 @@ CREATE TRIGGER IF NOT EXISTS audit_append_only_delete BEFORE DELETE ON audit
 ";
 
 /// A global window's start in the `results` key (it has none).
-const GLOBAL_START: i64 = i64::MIN;
+pub(crate) const GLOBAL_START: i64 = i64::MIN;
 
 pub fn open(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
@@ -98,7 +98,7 @@ pub fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
 
 const ID_BYTES: usize = 44;
 
-fn encode_ids(ids: &[(u128, IdEntry)]) -> (Vec<u8>, i64) {
+pub(crate) fn encode_ids(ids: &[(u128, IdEntry)]) -> (Vec<u8>, i64) {
     let mut out = Vec::with_capacity(ids.len() * ID_BYTES);
     let mut max = i64::MIN;
     for (id, e) in ids {
@@ -112,7 +112,7 @@ fn encode_ids(ids: &[(u128, IdEntry)]) -> (Vec<u8>, i64) {
     (out, max)
 }
 
-fn decode_ids(bytes: &[u8], into: &mut std::collections::HashMap<u128, IdEntry>) {
+pub(crate) fn decode_ids(bytes: &[u8], into: &mut std::collections::HashMap<u128, IdEntry>) {
     for c in bytes.chunks_exact(ID_BYTES) {
         let word = |at: usize| u64::from_le_bytes(c[at..at + 8].try_into().unwrap_or_default());
         let id = u128::from_le_bytes(c[0..16].try_into().unwrap_or_default());
@@ -158,11 +158,11 @@ pub struct Checkpoint {
     pub next_ledger: i64,
 }
 
-fn id_bytes(id: u128) -> [u8; 16] {
+pub(crate) fn id_bytes(id: u128) -> [u8; 16] {
     id.to_be_bytes()
 }
 
-fn id_from(bytes: &[u8]) -> u128 {
+pub(crate) fn id_from(bytes: &[u8]) -> u128 {
     let mut b = [0u8; 16];
     let n = bytes.len().min(16);
     b[..n].copy_from_slice(&bytes[..n]);
@@ -253,7 +253,7 @@ pub fn start_run(conn: &Connection, pipeline: &str, version: u32, text_hash: u64
 }
 
 /// `[[partition, first offset, last offset, events], ...]`.
-fn sources_json(row: &Row, out: &mut String) {
+pub(crate) fn sources_json(row: &Row, out: &mut String) {
     use std::fmt::Write;
     out.clear();
     out.push('[');
@@ -373,13 +373,13 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
 }
 
 /// A row as served: the engine's JSON with its sequence number first.
-fn write_row(format: &RowFormat, row: &Row, seq: i64, out: &mut String) {
+pub(crate) fn write_row(format: &RowFormat, row: &Row, seq: i64, out: &mut String) {
     let mut line = String::new();
     format.write_row(row, &mut line);
     with_seq(&line, seq, out);
 }
 
-fn write_ledger(format: &RowFormat, entry: &LedgerEntry, seq: i64, out: &mut String) {
+pub(crate) fn write_ledger(format: &RowFormat, entry: &LedgerEntry, seq: i64, out: &mut String) {
     let mut line = String::new();
     format.write_ledger(entry, &mut line);
     with_seq(&line, seq, out);

@@ -1,0 +1,512 @@
+//! Results, the change stream, the ledger and per-partition checkpoints in
+//! PostgreSQL, for workers sharing a Kafka topic's partitions.
+//!
+//! Every table is in one schema (`weir` unless weir.toml's `[postgres]
+//! schema` says otherwise), created and migrated by weir (`meta` holds the
+//! schema version).
+//!
+//! | table | holds |
+//! |---|---|
+//! | `meta` | `schema_version` |
+//! | `pipelines` | per pipeline: contract version and hash, the next change and ledger `seq` |
+//! | `partitions` | per pipeline and partition: the fencing `generation`, the worker that holds it, the next Kafka offset to read, the engine header, the last checkpoint time |
+//! | `state_windows` | per partition: the engine's open windows, by their hash |
+//! | `state_ids` | per partition: the ids each checkpoint remembered, one row per checkpoint, deleted once all have expired |
+//! | `results` | the latest row of every key and window, with its revision |
+//! | `changes` | every row in commit order (`seq` from 1 per pipeline), with partition, time, run and sources |
+//! | `ledger` | every ledger entry in commit order (`seq` from 1 per pipeline) |
+//! | `runs` | every time a worker took a partition: contract version and hash, weir's version, the worker |
+//!
+//! Invariants:
+//!
+//! - **A checkpoint is one transaction** holding one partition's rows,
+//!   ledger entries, changed state and next offset. It first locks the
+//!   partition's row and compares its `generation` with the one the worker
+//!   got when it claimed the partition; another worker's claim since then
+//!   bumped it, so a worker that lost its partition (a zombie) can never
+//!   commit ([`CheckpointError::Fenced`]).
+//! - **A row never goes back**: `results` is updated only by a higher
+//!   revision.
+//! - **`seq` is the commit order**: the pipeline's counters are taken under
+//!   the lock of its `pipelines` row, held to the commit, so a reader paging
+//!   `changes` by `seq` never skips a row another worker commits later.
+
+use postgres::{Client, NoTls, Transaction};
+use weir_engine::{Delta, IdEntry, Output, RowFormat};
+
+use crate::store::{decode_ids, encode_ids, id_bytes, id_from, sources_json, write_ledger, write_row, GLOBAL_START};
+
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Connects to `url` (`postgresql://user@host:port/db` or `host=... user=...`).
+pub fn connect(url: &str) -> Result<Client, postgres::Error> {
+    Client::connect(url, NoTls)
+}
+
+fn schema_sql(schema: &str) -> String {
+    format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {schema}.meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS {schema}.pipelines (
+    name TEXT PRIMARY KEY, version INTEGER NOT NULL, text_hash TEXT NOT NULL,
+    next_seq BIGINT NOT NULL DEFAULT 1, next_ledger BIGINT NOT NULL DEFAULT 1);
+CREATE TABLE IF NOT EXISTS {schema}.partitions (
+    pipeline TEXT NOT NULL, partition INTEGER NOT NULL, generation BIGINT NOT NULL, owner TEXT NOT NULL,
+    next_offset BIGINT NOT NULL DEFAULT 0, header BYTEA, checkpoint_ms BIGINT,
+    PRIMARY KEY (pipeline, partition));
+CREATE TABLE IF NOT EXISTS {schema}.state_windows (
+    pipeline TEXT NOT NULL, partition INTEGER NOT NULL, id BYTEA NOT NULL, data BYTEA NOT NULL,
+    PRIMARY KEY (pipeline, partition, id));
+CREATE TABLE IF NOT EXISTS {schema}.state_ids (
+    pipeline TEXT NOT NULL, partition INTEGER NOT NULL, seq BIGSERIAL, max_expires BIGINT NOT NULL, data BYTEA NOT NULL,
+    PRIMARY KEY (pipeline, partition, seq));
+CREATE TABLE IF NOT EXISTS {schema}.results (
+    pipeline TEXT NOT NULL, key BYTEA NOT NULL, window_start BIGINT NOT NULL, window_end BIGINT,
+    status TEXT NOT NULL, revision BIGINT NOT NULL, row TEXT NOT NULL,
+    PRIMARY KEY (pipeline, key, window_start));
+CREATE TABLE IF NOT EXISTS {schema}.changes (
+    pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, row TEXT NOT NULL,
+    at_ms BIGINT NOT NULL, run BIGINT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (pipeline, seq));
+CREATE TABLE IF NOT EXISTS {schema}.ledger (
+    pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
+    PRIMARY KEY (pipeline, seq));
+CREATE INDEX IF NOT EXISTS ledger_reason ON {schema}.ledger (pipeline, reason, seq);
+CREATE TABLE IF NOT EXISTS {schema}.runs (
+    id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, partition INTEGER NOT NULL, version INTEGER NOT NULL,
+    text_hash TEXT NOT NULL, weir_version TEXT NOT NULL, worker TEXT NOT NULL, started_ms BIGINT NOT NULL);
+"
+    )
+}
+
+/// A schema name is used in SQL text: letters, digits and `_` only.
+pub fn check_schema_name(schema: &str) -> Result<(), String> {
+    let ok = !schema.is_empty()
+        && schema.len() <= 63
+        && schema.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !schema.starts_with(|c: char| c.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{schema:?} is not a schema name weir uses: letters, digits and _, not starting with a digit"))
+    }
+}
+
+/// Creates the schema, or checks that the database's is this build's. Two
+/// workers starting together serialize on an advisory lock.
+pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
+    check_schema_name(schema).map_err(anyhow::Error::msg)?;
+    let mut tx = client.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock(hashtext('weir schema ' || $1))", &[&schema])?;
+    tx.batch_execute(&schema_sql(schema))?;
+    let found = tx.query_opt(&format!("SELECT value FROM {schema}.meta WHERE key = 'schema_version'"), &[])?;
+    match found.map(|r| r.get::<_, String>(0)) {
+        None => {
+            tx.execute(
+                &format!("INSERT INTO {schema}.meta (key, value) VALUES ('schema_version', $1)"),
+                &[&SCHEMA_VERSION.to_string()],
+            )?;
+        }
+        Some(v) if v == SCHEMA_VERSION.to_string() => {}
+        Some(v) => anyhow::bail!(
+            "the Postgres schema {schema} has weir schema version {v}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or another [postgres] schema"
+        ),
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Registers the pipeline's contract. A different contract (version or
+/// text) than the stored one starts again from the log: its checkpoints and
+/// everything it published are removed (SPEC.md section 3), as with SQLite.
+pub fn prepare_pipeline(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    version: u32,
+    text_hash: u64,
+) -> anyhow::Result<()> {
+    let hash = format!("{text_hash:016x}");
+    let mut tx = client.transaction()?;
+    let found = tx.query_opt(
+        &format!("SELECT version, text_hash FROM {schema}.pipelines WHERE name = $1 FOR UPDATE"),
+        &[&pipeline],
+    )?;
+    let same = found.as_ref().is_some_and(|r| r.get::<_, i32>(0) == version as i32 && r.get::<_, String>(1) == hash);
+    if !same {
+        for table in ["partitions", "state_windows", "state_ids", "results", "changes", "ledger"] {
+            tx.execute(&format!("DELETE FROM {schema}.{table} WHERE pipeline = $1"), &[&pipeline])?;
+        }
+        tx.execute(&format!("DELETE FROM {schema}.pipelines WHERE name = $1"), &[&pipeline])?;
+        tx.execute(
+            &format!("INSERT INTO {schema}.pipelines (name, version, text_hash) VALUES ($1, $2, $3)"),
+            &[&pipeline, &(version as i32), &hash],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// A partition's last checkpoint.
+#[derive(Debug, Default)]
+pub struct PartitionCheckpoint {
+    pub header: Vec<u8>,
+    pub windows: Vec<(u128, Vec<u8>)>,
+    pub ids: Vec<(u128, IdEntry)>,
+}
+
+/// What a worker gets when it takes a partition.
+#[derive(Debug)]
+pub struct Claim {
+    /// Its fencing token: a checkpoint commits only while it is current.
+    pub generation: i64,
+    /// The next offset to read (0 when the partition was never checkpointed).
+    pub next_offset: u64,
+    /// `None` when the partition was never checkpointed.
+    pub checkpoint: Option<PartitionCheckpoint>,
+    /// The run its rows carry.
+    pub run: i64,
+}
+
+/// Takes a partition for `worker`: bumps its generation (fencing out the
+/// previous holder) and reads its last checkpoint.
+pub fn claim(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    partition: u32,
+    worker: &str,
+    (version, text_hash): (u32, u64),
+) -> anyhow::Result<Claim> {
+    let p = partition as i32;
+    let mut tx = client.transaction()?;
+    let row = tx.query_one(
+        &format!(
+            "INSERT INTO {schema}.partitions (pipeline, partition, generation, owner) VALUES ($1, $2, 1, $3)
+             ON CONFLICT (pipeline, partition) DO UPDATE
+               SET generation = {schema}.partitions.generation + 1, owner = excluded.owner
+             RETURNING generation, next_offset, header"
+        ),
+        &[&pipeline, &p, &worker],
+    )?;
+    let generation: i64 = row.get(0);
+    let next_offset = row.get::<_, i64>(1).max(0) as u64;
+    let header: Option<Vec<u8>> = row.get(2);
+    let checkpoint = match header {
+        None => None,
+        Some(header) => {
+            let windows = tx
+                .query(
+                    &format!("SELECT id, data FROM {schema}.state_windows WHERE pipeline = $1 AND partition = $2"),
+                    &[&pipeline, &p],
+                )?
+                .into_iter()
+                .map(|r| (id_from(r.get::<_, &[u8]>(0)), r.get::<_, Vec<u8>>(1)))
+                .collect();
+            let mut ids = std::collections::HashMap::new();
+            for r in tx.query(
+                &format!("SELECT data FROM {schema}.state_ids WHERE pipeline = $1 AND partition = $2 ORDER BY seq"),
+                &[&pipeline, &p],
+            )? {
+                decode_ids(r.get::<_, &[u8]>(0), &mut ids);
+            }
+            Some(PartitionCheckpoint { header, windows, ids: ids.into_iter().collect() })
+        }
+    };
+    let run: i64 = tx
+        .query_one(
+            &format!(
+                "INSERT INTO {schema}.runs (pipeline, partition, version, text_hash, weir_version, worker, started_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id"
+            ),
+            &[
+                &pipeline,
+                &p,
+                &(version as i32),
+                &format!("{text_hash:016x}"),
+                &env!("CARGO_PKG_VERSION"),
+                &worker,
+                &weir_log::now_ms(),
+            ],
+        )?
+        .get(0);
+    tx.commit()?;
+    Ok(Claim { generation, next_offset, checkpoint, run })
+}
+
+/// One partition's checkpoint.
+pub struct PartitionWrite<'a> {
+    pub pipeline: &'a str,
+    pub partition: u32,
+    pub generation: i64,
+    pub format: &'a RowFormat,
+    pub out: &'a Output,
+    pub delta: Delta,
+    pub next_offset: u64,
+    pub now_ms: i64,
+    pub run: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// Another worker claimed the partition since this one did.
+    #[error(
+        "partition {partition} of {pipeline} was taken by another worker (generation {now}, ours {ours}); this worker's work on it since its last checkpoint is dropped"
+    )]
+    Fenced { pipeline: String, partition: u32, ours: i64, now: i64 },
+    #[error("the checkpoint could not be written to Postgres: {0}")]
+    Db(#[from] postgres::Error),
+}
+
+/// Writes one partition's checkpoint in one transaction, refused when the
+/// worker's generation is no longer the partition's.
+pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> Result<(), CheckpointError> {
+    let p = w.partition as i32;
+    let mut tx = client.transaction()?;
+    let now: i64 = tx
+        .query_opt(
+            &format!("SELECT generation FROM {schema}.partitions WHERE pipeline = $1 AND partition = $2 FOR UPDATE"),
+            &[&w.pipeline, &p],
+        )?
+        .map_or(0, |r| r.get(0));
+    if now != w.generation {
+        return Err(CheckpointError::Fenced {
+            pipeline: w.pipeline.to_owned(),
+            partition: w.partition,
+            ours: w.generation,
+            now,
+        });
+    }
+    let (rows, entries) = (w.out.rows.len() as i64, w.out.ledger.len() as i64);
+    let (mut seq, mut lseq) = (0i64, 0i64);
+    if rows > 0 || entries > 0 {
+        let r = tx.query_one(
+            &format!(
+                "UPDATE {schema}.pipelines SET next_seq = next_seq + $2, next_ledger = next_ledger + $3 WHERE name = $1
+                 RETURNING next_seq - $2, next_ledger - $3"
+            ),
+            &[&w.pipeline, &rows, &entries],
+        )?;
+        (seq, lseq) = (r.get(0), r.get(1));
+    }
+    write_rows(&mut tx, schema, &w, seq)?;
+    if entries > 0 {
+        let (mut seqs, mut reasons, mut texts) = (Vec::new(), Vec::new(), Vec::new());
+        for entry in &w.out.ledger {
+            let mut text = String::new();
+            write_ledger(w.format, entry, lseq, &mut text);
+            seqs.push(lseq);
+            reasons.push(entry.reason.as_str());
+            texts.push(text);
+            lseq += 1;
+        }
+        tx.execute(
+            &format!(
+                "INSERT INTO {schema}.ledger (pipeline, seq, partition, reason, entry)
+                 SELECT $1, s, $2, r, e FROM UNNEST($3::BIGINT[], $4::TEXT[], $5::TEXT[]) AS t(s, r, e)"
+            ),
+            &[&w.pipeline, &p, &seqs, &reasons, &texts],
+        )?;
+    }
+    write_state(&mut tx, schema, &w)?;
+    tx.execute(
+        &format!(
+            "UPDATE {schema}.partitions SET next_offset = $3, header = $4, checkpoint_ms = $5
+             WHERE pipeline = $1 AND partition = $2"
+        ),
+        &[&w.pipeline, &p, &(w.next_offset as i64), &w.delta.header, &w.now_ms],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+fn write_rows(
+    tx: &mut Transaction<'_>,
+    schema: &str,
+    w: &PartitionWrite<'_>,
+    first_seq: i64,
+) -> Result<(), postgres::Error> {
+    if w.out.rows.is_empty() {
+        return Ok(());
+    }
+    let p = w.partition as i32;
+    let mut seqs = Vec::with_capacity(w.out.rows.len());
+    let mut texts = Vec::with_capacity(w.out.rows.len());
+    let mut sources = Vec::with_capacity(w.out.rows.len());
+    let mut one = String::new();
+    for (i, row) in w.out.rows.iter().enumerate() {
+        let seq = first_seq + i as i64;
+        let mut text = String::new();
+        write_row(w.format, row, seq, &mut text);
+        sources_json(row, &mut one);
+        seqs.push(seq);
+        texts.push(text);
+        sources.push(one.clone());
+    }
+    tx.execute(
+        &format!(
+            "INSERT INTO {schema}.changes (pipeline, seq, partition, row, at_ms, run, sources)
+             SELECT $1, s, $2, r, $3, $4, src FROM UNNEST($5::BIGINT[], $6::TEXT[], $7::TEXT[]) AS t(s, r, src)"
+        ),
+        &[&w.pipeline, &p, &w.now_ms, &w.run, &seqs, &texts, &sources],
+    )?;
+    // Only each window's last row of the checkpoint goes to `results`, and
+    // only over a lower revision.
+    let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::new();
+    for (i, row) in w.out.rows.iter().enumerate() {
+        last.insert((&row.key[..], row.window_start.unwrap_or(GLOBAL_START)), i);
+    }
+    let mut latest: Vec<usize> = last.into_values().collect();
+    latest.sort_unstable();
+    let (mut keys, mut starts, mut ends, mut statuses, mut revisions, mut rows) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in latest {
+        let row = &w.out.rows[i];
+        keys.push(row.key.to_vec());
+        starts.push(row.window_start.unwrap_or(GLOBAL_START));
+        ends.push(row.window_end);
+        statuses.push(row.status.as_str());
+        revisions.push(i64::from(row.revision));
+        rows.push(texts[i].as_str());
+    }
+    tx.execute(
+        &format!(
+            "INSERT INTO {schema}.results (pipeline, key, window_start, window_end, status, revision, row)
+             SELECT $1, k, s, e, st, rv, r
+               FROM UNNEST($2::BYTEA[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::TEXT[]) AS t(k, s, e, st, rv, r)
+             ON CONFLICT (pipeline, key, window_start) DO UPDATE
+               SET window_end = excluded.window_end, status = excluded.status,
+                   revision = excluded.revision, row = excluded.row
+               WHERE {schema}.results.revision < excluded.revision"
+        ),
+        &[&w.pipeline, &keys, &starts, &ends, &statuses, &revisions, &rows],
+    )?;
+    Ok(())
+}
+
+fn write_state(tx: &mut Transaction<'_>, schema: &str, w: &PartitionWrite<'_>) -> Result<(), postgres::Error> {
+    let p = w.partition as i32;
+    let (mut put_ids, mut put_data, mut drop_ids) = (Vec::new(), Vec::new(), Vec::new());
+    for (id, data) in &w.delta.windows {
+        match data {
+            Some(bytes) => {
+                put_ids.push(id_bytes(*id).to_vec());
+                put_data.push(bytes.as_slice());
+            }
+            None => drop_ids.push(id_bytes(*id).to_vec()),
+        }
+    }
+    if !put_ids.is_empty() {
+        tx.execute(
+            &format!(
+                "INSERT INTO {schema}.state_windows (pipeline, partition, id, data)
+                 SELECT $1, $2, i, d FROM UNNEST($3::BYTEA[], $4::BYTEA[]) AS t(i, d)
+                 ON CONFLICT (pipeline, partition, id) DO UPDATE SET data = excluded.data"
+            ),
+            &[&w.pipeline, &p, &put_ids, &put_data],
+        )?;
+    }
+    if !drop_ids.is_empty() {
+        tx.execute(
+            &format!(
+                "DELETE FROM {schema}.state_windows WHERE pipeline = $1 AND partition = $2 AND id = ANY($3::BYTEA[])"
+            ),
+            &[&w.pipeline, &p, &drop_ids],
+        )?;
+    }
+    if !w.delta.ids.is_empty() {
+        let (data, max_expires) = encode_ids(&w.delta.ids);
+        tx.execute(
+            &format!("INSERT INTO {schema}.state_ids (pipeline, partition, max_expires, data) VALUES ($1, $2, $3, $4)"),
+            &[&w.pipeline, &p, &max_expires, &data],
+        )?;
+    }
+    tx.execute(
+        &format!("DELETE FROM {schema}.state_ids WHERE pipeline = $1 AND partition = $2 AND max_expires <= $3"),
+        &[&w.pipeline, &p, &w.delta.forget_ids_through],
+    )?;
+    Ok(())
+}
+
+/// Filters for `GET .../results`, as [`crate::store::ResultFilter`].
+pub fn results(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    f: &crate::store::ResultFilter,
+) -> Result<Vec<String>, postgres::Error> {
+    let mut sql = format!("SELECT row FROM {schema}.results WHERE pipeline = $1");
+    let mut args: Vec<Box<dyn postgres::types::ToSql + Sync>> = vec![Box::new(pipeline.to_owned())];
+    if let Some(s) = &f.status {
+        args.push(Box::new(s.clone()));
+        sql.push_str(&format!(" AND status = ${}", args.len()));
+    }
+    if let Some(from) = f.from_ms {
+        args.push(Box::new(from));
+        sql.push_str(&format!(" AND window_start >= ${} AND window_start != {GLOBAL_START}", args.len()));
+    }
+    if let Some(to) = f.to_ms {
+        args.push(Box::new(to));
+        sql.push_str(&format!(" AND window_start < ${} AND window_start != {GLOBAL_START}", args.len()));
+    }
+    for (field, value) in &f.key {
+        args.push(Box::new(field.clone()));
+        let path = args.len();
+        args.push(Box::new(value.clone()));
+        sql.push_str(&format!(" AND (row::jsonb -> 'key') ->> ${path} = ${}", args.len()));
+    }
+    args.push(Box::new(f.limit));
+    sql.push_str(&format!(" ORDER BY window_start, key LIMIT ${}", args.len()));
+    let params: Vec<&(dyn postgres::types::ToSql + Sync)> = args.iter().map(|a| a.as_ref()).collect();
+    Ok(client.query(&sql, &params)?.into_iter().map(|r| r.get(0)).collect())
+}
+
+/// The change stream from `since`, in commit order.
+pub fn changes(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    since: i64,
+    limit: i64,
+) -> Result<Vec<String>, postgres::Error> {
+    let rows = client.query(
+        &format!("SELECT row FROM {schema}.changes WHERE pipeline = $1 AND seq >= $2 ORDER BY seq LIMIT $3"),
+        &[&pipeline, &since, &limit],
+    )?;
+    Ok(rows.into_iter().map(|r| r.get(0)).collect())
+}
+
+pub fn ledger(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    reason: Option<&str>,
+    since: i64,
+    limit: i64,
+) -> Result<Vec<String>, postgres::Error> {
+    let rows = client.query(
+        &format!(
+            "SELECT entry FROM {schema}.ledger WHERE pipeline = $1 AND ($2::TEXT IS NULL OR reason = $2) AND seq >= $3
+             ORDER BY seq LIMIT $4"
+        ),
+        &[&pipeline, &reason, &since, &limit],
+    )?;
+    Ok(rows.into_iter().map(|r| r.get(0)).collect())
+}
+
+/// Each partition's next offset, generation and holder, by partition.
+pub fn partitions(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+) -> Result<Vec<(u32, u64, i64, String)>, postgres::Error> {
+    let rows = client.query(
+        &format!(
+            "SELECT partition, next_offset, generation, owner FROM {schema}.partitions WHERE pipeline = $1 ORDER BY partition"
+        ),
+        &[&pipeline],
+    )?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.get::<_, i32>(0) as u32, r.get::<_, i64>(1).max(0) as u64, r.get(2), r.get(3)))
+        .collect())
+}

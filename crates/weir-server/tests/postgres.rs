@@ -1,0 +1,200 @@
+//! The Postgres destination against the machine's PostgreSQL
+//! (`WEIR_TEST_POSTGRES`, default `host=127.0.0.1 user=postgres dbname=test`):
+//! schema creation, claiming partitions, the fence that refuses a worker
+//! which lost its partition, restore from a checkpoint, and rows that never
+//! go back to a lower revision. Each test uses a schema of its own.
+
+use weir_contract::Contract;
+use weir_engine::{Engine, EventIn, Mode, Output};
+use weir_server::pg;
+
+const CONTRACT: &str = r#"
+[pipeline]
+name = "paid"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Unlock paid features"
+
+[source]
+topic = "payments"
+event_time = "t"
+key = ["acct"]
+event_id = "id"
+max_delay = "0s"
+
+[window]
+type = "tumbling"
+size = "1m"
+allowed_lateness = "10m"
+late = "revise"
+early = true
+
+[[aggregate]]
+name = "total"
+fn = "sum"
+field = "amount"
+"#;
+
+fn url() -> String {
+    std::env::var("WEIR_TEST_POSTGRES").unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=test".into())
+}
+
+/// A schema of this test's own, dropped at the end.
+struct Schema {
+    client: postgres::Client,
+    name: String,
+}
+
+impl Schema {
+    fn new(test: &str) -> Schema {
+        let mut client = pg::connect(&url())
+            .unwrap_or_else(|e| panic!("cannot connect to Postgres at {:?}: {e}; start it (scripts/test does)", url()));
+        let name = format!("weir_test_{test}_{}", std::process::id());
+        client.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")).unwrap();
+        pg::migrate(&mut client, &name).unwrap();
+        Schema { client, name }
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let _ = self.client.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name));
+    }
+}
+
+fn event(id: u32, acct: u32, t_s: i64, amount: &str) -> String {
+    let t = weir_engine::time::format_rfc3339_ms(1_764_374_400_000 + t_s * 1_000);
+    format!(r#"{{"id":"p{id}","acct":"a{acct}","t":"{t}","amount":{amount}}}"#)
+}
+
+/// Feeds `events` (offsets from `first`) to `engine`.
+fn feed(engine: &mut Engine, partition: u32, first: u64, events: &[String]) -> Output {
+    let mut out = Output::default();
+    for (i, e) in events.iter().enumerate() {
+        engine.process(EventIn { partition, offset: first + i as u64, bytes: e.as_bytes() }, &mut out);
+    }
+    out
+}
+
+/// One checkpoint of `out` and the engine's changes.
+fn commit(
+    client: &mut postgres::Client,
+    schema: &str,
+    engine: &mut Engine,
+    out: &Output,
+    (generation, run): (i64, i64),
+    next_offset: u64,
+) -> Result<(), pg::CheckpointError> {
+    let delta = engine.take_delta();
+    let w = pg::PartitionWrite {
+        pipeline: "paid",
+        partition: 3,
+        generation,
+        format: engine.format(),
+        out,
+        delta,
+        next_offset,
+        now_ms: weir_log::now_ms(),
+        run,
+    };
+    pg::checkpoint(client, schema, w)
+}
+
+#[test]
+fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() {
+    let mut s = Schema::new("fence");
+    let c = Contract::parse("paid.toml", CONTRACT).unwrap();
+    let identity = (c.pipeline.version, c.text_hash);
+    pg::prepare_pipeline(&mut s.client, &s.name, "paid", 1, c.text_hash).unwrap();
+
+    // Worker A takes partition 3 and checkpoints two events.
+    let a = pg::claim(&mut s.client, &s.name, "paid", 3, "worker-a", identity).unwrap();
+    assert_eq!((a.generation, a.next_offset, a.checkpoint.is_none()), (1, 0, true));
+    let mut engine_a = Engine::new(&c, Mode::Stream, 1).unwrap();
+    engine_a.track_changes();
+    let out = feed(&mut engine_a, 3, 0, &[event(1, 1, 0, "1.00"), event(2, 1, 1, "2.00")]);
+    commit(&mut s.client, &s.name, &mut engine_a, &out, (a.generation, a.run), 2).unwrap();
+
+    // Worker B takes it over (A is now a zombie) and restores A's checkpoint.
+    let mut other = pg::connect(&url()).unwrap();
+    let b = pg::claim(&mut other, &s.name, "paid", 3, "worker-b", identity).unwrap();
+    assert_eq!((b.generation, b.next_offset), (2, 2));
+    let cp = b.checkpoint.expect("B restores A's checkpoint");
+    let mut engine_b = Engine::restore_parts(&c, &cp.header, cp.windows, cp.ids).unwrap();
+    engine_b.track_changes();
+
+    // The zombie goes on and tries to commit: refused, nothing of it written.
+    let out = feed(&mut engine_a, 3, 2, &[event(3, 1, 2, "4.00")]);
+    let refused = commit(&mut s.client, &s.name, &mut engine_a, &out, (a.generation, a.run), 3).unwrap_err();
+    assert!(matches!(refused, pg::CheckpointError::Fenced { ours: 1, now: 2, .. }), "{refused}");
+    assert!(refused.to_string().contains("taken by another worker"), "{refused}");
+    let changes = pg::changes(&mut s.client, &s.name, "paid", 1, 100).unwrap();
+    assert_eq!(changes.len(), 2, "only A's first checkpoint: {changes:?}");
+
+    // B processes the same event from the same offset and commits.
+    let out = feed(&mut engine_b, 3, 2, &[event(3, 1, 2, "4.00")]);
+    commit(&mut other, &s.name, &mut engine_b, &out, (b.generation, b.run), 3).unwrap();
+    let changes = pg::changes(&mut s.client, &s.name, "paid", 1, 100).unwrap();
+    let revisions: Vec<(i64, u64, String)> = changes
+        .iter()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["seq"].as_i64().unwrap(), v["revision"].as_u64().unwrap(), v["values"]["total"].to_string())
+        })
+        .collect();
+    assert_eq!(
+        revisions,
+        [(1, 1, "1.00".into()), (2, 2, "3.00".into()), (3, 3, "7.00".into())],
+        "seq from 1 in commit order, revisions 1..n, nothing counted twice"
+    );
+    let results = pg::results(
+        &mut s.client,
+        &s.name,
+        "paid",
+        &weir_server::store::ResultFilter { limit: 10, ..Default::default() },
+    )
+    .unwrap();
+    assert_eq!(results.len(), 1);
+    assert!(results[0].contains("\"revision\":3") && results[0].contains("7.00"), "{results:?}");
+    let parts = pg::partitions(&mut s.client, &s.name, "paid").unwrap();
+    assert_eq!(parts, [(3, 3, 2, "worker-b".to_owned())]);
+}
+
+#[test]
+fn a_row_never_goes_back_to_a_lower_revision() {
+    let mut s = Schema::new("revision");
+    let c = Contract::parse("paid.toml", CONTRACT).unwrap();
+    pg::prepare_pipeline(&mut s.client, &s.name, "paid", 1, c.text_hash).unwrap();
+    let claim = pg::claim(&mut s.client, &s.name, "paid", 3, "w", (1, c.text_hash)).unwrap();
+    // Three revisions of one window in one engine; the first two replayed
+    // by a second engine after the third was stored.
+    let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    engine.track_changes();
+    let events = [event(1, 1, 0, "1.00"), event(2, 1, 1, "2.00"), event(3, 1, 2, "4.00")];
+    let out = feed(&mut engine, 3, 0, &events);
+    commit(&mut s.client, &s.name, &mut engine, &out, (claim.generation, claim.run), 3).unwrap();
+    let mut replayed = Engine::new(&c, Mode::Stream, 1).unwrap();
+    replayed.track_changes();
+    let out = feed(&mut replayed, 3, 0, &events[..2]);
+    commit(&mut s.client, &s.name, &mut replayed, &out, (claim.generation, claim.run), 2).unwrap();
+    let results = pg::results(
+        &mut s.client,
+        &s.name,
+        "paid",
+        &weir_server::store::ResultFilter { limit: 10, ..Default::default() },
+    )
+    .unwrap();
+    assert!(results[0].contains("\"revision\":3") && results[0].contains("7.00"), "{results:?}");
+}
+
+#[test]
+fn a_newer_schema_version_is_refused_and_a_bad_schema_name_too() {
+    let mut s = Schema::new("version");
+    pg::migrate(&mut s.client, &s.name).unwrap();
+    s.client.execute(&format!("UPDATE {}.meta SET value = '99' WHERE key = 'schema_version'", s.name), &[]).unwrap();
+    let refused = pg::migrate(&mut s.client, &s.name).unwrap_err().to_string();
+    assert!(refused.contains("version 99") && refused.contains("another [postgres] schema"), "{refused}");
+    let bad = pg::migrate(&mut s.client, "weir; DROP TABLE x").unwrap_err().to_string();
+    assert!(bad.contains("not a schema name"), "{bad}");
+}
