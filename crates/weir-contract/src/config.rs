@@ -15,6 +15,16 @@
 //! key = "account_id"            # the top-level field whose hash picks the partition
 //! retention = "7d"
 //! max_event_bytes = 1048576
+//!
+//! [kafka]                       # Kafka as the log (with [postgres]); see docs/kafka-postgres.md
+//! brokers = "127.0.0.1:9092"
+//! group = "weir-billing"        # default: weir-{pipeline}-v{version}
+//! [kafka.config]                # librdkafka properties, passed as they are
+//! "security.protocol" = "SASL_SSL"
+//!
+//! [postgres]                    # results and checkpoints in PostgreSQL
+//! url = "host=127.0.0.1 user=postgres dbname=test"
+//! schema = "weir"
 //! ```
 
 use std::collections::BTreeMap;
@@ -34,6 +44,22 @@ pub struct ServerConfig {
     /// Where alerts go when a contract's `[alerts]` names no webhook.
     pub alert_webhook: Option<String>,
     pub topics: BTreeMap<String, TopicConfig>,
+    pub kafka: Option<KafkaConfig>,
+    pub postgres: Option<PostgresConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaConfig {
+    pub brokers: String,
+    pub group: Option<String>,
+    /// librdkafka properties (security, timeouts), passed as they are.
+    pub config: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresConfig {
+    pub url: String,
+    pub schema: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +86,8 @@ impl Default for ServerConfig {
             max_body_bytes: 64 << 20,
             alert_webhook: None,
             topics: BTreeMap::new(),
+            kafka: None,
+            postgres: None,
         }
     }
 }
@@ -72,7 +100,11 @@ const TOP_KEYS: &[&str] = &[
     "max_body_bytes",
     "alert_webhook",
     "topics",
+    "kafka",
+    "postgres",
 ];
+const KAFKA_KEYS: &[&str] = &["brokers", "group", "config"];
+const POSTGRES_KEYS: &[&str] = &["url", "schema"];
 const TOPIC_KEYS: &[&str] = &["partitions", "key", "retention", "max_event_bytes"];
 
 impl ServerConfig {
@@ -139,7 +171,17 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
             }
         }
     }
+    let kafka = match r.table(root, "kafka", false) {
+        Some(t) => read_kafka(r, t),
+        None => Some(None),
+    };
+    let postgres = match r.table(root, "postgres", false) {
+        Some(t) => read_postgres(r, t),
+        None => Some(None),
+    };
     Some(ServerConfig {
+        kafka: kafka?,
+        postgres: postgres?,
         listen,
         idle_timeout_ms: idle?.unwrap_or(defaults.idle_timeout_ms),
         checkpoint_interval_ms: interval?.unwrap_or(defaults.checkpoint_interval_ms),
@@ -148,6 +190,57 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         alert_webhook,
         topics,
     })
+}
+
+fn read_kafka(r: &mut Reader<'_>, t: &Table) -> Option<Option<KafkaConfig>> {
+    r.unknown_keys(t, "kafka", KAFKA_KEYS);
+    let brokers = r.string(t, "kafka", "brokers", true);
+    let group = r.string(t, "kafka", "group", false);
+    let mut config = BTreeMap::new();
+    let mut ok = true;
+    if let Some(c) = r.table(t, "config", false) {
+        for (name, item) in c.iter() {
+            let value = match item.as_value() {
+                Some(v) if v.as_str().is_some() => v.as_str().map(str::to_owned),
+                Some(v) if v.as_integer().is_some() || v.as_bool().is_some() => Some(v.to_string().trim().to_owned()),
+                _ => None,
+            };
+            match value {
+                Some(v) => {
+                    config.insert(name.to_owned(), v);
+                }
+                None => {
+                    r.error(
+                        item.span(),
+                        &format!("kafka.config.{name}"),
+                        "must be a string, number or boolean: it is passed to librdkafka as it is",
+                    );
+                    ok = false;
+                }
+            }
+        }
+    }
+    let brokers = brokers?;
+    ok.then_some(Some(KafkaConfig { brokers, group, config }))
+}
+
+fn read_postgres(r: &mut Reader<'_>, t: &Table) -> Option<Option<PostgresConfig>> {
+    r.unknown_keys(t, "postgres", POSTGRES_KEYS);
+    let url = r.string(t, "postgres", "url", true);
+    let schema = r.string(t, "postgres", "schema", false).unwrap_or_else(|| "weir".into());
+    let valid = !schema.is_empty()
+        && schema.len() <= 63
+        && schema.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !schema.starts_with(|c: char| c.is_ascii_digit());
+    if !valid {
+        r.error(
+            t.get("schema").and_then(Item::span),
+            "postgres.schema",
+            "must be letters, digits and _, not starting with a digit (a Postgres schema weir creates)",
+        );
+        return None;
+    }
+    Some(Some(PostgresConfig { url: url?, schema }))
 }
 
 fn read_topic(r: &mut Reader<'_>, t: &Table, name: &str) -> Option<TopicConfig> {

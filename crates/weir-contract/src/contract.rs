@@ -58,6 +58,19 @@ pub struct Source {
     pub rule: Option<(String, Expr)>,
     pub max_delay_ms: i64,
     pub max_event_bytes: usize,
+    /// `kind = "log"` (the embedded log) or `"kafka"`; `None`: the server's
+    /// default (Kafka when weir.toml has `[kafka]`).
+    pub kind: Option<SourceKind>,
+    /// Kafka brokers for this contract, over weir.toml's `[kafka] brokers`.
+    pub brokers: Option<String>,
+    /// The Kafka consumer group; default `weir-{name}-v{version}`.
+    pub group: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceKind {
+    Log,
+    Kafka,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,7 +212,8 @@ impl fmt::Display for ContractErrors {
 }
 
 const PIPELINE_KEYS: &[&str] = &["name", "version", "owner", "steward", "decision"];
-const SOURCE_KEYS: &[&str] = &["topic", "event_time", "key", "event_id", "where", "max_delay", "max_event_bytes"];
+const SOURCE_KEYS: &[&str] =
+    &["topic", "event_time", "key", "event_id", "where", "max_delay", "max_event_bytes", "kind", "brokers", "group"];
 const WINDOW_KEYS: &[&str] = &["type", "size", "slide", "gap", "allowed_lateness", "late", "early"];
 const DEDUP_KEYS: &[&str] = &["horizon"];
 const AGGREGATE_KEYS: &[&str] = &["name", "fn", "field", "where"];
@@ -601,7 +615,25 @@ impl Reader<'_> {
                 }
             },
         };
+        let kind = match self.string(t, "source", "kind", false).as_deref() {
+            None => Some(None),
+            Some("log") => Some(Some(SourceKind::Log)),
+            Some("kafka") => Some(Some(SourceKind::Kafka)),
+            Some(other) => {
+                self.error(
+                    t.get("kind").and_then(Item::span),
+                    "source.kind",
+                    format!("{other:?} is not a source; use \"log\" (the embedded log) or \"kafka\""),
+                );
+                None
+            }
+        };
+        let brokers = self.string(t, "source", "brokers", false);
+        let group = self.string(t, "source", "group", false);
         Some(Source {
+            kind: kind?,
+            brokers,
+            group,
             topic: topic?,
             event_time: event_time?,
             key: key?,

@@ -9,10 +9,10 @@ mod contract;
 mod duration;
 mod rule;
 
-pub use config::{ServerConfig, TopicConfig};
+pub use config::{KafkaConfig, PostgresConfig, ServerConfig, TopicConfig};
 pub use contract::{
-    AggFn, Aggregate, Alerts, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Pipeline, Source, WindowKind,
-    WindowSpec,
+    AggFn, Aggregate, Alerts, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Pipeline, Source, SourceKind,
+    WindowKind, WindowSpec,
 };
 pub use duration::{format_duration_ms, parse_duration_ms};
 pub use rule::{parse_rule, CmpOp, Expr, FieldPath};

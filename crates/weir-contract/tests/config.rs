@@ -44,3 +44,40 @@ fn mistakes_name_the_file_line_and_key() {
         assert!(err.contains(expected), "{text:?}: got {err}");
     }
 }
+
+#[test]
+fn kafka_and_postgres_sections() {
+    let text = r#"
+[kafka]
+brokers = "127.0.0.1:9092,127.0.0.1:9093"
+group = "billing"
+[kafka.config]
+"security.protocol" = "SASL_SSL"
+"sasl.mechanism" = "SCRAM-SHA-512"
+"session.timeout.ms" = 10000
+
+[postgres]
+url = "host=127.0.0.1 user=postgres dbname=test"
+"#;
+    let c = ServerConfig::parse("weir.toml", text).unwrap();
+    let k = c.kafka.unwrap();
+    assert_eq!((k.brokers.as_str(), k.group.as_deref()), ("127.0.0.1:9092,127.0.0.1:9093", Some("billing")));
+    assert_eq!(k.config["security.protocol"], "SASL_SSL");
+    assert_eq!(k.config["session.timeout.ms"], "10000");
+    let p = c.postgres.unwrap();
+    assert_eq!((p.url.as_str(), p.schema.as_str()), ("host=127.0.0.1 user=postgres dbname=test", "weir"));
+    let cases = [
+        ("[kafka]\ngroup = \"g\"\n", "`kafka.brokers`"),
+        ("[kafka]\nbrokers = \"b\"\ntopic = \"t\"\n", "`kafka.topic`: unknown key"),
+        (
+            "[kafka]\nbrokers = \"b\"\n[kafka.config]\n\"a\" = [1]\n",
+            "`kafka.config.a`: must be a string, number or boolean",
+        ),
+        ("[postgres]\nschema = \"w\"\n", "`postgres.url`"),
+        ("[postgres]\nurl = \"u\"\nschema = \"x; drop\"\n", "weir.toml:3: `postgres.schema`: must be letters"),
+    ];
+    for (text, expected) in cases {
+        let err = ServerConfig::parse("weir.toml", text).unwrap_err().to_string();
+        assert!(err.contains(expected), "{text:?}: got {err}");
+    }
+}

@@ -173,3 +173,14 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_source_kind_is_log_or_kafka() {
+    let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/paid_revenue.toml")).unwrap();
+    let kafka = base.replacen("[source]\n", "[source]\nkind = \"kafka\"\ngroup = \"billing\"\n", 1);
+    let c = weir_contract::Contract::parse("c.toml", &kafka).unwrap();
+    assert_eq!((c.source.kind, c.source.group.as_deref()), (Some(weir_contract::SourceKind::Kafka), Some("billing")));
+    let bad = base.replacen("[source]\n", "[source]\nkind = \"kinesis\"\n", 1);
+    let err = weir_contract::Contract::parse("c.toml", &bad).unwrap_err().to_string();
+    assert!(err.contains("`source.kind`") && err.contains("\"kinesis\" is not a source"), "{err}");
+}
