@@ -76,6 +76,20 @@ impl Counters {
     pub fn rows_total(&self) -> u64 {
         self.rows_provisional + self.rows_settled + self.rows_retracted
     }
+
+    /// Adds another engine's counters (the engines of several partitions).
+    pub fn add(&mut self, other: &Counters) {
+        self.read += other.read;
+        self.counted += other.counted;
+        self.filtered += other.filtered;
+        self.late_allowed += other.late_allowed;
+        for (a, b) in self.ledger.iter_mut().zip(other.ledger) {
+            *a += b;
+        }
+        self.rows_provisional += other.rows_provisional;
+        self.rows_settled += other.rows_settled;
+        self.rows_retracted += other.rows_retracted;
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,6 +169,9 @@ pub struct Engine {
     dirty: Vec<WinId>,
     /// Rows of this step with their window's end, sorted before they go out.
     pending: Vec<(i64, Row)>,
+    /// The engine reads one partition, whatever its number: the watermark
+    /// is that partition's (see [`Engine::read_one_partition`]).
+    one_partition: bool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -197,6 +214,26 @@ impl Engine {
             agg_pass: Vec::new(),
             dirty: Vec::new(),
             pending: Vec::new(),
+            one_partition: false,
+        }
+    }
+
+    /// From now on the engine reads a single partition, whichever number
+    /// its events carry (they keep it in the ledger and in rows' sources):
+    /// a worker's engine for one Kafka partition. Not kept in snapshots;
+    /// set it again after a restore.
+    pub fn read_one_partition(&mut self) {
+        self.one_partition = true;
+        self.st.part_wm.truncate(1);
+        self.st.part_idle.truncate(1);
+    }
+
+    /// The watermark slot of `partition`.
+    fn slot(&self, partition: u32) -> u32 {
+        if self.one_partition {
+            0
+        } else {
+            partition
         }
     }
 
@@ -283,6 +320,7 @@ impl Engine {
         if self.mode == Mode::Batch {
             return;
         }
+        let partition = self.slot(partition);
         self.ensure_partition(partition);
         self.st.part_idle[partition as usize] = idle;
         let wm_before = self.st.wm;
@@ -300,6 +338,7 @@ impl Engine {
 
     /// Step 8: `W = max(W, t - max_delay)` for the partition, then the minimum.
     fn advance(&mut self, partition: u32, time: i64) {
+        let partition = self.slot(partition);
         self.ensure_partition(partition);
         let p = partition as usize;
         let candidate = time - self.plan.max_delay_ms;

@@ -522,3 +522,22 @@ fn rows_carry_the_partitions_and_offsets_they_counted() {
         ]
     );
 }
+
+/// An engine reading one partition numbered 3 (a worker's share of a Kafka
+/// topic) closes windows on that partition's watermark and keeps the number
+/// in its ledger and sources.
+#[test]
+fn one_partition_of_a_topic_closes_windows_on_its_own_watermark() {
+    let c = contract("", &format!("{TUMBLING_10S}\nlate = \"discard\""), "");
+    let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    engine.read_one_partition();
+    let mut out = Output::default();
+    for (offset, e) in [(40, ev("a", 1, "1", "2")), (41, ev("a", 12, "2", "3")), (42, ev("a", 3, "3", "1"))] {
+        engine.process(EventIn { partition: 3, offset, bytes: e.as_bytes() }, &mut out);
+    }
+    let rows: Vec<String> = out.rows.iter().map(show_row).collect();
+    assert_eq!(rows, ["a [0,10) settled#1 events=1 late=0 {1,2}"]);
+    assert_eq!((out.rows[0].sources[0].partition, out.rows[0].sources[0].first_offset), (3, 40));
+    assert_eq!((out.ledger[0].partition, out.ledger[0].offset, out.ledger[0].reason.as_str()), (3, 42, "too_late"));
+    assert_eq!(engine.partition_watermarks(), [Some(12_000)]);
+}

@@ -40,6 +40,22 @@ pub struct App {
     pub series: Mutex<crate::dashboard::Series>,
     readers: Mutex<Vec<Connection>>,
     round_robin: AtomicU64,
+    /// Producers for the topics Kafka pipelines read.
+    pub producers: BTreeMap<String, rdkafka::producer::FutureProducer>,
+    /// Readers of the Postgres destination, when a pipeline uses it.
+    pub postgres: Option<Arc<PgReaders>>,
+}
+
+/// Connections to the Postgres destination for the HTTP side.
+pub struct PgReaders {
+    pub config: weir_contract::PostgresConfig,
+    clients: Mutex<Vec<postgres::Client>>,
+}
+
+impl PgReaders {
+    pub fn new(config: weir_contract::PostgresConfig) -> PgReaders {
+        PgReaders { config, clients: Mutex::default() }
+    }
 }
 
 impl App {
@@ -59,6 +75,35 @@ impl App {
             series: Mutex::default(),
             readers: Mutex::new(Vec::new()),
             round_robin: AtomicU64::new(0),
+            producers: BTreeMap::new(),
+            postgres: None,
+        }
+    }
+
+    /// Runs `query` on a pooled Postgres connection, off the async threads.
+    pub(crate) async fn pg_read<T: Send + 'static>(
+        self: &Arc<Self>,
+        query: impl FnOnce(&mut postgres::Client, &str) -> Result<T, postgres::Error> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let Some(pg) = self.postgres.clone() else {
+            return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, "no [postgres] in weir.toml".into()));
+        };
+        let joined = tokio::task::spawn_blocking(move || {
+            let mut client = match lock(&pg.clients).pop() {
+                Some(c) if !c.is_closed() => c,
+                _ => crate::pg::connect(&pg.config.url)?,
+            };
+            let result = query(&mut client, &pg.config.schema);
+            lock(&pg.clients).push(client);
+            result
+        })
+        .await;
+        let failed =
+            |e: String| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("reading from Postgres failed: {e}"));
+        match joined {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(failed(e.to_string())),
+            Err(e) => Err(failed(e.to_string())),
         }
     }
 
@@ -136,13 +181,19 @@ fn json(value: serde_json::Value) -> Response {
 }
 
 async fn post_events(State(app): State<Arc<App>>, Path(topic): Path<String>, body: Bytes) -> Response {
-    let Ok(partitions) = app.log.partitions(&topic) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            format!("no topic {topic:?}: topics are the ones a contract reads or weir.toml names"),
-        );
+    let kafka = app.producers.get(&topic).cloned();
+    let partitions = match app.log.partitions(&topic) {
+        Ok(n) => n,
+        Err(_) if kafka.is_some() => 1,
+        Err(_) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                format!("no topic {topic:?}: topics are the ones a contract reads or weir.toml names"),
+            )
+        }
     };
     let tc = app.config.topic(&topic);
+    let mut keys = Vec::new();
     let mut records = Vec::new();
     for (i, line) in body.split(|&b| b == b'\n').enumerate() {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -175,20 +226,31 @@ async fn post_events(State(app): State<Arc<App>>, Path(topic): Path<String>, bod
                 )
             }
         };
-        let partition = match key {
+        let partition = match &key {
             Some(k) => (xxhash_rust::xxh3::xxh3_64(k.as_bytes()) % u64::from(partitions)) as u32,
             None => (app.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(partitions)) as u32,
         };
         records.push((partition, line.to_vec()));
+        keys.push(key);
     }
     if records.is_empty() {
         return error(StatusCode::BAD_REQUEST, "the body has no events: send one JSON value per line");
     }
     let count = records.len();
     let arrived = std::time::Instant::now();
-    let answer = match app.log.append(&topic, records) {
-        Ok(pending) => pending.wait().await,
-        Err(e) => Err(e),
+    let answer = match kafka {
+        Some(producer) => match crate::kafka::produce(&producer, &topic, &records, &keys).await {
+            Ok(offsets) => Ok(offsets),
+            Err(e) => {
+                let mut r = error(StatusCode::SERVICE_UNAVAILABLE, e);
+                r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return r;
+            }
+        },
+        None => match app.log.append(&topic, records) {
+            Ok(pending) => pending.wait().await,
+            Err(e) => Err(e),
+        },
     };
     if answer.is_ok() {
         lock(&app.durable).observe(arrived.elapsed().as_secs_f64());
@@ -376,6 +438,9 @@ async fn results(
         key: q.iter().filter_map(|(k, v)| Some((k.strip_prefix("key.")?.to_owned(), v.clone()))).collect(),
         limit: param(&q, "limit", 10_000i64)?,
     };
+    if pipeline(&app, &name)?.on_kafka {
+        return Ok(joined(app.pg_read(move |c, s| crate::pg::results(c, s, &name, &filter)).await?));
+    }
     Ok(joined(app.read(move |c| store::results(c, &name, &filter)).await?))
 }
 
@@ -402,9 +467,12 @@ async fn changes(
     Path(name): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    pipeline(&app, &name)?;
+    let on_kafka = pipeline(&app, &name)?.on_kafka;
     let since = param(&q, "since", 1i64)?;
     let limit = param(&q, "limit", 10_000i64)?;
+    if on_kafka {
+        return Ok(joined(app.pg_read(move |c, s| crate::pg::changes(c, s, &name, since, limit)).await?));
+    }
     Ok(joined(app.read(move |c| store::changes(c, &name, since, limit)).await?))
 }
 
@@ -423,6 +491,11 @@ async fn ledger(
     }
     let since = param(&q, "since", 1i64)?;
     let limit = param(&q, "limit", 10_000i64)?;
+    if pipeline(&app, &name)?.on_kafka {
+        return Ok(joined(
+            app.pg_read(move |c, s| crate::pg::ledger(c, s, &name, reason.as_deref(), since, limit)).await?,
+        ));
+    }
     Ok(joined(app.read(move |c| store::ledger(c, &name, reason.as_deref(), since, limit)).await?))
 }
 
@@ -431,9 +504,27 @@ pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
     let s = lock(&p.status).clone();
     let now = weir_log::now_ms();
     let topic = &p.contract.source.topic;
-    let bounds = app.log.bounds(topic).unwrap_or_default();
+    let bounds = if s.kafka.is_some() { Vec::new() } else { app.log.bounds(topic).unwrap_or_default() };
     let mut parts = Vec::new();
     let (mut lag, mut oldest, mut lag_ms) = (0u64, None::<i64>, 0i64);
+    // Over Kafka: this worker's partitions; a partition's lag in time is now
+    // minus the Kafka timestamp of the last record read while records wait.
+    for k in s.kafka.iter().flatten() {
+        let behind = k.end_offset.saturating_sub(k.next_offset);
+        lag += behind;
+        if behind > 0 {
+            if let Some(t) = k.last_timestamp_ms {
+                oldest = Some(oldest.map_or(t, |o: i64| o.min(t)));
+                lag_ms = lag_ms.max(now.saturating_sub(t));
+            }
+        }
+        parts.push(serde_json::json!({
+            "partition": k.partition, "next_offset": k.next_offset, "end_offset": k.end_offset, "lag": behind,
+            "generation": k.generation,
+            "watermark": k.watermark.map(format_rfc3339_ms),
+            "watermark_age_ms": k.watermark.map(|w| now.saturating_sub(w)),
+        }));
+    }
     let append_ms = |p: usize, offset: u64| {
         app.log.read(topic, p as u32, offset, 1, 1).ok().and_then(|r| r.first().map(|r| r.append_ms))
     };

@@ -14,6 +14,7 @@ mod alerts;
 mod dashboard;
 mod histogram;
 mod http;
+pub mod kafka;
 pub mod pg;
 mod pipeline;
 mod provenance;
@@ -118,6 +119,47 @@ pub async fn serve(
     store::migrate(&conn)?;
     drop(conn);
 
+    // Pipelines over Kafka publish to Postgres, shared by the workers.
+    let mut producers = BTreeMap::new();
+    let on_kafka = |c: &Contract| match c.source.kind {
+        Some(weir_contract::SourceKind::Kafka) => true,
+        Some(weir_contract::SourceKind::Log) => false,
+        None => config.kafka.is_some(),
+    };
+    if opts.contracts.iter().any(on_kafka) {
+        let Some(pg) = config.postgres.clone() else {
+            let names: Vec<&str> = opts.contracts.iter().filter(|c| on_kafka(c)).map(|c| &*c.pipeline.name).collect();
+            anyhow::bail!(
+                "{names:?} read Kafka, which needs a [postgres] section in weir.toml (url = \"host=... user=... dbname=...\"): workers share their results and checkpoints there"
+            );
+        };
+        let url = pg.url.clone();
+        let schema = pg.schema.clone();
+        tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            let mut client = pg::connect(&url).with_context(|| format!("cannot connect to Postgres at {url:?}"))?;
+            pg::migrate(&mut client, &schema)
+        })
+        .await??;
+        for c in opts.contracts.iter().filter(|c| on_kafka(c)) {
+            let Some((brokers, _)) = kafka::source_of(c, &config) else {
+                anyhow::bail!(
+                    "pipeline {:?} reads Kafka but names no brokers: set [kafka] brokers in weir.toml or brokers in its [source]",
+                    c.pipeline.name
+                );
+            };
+            if !producers.contains_key(&c.source.topic) {
+                let topic = &c.source.topic;
+                kafka::ensure_topic(&brokers, config.kafka.as_ref(), topic, config.topic(topic).partitions)
+                    .await
+                    .with_context(|| format!("Kafka topic {topic} at {brokers}"))?;
+                let producer = kafka::producer(&brokers, config.kafka.as_ref())
+                    .with_context(|| format!("cannot make a Kafka producer for {brokers}"))?;
+                producers.insert(c.source.topic.clone(), producer);
+            }
+        }
+    }
+    let worker = format!("weir-{}-{}", std::process::id(), weir_log::now_ms());
+
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads = Vec::new();
     let mut pipelines = BTreeMap::new();
@@ -125,6 +167,27 @@ pub async fn serve(
         let status = Arc::new(Mutex::new(Status::default()));
         let paused = Arc::new(AtomicBool::new(false));
         let replay = Arc::new(Mutex::new(None));
+        let name = contract.pipeline.name.clone();
+        if on_kafka(&contract) {
+            let (Some((brokers, group)), Some(postgres)) =
+                (kafka::source_of(&contract, &config), config.postgres.clone())
+            else {
+                anyhow::bail!("pipeline {name:?} reads Kafka: it needs brokers and [postgres]");
+            };
+            let runner = kafka::KafkaRunner {
+                contract: contract.clone(),
+                config: Arc::clone(&config),
+                postgres,
+                brokers,
+                group,
+                worker: worker.clone(),
+                status: Arc::clone(&status),
+                stop: Arc::clone(&stop),
+            };
+            threads.push(std::thread::Builder::new().name(format!("weir-kafka-{name}")).spawn(move || runner.run())?);
+            pipelines.insert(name, Pipeline { contract, on_kafka: true, status, paused, replay });
+            continue;
+        }
         let runner = Runner {
             contract: contract.clone(),
             config: Arc::clone(&config),
@@ -136,11 +199,13 @@ pub async fn serve(
             replay: Arc::clone(&replay),
             runtime: tokio::runtime::Handle::current(),
         };
-        let name = contract.pipeline.name.clone();
         threads.push(std::thread::Builder::new().name(format!("weir-pipeline-{name}")).spawn(move || runner.run())?);
-        pipelines.insert(name, Pipeline { contract, status, paused, replay });
+        pipelines.insert(name, Pipeline { contract, on_kafka: false, status, paused, replay });
     }
-    let app = Arc::new(http::App::new(log.clone(), Arc::clone(&config), pipelines, db));
+    let mut app = http::App::new(log.clone(), Arc::clone(&config), pipelines, db);
+    app.producers = producers;
+    app.postgres = config.postgres.clone().map(|pg| Arc::new(http::PgReaders::new(pg)));
+    let app = Arc::new(app);
     let alerting = tokio::spawn(alerts::run(Arc::clone(&app)));
     let retention_log = log.clone();
     let retention = tokio::spawn(async move {

@@ -52,10 +52,29 @@ pub struct Status {
     pub checkpoint_duration: Histogram,
     /// Replays done since the server started.
     pub replays: u64,
+    /// Over Kafka: the partitions this worker holds (`offsets` and `idle`
+    /// are then unused).
+    pub kafka: Option<Vec<KafkaPartition>>,
+}
+
+/// One Kafka partition a worker holds.
+#[derive(Debug, Clone)]
+pub struct KafkaPartition {
+    pub partition: u32,
+    /// The next offset to read (checkpointed).
+    pub next_offset: u64,
+    /// The partition's high watermark, as last fetched.
+    pub end_offset: u64,
+    pub generation: i64,
+    pub watermark: Option<i64>,
+    /// The Kafka timestamp of the last record read.
+    pub last_timestamp_ms: Option<i64>,
 }
 
 pub struct Pipeline {
     pub contract: Contract,
+    /// Reads Kafka, publishes to Postgres (else the embedded log and SQLite).
+    pub on_kafka: bool,
     pub status: Arc<Mutex<Status>>,
     /// Publishing paused by an operator (processing goes on).
     pub paused: Arc<AtomicBool>,

@@ -41,6 +41,10 @@ fn error_text(body: &str) -> String {
 }
 
 pub struct ProduceArgs<'a> {
+    /// Kafka brokers to produce to instead of `url`.
+    pub kafka: Option<&'a str>,
+    /// With `kafka`: the field whose value is the record key.
+    pub key: Option<&'a str>,
     pub url: &'a str,
     pub topic: &'a str,
     pub file: &'a Path,
@@ -60,6 +64,10 @@ pub fn produce(args: ProduceArgs<'_>) -> Result<(), Failure> {
         )
     };
     let url = format!("{}/v1/topics/{}/events", args.url.trim_end_matches('/'), args.topic);
+    let to_kafka = match args.kafka {
+        Some(brokers) => Some(KafkaTarget::new(brokers, args.topic, args.key)?),
+        None => None,
+    };
     let agent = agent();
     let started = Instant::now();
     let (mut sent, mut retries, mut batch, mut first_line) = (0u64, 0u64, String::new(), 1u64);
@@ -78,7 +86,11 @@ pub fn produce(args: ProduceArgs<'_>) -> Result<(), Failure> {
             let mut wait = Duration::from_millis(100);
             let since = Instant::now();
             loop {
-                match post_batch(&agent, &url, &batch) {
+                let sent_batch = match &to_kafka {
+                    Some(k) => k.send(&batch, first_line),
+                    None => post_batch(&agent, &url, &batch),
+                };
+                match sent_batch {
                     Ok(true) => break,
                     Ok(false) if since.elapsed() < args.give_up_after => {
                         retries += 1;
@@ -350,4 +362,49 @@ pub fn annotate(url: &str, pipeline: &str, (from, to): (&str, &str), note: &str,
         plain(&v["annotation"])
     );
     Ok(())
+}
+
+/// `weir produce --kafka`: batches produced straight to a Kafka topic.
+struct KafkaTarget {
+    producer: rdkafka::producer::FutureProducer,
+    runtime: tokio::runtime::Runtime,
+    topic: String,
+    key: Option<String>,
+}
+
+impl KafkaTarget {
+    fn new(brokers: &str, topic: &str, key: Option<&str>) -> Result<KafkaTarget, Failure> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Failure::run(anyhow::anyhow!("cannot start a runtime: {e}")))?;
+        let producer = weir_server::kafka::producer(brokers, None)
+            .map_err(|e| Failure::usage(format!("cannot make a Kafka producer for {brokers}: {e}")))?;
+        Ok(KafkaTarget { producer, runtime, topic: topic.to_owned(), key: key.map(str::to_owned) })
+    }
+
+    /// `Ok(true)` when every line was acknowledged, `Ok(false)` to try again,
+    /// `Err` for a line that is not JSON (nothing of the batch is sent).
+    fn send(&self, batch: &str, first_line: u64) -> Result<bool, String> {
+        let mut records = Vec::new();
+        let mut keys = Vec::new();
+        for (i, line) in batch.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let key = weir_server::kafka::key_of_line(line, self.key.as_deref()).map_err(|e| {
+                format!("line {} is not JSON ({e}); send one JSON value per line", first_line + i as u64)
+            })?;
+            records.push((0, line.as_bytes().to_vec()));
+            keys.push(key);
+        }
+        let sent = self.runtime.block_on(weir_server::kafka::produce(&self.producer, &self.topic, &records, &keys));
+        match sent {
+            Ok(_) => Ok(true),
+            Err(why) => {
+                eprintln!("weir: {why}");
+                Ok(false)
+            }
+        }
+    }
 }

@@ -107,6 +107,12 @@ enum Command {
         /// Give up on a batch the server has not acknowledged for this many seconds.
         #[arg(long, default_value_t = 60)]
         retry_for: u64,
+        /// Produce straight to these Kafka brokers instead of a weir server.
+        #[arg(long)]
+        kafka: Option<String>,
+        /// With --kafka: the top-level field whose value is the record key (the contract's key, so a key's events share a partition).
+        #[arg(long)]
+        key: Option<String>,
     },
     /// A one-screen health summary of every pipeline (or one) of a running server.
     Status {
@@ -321,7 +327,9 @@ fn main() -> ExitCode {
         Command::Serve { data, contracts, config, listen } => {
             serve::serve(serve::ServeArgs { data, contracts, config, listen })
         }
-        Command::Produce { topic, file, url, batch, retry_for } => client::produce(client::ProduceArgs {
+        Command::Produce { topic, file, url, batch, retry_for, kafka, key } => client::produce(client::ProduceArgs {
+            kafka: kafka.as_deref(),
+            key: key.as_deref(),
             url: &url,
             topic: &topic,
             file: &file,

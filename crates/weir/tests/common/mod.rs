@@ -98,7 +98,7 @@ pub fn start(root: &Path, port: u16) -> Server {
     loop {
         match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(Ok(())) => return Server { child },
-            Ok(Err(line)) if line.contains("cut") => continue,
+            Ok(Err(line)) if line.contains("cut") || line.contains("created Kafka topic") => continue,
             Ok(Err(line)) => panic!("weir serve said: {line}"),
             Err(_) => panic!("weir serve did not start"),
         }

@@ -1,0 +1,513 @@
+//! Pipelines over Kafka, with results and checkpoints in Postgres.
+//!
+//! Each `weir serve` worker joins the pipeline's consumer group; Kafka's
+//! group protocol decides which worker reads which partition (no
+//! coordinator of weir's own). A worker keeps one engine per partition it
+//! holds, so a partition's state moves with it:
+//!
+//! 1. **assigned** (the rebalance callback, inside `poll`): the worker
+//!    claims the partition in Postgres, which bumps its fencing generation,
+//!    restores its last checkpoint and reads on from its stored offset
+//!    (records below it, which Kafka may deliver again, are skipped);
+//! 2. **reading**: records go to their partition's engine; every
+//!    `checkpoint_interval` (or `checkpoint_events`) each changed partition
+//!    is checkpointed in one Postgres transaction (rows, ledger, state,
+//!    next offset), refused if another worker claimed it since; after the
+//!    commit the offset is also committed to Kafka, for tools that read
+//!    group lag;
+//! 3. **revoked** (the rebalance callback, before the partitions go): each
+//!    is checkpointed, then dropped; a worker that lost a partition without
+//!    being told (paused too long, cut off) is refused by the fence and
+//!    drops it.
+//!
+//! A record's partition and offset are its Kafka ones, in the ledger and in
+//! provenance. Windows close on their partition's watermark, so a topic
+//! must be partitioned by the contract's key (as a Kafka Streams
+//! aggregation requires): `weir produce` and the HTTP API use the topic's
+//! `key` field as the record key.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use weir_contract::{Contract, KafkaConfig, PostgresConfig, ServerConfig};
+use weir_engine::{Engine, EventIn, Mode, Output};
+
+use crate::pg;
+use crate::pipeline::{lock, KafkaPartition, Status};
+
+/// The librdkafka settings of `kafka` (brokers first, then its `config`).
+pub fn client_config(brokers: &str, kafka: Option<&KafkaConfig>) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers);
+    if let Some(k) = kafka {
+        for (name, value) in &k.config {
+            c.set(name, value);
+        }
+        if k.config.contains_key("debug") {
+            c.set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
+        }
+    }
+    c
+}
+
+/// Where a contract's Kafka source is: brokers and group id.
+pub fn source_of(contract: &Contract, config: &ServerConfig) -> Option<(String, String)> {
+    let brokers = contract.source.brokers.clone().or_else(|| config.kafka.as_ref().map(|k| k.brokers.clone()))?;
+    let p = &contract.pipeline;
+    let group = contract
+        .source
+        .group
+        .clone()
+        .or_else(|| config.kafka.as_ref().and_then(|k| k.group.clone()))
+        .unwrap_or_else(|| format!("weir-{}-v{}", p.name, p.version));
+    Some((brokers, group))
+}
+
+/// One partition this worker holds.
+struct Part {
+    engine: Engine,
+    out: Output,
+    generation: i64,
+    run: i64,
+    next_offset: u64,
+    /// Events since the last checkpoint.
+    since: u64,
+    dirty: bool,
+    end_offset: u64,
+    last_timestamp_ms: Option<i64>,
+}
+
+/// What the loop and the rebalance callbacks (which run inside `poll`, on
+/// the loop's thread) share.
+struct Shared {
+    contract: Contract,
+    schema: String,
+    worker: String,
+    client: postgres::Client,
+    parts: BTreeMap<u32, Part>,
+    /// A failure inside a callback, for the loop to return.
+    failed: Option<String>,
+    /// Partitions dropped since the loop last looked, for Kafka offset commits.
+    changed: bool,
+}
+
+impl Shared {
+    fn claim(&mut self, partition: u32) -> anyhow::Result<()> {
+        let c = &self.contract;
+        let identity = (c.pipeline.version, c.text_hash);
+        let claim = pg::claim(&mut self.client, &self.schema, &c.pipeline.name, partition, &self.worker, identity)?;
+        let mut engine = match claim.checkpoint {
+            Some(cp) => Engine::restore_parts(c, &cp.header, cp.windows, cp.ids)?,
+            None => Engine::new(c, Mode::Stream, 1)?,
+        };
+        engine.read_one_partition();
+        engine.track_changes();
+        eprintln!(
+            "weir: {} took partition {partition} (generation {}) from offset {}",
+            c.pipeline.name, claim.generation, claim.next_offset
+        );
+        self.parts.insert(
+            partition,
+            Part {
+                engine,
+                out: Output::default(),
+                generation: claim.generation,
+                run: claim.run,
+                next_offset: claim.next_offset,
+                since: 0,
+                dirty: false,
+                end_offset: claim.next_offset,
+                last_timestamp_ms: None,
+            },
+        );
+        self.changed = true;
+        Ok(())
+    }
+
+    /// Checkpoints a partition; `Ok(false)` when the fence refused it (the
+    /// partition is then dropped).
+    fn checkpoint(&mut self, partition: u32) -> anyhow::Result<bool> {
+        let Some(part) = self.parts.get_mut(&partition) else { return Ok(true) };
+        let delta = part.engine.take_delta();
+        let write = pg::PartitionWrite {
+            pipeline: &self.contract.pipeline.name,
+            partition,
+            generation: part.generation,
+            format: part.engine.format(),
+            out: &part.out,
+            delta,
+            next_offset: part.next_offset,
+            now_ms: weir_log::now_ms(),
+            run: part.run,
+        };
+        match pg::checkpoint(&mut self.client, &self.schema, write) {
+            Ok(()) => {
+                part.out.clear();
+                part.since = 0;
+                part.dirty = false;
+                Ok(true)
+            }
+            Err(e @ pg::CheckpointError::Fenced { .. }) => {
+                eprintln!("weir: {e}");
+                self.parts.remove(&partition);
+                self.changed = true;
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn release(&mut self, partition: u32) {
+        if let Err(e) = self.checkpoint(partition) {
+            self.failed = Some(format!("checkpointing partition {partition} before handing it over: {e:#}"));
+        }
+        if self.parts.remove(&partition).is_some() {
+            eprintln!("weir: {} handed partition {partition} over", self.contract.pipeline.name);
+        }
+        self.changed = true;
+    }
+}
+
+struct Ctx {
+    shared: Arc<Mutex<Shared>>,
+    topic: String,
+}
+
+impl ClientContext for Ctx {
+    /// librdkafka's own messages (all of them when weir.toml's
+    /// `[kafka.config] debug` asks for some) on standard error.
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        eprintln!("weir: kafka {level:?} {fac}: {message}");
+    }
+}
+
+impl ConsumerContext for Ctx {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let mut shared = lock(&self.shared);
+            for e in tpl.elements_for_topic(&self.topic) {
+                shared.release(e.partition() as u32);
+            }
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let mut shared = lock(&self.shared);
+                for e in tpl.elements_for_topic(&self.topic) {
+                    let p = e.partition() as u32;
+                    if shared.parts.contains_key(&p) {
+                        continue;
+                    }
+                    if let Err(err) = shared.claim(p) {
+                        shared.failed = Some(format!("taking partition {p}: {err:#}"));
+                    }
+                }
+            }
+            Rebalance::Error(e) => eprintln!("weir: rebalance failed: {e}"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+/// A pipeline reading a Kafka topic as one worker of its consumer group.
+pub struct KafkaRunner {
+    pub contract: Contract,
+    pub config: Arc<ServerConfig>,
+    pub postgres: PostgresConfig,
+    pub brokers: String,
+    pub group: String,
+    pub worker: String,
+    pub status: Arc<Mutex<Status>>,
+    pub stop: Arc<AtomicBool>,
+}
+
+const READ_RECORDS: usize = 2_000;
+
+impl KafkaRunner {
+    /// Runs until `stop` (then checkpoints every partition and leaves the
+    /// group); after a failure, starts again (a new consumer, which rejoins
+    /// the group and claims its partitions again) after a backoff.
+    pub fn run(mut self) {
+        let name = self.contract.pipeline.name.clone();
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let started = Instant::now();
+            let Err(e) = self.run_once() else { return };
+            let message = format!("pipeline {name} failed and restarts from its last checkpoints: {e:#}");
+            eprintln!("weir: {message}");
+            {
+                let mut s = lock(&self.status);
+                s.failed = Some(message);
+                s.restarts += 1;
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                backoff = Duration::from_millis(500);
+            }
+            let until = Instant::now() + backoff;
+            while Instant::now() < until {
+                if self.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(30));
+        }
+    }
+
+    fn run_once(&mut self) -> anyhow::Result<()> {
+        let c = self.contract.clone();
+        let topic = c.source.topic.clone();
+        let schema = self.postgres.schema.clone();
+        let mut client = pg::connect(&self.postgres.url)?;
+        pg::prepare_pipeline(&mut client, &schema, &c.pipeline.name, c.pipeline.version, c.text_hash)?;
+        let shared = Arc::new(Mutex::new(Shared {
+            contract: c.clone(),
+            schema,
+            worker: self.worker.clone(),
+            client,
+            parts: BTreeMap::new(),
+            failed: None,
+            changed: false,
+        }));
+        let mut config = client_config(&self.brokers, self.config.kafka.as_ref());
+        config
+            .set("group.id", &self.group)
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.partition.eof", "false");
+        let ctx = Ctx { shared: Arc::clone(&shared), topic: topic.clone() };
+        let consumer: BaseConsumer<Ctx> = config.create_with_context(ctx)?;
+        consumer.subscribe(&[&topic])?;
+        let interval = Duration::from_millis(self.config.checkpoint_interval_ms.max(1) as u64);
+        let mut last_checkpoint = Instant::now();
+        let mut last_ends = Instant::now() - Duration::from_secs(10);
+        loop {
+            let stopping = self.stop.load(Ordering::SeqCst);
+            let mut read = 0;
+            while read < READ_RECORDS && !stopping {
+                let wait = if read == 0 { Duration::from_millis(50) } else { Duration::ZERO };
+                let Some(message) = consumer.poll(wait) else { break };
+                let m = match message {
+                    Ok(m) => m,
+                    Err(e) => {
+                        eprintln!("weir: {}: reading {topic}: {e}", c.pipeline.name);
+                        break;
+                    }
+                };
+                read += 1;
+                let p = m.partition() as u32;
+                let offset = m.offset().max(0) as u64;
+                let mut sh = lock(&shared);
+                // Only the assignment callback claims: a record of a partition
+                // handed over (fetched before the rebalance) is not this worker's.
+                let Some(part) = sh.parts.get_mut(&p) else { continue };
+                if offset < part.next_offset {
+                    continue; // counted before the last checkpoint
+                }
+                let now = weir_log::now_ms();
+                let ts = m.timestamp().to_millis();
+                part.engine
+                    .process(EventIn { partition: p, offset, bytes: m.payload().unwrap_or_default() }, &mut part.out);
+                part.next_offset = offset + 1;
+                part.since += 1;
+                part.dirty = true;
+                part.last_timestamp_ms = ts;
+                drop(sh);
+                if let Some(t) = ts {
+                    lock(&self.status).processing.observe(now.saturating_sub(t).max(0) as f64 / 1e3);
+                }
+            }
+            let failed = lock(&shared).failed.take();
+            if let Some(f) = failed {
+                anyhow::bail!(f);
+            }
+            let due = last_checkpoint.elapsed() >= interval;
+            let mut committed = TopicPartitionList::new();
+            {
+                let mut sh = lock(&shared);
+                let ready: Vec<u32> = sh
+                    .parts
+                    .iter()
+                    .filter(|(_, part)| part.dirty && (due || stopping || part.since >= self.config.checkpoint_events))
+                    .map(|(p, _)| *p)
+                    .collect();
+                for p in ready {
+                    let started = Instant::now();
+                    if sh.checkpoint(p)? {
+                        lock(&self.status).checkpoint_duration.observe(started.elapsed().as_secs_f64());
+                        let next = sh.parts.get(&p).map_or(0, |part| part.next_offset);
+                        committed.add_partition_offset(&topic, p as i32, Offset::Offset(next as i64))?;
+                    }
+                }
+                if due {
+                    last_checkpoint = Instant::now();
+                }
+            }
+            if committed.count() > 0 {
+                // For tools that read the group's lag; Postgres holds the offsets weir resumes from.
+                if let Err(e) = consumer.commit(&committed, CommitMode::Async) {
+                    eprintln!("weir: {}: committing offsets to Kafka: {e}", c.pipeline.name);
+                }
+                self.publish_status(&shared, Some(weir_log::now_ms()));
+            }
+            if last_ends.elapsed() >= Duration::from_secs(1) {
+                let held: Vec<u32> = lock(&shared).parts.keys().copied().collect();
+                for p in held {
+                    if let Ok((_, high)) = consumer.fetch_watermarks(&topic, p as i32, Duration::from_secs(1)) {
+                        if let Some(part) = lock(&shared).parts.get_mut(&p) {
+                            part.end_offset = high.max(0) as u64;
+                        }
+                    }
+                }
+                last_ends = Instant::now();
+                self.publish_status(&shared, None);
+            }
+            if stopping {
+                consumer.unsubscribe();
+                return Ok(());
+            }
+        }
+    }
+
+    fn publish_status(&self, shared: &Mutex<Shared>, checkpoint_ms: Option<i64>) {
+        let sh = lock(shared);
+        let mut s = lock(&self.status);
+        let mut counters = weir_engine::Counters::default();
+        let mut parts = Vec::new();
+        let mut watermark: Option<i64> = None;
+        let (mut open, mut bytes) = (0, 0);
+        for (p, part) in &sh.parts {
+            counters.add(part.engine.counters());
+            let wm = part.engine.watermark();
+            watermark = match (watermark, wm) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            open += part.engine.open_windows();
+            bytes += part.engine.state_bytes();
+            parts.push(KafkaPartition {
+                partition: *p,
+                next_offset: part.next_offset,
+                end_offset: part.end_offset.max(part.next_offset),
+                generation: part.generation,
+                watermark: wm,
+                last_timestamp_ms: part.last_timestamp_ms,
+            });
+        }
+        s.watermark = watermark;
+        s.counters = counters;
+        s.open_windows = open;
+        s.state_bytes = bytes;
+        s.kafka = Some(parts);
+        if let Some(ms) = checkpoint_ms {
+            s.last_checkpoint_ms = ms;
+            s.checkpoints += 1;
+            s.failed = None;
+        }
+    }
+}
+
+/// A producer for the HTTP API and `weir produce`: every record
+/// acknowledged by all in-sync replicas (`acks=all`).
+pub fn producer(brokers: &str, kafka: Option<&KafkaConfig>) -> rdkafka::error::KafkaResult<FutureProducer> {
+    let mut c = client_config(brokers, kafka);
+    c.set("acks", "all").set("message.timeout.ms", "30000");
+    c.create()
+}
+
+/// The record key for a partitioning field's JSON text: a string's own
+/// text, anything else as written.
+pub fn record_key(json: &str) -> String {
+    serde_json::from_str::<String>(json).unwrap_or_else(|_| json.to_owned())
+}
+
+/// Produces `records` (payload with their partitioning field's JSON text)
+/// and waits for every acknowledgement; the partitions and offsets written.
+/// Kafka has no all-or-nothing append without transactions: after an error
+/// some records may be written; sending again is safe with `[dedup]`.
+pub async fn produce(
+    producer: &FutureProducer,
+    topic: &str,
+    records: &[(u32, Vec<u8>)],
+    keys: &[Option<String>],
+) -> Result<Vec<(u32, u64)>, String> {
+    let mut pending = Vec::with_capacity(records.len());
+    for ((_, payload), key) in records.iter().zip(keys) {
+        let key = key.as_deref().map(record_key);
+        let mut record = FutureRecord::<String, Vec<u8>>::to(topic).payload(payload);
+        if let Some(k) = &key {
+            record = record.key(k);
+        }
+        match producer.send_result(record) {
+            Ok(delivery) => pending.push(delivery),
+            Err((e, _)) => return Err(format!("Kafka refused an event of the batch ({e}); send the batch again")),
+        }
+    }
+    let mut offsets = Vec::with_capacity(pending.len());
+    for delivery in pending {
+        match delivery.await {
+            Ok(Ok(d)) => offsets.push((d.partition.max(0) as u32, d.offset.max(0) as u64)),
+            Ok(Err((e, _))) => {
+                return Err(format!(
+                    "Kafka did not acknowledge an event ({e}); some of the batch may be written; send it again (duplicates are caught by [dedup])"
+                ))
+            }
+            Err(_) => return Err("the Kafka producer stopped before acknowledging; send the batch again".into()),
+        }
+    }
+    Ok(offsets)
+}
+
+/// Creates `topic` with `partitions` partitions (replication factor 1 on a
+/// single broker, else the broker's default) unless it exists; returns its
+/// partition count. weir.toml's `[topics.NAME] partitions` says how many.
+pub async fn ensure_topic(
+    brokers: &str,
+    kafka: Option<&KafkaConfig>,
+    topic: &str,
+    partitions: u32,
+) -> anyhow::Result<u32> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = client_config(brokers, kafka).create()?;
+    let existing = |admin: &AdminClient<DefaultClientContext>| -> anyhow::Result<Option<u32>> {
+        let metadata = admin.inner().fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        Ok(metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+            .map(|t| t.partitions().len() as u32))
+    };
+    if let Some(n) = existing(&admin)? {
+        return Ok(n);
+    }
+    let brokers_known = admin.inner().fetch_metadata(None, Duration::from_secs(10))?.brokers().len();
+    let replication = if brokers_known <= 1 { TopicReplication::Fixed(1) } else { TopicReplication::Fixed(-1) };
+    let new = NewTopic::new(topic, partitions as i32, replication);
+    let results = admin.create_topics([&new], &AdminOptions::new()).await?;
+    for r in results {
+        if let Err((name, code)) = r {
+            if code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
+                anyhow::bail!("cannot create the Kafka topic {name}: {code}; create it with {partitions} partitions, keyed by the contract's key");
+            }
+        }
+    }
+    eprintln!("weir: created Kafka topic {topic} with {partitions} partitions");
+    Ok(partitions)
+}
+
+/// Checks that `line` is one JSON value and returns the JSON text of its
+/// top-level `field`, if it has one.
+pub fn key_of_line(line: &str, field: Option<&str>) -> Result<Option<String>, serde_json::Error> {
+    let value: serde_json::Value = serde_json::from_str(line)?;
+    Ok(field.and_then(|f| value.get(f)).map(|v| v.to_string()))
+}

@@ -1,0 +1,326 @@
+//! `weir serve` workers on a real Kafka-API broker (`tansu`, started here
+//! on a free port with in-memory storage; `WEIR_TANSU` names the binary,
+//! `scripts/test` installs it) and the machine's PostgreSQL
+//! (`WEIR_TEST_POSTGRES`): two workers share a 4-partition topic through
+//! the consumer group, a worker killed with SIGKILL comes back and resumes
+//! from its Postgres checkpoints, a worker that stops hands its partitions
+//! to the other, everything restarts, and the rows in Postgres equal
+//! `weir batch` over every event produced, with no revision going back.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{start, text, weir, Scratch, Server};
+use serde_json::Value;
+
+const CONTRACT: &str = r#"
+[pipeline]
+name = "paid"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Unlock paid features"
+
+[source]
+topic = "payments"
+event_time = "t"
+key = ["acct"]
+event_id = "id"
+max_delay = "5s"
+
+[window]
+type = "tumbling"
+size = "1m"
+allowed_lateness = "1h"
+late = "revise"
+early = true
+
+[dedup]
+horizon = "2h"
+
+[[aggregate]]
+name = "total"
+fn = "sum"
+field = "amount"
+
+[[aggregate]]
+name = "payments"
+fn = "count"
+"#;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A tansu broker on a free port, stopped when dropped.
+struct Broker {
+    child: Child,
+    url: String,
+}
+
+impl Broker {
+    fn start() -> Broker {
+        let bin = std::env::var("WEIR_TANSU").unwrap_or_else(|_| "tansu".into());
+        let port = free_port();
+        let listener = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(&bin)
+            .args(["broker", "--listener-url", &listener, "--advertised-listener-url", &listener])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start {bin}: {e}; install it with `cargo install tansu --locked --features dynostore` (scripts/test does)")
+            });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "tansu did not listen on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Broker { child, url: format!("127.0.0.1:{port}") }
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn postgres_url() -> String {
+    std::env::var("WEIR_TEST_POSTGRES").unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=test".into())
+}
+
+/// A Postgres schema of this test's own, dropped at the end.
+struct Schema(String);
+
+impl Schema {
+    fn new(name: &str) -> Schema {
+        let s = format!("weir_test_{name}_{}", std::process::id());
+        let mut c = postgres::Client::connect(&postgres_url(), postgres::NoTls).unwrap();
+        c.batch_execute(&format!("DROP SCHEMA IF EXISTS {s} CASCADE")).unwrap();
+        Schema(s)
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        if let Ok(mut c) = postgres::Client::connect(&postgres_url(), postgres::NoTls) {
+            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0));
+        }
+    }
+}
+
+/// A worker's folder: the shared contract and weir.toml, its own data.
+fn worker_root(s: &Scratch, name: &str, broker: &Broker, schema: &Schema) -> PathBuf {
+    let root = s.path(name);
+    std::fs::create_dir_all(root.join("contracts")).unwrap();
+    std::fs::write(root.join("contracts/paid.toml"), CONTRACT).unwrap();
+    let config = format!(
+        "[topics.payments]\npartitions = 4\nkey = \"acct\"\n\n[kafka]\nbrokers = \"{}\"\n[kafka.config]\n\"session.timeout.ms\" = \"6000\"\n\"heartbeat.interval.ms\" = \"500\"\n\n[postgres]\nurl = \"{}\"\nschema = \"{}\"\n",
+        broker.url,
+        postgres_url(),
+        schema.0
+    );
+    std::fs::write(root.join("weir.toml"), config).unwrap();
+    root
+}
+
+struct Worker {
+    server: Server,
+    base: String,
+}
+
+fn worker(root: &Path) -> Worker {
+    let port = free_port();
+    Worker { server: start(root, port), base: format!("http://127.0.0.1:{port}") }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder().http_status_as_error(false).build().into()
+}
+
+fn get(url: &str) -> (u16, String) {
+    let mut r = agent().get(url).call().unwrap();
+    (r.status().as_u16(), r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap())
+}
+
+fn status(w: &Worker) -> Value {
+    serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", w.base)).1).unwrap()
+}
+
+fn held(w: &Worker) -> Vec<u64> {
+    let s = status(w);
+    s["partitions"].as_array().map_or_else(Vec::new, |a| a.iter().map(|p| p["partition"].as_u64().unwrap()).collect())
+}
+
+/// Waits until the workers hold all four partitions between them, each as many as `counts`.
+fn wait_held(workers: &[&Worker], counts: &[usize]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got: Vec<Vec<u64>> = workers.iter().map(|w| held(w)).collect();
+        let mut all: Vec<u64> = got.iter().flatten().copied().collect();
+        all.sort_unstable();
+        if all == [0, 1, 2, 3] && got.iter().map(Vec::len).eq(counts.iter().copied()) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "partitions held: {got:?}, expected counts {counts:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Events `from..to`: 20 accounts, times one second apart with some
+/// disorder, every 25th sent twice (the same payload).
+fn events(from: u32, to: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for i in from..to {
+        let t =
+            weir_engine::time::format_rfc3339_ms(1_764_374_400_000 + i64::from(i) * 1_000 - i64::from(i % 7) * 3_000);
+        let line = format!(r#"{{"id":"p{i}","acct":"a{}","t":"{t}","amount":{}.{:02}}}"#, i % 20, i % 9, i % 100);
+        if i % 25 == 0 {
+            out.push(line.clone());
+        }
+        out.push(line);
+    }
+    out
+}
+
+/// `weir produce --kafka`: straight to the broker, whichever workers run.
+fn produce(s: &Scratch, broker: &Broker, lines: &[String]) -> std::process::Child {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let file = s.write(
+        &format!("produce-{}.jsonl", N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)),
+        &(lines.join("\n") + "\n"),
+    );
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["produce", "--topic", "payments", "--kafka", &broker.url, "--key", "acct", "--batch", "100"])
+        .arg(file)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn produced_ok(child: std::process::Child) {
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "weir produce: {}", text(&out.stderr));
+}
+
+/// Waits until the workers together have read everything the topic holds.
+fn wait_caught_up(workers: &[&Worker], total: u64) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let statuses: Vec<Value> = workers.iter().map(|w| status(w)).collect();
+        let ends: u64 = statuses
+            .iter()
+            .flat_map(|s| s["partitions"].as_array().cloned().unwrap_or_default())
+            .map(|p| p["next_offset"].as_u64().unwrap_or(0))
+            .sum();
+        let lag: u64 = statuses.iter().map(|s| s["lag_records"].as_u64().unwrap_or(0)).sum();
+        if ends == total && lag == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not caught up to {total}: {statuses:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn identity(v: &Value) -> (String, String, String) {
+    (v["key"].to_string(), v["window_start"].to_string(), v["values"].to_string())
+}
+
+/// The rows Postgres holds now, against `weir batch` over `lines`; and the
+/// change stream: `seq` 1.. in order, each window's revisions going up.
+fn check_against_batch(s: &Scratch, w: &Worker, lines: &[String]) {
+    let input = s.write("all.jsonl", &(lines.join("\n") + "\n"));
+    let contract = s.write("paid.toml", CONTRACT);
+    let out = s.path("batch.jsonl");
+    let batch = weir(&[&"batch", &contract, &"--input", &input, &"--output", &out]);
+    assert!(batch.status.success(), "{}", text(&batch.stderr));
+    let mut expected: Vec<_> =
+        std::fs::read_to_string(&out).unwrap().lines().map(|l| identity(&serde_json::from_str(l).unwrap())).collect();
+    expected.sort();
+    let (code, body) = get(&format!("{}/v1/pipelines/paid/results", w.base));
+    assert_eq!(code, 200, "{body}");
+    let mut current: Vec<_> = body.lines().map(|l| identity(&serde_json::from_str(l).unwrap())).collect();
+    current.sort();
+    assert_eq!(current.len(), expected.len(), "windows in Postgres vs the batch");
+    assert_eq!(current, expected, "rows in Postgres equal weir batch over every event produced");
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", w.base));
+    let mut last: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for (i, l) in body.lines().enumerate() {
+        let v: Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["seq"], i as u64 + 1, "seq in commit order without gaps");
+        let rev = v["revision"].as_u64().unwrap();
+        let key = (v["key"].to_string(), v["window_start"].to_string());
+        let before = last.insert(key, rev).unwrap_or(0);
+        assert!(rev > before, "a revision went back or repeated: {before} then {l}");
+    }
+}
+
+fn sigterm(w: Worker) {
+    let mut server = w.server;
+    let _ = Command::new("kill").arg("-TERM").arg(server.child.id().to_string()).status();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "weir serve did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn workers_share_partitions_hand_over_survive_a_kill_and_restart_without_counting_twice() {
+    let broker = Broker::start();
+    let schema = Schema::new("workers");
+    let s = Scratch::new("kafka-workers");
+    let (root_a, root_b) = (worker_root(&s, "a", &broker, &schema), worker_root(&s, "b", &broker, &schema));
+
+    // Two workers in one group split the four partitions.
+    let a = worker(&root_a);
+    wait_held(&[&a], &[4]);
+    let b = worker(&root_b);
+    wait_held(&[&a, &b], &[2, 2]);
+    let mut produced = events(0, 1_500);
+    produced_ok(produce(&s, &broker, &produced));
+    wait_caught_up(&[&a, &b], produced.len() as u64);
+    check_against_batch(&s, &a, &produced);
+
+    // B stops mid-stream: A takes its partitions over from their Postgres checkpoints.
+    let more = events(1_500, 3_000);
+    let producing = produce(&s, &broker, &more);
+    std::thread::sleep(Duration::from_millis(300));
+    sigterm(b);
+    produced_ok(producing);
+    produced.extend(more);
+    wait_held(&[&a], &[4]);
+    wait_caught_up(&[&a], produced.len() as u64);
+    check_against_batch(&s, &a, &produced);
+
+    // A is killed with SIGKILL mid-stream, and comes back from its checkpoints.
+    let more = events(3_000, 4_500);
+    let producing = produce(&s, &broker, &more);
+    std::thread::sleep(Duration::from_millis(300));
+    drop(a);
+    produced_ok(producing);
+    produced.extend(more);
+    let a = worker(&root_a);
+    wait_held(&[&a], &[4]);
+    wait_caught_up(&[&a], produced.len() as u64);
+    check_against_batch(&s, &a, &produced);
+
+    // Everything stops and starts again: nothing is counted twice.
+    sigterm(a);
+    let a = worker(&root_a);
+    wait_held(&[&a], &[4]);
+    let more = events(4_500, 5_000);
+    produced_ok(produce(&s, &broker, &more));
+    produced.extend(more);
+    wait_caught_up(&[&a], produced.len() as u64);
+    check_against_batch(&s, &a, &produced);
+    let st = status(&a);
+    assert!(st["partitions"].as_array().unwrap().iter().all(|p| p["generation"].as_i64() >= Some(4)), "{st}");
+}
