@@ -21,7 +21,12 @@
 //!    drops it.
 //!
 //! A record's partition and offset are its Kafka ones, in the ledger and in
-//! provenance. Windows close on their partition's watermark, so a topic
+//! provenance. A contract can read the record's Kafka attributes as
+//! `$kafka.timestamp`, `$kafka.key`, `$kafka.partition`, `$kafka.offset`
+//! and `$kafka.headers.NAME` (see [`KafkaFields`]): they are added to the
+//! event as a `"$kafka"` member, so they are also in ledger payloads and
+//! in duplicate comparison (a record resent by a producer has another
+//! timestamp, so with `$kafka.timestamp` it is a `duplicate_conflict`). Windows close on their partition's watermark, so a topic
 //! must be partitioned by the contract's key (as a Kafka Streams
 //! aggregation requires): `weir produce` and the HTTP API use the topic's
 //! `key` field as the record key.
@@ -288,6 +293,8 @@ impl KafkaRunner {
         let consumer: BaseConsumer<Ctx> = config.create_with_context(ctx)?;
         consumer.subscribe(&[&topic])?;
         let interval = Duration::from_millis(self.config.checkpoint_interval_ms.max(1) as u64);
+        let kafka_fields = KafkaFields::of(&c);
+        let mut decorated = Vec::new();
         let mut last_checkpoint = Instant::now();
         let mut last_ends = Instant::now() - Duration::from_secs(10);
         loop {
@@ -315,8 +322,8 @@ impl KafkaRunner {
                 }
                 let now = weir_log::now_ms();
                 let ts = m.timestamp().to_millis();
-                part.engine
-                    .process(EventIn { partition: p, offset, bytes: m.payload().unwrap_or_default() }, &mut part.out);
+                let bytes = kafka_fields.decorate(&m, m.payload().unwrap_or_default(), &mut decorated);
+                part.engine.process(EventIn { partition: p, offset, bytes }, &mut part.out);
                 part.next_offset = offset + 1;
                 part.since += 1;
                 part.dirty = true;
@@ -510,4 +517,96 @@ pub async fn ensure_topic(
 pub fn key_of_line(line: &str, field: Option<&str>) -> Result<Option<String>, serde_json::Error> {
     let value: serde_json::Value = serde_json::from_str(line)?;
     Ok(field.and_then(|f| value.get(f)).map(|v| v.to_string()))
+}
+
+/// Which of a record's Kafka attributes a contract reads as `$kafka.NAME`
+/// (in `event_time`, `key`, `event_id` or an aggregate's `field`):
+/// `timestamp` (epoch milliseconds), `key`, `partition`, `offset`,
+/// `headers` (an object of the headers that are UTF-8).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct KafkaFields {
+    timestamp: bool,
+    key: bool,
+    partition: bool,
+    offset: bool,
+    headers: bool,
+}
+
+impl KafkaFields {
+    pub fn of(contract: &Contract) -> KafkaFields {
+        let s = &contract.source;
+        let mut paths: Vec<&weir_contract::FieldPath> = vec![&s.event_time];
+        paths.extend(&s.key);
+        paths.extend(&s.event_id);
+        paths.extend(contract.aggregates.iter().filter_map(|a| a.field.as_ref()));
+        let mut f = KafkaFields::default();
+        for p in paths {
+            if let [first, name, ..] = p.segments() {
+                if first == "$kafka" {
+                    match name.as_str() {
+                        "timestamp" => f.timestamp = true,
+                        "key" => f.key = true,
+                        "partition" => f.partition = true,
+                        "offset" => f.offset = true,
+                        "headers" => f.headers = true,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        f
+    }
+
+    fn any(self) -> bool {
+        self.timestamp || self.key || self.partition || self.offset || self.headers
+    }
+
+    /// The payload with a `"$kafka"` member first, holding the attributes the
+    /// contract reads; other payloads (not an object) as they are.
+    fn decorate<'a>(
+        self,
+        m: &rdkafka::message::BorrowedMessage<'_>,
+        payload: &'a [u8],
+        buf: &'a mut Vec<u8>,
+    ) -> &'a [u8] {
+        use rdkafka::message::Headers;
+        let trimmed = payload.trim_ascii_start();
+        if !self.any() || !trimmed.starts_with(b"{") {
+            return payload;
+        }
+        let mut meta = serde_json::Map::new();
+        if self.timestamp {
+            meta.insert("timestamp".into(), m.timestamp().to_millis().into());
+        }
+        if self.key {
+            let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
+            meta.insert("key".into(), key.into());
+        }
+        if self.partition {
+            meta.insert("partition".into(), m.partition().into());
+        }
+        if self.offset {
+            meta.insert("offset".into(), m.offset().into());
+        }
+        if self.headers {
+            let mut headers = serde_json::Map::new();
+            if let Some(hs) = m.headers() {
+                for h in hs.iter() {
+                    if let Some(v) = h.value.and_then(|v| std::str::from_utf8(v).ok()) {
+                        headers.insert(h.key.to_owned(), v.into());
+                    }
+                }
+            }
+            meta.insert("headers".into(), headers.into());
+        }
+        buf.clear();
+        buf.extend_from_slice(b"{\"$kafka\":");
+        buf.extend_from_slice(serde_json::Value::Object(meta).to_string().as_bytes());
+        let rest = trimmed[1..].trim_ascii_start();
+        if !rest.starts_with(b"}") {
+            buf.push(b',');
+        }
+        buf.extend_from_slice(rest);
+        buf
+    }
 }

@@ -324,3 +324,50 @@ fn workers_share_partitions_hand_over_survive_a_kill_and_restart_without_countin
     let st = status(&a);
     assert!(st["partitions"].as_array().unwrap().iter().all(|p| p["generation"].as_i64() >= Some(4)), "{st}");
 }
+
+#[test]
+fn a_contract_reads_the_records_kafka_timestamp_and_key() {
+    let broker = Broker::start();
+    let schema = Schema::new("kafkafields");
+    let s = Scratch::new("kafka-fields");
+    let root = s.path("w");
+    std::fs::create_dir_all(root.join("contracts")).unwrap();
+    let contract = CONTRACT
+        .replace("event_time = \"t\"\nkey = [\"acct\"]", "event_time = \"$kafka.timestamp\"\nkey = [\"$kafka.key\"]")
+        .replace("type = \"tumbling\"\nsize = \"1m\"", "type = \"global\"");
+    std::fs::write(root.join("contracts/paid.toml"), &contract).unwrap();
+    let config = worker_root(&s, "template", &broker, &schema).join("weir.toml");
+    std::fs::copy(config, root.join("weir.toml")).unwrap();
+    let w = worker(&root);
+    wait_held(&[&w], &[4]);
+    // Event times far in the past: the rows' watermark comes from Kafka's clock instead.
+    let lines = events(0, 30);
+    let before = weir_log::now_ms();
+    produced_ok(produce(&s, &broker, &lines));
+    wait_caught_up(&[&w], lines.len() as u64);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let rows: Vec<Value> = loop {
+        let (_, body) = get(&format!("{}/v1/pipelines/paid/results", w.base));
+        let rows: Vec<Value> = body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        if rows.iter().map(|r| r["events"].as_u64().unwrap_or(0)).sum::<u64>() == 30 {
+            break rows;
+        }
+        assert!(Instant::now() < deadline, "not all events counted: {rows:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // 30 events, ids p0..p29, p0 and p25 sent twice: duplicates; 20 accounts by record key.
+    let keys: std::collections::BTreeSet<String> = rows.iter().map(|r| r["key"]["$kafka.key"].to_string()).collect();
+    assert_eq!(keys.len(), 20, "{rows:?}");
+    assert!(keys.contains("\"a7\""), "{keys:?}");
+    let watermark = weir_engine::time::parse_rfc3339_ms(rows[0]["watermark"].as_str().unwrap()).unwrap();
+    assert!(watermark >= before - 10_000, "the watermark follows Kafka timestamps: {watermark} vs {before}");
+    let (_, ledger) = get(&format!("{}/v1/pipelines/paid/ledger", w.base));
+    let entries: Vec<Value> = ledger.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(entries.len(), 2, "p0 and p25 resent: {ledger}");
+    for e in &entries {
+        assert_eq!(e["reason"], "duplicate", "the same record twice, same timestamp: {e}");
+        let payload: Value = serde_json::from_str(e["payload"].as_str().unwrap()).unwrap();
+        assert!(payload["$kafka"]["timestamp"].as_i64() >= Some(before - 10_000), "{e}");
+        assert_eq!(payload["$kafka"]["key"], payload["acct"], "{e}");
+    }
+}
