@@ -18,9 +18,22 @@ pub struct Contract {
     pub dedup: Option<Dedup>,
     pub aggregates: Vec<Aggregate>,
     pub alerts: Option<Alerts>,
+    /// `[sink]`: rows (and optionally ledger entries) also published to Kafka.
+    pub sink: Option<Sink>,
     /// FNV-1a hash of the contract's text: names this exact contract in
     /// snapshots and provenance.
     pub text_hash: u64,
+}
+
+/// `[sink]`: every published row also goes to a Kafka topic, at least
+/// once, keyed by the row's key and window start; `ledger_topic` does the
+/// same for ledger entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sink {
+    pub topic: String,
+    pub ledger_topic: Option<String>,
+    /// Over weir.toml's `[kafka] brokers`.
+    pub brokers: Option<String>,
 }
 
 /// `[alerts]`: thresholds a server checks continuously (issue 4). Every key
@@ -218,7 +231,8 @@ const WINDOW_KEYS: &[&str] = &["type", "size", "slide", "gap", "allowed_lateness
 const DEDUP_KEYS: &[&str] = &["horizon"];
 const AGGREGATE_KEYS: &[&str] = &["name", "fn", "field", "where"];
 const ALERT_KEYS: &[&str] = &["max_lag", "max_watermark_age", "max_oldest_unprocessed", "max_ledger_rate", "webhook"];
-const SECTIONS: &[&str] = &["pipeline", "source", "window", "dedup", "aggregate", "alerts"];
+const SECTIONS: &[&str] = &["pipeline", "source", "window", "dedup", "aggregate", "alerts", "sink"];
+const SINK_KEYS: &[&str] = &["topic", "ledger_topic", "brokers"];
 
 /// Default `max_event_bytes`: 1 MiB.
 pub const MAX_EVENT_BYTES_DEFAULT: usize = 1 << 20;
@@ -373,6 +387,16 @@ impl Reader<'_> {
             Some(t) => Some(self.alerts(t)?),
             None => None,
         };
+        let sink = match self.table(root, "sink", false) {
+            Some(t) => {
+                self.unknown_keys(t, "sink", SINK_KEYS);
+                let topic = self.nonempty(t, "sink", "topic");
+                let ledger_topic = self.string(t, "sink", "ledger_topic", false);
+                let brokers = self.string(t, "sink", "brokers", false);
+                Some(Sink { topic: topic?, ledger_topic, brokers })
+            }
+            None => None,
+        };
 
         let (pipeline, source, window, aggregates) = (pipeline?, source?, window?, aggregates?);
         if let Some(dedup) = &dedup {
@@ -397,7 +421,7 @@ impl Reader<'_> {
                 }
             }
         }
-        Some(Contract { pipeline, source, window, dedup, aggregates, alerts, text_hash: fnv1a(self.text) })
+        Some(Contract { pipeline, source, window, dedup, aggregates, alerts, sink, text_hash: fnv1a(self.text) })
     }
 
     pub(crate) fn table<'t>(&mut self, root: &'t Table, name: &str, required: bool) -> Option<&'t Table> {

@@ -18,6 +18,7 @@ pub mod kafka;
 pub mod pg;
 mod pipeline;
 mod provenance;
+mod sink;
 pub mod store;
 
 use std::collections::BTreeMap;
@@ -159,9 +160,48 @@ pub async fn serve(
         }
     }
     let worker = format!("weir-{}-{}", std::process::id(), weir_log::now_ms());
+    // [sink]: a producer per pipeline that publishes to Kafka.
+    let mut sinks = Vec::new();
+    for c in opts.contracts.iter() {
+        let Some(sink) = &c.sink else { continue };
+        let brokers = sink
+            .brokers
+            .clone()
+            .or_else(|| c.source.brokers.clone())
+            .or_else(|| config.kafka.as_ref().map(|k| k.brokers.clone()));
+        let Some(brokers) = brokers else {
+            anyhow::bail!(
+                "pipeline {:?} has a [sink] but no Kafka brokers: set brokers in [sink] or [kafka] brokers in weir.toml",
+                c.pipeline.name
+            );
+        };
+        for topic in std::iter::once(&sink.topic).chain(&sink.ledger_topic) {
+            kafka::ensure_topic(&brokers, config.kafka.as_ref(), topic, config.topic(topic).partitions)
+                .await
+                .with_context(|| format!("Kafka sink topic {topic} at {brokers}"))?;
+        }
+        let producer = kafka::producer(&brokers, config.kafka.as_ref())
+            .with_context(|| format!("cannot make a Kafka producer for {brokers}"))?;
+        sinks.push((c.pipeline.name.clone(), producer));
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads = Vec::new();
+    for (name, producer) in sinks {
+        let Some(contract) = opts.contracts.iter().find(|c| c.pipeline.name == name).cloned() else { continue };
+        let store = match (on_kafka(&contract), config.postgres.clone()) {
+            (true, Some(pg)) => sink::SinkStore::Postgres(pg),
+            _ => sink::SinkStore::Sqlite(db.clone()),
+        };
+        let runner = sink::SinkRunner {
+            contract,
+            producer,
+            store,
+            stop: Arc::clone(&stop),
+            runtime: tokio::runtime::Handle::current(),
+        };
+        threads.push(std::thread::Builder::new().name(format!("weir-sink-{name}")).spawn(move || runner.run())?);
+    }
     let mut pipelines = BTreeMap::new();
     for contract in opts.contracts {
         let status = Arc::new(Mutex::new(Status::default()));

@@ -15,6 +15,7 @@
 //! | `results` | the latest row of every key and window, with its revision |
 //! | `changes` | every row in commit order (`seq` from 1 per pipeline), with partition, time, run and sources |
 //! | `ledger` | every ledger entry in commit order (`seq` from 1 per pipeline) |
+//! | `sinks` | per pipeline and Kafka sink topic: the next `seq` to publish |
 //! | `runs` | every time a worker took a partition: contract version and hash, weir's version, the worker |
 //!
 //! Invariants:
@@ -71,6 +72,8 @@ CREATE TABLE IF NOT EXISTS {schema}.ledger (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
     PRIMARY KEY (pipeline, seq));
 CREATE INDEX IF NOT EXISTS ledger_reason ON {schema}.ledger (pipeline, reason, seq);
+CREATE TABLE IF NOT EXISTS {schema}.sinks (
+    pipeline TEXT NOT NULL, topic TEXT NOT NULL, next_seq BIGINT NOT NULL, PRIMARY KEY (pipeline, topic));
 CREATE TABLE IF NOT EXISTS {schema}.runs (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, partition INTEGER NOT NULL, version INTEGER NOT NULL,
     text_hash TEXT NOT NULL, weir_version TEXT NOT NULL, worker TEXT NOT NULL, started_ms BIGINT NOT NULL);
@@ -509,4 +512,30 @@ pub fn partitions(
         .into_iter()
         .map(|r| (r.get::<_, i32>(0) as u32, r.get::<_, i64>(1).max(0) as u64, r.get(2), r.get(3)))
         .collect())
+}
+
+/// The next `seq` a `[sink]` publishes to `topic` (1 at first).
+pub fn sink_position(client: &mut Client, schema: &str, pipeline: &str, topic: &str) -> Result<i64, postgres::Error> {
+    let row = client.query_opt(
+        &format!("SELECT next_seq FROM {schema}.sinks WHERE pipeline = $1 AND topic = $2"),
+        &[&pipeline, &topic],
+    )?;
+    Ok(row.map_or(1, |r| r.get(0)))
+}
+
+pub fn set_sink_position(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    topic: &str,
+    next: i64,
+) -> Result<(), postgres::Error> {
+    client.execute(
+        &format!(
+            "INSERT INTO {schema}.sinks (pipeline, topic, next_seq) VALUES ($1, $2, $3)
+             ON CONFLICT (pipeline, topic) DO UPDATE SET next_seq = excluded.next_seq"
+        ),
+        &[&pipeline, &topic, &next],
+    )?;
+    Ok(())
 }

@@ -24,6 +24,7 @@
 //! | `pauses` | a paused pipeline: the first change `seq` not published |
 //! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
 //! | `annotations` | notes on a pipeline and an event-time range; rows whose window overlaps one carry its id |
+//! | `sinks` | per pipeline and Kafka sink topic: the next `seq` to publish (table added without a version change: older builds ignore it) |
 //! | `audit` | operator actions: who, when, what, why (append-only: triggers refuse updates and deletes) |
 
 use std::path::Path;
@@ -71,6 +72,8 @@ CREATE TABLE IF NOT EXISTS annotations (
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, who TEXT NOT NULL, action TEXT NOT NULL,
     pipeline TEXT, detail TEXT NOT NULL, why TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sinks (pipeline TEXT NOT NULL, topic TEXT NOT NULL, next_seq INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, topic));
 CREATE TRIGGER IF NOT EXISTS audit_append_only_update BEFORE UPDATE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS audit_append_only_delete BEFORE DELETE ON audit
@@ -693,4 +696,22 @@ pub fn latest_audit(conn: &Connection, limit: i64) -> rusqlite::Result<Vec<Strin
     let mut rows = audit_log(conn, (last - limit + 1).max(1), limit)?;
     rows.reverse();
     Ok(rows)
+}
+
+/// The next `seq` a `[sink]` publishes to `topic` (1 at first).
+pub fn sink_position(conn: &Connection, pipeline: &str, topic: &str) -> rusqlite::Result<i64> {
+    conn.query_row("SELECT next_seq FROM sinks WHERE pipeline = ?1 AND topic = ?2", params![pipeline, topic], |r| {
+        r.get(0)
+    })
+    .optional()
+    .map(|v| v.unwrap_or(1))
+}
+
+pub fn set_sink_position(conn: &Connection, pipeline: &str, topic: &str, next: i64) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO sinks (pipeline, topic, next_seq) VALUES (?1, ?2, ?3)
+         ON CONFLICT (pipeline, topic) DO UPDATE SET next_seq = excluded.next_seq",
+        params![pipeline, topic, next],
+    )?;
+    Ok(())
 }

@@ -371,3 +371,97 @@ fn a_contract_reads_the_records_kafka_timestamp_and_key() {
         assert_eq!(payload["$kafka"]["key"], payload["acct"], "{e}");
     }
 }
+
+/// Every record of a Kafka topic, from the beginning, until `at_least` arrived and no more come.
+fn consume_all(broker: &Broker, topic: &str, at_least: usize) -> Vec<Value> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &broker.url)
+        .set("group.id", format!("test-reader-{topic}"))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut quiet_since = Instant::now();
+    loop {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let key: Value = serde_json::from_slice(m.key().unwrap_or_default()).unwrap();
+                let mut row: Value = serde_json::from_slice(m.payload().unwrap_or_default()).unwrap();
+                row["record_key"] = key;
+                out.push(row);
+                quiet_since = Instant::now();
+            }
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            None => {}
+        }
+        if out.len() >= at_least && quiet_since.elapsed() > Duration::from_secs(2) {
+            return out;
+        }
+        assert!(Instant::now() < deadline, "{} of at least {at_least} records on {topic}", out.len());
+    }
+}
+
+/// The sink holds every row of `/changes` (at least once), keyed by key and window.
+fn check_sink(broker: &Broker, w: &Worker, topic: &str) {
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", w.base));
+    let changes: Vec<Value> = body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(!changes.is_empty());
+    let records = consume_all(broker, topic, changes.len());
+    let published: std::collections::BTreeSet<(String, String, u64)> = records
+        .iter()
+        .map(|r| {
+            assert_eq!(r["record_key"]["key"], r["key"], "{r}");
+            assert_eq!(r["record_key"]["window_start"], r["window_start"], "{r}");
+            (r["key"].to_string(), r["window_start"].to_string(), r["revision"].as_u64().unwrap())
+        })
+        .collect();
+    for c in &changes {
+        let id = (c["key"].to_string(), c["window_start"].to_string(), c["revision"].as_u64().unwrap());
+        assert!(published.contains(&id), "row {c} is not on {topic}");
+    }
+}
+
+#[test]
+fn a_sink_publishes_every_row_and_ledger_entry_to_kafka_on_both_stores() {
+    let broker = Broker::start();
+    let schema = Schema::new("sink");
+    let s = Scratch::new("kafka-sink");
+    let lines = events(0, 400);
+
+    // Kafka and Postgres.
+    let root = worker_root(&s, "pg", &broker, &schema);
+    let with_sink = format!("{CONTRACT}\n[sink]\ntopic = \"paid_rows\"\nledger_topic = \"paid_ledger\"\n");
+    std::fs::write(root.join("contracts/paid.toml"), &with_sink).unwrap();
+    let w = worker(&root);
+    wait_held(&[&w], &[4]);
+    produced_ok(produce(&s, &broker, &lines));
+    wait_caught_up(&[&w], lines.len() as u64);
+    check_sink(&broker, &w, "paid_rows");
+    let ledger = consume_all(&broker, "paid_ledger", 16);
+    assert!(ledger.iter().all(|e| e["reason"] == "duplicate"), "{ledger:?}");
+    drop(w);
+
+    // The embedded log and SQLite, the same contract with the sink's brokers named.
+    let root = s.path("embedded");
+    std::fs::create_dir_all(root.join("contracts")).unwrap();
+    let embedded = format!("{CONTRACT}\n[sink]\ntopic = \"log_rows\"\nbrokers = \"{}\"\n", broker.url)
+        .replace("max_delay", "kind = \"log\"\nmax_delay");
+    std::fs::write(root.join("contracts/paid.toml"), &embedded).unwrap();
+    std::fs::write(root.join("weir.toml"), "[topics.payments]\npartitions = 2\nkey = \"acct\"\n").unwrap();
+    let w = worker(&root);
+    let body = lines.join("\n") + "\n";
+    let mut r = agent().post(&format!("{}/v1/topics/payments/events", w.base)).send(&body).unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.body_mut().read_to_string().unwrap_or_default());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(&w)["events"]["read"] != lines.len() as u64 || status(&w)["lag_records"] != 0 {
+        assert!(Instant::now() < deadline, "{}", status(&w));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    check_sink(&broker, &w, "log_rows");
+}
