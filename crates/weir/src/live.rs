@@ -132,6 +132,9 @@ pub struct LiveArgs {
     pub rate: u64,
     pub duration: Option<Duration>,
     pub listen: String,
+    /// Kafka brokers and a Postgres URL: the same contracts on Kafka and Postgres.
+    pub kafka: Option<String>,
+    pub postgres: Option<String>,
 }
 
 pub fn demo(args: LiveArgs) -> Result<(), Failure> {
@@ -153,9 +156,25 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
             .push(Contract::parse(&path.display().to_string(), text).map_err(|e| Failure::contract(e.to_string()))?);
     }
     let config_path = data.join("weir.toml");
-    std::fs::write(&config_path, CONFIG)
+    let mut config_text = CONFIG.to_owned();
+    if let (Some(brokers), Some(url)) = (&args.kafka, &args.postgres) {
+        // A demo starts afresh: offsets kept from another run would not match the topic.
+        let mut client = weir_server::pg::connect(url)
+            .map_err(|e| Failure::usage(format!("cannot connect to Postgres at {url:?}: {e}; check --postgres")))?;
+        client
+            .batch_execute("DROP SCHEMA IF EXISTS weir_demo CASCADE")
+            .map_err(|e| Failure::run(anyhow::anyhow!("cannot reset the schema weir_demo: {e}")))?;
+        eprintln!("weir demo: results and checkpoints in Postgres schema weir_demo (emptied first), events on Kafka at {brokers}");
+        let quote = |s: &str| serde_json::Value::from(s).to_string();
+        config_text.push_str(&format!(
+            "\n[kafka]\nbrokers = {}\n\n[postgres]\nurl = {}\nschema = \"weir_demo\"\n",
+            quote(brokers),
+            quote(url)
+        ));
+    }
+    std::fs::write(&config_path, &config_text)
         .map_err(|e| Failure::usage(format!("cannot write {}: {e}", config_path.display())))?;
-    let config = ServerConfig::parse(&config_path.display().to_string(), CONFIG)
+    let config = ServerConfig::parse(&config_path.display().to_string(), &config_text)
         .map_err(|e| Failure::contract(e.to_string()))?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -91,6 +91,12 @@ enum Command {
         /// With --files: events to generate.
         #[arg(long, default_value_t = 200_000)]
         events: u64,
+        /// Run the pipelines on these Kafka brokers (needs --postgres).
+        #[arg(long, requires = "postgres")]
+        kafka: Option<String>,
+        /// Publish results and checkpoints to this PostgreSQL (e.g. "host=127.0.0.1 user=postgres dbname=test"; needs --kafka).
+        #[arg(long, requires = "kafka")]
+        postgres: Option<String>,
     },
     /// Validate a contract and print a short summary of it.
     Check { contract: PathBuf },
@@ -312,7 +318,7 @@ fn main() -> ExitCode {
         }
         Command::Reconcile { stream, batch, format } => reconcile::reconcile(&stream, &batch, format == Format::Json),
         Command::Demo { files: true, events, data, .. } => demo::demo(events, data.as_deref()),
-        Command::Demo { data, rate, duration, listen, .. } => {
+        Command::Demo { data, rate, duration, listen, kafka, postgres, .. } => {
             match duration.as_deref().map(weir_contract::parse_duration_ms) {
                 Some(Err(e)) => Err(Failure::usage(format!("--duration: {e}"))),
                 Some(Ok(ms)) => live::demo(live::LiveArgs {
@@ -320,8 +326,10 @@ fn main() -> ExitCode {
                     rate,
                     duration: Some(std::time::Duration::from_millis(ms.max(0) as u64)),
                     listen,
+                    kafka,
+                    postgres,
                 }),
-                None => live::demo(live::LiveArgs { data, rate, duration: None, listen }),
+                None => live::demo(live::LiveArgs { data, rate, duration: None, listen, kafka, postgres }),
             }
         }
         Command::Serve { data, contracts, config, listen } => {

@@ -465,3 +465,37 @@ fn a_sink_publishes_every_row_and_ledger_entry_to_kafka_on_both_stores() {
     std::thread::sleep(Duration::from_millis(500));
     check_sink(&broker, &w, "log_rows");
 }
+
+#[test]
+fn the_demo_runs_on_kafka_and_postgres() {
+    let broker = Broker::start();
+    let s = Scratch::new("kafka-demo");
+    let data = s.path("data");
+    let out = weir(&[
+        &"demo",
+        &"--duration",
+        &"6s",
+        &"--rate",
+        &"500",
+        &"--listen",
+        &"127.0.0.1:0",
+        &"--data",
+        &data,
+        &"--kafka",
+        &broker.url,
+        &"--postgres",
+        &postgres_url(),
+    ]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("created Kafka topic payments"), "{err}");
+    // Its pipelines read the events posted through Kafka and published to Postgres.
+    let mut c = postgres::Client::connect(&postgres_url(), postgres::NoTls).unwrap();
+    let changes: i64 =
+        c.query_one("SELECT count(*) FROM weir_demo.changes WHERE pipeline = 'current_plan'", &[]).unwrap().get(0);
+    assert!(changes > 0, "no rows in Postgres: {err}");
+    let offsets: i64 =
+        c.query_one("SELECT coalesce(sum(next_offset), 0)::BIGINT FROM weir_demo.partitions", &[]).unwrap().get(0);
+    assert!(offsets > 0, "{err}");
+    c.batch_execute("DROP SCHEMA weir_demo CASCADE").unwrap();
+}
