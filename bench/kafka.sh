@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Events per second through Kafka to Postgres with one and two `weir serve`
+# workers, and what the Postgres checkpoint costs per event.
+#
+#   bench/kafka.sh [EVENTS]            default: 500000
+#
+# Starts tansu (the Kafka-API broker of the tests, in memory) on a free port,
+# generates EVENTS payments (`weir gen payments --profile bench`), produces
+# them to a 4-partition topic keyed by account_id (`weir produce --kafka`),
+# then, for 1 and then 2 workers (each run a fresh consumer group and a fresh
+# Postgres schema), starts the workers with bench/paid_revenue.toml and
+# times how long they take to read and checkpoint every event. Postgres:
+# WEIR_TEST_POSTGRES (default host=127.0.0.1 user=postgres dbname=test).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-500000}
+pg=${WEIR_TEST_POSTGRES:-host=127.0.0.1 user=postgres dbname=test}
+cargo build --release -q -p weir
+weir=$PWD/target/release/weir
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+kport=$(port)
+tansu broker --listener-url "tcp://127.0.0.1:$kport" --advertised-listener-url "tcp://127.0.0.1:$kport" \
+    --storage-engine memory://tansu/ >"$dir/tansu.log" 2>&1 &
+pids+=($!)
+sleep 1
+
+input="$dir/payments.jsonl"
+"$weir" gen payments --events "$n" --seed 1 --profile bench --output "$input"
+# The topic is created with 4 partitions by the first worker's weir.toml; create it first by a short-lived worker.
+mkdir -p "$dir/contracts"
+cp bench/paid_revenue.toml "$dir/contracts/"
+config() { # $1: group and schema suffix
+    cat <<TOML
+idle_timeout = "1h"
+[topics.payments]
+partitions = 4
+key = "account_id"
+[kafka]
+brokers = "127.0.0.1:$kport"
+group = "bench-$1"
+[postgres]
+url = "$pg"
+schema = "weir_bench_$1"
+TOML
+}
+status_sum() { # sum of next_offset over the workers' partitions, and of checkpoint seconds
+    python3 - "$@" <<'PY'
+import json, sys, urllib.request
+offsets, seconds, count = 0, 0.0, 0
+for base in sys.argv[1:]:
+    s = json.load(urllib.request.urlopen(base + "/v1/pipelines/paid_revenue/status"))
+    offsets += sum(p["next_offset"] for p in s["partitions"])
+    for line in urllib.request.urlopen(base + "/metrics").read().decode().splitlines():
+        if line.startswith("weir_checkpoint_duration_seconds_sum"):
+            seconds += float(line.rsplit(" ", 1)[1])
+        if line.startswith("weir_checkpoint_duration_seconds_count"):
+            count += int(float(line.rsplit(" ", 1)[1]))
+print(offsets, seconds, count)
+PY
+}
+start_worker() { # $1: suffix, $2: worker number; sets $base and $pid
+    local p
+    p=$(port)
+    config "$1" >"$dir/weir-$1.toml"
+    "$weir" serve --data "$dir/data-$1-$2" --contracts "$dir/contracts" --config "$dir/weir-$1.toml" \
+        --listen "127.0.0.1:$p" >"$dir/worker-$1-$2.log" 2>&1 &
+    pid=$!
+    pids+=("$pid")
+    for _ in $(seq 1 100); do
+        curl -sf "http://127.0.0.1:$p/v1/pipelines" >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    base="http://127.0.0.1:$p"
+}
+psql_run() { psql -q "$pg" -c "$1" >/dev/null 2>&1 || true; }
+
+# Produce once (a worker creates the topic with 4 partitions first).
+psql_run "DROP SCHEMA IF EXISTS weir_bench_setup CASCADE"
+start_worker setup 1
+setup=$pid
+started=$(date +%s.%N)
+"$weir" produce --topic payments --kafka "127.0.0.1:$kport" --key account_id "$input" 2>"$dir/produce.log"
+ended=$(date +%s.%N)
+kill -TERM "$setup" 2>/dev/null || true
+psql_run "DROP SCHEMA IF EXISTS weir_bench_setup CASCADE"
+echo "produced $n events to Kafka: $(python3 -c "print(round($n / ($ended - $started)))") events/s ($(tail -1 "$dir/produce.log"))"
+
+tansu_pid=${pids[0]}
+printf '%-8s %-10s %-10s %-16s %-12s %-24s %-14s %s\n' workers events seconds events_per_second checkpoints checkpoint_us_per_event weir_cpu_s tansu_cpu_s
+for workers in 1 2; do
+    suffix="w${workers}_$$"
+    psql_run "DROP SCHEMA IF EXISTS weir_bench_$suffix CASCADE"
+    bases=()
+    started_pids=()
+    t0=$(date +%s.%N)
+    tansu_before=$(ps -o times= -p "$tansu_pid" | tr -d ' ')
+    for w in $(seq 1 "$workers"); do
+        start_worker "$suffix" "$w"
+        bases+=("$base")
+        started_pids+=("$pid")
+    done
+    while true; do
+        read -r offsets seconds count < <(status_sum "${bases[@]}" 2>/dev/null || echo "0 0 0")
+        [ "$offsets" -ge "$n" ] && break
+        sleep 0.2
+    done
+    t1=$(date +%s.%N)
+    cpu=0
+    for p in "${started_pids[@]}"; do cpu=$((cpu + $(ps -o times= -p "$p" | tr -d ' '))); done
+    tansu_cpu=$(( $(ps -o times= -p "$tansu_pid" | tr -d ' ') - tansu_before ))
+    python3 -c "
+n, t, s, c = $n, $t1 - $t0, $seconds, $count
+print(f'{$workers:<8} {n:<10} {t:<10.2f} {n / t:<16.0f} {c:<12} {s / n * 1e6:<24.1f} {$cpu:<14} {$tansu_cpu}')"
+    for p in "${started_pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+    psql_run "DROP SCHEMA IF EXISTS weir_bench_$suffix CASCADE"
+done
