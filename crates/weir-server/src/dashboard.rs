@@ -120,8 +120,25 @@ pub async fn data(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
     };
     let (per, audit) = stored;
     let mut pipelines = Vec::new();
-    for (name, (rows, ledger, notes)) in names.iter().zip(per) {
+    for (name, (mut rows, mut ledger, notes)) in names.iter().zip(per) {
         let Some(p) = app.pipelines.get(name) else { continue };
+        if p.on_kafka {
+            // Its rows and ledger are in Postgres.
+            let n = name.clone();
+            (rows, ledger) = app
+                .pg_read(move |c, s| {
+                    Ok((
+                        parsed(crate::pg::latest_changes(c, s, &n, LATEST_ROWS)?),
+                        parsed(crate::pg::latest_ledger(c, s, &n, LATEST_LEDGER)?),
+                    ))
+                })
+                .await?;
+            for entry in &mut ledger {
+                if let Some(m) = entry.as_object_mut() {
+                    m.remove("payload");
+                }
+            }
+        }
         let c = &p.contract.pipeline;
         pipelines.push(json!({
             "name": name,

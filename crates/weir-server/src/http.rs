@@ -450,12 +450,18 @@ async fn provenance(
     State(app): State<Arc<App>>,
     Path((name, seq)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let contract = pipeline(&app, &name)?.contract.clone();
+    let p = pipeline(&app, &name)?;
+    let (contract, on_kafka) = (p.contract.clone(), p.on_kafka);
     let Ok(seq) = seq.parse::<i64>() else {
         return Err(bad(format!("{seq:?} is not a row: use the \"seq\" of a row from /results or /changes")));
     };
     let pn = name.clone();
-    let Some(origin) = app.read(move |c| store::row_origin(c, &pn, seq)).await? else {
+    let origin = if on_kafka {
+        app.pg_read(move |c, s| crate::pg::row_origin(c, s, &pn, seq)).await?
+    } else {
+        app.read(move |c| store::row_origin(c, &pn, seq)).await?
+    };
+    let Some(origin) = origin else {
         return Err(ApiError(StatusCode::NOT_FOUND, format!("pipeline {name:?} has published no row with seq {seq}")));
     };
     let body = crate::provenance::document(&contract, seq, &origin).to_string() + "\n";
@@ -570,6 +576,7 @@ pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
         "paused": p.paused.load(Ordering::SeqCst),
         "replays": s.replays,
         "restarts": s.restarts,
+        "offsets_not_delivered": s.offsets_not_delivered,
         "alerts": lock(&app.alerts).firing.get(name).map_or_else(Vec::new, |f| f.iter().map(|f| serde_json::json!({
             "alert": f.alert, "threshold": f.threshold, "observed": f.observed, "since": format_rfc3339_ms(f.since_ms),
         })).collect()),
@@ -677,6 +684,12 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             "Restarts from the last checkpoint after a failure, since the server started.",
             &base,
             s["restarts"].as_u64().unwrap_or(0),
+        );
+        m.counter(
+            "weir_kafka_offsets_not_delivered_total",
+            "Kafka offsets skipped between two records the broker delivered (retention, compaction, transaction markers or a broker fault).",
+            &base,
+            s["offsets_not_delivered"].as_u64().unwrap_or(0),
         );
         m.gauge(
             "weir_pipeline_failing",

@@ -320,6 +320,19 @@ impl KafkaRunner {
                 if offset < part.next_offset {
                     continue; // counted before the last checkpoint
                 }
+                if offset > part.next_offset {
+                    // Offsets the broker did not deliver: removed by retention or
+                    // compaction, transaction markers, or a broker fault. Never silent.
+                    let missing = offset - part.next_offset;
+                    eprintln!(
+                        "weir: {}: partition {p}: the broker delivered offset {offset} after {}; offsets {}..{} were not delivered",
+                        c.pipeline.name,
+                        part.next_offset,
+                        part.next_offset,
+                        offset - 1
+                    );
+                    lock(&self.status).offsets_not_delivered += missing;
+                }
                 let now = weir_log::now_ms();
                 let ts = m.timestamp().to_millis();
                 let bytes = kafka_fields.decorate(&m, m.payload().unwrap_or_default(), &mut decorated);

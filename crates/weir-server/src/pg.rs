@@ -539,3 +539,100 @@ pub fn set_sink_position(
     )?;
     Ok(())
 }
+
+/// The published row `seq` with where it came from (see
+/// [`crate::store::row_origin`]); the run is the worker's claim of the
+/// row's partition.
+pub fn row_origin(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    seq: i64,
+) -> Result<Option<crate::store::RowOrigin>, postgres::Error> {
+    let Some(found) = client.query_opt(
+        &format!(
+            "SELECT c.row, c.at_ms, c.sources, r.id, r.version, r.text_hash, r.weir_version, r.started_ms, r.worker, r.partition
+               FROM {schema}.changes c LEFT JOIN {schema}.runs r ON r.id = c.run
+              WHERE c.pipeline = $1 AND c.seq = $2"
+        ),
+        &[&pipeline, &seq],
+    )?
+    else {
+        return Ok(None);
+    };
+    let text: String = found.get(0);
+    let row: serde_json::Value = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+    let sources: String = found.get(2);
+    let run = found.get::<_, Option<i64>>(3).map(|id| crate::store::Run {
+        id,
+        version: i64::from(found.get::<_, i32>(4)),
+        text_hash: found.get(5),
+        weir_version: found.get(6),
+        started_ms: found.get(7),
+        why: format!("worker {} took partition {}", found.get::<_, String>(8), found.get::<_, i32>(9)),
+    });
+    let previous = client
+        .query_opt(
+            &format!(
+                "SELECT seq, row FROM {schema}.changes WHERE pipeline = $1 AND seq < $2
+                   AND (row::jsonb -> 'key') = ($3::text::jsonb -> 'key')
+                   AND (row::jsonb -> 'window_start') = ($3::text::jsonb -> 'window_start')
+                 ORDER BY seq DESC LIMIT 1"
+            ),
+            &[&pipeline, &seq, &text],
+        )?
+        .map(|r| (r.get::<_, i64>(0), serde_json::from_str(&r.get::<_, String>(1)).unwrap_or(serde_json::Value::Null)));
+    let ledgered = client
+        .query(
+            &format!(
+                "SELECT reason, count(*) FROM {schema}.ledger WHERE pipeline = $1
+                   AND (entry::jsonb -> 'key') = ($2::text::jsonb -> 'key')
+                   AND (jsonb_typeof($2::text::jsonb -> 'window_start') = 'null'
+                        OR (entry::jsonb -> 'window_start') = ($2::text::jsonb -> 'window_start')
+                        OR (entry::jsonb -> 'window_start' IS NULL
+                            AND entry::jsonb ->> 'event_time' >= $2::text::jsonb ->> 'window_start'
+                            AND entry::jsonb ->> 'event_time' < $2::text::jsonb ->> 'window_end'))
+                 GROUP BY reason ORDER BY reason"
+            ),
+            &[&pipeline, &text],
+        )?
+        .into_iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+        .collect();
+    Ok(Some(crate::store::RowOrigin {
+        row,
+        at_ms: Some(found.get(1)),
+        sources: serde_json::from_str(&sources).unwrap_or_default(),
+        run,
+        previous,
+        ledgered,
+    }))
+}
+
+/// The newest `limit` rows of the change stream, newest first.
+pub fn latest_changes(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    limit: i64,
+) -> Result<Vec<String>, postgres::Error> {
+    let rows = client.query(
+        &format!("SELECT row FROM {schema}.changes WHERE pipeline = $1 ORDER BY seq DESC LIMIT $2"),
+        &[&pipeline, &limit],
+    )?;
+    Ok(rows.into_iter().map(|r| r.get(0)).collect())
+}
+
+/// The newest `limit` ledger entries, newest first.
+pub fn latest_ledger(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    limit: i64,
+) -> Result<Vec<String>, postgres::Error> {
+    let rows = client.query(
+        &format!("SELECT entry FROM {schema}.ledger WHERE pipeline = $1 ORDER BY seq DESC LIMIT $2"),
+        &[&pipeline, &limit],
+    )?;
+    Ok(rows.into_iter().map(|r| r.get(0)).collect())
+}

@@ -55,6 +55,8 @@ pub struct Status {
     /// Over Kafka: the partitions this worker holds (`offsets` and `idle`
     /// are then unused).
     pub kafka: Option<Vec<KafkaPartition>>,
+    /// Over Kafka: offsets skipped between two records the broker delivered.
+    pub offsets_not_delivered: u64,
 }
 
 /// One Kafka partition a worker holds.

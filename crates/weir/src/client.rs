@@ -64,6 +64,7 @@ pub fn produce(args: ProduceArgs<'_>) -> Result<(), Failure> {
         )
     };
     let url = format!("{}/v1/topics/{}/events", args.url.trim_end_matches('/'), args.topic);
+    let target = args.kafka.map_or_else(|| url.clone(), |b| format!("Kafka at {b}"));
     let to_kafka = match args.kafka {
         Some(brokers) => Some(KafkaTarget::new(brokers, args.topic, args.key)?),
         None => None,
@@ -99,7 +100,7 @@ pub fn produce(args: ProduceArgs<'_>) -> Result<(), Failure> {
                     }
                     Ok(false) => {
                         return Err(Failure::run(anyhow::anyhow!(
-                            "{url} did not acknowledge lines {first_line}-{n} for {:?}; {sent} events before them were acknowledged; start again from line {first_line}",
+                            "{target} did not acknowledge lines {first_line}-{n} for {:?}; {sent} events before them were acknowledged; start again from line {first_line}",
                             args.give_up_after
                         )))
                     }

@@ -323,6 +323,88 @@ fn workers_share_partitions_hand_over_survive_a_kill_and_restart_without_countin
     check_against_batch(&s, &a, &produced);
     let st = status(&a);
     assert!(st["partitions"].as_array().unwrap().iter().all(|p| p["generation"].as_i64() >= Some(4)), "{st}");
+    assert_eq!(st["offsets_not_delivered"], 0, "{st}");
+    check_provenance(&broker, &a);
+    let (_, dashboard) = get(&format!("{}/v1/dashboard", a.base));
+    let dashboard: Value = serde_json::from_str(&dashboard).unwrap();
+    assert_eq!(dashboard["pipelines"][0]["rows"].as_array().map(Vec::len), Some(20), "the dashboard reads Postgres");
+}
+
+/// The records of `partition` from `first` to `last` (inclusive), read back from Kafka.
+fn kafka_records(broker: &Broker, partition: i32, first: i64, last: i64) -> Vec<(i64, Value)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &broker.url)
+        .set("group.id", "test-provenance")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    // From the partition's start: the broker answers a fetch with whole record batches.
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset("payments", partition, rdkafka::Offset::Beginning).unwrap();
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while out.last().is_none_or(|(o, _)| *o < last) {
+        assert!(Instant::now() < deadline, "read {} records of partition {partition}", out.len());
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            out.push((m.offset(), serde_json::from_slice(m.payload().unwrap_or_default()).unwrap()));
+        }
+    }
+    out.retain(|(o, _)| (first..=last).contains(o));
+    out
+}
+
+/// Each of a few rows' provenance, checked against the records in Kafka.
+fn check_provenance(broker: &Broker, w: &Worker) {
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/results?limit=5", w.base));
+    let (_, ledger) = get(&format!("{}/v1/pipelines/paid/ledger?limit=1000000", w.base));
+    let ledgered: std::collections::HashSet<(u64, u64)> = ledger
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|e| (e["partition"].as_u64().unwrap(), e["offset"].as_u64().unwrap()))
+        .collect();
+    for line in body.lines() {
+        let row: Value = serde_json::from_str(line).unwrap();
+        let seq = row["seq"].as_i64().unwrap();
+        let (code, doc) = get(&format!("{}/v1/pipelines/paid/results/{seq}/provenance", w.base));
+        assert_eq!(code, 200, "{doc}");
+        let doc: Value = serde_json::from_str(&doc).unwrap();
+        let (acct, start, end) = (
+            row["key"]["acct"].as_str().unwrap(),
+            row["window_start"].as_str().unwrap(),
+            row["window_end"].as_str().unwrap(),
+        );
+        let mut counted = 0;
+        for (_, e) in doc["entity"].as_object().unwrap() {
+            if e["prov:type"] != "weir:LogRange" {
+                continue;
+            }
+            let p = e["weir:partition"].as_u64().unwrap();
+            let (lo, hi) = (e["weir:first_offset"].as_i64().unwrap(), e["weir:last_offset"].as_i64().unwrap());
+            let records = kafka_records(broker, p as i32, lo, hi);
+            let ours: Vec<i64> = records
+                .iter()
+                .filter(|(o, ev)| {
+                    let t = ev["t"].as_str().unwrap();
+                    *o <= hi && ev["acct"] == acct && start <= t && t < end && !ledgered.contains(&(p, *o as u64))
+                })
+                .map(|(o, _)| *o)
+                .collect();
+            assert_eq!(
+                (ours.first(), ours.last()),
+                (Some(&lo), Some(&hi)),
+                "{e} of {row} in {:?}",
+                &records[..records.len().min(5)]
+            );
+            assert_eq!(ours.len() as u64, e["weir:events"].as_u64().unwrap(), "{e}");
+            counted += ours.len() as u64;
+        }
+        assert_eq!(counted, row["events"].as_u64().unwrap(), "{doc:#}");
+        let run = doc["activity"].as_object().unwrap().values().next().unwrap();
+        assert!(run["weir:started_because"].as_str().is_some_and(|w| w.contains("took partition")), "{run}");
+    }
 }
 
 #[test]
