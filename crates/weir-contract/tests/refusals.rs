@@ -121,7 +121,7 @@ fn refusals_name_file_line_key_and_fix() {
     check(&edit("name = \"payments\"", "name = \"revenue\""), Some(31), "aggregate[2].name", "two aggregates");
     check(&edit("field", "# no field"), Some(25), "aggregate[1].field", "needs a field");
     check(&edit("type", "type = \"sliding\""), Some(17), "window.type", "tumbling, hopping, session or global");
-    check(&edit("", "[sink]\nkind = \"kafka\""), Some(33), "sink", "unknown section");
+    check(&edit("", "[output]\nkind = \"kafka\""), Some(33), "output", "unknown section");
     check(&edit("version", "version = 0"), Some(3), "pipeline.version", "at least 1");
     check(&edit("name = \"paid", "name = \"Paid Revenue\""), Some(2), "pipeline.name", "a-z, 0-9 and _");
     check(&edit("fn = \"sum\"", "fn = \"median\""), Some(27), "aggregate[1].fn", "not an aggregate");
@@ -183,4 +183,17 @@ fn a_source_kind_is_log_or_kafka() {
     let bad = base.replacen("[source]\n", "[source]\nkind = \"kinesis\"\n", 1);
     let err = weir_contract::Contract::parse("c.toml", &bad).unwrap_err().to_string();
     assert!(err.contains("`source.kind`") && err.contains("\"kinesis\" is not a source"), "{err}");
+}
+
+#[test]
+fn a_sink_names_its_topic() {
+    let c =
+        Contract::parse("c.toml", &edit("", "[sink]\ntopic = \"paid_rows\"\nledger_topic = \"paid_ledger\"")).unwrap();
+    let sink = c.sink.unwrap();
+    assert_eq!(
+        (sink.topic.as_str(), sink.ledger_topic.as_deref(), sink.brokers),
+        ("paid_rows", Some("paid_ledger"), None)
+    );
+    check(&edit("", "[sink]\nkind = \"kafka\""), Some(33), "sink.topic", "missing required key");
+    check(&edit("", "[sink]\ntopic = \"t\"\nkind = \"kafka\""), Some(35), "sink.kind", "unknown key");
 }
