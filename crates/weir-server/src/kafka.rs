@@ -243,29 +243,8 @@ impl KafkaRunner {
     /// the group and claims its partitions again) after a backoff.
     pub fn run(mut self) {
         let name = self.contract.pipeline.name.clone();
-        let mut backoff = Duration::from_millis(500);
-        loop {
-            let started = Instant::now();
-            let Err(e) = self.run_once() else { return };
-            let message = format!("pipeline {name} failed and restarts from its last checkpoints: {e:#}");
-            eprintln!("weir: {message}");
-            {
-                let mut s = lock(&self.status);
-                s.failed = Some(message);
-                s.restarts += 1;
-            }
-            if started.elapsed() > Duration::from_secs(60) {
-                backoff = Duration::from_millis(500);
-            }
-            let until = Instant::now() + backoff;
-            while Instant::now() < until {
-                if self.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(30));
-        }
+        let (status, stop) = (Arc::clone(&self.status), Arc::clone(&self.stop));
+        crate::pipeline::supervise(&name, &status, &stop, |_| self.run_once());
     }
 
     fn run_once(&mut self) -> anyhow::Result<()> {

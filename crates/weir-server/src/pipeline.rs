@@ -118,31 +118,8 @@ impl Runner {
     /// counted twice, and the consumer's lag shows the stall meanwhile.
     pub fn run(mut self) {
         let name = self.contract.pipeline.name.clone();
-        let mut backoff = Duration::from_millis(500);
-        let mut why = "server start".to_owned();
-        loop {
-            let started = Instant::now();
-            let Err(e) = self.run_inner(&why) else { return };
-            why = format!("restart after a failure: {e:#}");
-            let message = format!("pipeline {name} failed and restarts from its last checkpoint: {e:#}");
-            eprintln!("weir: {message}");
-            {
-                let mut s = lock(&self.status);
-                s.failed = Some(message);
-                s.restarts += 1;
-            }
-            if started.elapsed() > Duration::from_secs(60) {
-                backoff = Duration::from_millis(500);
-            }
-            let until = Instant::now() + backoff;
-            while Instant::now() < until {
-                if self.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(30));
-        }
+        let (status, stop) = (Arc::clone(&self.status), Arc::clone(&self.stop));
+        supervise(&name, &status, &stop, |why| self.run_inner(why));
     }
 
     /// One run, from the last checkpoint; `why` is recorded with it.
@@ -331,6 +308,43 @@ impl Runner {
             s.checkpoints += 1;
             s.failed = None;
         }
+    }
+}
+
+/// Runs `attempt` (given why it starts) until it returns `Ok` (a stop) or
+/// `stop` is set. After a failure it waits 0.5 s, doubling to 30 s (back to
+/// 0.5 s after a minute of running), and starts it again; `status` shows
+/// the failure and counts the restart.
+pub fn supervise(
+    name: &str,
+    status: &Mutex<Status>,
+    stop: &AtomicBool,
+    mut attempt: impl FnMut(&str) -> anyhow::Result<()>,
+) {
+    let mut backoff = Duration::from_millis(500);
+    let mut why = "server start".to_owned();
+    loop {
+        let started = Instant::now();
+        let Err(e) = attempt(&why) else { return };
+        why = format!("restart after a failure: {e:#}");
+        let message = format!("pipeline {name} failed and restarts from its last checkpoint: {e:#}");
+        eprintln!("weir: {message}");
+        {
+            let mut s = lock(status);
+            s.failed = Some(message);
+            s.restarts += 1;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            backoff = Duration::from_millis(500);
+        }
+        let until = Instant::now() + backoff;
+        while Instant::now() < until {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(30));
     }
 }
 
