@@ -87,21 +87,33 @@ fn parsed(lines: Vec<String>) -> Vec<Value> {
     lines.iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
 
+/// Raw payloads stay in the ledger endpoint.
+fn without_payloads(mut entries: Vec<Value>) -> Vec<Value> {
+    for entry in &mut entries {
+        if let Some(m) = entry.as_object_mut() {
+            m.remove("payload");
+        }
+    }
+    entries
+}
+
 pub async fn data(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
     let names: Vec<String> = app.pipelines.keys().cloned().collect();
+    let on_kafka: Vec<bool> = app.pipelines.values().map(|p| p.on_kafka).collect();
     let stored = {
         let names = names.clone();
         app.read(move |c| {
             let mut per = Vec::new();
-            for name in &names {
-                let rows = parsed(store::latest_changes(c, name, LATEST_ROWS)?);
-                let mut ledger = parsed(store::latest_ledger(c, name, LATEST_LEDGER)?);
-                for entry in &mut ledger {
-                    // Raw payloads stay in the ledger endpoint.
-                    if let Some(m) = entry.as_object_mut() {
-                        m.remove("payload");
-                    }
-                }
+            for (name, on_kafka) in names.iter().zip(on_kafka) {
+                // A pipeline on Kafka has its rows and ledger in Postgres (read below).
+                let (rows, ledger) = if on_kafka {
+                    (Vec::new(), Vec::new())
+                } else {
+                    (
+                        parsed(store::latest_changes(c, name, LATEST_ROWS)?),
+                        without_payloads(parsed(store::latest_ledger(c, name, LATEST_LEDGER)?)),
+                    )
+                };
                 let notes: Vec<Value> = store::annotations(c, name)?
                     .into_iter()
                     .map(|a| {
@@ -123,21 +135,15 @@ pub async fn data(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
     for (name, (mut rows, mut ledger, notes)) in names.iter().zip(per) {
         let Some(p) = app.pipelines.get(name) else { continue };
         if p.on_kafka {
-            // Its rows and ledger are in Postgres.
             let n = name.clone();
             (rows, ledger) = app
                 .pg_read(move |c, s| {
                     Ok((
                         parsed(crate::pg::latest_changes(c, s, &n, LATEST_ROWS)?),
-                        parsed(crate::pg::latest_ledger(c, s, &n, LATEST_LEDGER)?),
+                        without_payloads(parsed(crate::pg::latest_ledger(c, s, &n, LATEST_LEDGER)?)),
                     ))
                 })
                 .await?;
-            for entry in &mut ledger {
-                if let Some(m) = entry.as_object_mut() {
-                    m.remove("payload");
-                }
-            }
         }
         let c = &p.contract.pipeline;
         pipelines.push(json!({

@@ -284,7 +284,7 @@ async fn post_events(State(app): State<Arc<App>>, Path(topic): Path<String>, bod
 
 /// Checks that `line` is one JSON value, and finds the partitioning field's
 /// value (its JSON text) when `field` is set and the value is an object.
-fn key_of(line: &[u8], field: Option<&str>) -> Result<Option<String>, serde_json::Error> {
+pub(crate) fn key_of(line: &[u8], field: Option<&str>) -> Result<Option<String>, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(line);
     let key = KeySeed(field).deserialize(&mut de)?;
     de.end()?;

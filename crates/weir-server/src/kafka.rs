@@ -278,51 +278,61 @@ impl KafkaRunner {
         let mut last_ends = Instant::now() - Duration::from_secs(10);
         loop {
             let stopping = self.stop.load(Ordering::SeqCst);
-            let mut read = 0;
-            while read < READ_RECORDS && !stopping {
-                let wait = if read == 0 { Duration::from_millis(50) } else { Duration::ZERO };
-                let Some(message) = consumer.poll(wait) else { break };
-                let m = match message {
-                    Ok(m) => m,
-                    Err(e) => {
+            // Poll a batch first (the rebalance callbacks lock `shared` inside
+            // `poll`), then process it under one lock of each.
+            let mut batch = Vec::new();
+            while batch.len() < READ_RECORDS && !stopping {
+                let wait = if batch.is_empty() { Duration::from_millis(50) } else { Duration::ZERO };
+                match consumer.poll(wait) {
+                    None => break,
+                    Some(Ok(m)) => batch.push(m),
+                    Some(Err(e)) => {
                         eprintln!("weir: {}: reading {topic}: {e}", c.pipeline.name);
                         break;
                     }
-                };
-                read += 1;
-                let p = m.partition() as u32;
-                let offset = m.offset().max(0) as u64;
+                }
+            }
+            let now = weir_log::now_ms();
+            let (mut latencies, mut not_delivered) = (Vec::with_capacity(batch.len()), 0);
+            {
                 let mut sh = lock(&shared);
-                // Only the assignment callback claims: a record of a partition
-                // handed over (fetched before the rebalance) is not this worker's.
-                let Some(part) = sh.parts.get_mut(&p) else { continue };
-                if offset < part.next_offset {
-                    continue; // counted before the last checkpoint
+                for m in &batch {
+                    let p = m.partition() as u32;
+                    let offset = m.offset().max(0) as u64;
+                    // Only the assignment callback claims: a record of a partition
+                    // handed over (fetched before the rebalance) is not this worker's.
+                    let Some(part) = sh.parts.get_mut(&p) else { continue };
+                    if offset < part.next_offset {
+                        continue; // counted before the last checkpoint
+                    }
+                    if offset > part.next_offset {
+                        // Offsets the broker did not deliver: removed by retention or
+                        // compaction, transaction markers, or a broker fault. Never silent.
+                        eprintln!(
+                            "weir: {}: partition {p}: the broker delivered offset {offset} after {}; offsets {}..{} were not delivered",
+                            c.pipeline.name,
+                            part.next_offset,
+                            part.next_offset,
+                            offset - 1
+                        );
+                        not_delivered += offset - part.next_offset;
+                    }
+                    let ts = m.timestamp().to_millis();
+                    let bytes = kafka_fields.decorate(m, m.payload().unwrap_or_default(), &mut decorated);
+                    part.engine.process(EventIn { partition: p, offset, bytes }, &mut part.out);
+                    part.next_offset = offset + 1;
+                    part.since += 1;
+                    part.dirty = true;
+                    part.last_timestamp_ms = ts;
+                    latencies.extend(ts.map(|t| now.saturating_sub(t).max(0) as f64 / 1e3));
                 }
-                if offset > part.next_offset {
-                    // Offsets the broker did not deliver: removed by retention or
-                    // compaction, transaction markers, or a broker fault. Never silent.
-                    let missing = offset - part.next_offset;
-                    eprintln!(
-                        "weir: {}: partition {p}: the broker delivered offset {offset} after {}; offsets {}..{} were not delivered",
-                        c.pipeline.name,
-                        part.next_offset,
-                        part.next_offset,
-                        offset - 1
-                    );
-                    lock(&self.status).offsets_not_delivered += missing;
-                }
-                let now = weir_log::now_ms();
-                let ts = m.timestamp().to_millis();
-                let bytes = kafka_fields.decorate(&m, m.payload().unwrap_or_default(), &mut decorated);
-                part.engine.process(EventIn { partition: p, offset, bytes }, &mut part.out);
-                part.next_offset = offset + 1;
-                part.since += 1;
-                part.dirty = true;
-                part.last_timestamp_ms = ts;
-                drop(sh);
-                if let Some(t) = ts {
-                    lock(&self.status).processing.observe(now.saturating_sub(t).max(0) as f64 / 1e3);
+            }
+            drop(batch);
+            if !latencies.is_empty() || not_delivered > 0 {
+                let mut st = lock(&self.status);
+                st.offsets_not_delivered += not_delivered;
+                for l in latencies {
+                    st.processing.observe(l);
                 }
             }
             let failed = lock(&shared).failed.take();
@@ -505,10 +515,9 @@ pub async fn ensure_topic(
 }
 
 /// Checks that `line` is one JSON value and returns the JSON text of its
-/// top-level `field`, if it has one.
+/// top-level `field`, if it has one: the HTTP API's check, for `weir produce --kafka`.
 pub fn key_of_line(line: &str, field: Option<&str>) -> Result<Option<String>, serde_json::Error> {
-    let value: serde_json::Value = serde_json::from_str(line)?;
-    Ok(field.and_then(|f| value.get(f)).map(|v| v.to_string()))
+    crate::http::key_of(line.as_bytes(), field)
 }
 
 /// Which of a record's Kafka attributes a contract reads as `$kafka.NAME`

@@ -616,11 +616,7 @@ pub fn latest_changes(
     pipeline: &str,
     limit: i64,
 ) -> Result<Vec<String>, postgres::Error> {
-    let rows = client.query(
-        &format!("SELECT row FROM {schema}.changes WHERE pipeline = $1 ORDER BY seq DESC LIMIT $2"),
-        &[&pipeline, &limit],
-    )?;
-    Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    latest(client, &format!("SELECT row FROM {schema}.changes"), pipeline, limit)
 }
 
 /// The newest `limit` ledger entries, newest first.
@@ -630,9 +626,11 @@ pub fn latest_ledger(
     pipeline: &str,
     limit: i64,
 ) -> Result<Vec<String>, postgres::Error> {
-    let rows = client.query(
-        &format!("SELECT entry FROM {schema}.ledger WHERE pipeline = $1 ORDER BY seq DESC LIMIT $2"),
-        &[&pipeline, &limit],
-    )?;
+    latest(client, &format!("SELECT entry FROM {schema}.ledger"), pipeline, limit)
+}
+
+fn latest(client: &mut Client, select: &str, pipeline: &str, limit: i64) -> Result<Vec<String>, postgres::Error> {
+    let rows =
+        client.query(&format!("{select} WHERE pipeline = $1 ORDER BY seq DESC LIMIT $2"), &[&pipeline, &limit])?;
     Ok(rows.into_iter().map(|r| r.get(0)).collect())
 }

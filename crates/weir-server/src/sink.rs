@@ -38,8 +38,8 @@ pub struct SinkRunner {
 
 const BATCH: i64 = 2_000;
 
-/// Rows or ledger entries: `(seq, line)`.
-type Lines = Vec<(i64, String)>;
+/// Rows or ledger entries: `(seq, record key, line)`.
+type Lines = Vec<(i64, String, String)>;
 
 enum Conn {
     Sqlite(rusqlite::Connection),
@@ -72,8 +72,8 @@ impl Conn {
         Ok(lines
             .into_iter()
             .filter_map(|l| {
-                let seq = serde_json::from_str::<serde_json::Value>(&l).ok()?["seq"].as_i64()?;
-                Some((seq, l))
+                let v = serde_json::from_str::<serde_json::Value>(&l).ok()?;
+                Some((v["seq"].as_i64()?, record_key(&v, ledger), l))
             })
             .collect())
     }
@@ -122,9 +122,9 @@ impl SinkRunner {
             for (topic, ledger) in &topics {
                 let since = conn.position(pipeline, topic)?;
                 let lines = conn.read(pipeline, *ledger, since)?;
-                let Some(&(last, _)) = lines.last() else { continue };
-                let keys: Vec<Option<String>> = lines.iter().map(|(_, l)| Some(record_key(l))).collect();
-                let records: Vec<(u32, Vec<u8>)> = lines.iter().map(|(_, l)| (0, l.as_bytes().to_vec())).collect();
+                let Some(&(last, _, _)) = lines.last() else { continue };
+                let keys: Vec<Option<String>> = lines.iter().map(|(_, k, _)| Some(k.clone())).collect();
+                let records: Vec<(u32, Vec<u8>)> = lines.iter().map(|(_, _, l)| (0, l.as_bytes().to_vec())).collect();
                 self.runtime
                     .block_on(crate::kafka::produce(&self.producer, topic, &records, &keys))
                     .map_err(anyhow::Error::msg)?;
@@ -141,11 +141,10 @@ impl SinkRunner {
 
 /// `{"key":...,"window_start":...}` of a row, or the ledger entry's
 /// partition and offset, as the record key's JSON text.
-fn record_key(line: &str) -> String {
-    let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
-    if v.get("window_start").is_some() || v.get("revision").is_some() {
-        serde_json::json!({ "key": v["key"], "window_start": v["window_start"] }).to_string()
-    } else {
+fn record_key(v: &serde_json::Value, ledger: bool) -> String {
+    if ledger {
         serde_json::json!({ "partition": v["partition"], "offset": v["offset"] }).to_string()
+    } else {
+        serde_json::json!({ "key": v["key"], "window_start": v["window_start"] }).to_string()
     }
 }
