@@ -577,6 +577,7 @@ pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
         "replays": s.replays,
         "restarts": s.restarts,
         "offsets_not_delivered": s.offsets_not_delivered,
+        "checkpoints_fenced": s.checkpoints_fenced,
         "alerts": lock(&app.alerts).firing.get(name).map_or_else(Vec::new, |f| f.iter().map(|f| serde_json::json!({
             "alert": f.alert, "threshold": f.threshold, "observed": f.observed, "since": format_rfc3339_ms(f.since_ms),
         })).collect()),
@@ -690,6 +691,12 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             "Kafka offsets skipped between two records the broker delivered (retention, compaction, transaction markers or a broker fault).",
             &base,
             s["offsets_not_delivered"].as_u64().unwrap_or(0),
+        );
+        m.counter(
+            "weir_checkpoints_fenced_total",
+            "Checkpoints refused by the Postgres fence: another worker had taken the partition over, so this one's work was dropped.",
+            &base,
+            s["checkpoints_fenced"].as_u64().unwrap_or(0),
         );
         m.gauge(
             "weir_pipeline_failing",

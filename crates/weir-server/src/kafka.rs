@@ -101,6 +101,8 @@ struct Shared {
     failed: Option<String>,
     /// Partitions dropped since the loop last looked, for Kafka offset commits.
     changed: bool,
+    /// Checkpoints the fence refused since the loop last looked.
+    fenced: u64,
 }
 
 impl Shared {
@@ -163,6 +165,7 @@ impl Shared {
                 eprintln!("weir: {e}");
                 self.parts.remove(&partition);
                 self.changed = true;
+                self.fenced += 1;
                 Ok(false)
             }
             Err(e) => Err(e.into()),
@@ -261,6 +264,7 @@ impl KafkaRunner {
             parts: BTreeMap::new(),
             failed: None,
             changed: false,
+            fenced: 0,
         }));
         let mut config = client_config(&self.brokers, self.config.kafka.as_ref());
         config
@@ -268,6 +272,11 @@ impl KafkaRunner {
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false");
+        if !self.config.kafka.as_ref().is_some_and(|k| k.config.contains_key("partition.assignment.strategy")) {
+            // Incremental rebalances: a partition that stays put is not
+            // checkpointed, dropped and restored when another one moves.
+            config.set("partition.assignment.strategy", "cooperative-sticky");
+        }
         let ctx = Ctx { shared: Arc::clone(&shared), topic: topic.clone() };
         let consumer: BaseConsumer<Ctx> = config.create_with_context(ctx)?;
         consumer.subscribe(&[&topic])?;
@@ -335,7 +344,13 @@ impl KafkaRunner {
                     st.processing.observe(l);
                 }
             }
-            let failed = lock(&shared).failed.take();
+            let (failed, fenced) = {
+                let mut sh = lock(&shared);
+                (sh.failed.take(), std::mem::take(&mut sh.fenced))
+            };
+            if fenced > 0 {
+                lock(&self.status).checkpoints_fenced += fenced;
+            }
             if let Some(f) = failed {
                 anyhow::bail!(f);
             }

@@ -57,6 +57,9 @@ pub struct Status {
     pub kafka: Option<Vec<KafkaPartition>>,
     /// Over Kafka: offsets skipped between two records the broker delivered.
     pub offsets_not_delivered: u64,
+    /// Over Kafka: checkpoints the Postgres fence refused, because another
+    /// worker had taken the partition over (this worker was a zombie).
+    pub checkpoints_fenced: u64,
 }
 
 /// One Kafka partition a worker holds.
