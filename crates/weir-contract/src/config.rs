@@ -46,6 +46,8 @@ pub struct ServerConfig {
     pub topics: BTreeMap<String, TopicConfig>,
     pub kafka: Option<KafkaConfig>,
     pub postgres: Option<PostgresConfig>,
+    /// `[auth] public_metrics = true`: `/metrics` answers without a token.
+    pub public_metrics: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +90,7 @@ impl Default for ServerConfig {
             topics: BTreeMap::new(),
             kafka: None,
             postgres: None,
+            public_metrics: false,
         }
     }
 }
@@ -102,7 +105,9 @@ const TOP_KEYS: &[&str] = &[
     "topics",
     "kafka",
     "postgres",
+    "auth",
 ];
+const AUTH_KEYS: &[&str] = &["public_metrics"];
 const KAFKA_KEYS: &[&str] = &["brokers", "group", "config"];
 const POSTGRES_KEYS: &[&str] = &["url", "schema"];
 const TOPIC_KEYS: &[&str] = &["partitions", "key", "retention", "max_event_bytes"];
@@ -179,7 +184,22 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         Some(t) => read_postgres(r, t),
         None => Some(None),
     };
+    let mut public_metrics = false;
+    if let Some(t) = r.table(root, "auth", false) {
+        r.unknown_keys(t, "auth", AUTH_KEYS);
+        if let Some(item) = t.get("public_metrics") {
+            match item.as_bool() {
+                Some(b) => public_metrics = b,
+                None => r.error(
+                    item.span(),
+                    "auth.public_metrics",
+                    "must be true (GET /metrics without a token) or false (the default: a token is needed)",
+                ),
+            }
+        }
+    }
     Some(ServerConfig {
+        public_metrics,
         kafka: kafka?,
         postgres: postgres?,
         listen,

@@ -16,9 +16,10 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use serde_json::{json, Value};
 
-use crate::http::{status_json, ApiError, App};
+use crate::http::{forbidden, status_json, ApiError, App, Caller};
 use crate::pipeline::lock;
 use crate::store;
 
@@ -87,19 +88,21 @@ fn parsed(lines: Vec<String>) -> Vec<Value> {
     lines.iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
 
-/// Raw payloads stay in the ledger endpoint.
-fn without_payloads(mut entries: Vec<Value>) -> Vec<Value> {
-    for entry in &mut entries {
-        if let Some(m) = entry.as_object_mut() {
-            m.remove("payload");
-        }
-    }
-    entries
+/// Raw payloads (and the details quoting them) stay in the ledger endpoint, for raw-readers.
+fn without_payloads(entries: Vec<Value>) -> Vec<Value> {
+    entries.into_iter().map(crate::http::without_raw).collect()
 }
 
-pub async fn data(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
-    let names: Vec<String> = app.pipelines.keys().cloned().collect();
-    let on_kafka: Vec<bool> = app.pipelines.values().map(|p| p.on_kafka).collect();
+/// What the caller's token may read: its pipelines, and the audit log for
+/// an admin.
+pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Caller>) -> Result<Response, ApiError> {
+    let g = &caller.grant;
+    let names: Vec<String> = app.pipelines.keys().filter(|n| g.may_read(n)).cloned().collect();
+    if names.is_empty() && !g.is_admin() {
+        return Err(forbidden(&app, &caller, "read the dashboard: it reads no pipeline"));
+    }
+    let on_kafka: Vec<bool> = names.iter().map(|n| app.pipelines.get(n).is_some_and(|p| p.on_kafka)).collect();
+    let admin = g.is_admin();
     let stored = {
         let names = names.clone();
         app.read(move |c| {
@@ -126,7 +129,8 @@ pub async fn data(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
                     .collect();
                 per.push((rows, ledger, notes));
             }
-            Ok((per, parsed(store::latest_audit(c, LATEST_AUDIT)?)))
+            let audit = if admin { Some(parsed(crate::audit::latest(c, LATEST_AUDIT)?)) } else { None };
+            Ok((per, audit))
         })
         .await?
     };

@@ -1,6 +1,13 @@
 //! The HTTP surface of SPEC.md section 7. Lists are JSON lines; errors are
 //! `{"error": "..."}` with a status that says whose fault it is.
 //!
+//! Every endpoint but `/`, `/healthz`, `/readyz` (and `/metrics` with
+//! `[auth] public_metrics = true`) needs a bearer token ([`authenticate`]);
+//! each handler then checks that the token's role may do what it asks
+//! (SECURITY.md has the table). A missing, unknown, expired or revoked
+//! token is a 401, a token without the right a 403; both are counted in
+//! `weir_http_requests_denied_total`.
+//!
 //! `POST /v1/topics/{topic}/events` checks the whole body before anything
 //! is appended: a line that is not JSON is a 400 naming the line, an event
 //! over the topic's `max_event_bytes` a 413 naming the line; blank lines are
@@ -13,10 +20,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::Extension;
 use axum::Router;
 use rusqlite::Connection;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -25,6 +34,7 @@ use weir_engine::time::format_rfc3339_ms;
 use weir_engine::Reason;
 use weir_log::{Log, LogError};
 
+use crate::auth::{self, Grant};
 use crate::pipeline::{lock, Pipeline};
 use crate::store;
 
@@ -44,6 +54,8 @@ pub struct App {
     pub producers: BTreeMap<String, rdkafka::producer::FutureProducer>,
     /// Readers of the Postgres destination, when a pipeline uses it.
     pub postgres: Option<Arc<PgReaders>>,
+    /// Refused requests by their metric labels (status and reason or role).
+    pub denied: Mutex<BTreeMap<String, u64>>,
 }
 
 /// Connections to the Postgres destination for the HTTP side.
@@ -77,6 +89,7 @@ impl App {
             round_robin: AtomicU64::new(0),
             producers: BTreeMap::new(),
             postgres: None,
+            denied: Mutex::default(),
         }
     }
 
@@ -134,7 +147,13 @@ impl App {
 
 pub fn router(app: Arc<App>) -> Router {
     let body_limit = app.config.max_body_bytes;
+    let auth = axum::middleware::from_fn_with_state(Arc::clone(&app), authenticate);
     Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/v1/tokens", get(list_tokens).post(create_token))
+        .route("/v1/tokens/{id}", axum::routing::delete(revoke_token))
+        .route("/v1/pipelines/{name}/contract", get(contract))
         .route("/", get(crate::dashboard::page))
         .route("/v1/dashboard", get(crate::dashboard::data))
         .route("/v1/topics/{topic}/events", get(read_events).post(post_events))
@@ -151,7 +170,209 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/audit", get(audit))
         .route("/metrics", get(metrics))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
+        .layer(auth)
         .with_state(app)
+}
+
+/// The caller of a request: its token's rights and where it came from.
+#[derive(Clone)]
+pub struct Caller {
+    pub grant: Grant,
+    /// The client's address, for the audit log.
+    pub origin: String,
+}
+
+/// Paths that answer without a token: the dashboard's page (it holds no
+/// data; its data needs a token), liveness and readiness.
+fn public(app: &App, path: &str) -> bool {
+    matches!(path, "/" | "/healthz" | "/readyz") || (path == "/metrics" && app.config.public_metrics)
+}
+
+impl App {
+    fn count_denied(&self, labels: String) {
+        *lock(&self.denied).entry(labels).or_insert(0) += 1;
+    }
+}
+
+/// Finds the token of every request but the public ones: 401 without a
+/// known, live token; otherwise the handler gets a [`Caller`].
+async fn authenticate(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
+    if public(&app, req.uri().path()) {
+        return next.run(req).await;
+    }
+    let header = req.headers().get(header::AUTHORIZATION).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let origin = req
+        .extensions()
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map_or_else(|| "unknown".to_owned(), |c| c.0.to_string());
+    let found = app.read(move |c| auth::authenticate(c, header.as_deref(), weir_log::now_ms())).await;
+    match found {
+        Ok(Ok(grant)) => {
+            req.extensions_mut().insert(Caller { grant, origin });
+            next.run(req).await
+        }
+        Ok(Err(why)) => {
+            app.count_denied(format!("status=\"401\",reason=\"{}\"", why.reason()));
+            let mut r = error(StatusCode::UNAUTHORIZED, why.to_string());
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"weir\""));
+            r
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A 403 naming what was refused and what the token may do; counted.
+pub(crate) fn forbidden(app: &App, caller: &Caller, what: &str) -> ApiError {
+    let g = &caller.grant;
+    app.count_denied(format!("status=\"403\",role=\"{}\"", g.role));
+    ApiError(
+        StatusCode::FORBIDDEN,
+        format!("token {} ({}) may not {what}; {}; ask an admin for a token that may", g.id, g.role, g.rights()),
+    )
+}
+
+async fn healthz() -> Response {
+    json(serde_json::json!({ "ok": true }))
+}
+
+/// Ready: the log accepts writes and no pipeline is failing.
+async fn readyz(State(app): State<Arc<App>>) -> Response {
+    let mut not_ready = Vec::new();
+    if let Some(why) = app.log.unhealthy() {
+        not_ready.push(format!("the log cannot write: {why}"));
+    }
+    for (name, p) in &app.pipelines {
+        if let Some(f) = &lock(&p.status).failed {
+            not_ready.push(format!("pipeline {name} is failing: {f}"));
+        }
+    }
+    if not_ready.is_empty() {
+        return json(serde_json::json!({ "ready": true }));
+    }
+    let body = serde_json::json!({ "ready": false, "why": not_ready }).to_string() + "\n";
+    (StatusCode::SERVICE_UNAVAILABLE, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// Appends to the audit log; `who` is the caller's token.
+async fn audited(
+    app: &Arc<App>,
+    caller: &Caller,
+    action: &'static str,
+    pipeline: Option<String>,
+    detail: serde_json::Value,
+    why: String,
+) -> Result<i64, ApiError> {
+    let (who, origin) = (caller.grant.who(), caller.origin.clone());
+    app.read(move |c| {
+        let entry = crate::audit::Entry {
+            who: &who,
+            action,
+            pipeline: pipeline.as_deref(),
+            detail: &detail,
+            why: &why,
+            origin: &origin,
+        };
+        crate::audit::append(c, &entry)
+    })
+    .await
+}
+
+async fn list_tokens(State(app): State<Arc<App>>, Extension(caller): Extension<Caller>) -> Result<Response, ApiError> {
+    if !caller.grant.is_admin() {
+        return Err(forbidden(&app, &caller, "list tokens"));
+    }
+    let tokens = app.read(auth::list).await?;
+    Ok(joined(tokens.iter().map(|g| g.json().to_string()).collect()))
+}
+
+#[derive(serde::Deserialize)]
+struct NewTokenBody {
+    role: String,
+    name: String,
+    #[serde(default)]
+    topics: Vec<String>,
+    #[serde(default)]
+    pipelines: Vec<String>,
+    expires: Option<String>,
+    why: Option<String>,
+}
+
+async fn create_token(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    if !caller.grant.is_admin() {
+        return Err(forbidden(&app, &caller, "make tokens"));
+    }
+    let usage = "the body must be JSON like {\"role\":\"reader\",\"name\":\"alice\",\"pipelines\":[\"paid\"],\"expires\":\"30d\",\"why\":\"...\"}";
+    let b: NewTokenBody = serde_json::from_slice(&body).map_err(|e| bad(format!("{usage}: {e}")))?;
+    let all: Vec<&str> = auth::Role::ALL.iter().map(|r| r.as_str()).collect();
+    let role = auth::Role::parse(&b.role).ok_or_else(|| bad(format!("role {:?} is not one of {all:?}", b.role)))?;
+    let expires_in_ms = match &b.expires {
+        None => None,
+        Some(e) => Some(weir_contract::parse_duration_ms(e).map_err(|why| bad(format!("expires {e:?}: {why}")))?),
+    };
+    let new = auth::NewToken { role, name: b.name, topics: b.topics, pipelines: b.pipelines, expires_in_ms };
+    new.check().map_err(bad)?;
+    let (who, origin) = (caller.grant.who(), caller.origin.clone());
+    let why = b.why.unwrap_or_default();
+    let made = app.read(move |c| Ok(auth::create_audited(c, &new, &who, &origin, &why))).await?;
+    let (token, grant) = made.map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?;
+    let mut v = grant.json();
+    v["token"] = token.into();
+    Ok(json(v))
+}
+
+async fn revoke_token(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    if !caller.grant.is_admin() {
+        return Err(forbidden(&app, &caller, "revoke tokens"));
+    }
+    let (who, origin) = (caller.grant.who(), caller.origin.clone());
+    let why = q.get("why").cloned().unwrap_or_default();
+    let i = id.clone();
+    let revoked = app.read(move |c| Ok(auth::revoke_audited(c, &i, &who, &origin, &why))).await?;
+    match revoked.map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))? {
+        Some(g) => Ok(json(g.json())),
+        None => Err(ApiError(StatusCode::NOT_FOUND, format!("no token {id:?}; GET /v1/tokens lists them"))),
+    }
+}
+
+/// The contract weir runs for a pipeline: its identity and who answers for it.
+async fn contract(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let c = &p.contract;
+    let body = serde_json::json!({
+        "pipeline": name,
+        "version": c.pipeline.version,
+        "text_hash": format!("{:016x}", c.text_hash),
+        "owner": c.pipeline.owner,
+        "steward": c.pipeline.steward,
+        "decision": c.pipeline.decision,
+        "topic": c.source.topic,
+        "key": c.source.key.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "event_time": c.source.event_time.to_string(),
+    });
+    Ok(json(body))
+}
+
+/// The pipeline, when the caller may read its published data.
+fn may_read<'a>(app: &'a App, caller: &Caller, name: &str) -> Result<&'a Pipeline, ApiError> {
+    let p = pipeline(app, name)?;
+    if caller.grant.may_read(name) {
+        Ok(p)
+    } else {
+        Err(forbidden(app, caller, &format!("read pipeline {name:?}")))
+    }
 }
 
 /// A refusal: its status and what to do about it.
@@ -180,7 +401,15 @@ fn json(value: serde_json::Value) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], value.to_string() + "\n").into_response()
 }
 
-async fn post_events(State(app): State<Arc<App>>, Path(topic): Path<String>, body: Bytes) -> Response {
+async fn post_events(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(topic): Path<String>,
+    body: Bytes,
+) -> Response {
+    if !caller.grant.may_produce(&topic) {
+        return forbidden(&app, &caller, &format!("append to topic {topic:?}")).into_response();
+    }
     let kafka = app.producers.get(&topic).cloned();
     let partitions = match app.log.partitions(&topic) {
         Ok(n) => n,
@@ -351,16 +580,23 @@ fn param<T: std::str::FromStr>(q: &BTreeMap<String, String>, name: &str, default
     }
 }
 
+/// Raw events: raw-reader tokens only, and every read is in the audit log
+/// (`?why=` says why; it is kept).
 async fn read_events(
     State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
     Path(topic): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
+    if !caller.grant.may_read_raw(&topic) {
+        return Err(forbidden(&app, &caller, &format!("read the events of topic {topic:?}")));
+    }
     let partition = param(&q, "partition", 0u32)?;
     let from = param(&q, "from", 0u64)?;
     let limit = param(&q, "limit", 1000usize)?.min(100_000);
     let log = app.log.clone();
-    let read = tokio::task::spawn_blocking(move || log.read(&topic, partition, from, limit, 64 << 20)).await;
+    let t = topic.clone();
+    let read = tokio::task::spawn_blocking(move || log.read(&t, partition, from, limit, 64 << 20)).await;
     let records = match read {
         Ok(Ok(records)) => records,
         Ok(Err(e @ (LogError::NoTopic(_) | LogError::NoPartition { .. }))) => {
@@ -369,6 +605,10 @@ async fn read_events(
         Ok(Err(e)) => return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
         Err(e) => return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
     };
+    let detail = serde_json::json!({
+        "topic": topic, "partition": partition, "from": from, "limit": limit, "returned": records.len(),
+    });
+    audited(&app, &caller, "raw-read", None, detail, why_of(&q)).await?;
     let mut body = String::new();
     for r in records {
         body.push_str(&format!(
@@ -383,10 +623,18 @@ async fn read_events(
     Ok(lines(body))
 }
 
-async fn list_pipelines(State(app): State<Arc<App>>) -> Response {
+/// The pipelines the caller may read (a raw-reader: those reading its topics).
+async fn list_pipelines(State(app): State<Arc<App>>, Extension(caller): Extension<Caller>) -> Response {
+    let g = &caller.grant;
+    if g.role == auth::Role::Producer {
+        return forbidden(&app, &caller, "list pipelines").into_response();
+    }
     let mut body = String::new();
     for (name, p) in &app.pipelines {
         let c = &p.contract;
+        if !g.may_read(name) && !g.may_read_raw(&c.source.topic) {
+            continue;
+        }
         body.push_str(
             &(serde_json::json!({
                 "name": name,
@@ -420,10 +668,11 @@ fn joined(rows: Vec<String>) -> Response {
 
 async fn results(
     State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    pipeline(&app, &name)?;
+    may_read(&app, &caller, &name)?;
     let time = |k: &str| -> Result<Option<i64>, ApiError> {
         let Some(v) = q.get(k) else { return Ok(None) };
         match weir_engine::time::parse_rfc3339_ms(v) {
@@ -448,9 +697,10 @@ async fn results(
 /// `/changes` show it: one revision of one window.
 async fn provenance(
     State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
     Path((name, seq)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let p = pipeline(&app, &name)?;
+    let p = may_read(&app, &caller, &name)?;
     let (contract, on_kafka) = (p.contract.clone(), p.on_kafka);
     let Ok(seq) = seq.parse::<i64>() else {
         return Err(bad(format!("{seq:?} is not a row: use the \"seq\" of a row from /results or /changes")));
@@ -470,10 +720,11 @@ async fn provenance(
 
 async fn changes(
     State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let on_kafka = pipeline(&app, &name)?.on_kafka;
+    let on_kafka = may_read(&app, &caller, &name)?.on_kafka;
     let since = param(&q, "since", 1i64)?;
     let limit = param(&q, "limit", 10_000i64)?;
     if on_kafka {
@@ -482,12 +733,19 @@ async fn changes(
     Ok(joined(app.read(move |c| store::changes(c, &name, since, limit)).await?))
 }
 
+/// The ledger: with payloads for a raw-reader of the pipeline's topic (the
+/// read is audited), without them for the pipeline's readers.
 async fn ledger(
     State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    pipeline(&app, &name)?;
+    let p = pipeline(&app, &name)?;
+    let raw = caller.grant.may_read_raw(&p.contract.source.topic);
+    if !raw && !caller.grant.may_read(&name) {
+        return Err(forbidden(&app, &caller, &format!("read the ledger of pipeline {name:?}")));
+    }
     let reason = q.get("reason").cloned();
     if let Some(r) = &reason {
         if !Reason::ALL.iter().any(|x| x.as_str() == r) {
@@ -497,12 +755,35 @@ async fn ledger(
     }
     let since = param(&q, "since", 1i64)?;
     let limit = param(&q, "limit", 10_000i64)?;
-    if pipeline(&app, &name)?.on_kafka {
-        return Ok(joined(
-            app.pg_read(move |c, s| crate::pg::ledger(c, s, &name, reason.as_deref(), since, limit)).await?,
-        ));
+    let n = name.clone();
+    let entries = if p.on_kafka {
+        app.pg_read(move |c, s| crate::pg::ledger(c, s, &n, reason.as_deref(), since, limit)).await?
+    } else {
+        app.read(move |c| store::ledger(c, &n, reason.as_deref(), since, limit)).await?
+    };
+    if raw {
+        let detail = serde_json::json!({ "ledger": name, "since": since, "limit": limit, "returned": entries.len() });
+        audited(&app, &caller, "raw-read", Some(name), detail, why_of(&q)).await?;
+        return Ok(joined(entries));
     }
-    Ok(joined(app.read(move |c| store::ledger(c, &name, reason.as_deref(), since, limit)).await?))
+    let published: Vec<String> =
+        entries.iter().filter_map(|e| serde_json::from_str(e).ok()).map(|v| without_raw(v).to_string()).collect();
+    Ok(joined(published))
+}
+
+/// A ledger entry without what comes from the raw event: its `payload`, and
+/// its `detail`, which quotes the offending value. Reason, key, window,
+/// event id, time and offsets stay.
+pub(crate) fn without_raw(mut entry: serde_json::Value) -> serde_json::Value {
+    if let Some(m) = entry.as_object_mut() {
+        m.remove("payload");
+        m.remove("detail");
+    }
+    entry
+}
+
+fn why_of(q: &BTreeMap<String, String>) -> String {
+    q.get("why").cloned().unwrap_or_else(|| "(not given: add ?why=...)".into())
 }
 
 /// Lag and ages of one pipeline, computed now.
@@ -584,7 +865,12 @@ pub fn status_json(app: &App, name: &str, p: &Pipeline) -> serde_json::Value {
     })
 }
 
-async fn status(State(app): State<Arc<App>>, Path(name): Path<String>) -> Result<Response, ApiError> {
+async fn status(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    may_read(&app, &caller, &name)?;
     let p = pipeline(&app, &name)?;
     Ok(json(status_json(&app, &name, p)))
 }
@@ -592,8 +878,21 @@ async fn status(State(app): State<Arc<App>>, Path(name): Path<String>) -> Result
 /// Prometheus text: per pipeline and partition, what `status` shows.
 /// Attribute names follow the OpenTelemetry messaging conventions, with dots
 /// as underscores (Prometheus' own translation).
-async fn metrics(State(app): State<Arc<App>>) -> Response {
+async fn metrics(State(app): State<Arc<App>>, caller: Option<Extension<Caller>>) -> Response {
+    if let Some(Extension(caller)) = &caller {
+        if !matches!(caller.grant.role, auth::Role::Reader | auth::Role::Operator | auth::Role::Admin) {
+            return forbidden(&app, caller, "read /metrics").into_response();
+        }
+    }
     let mut m = Metrics::default();
+    for (labels, n) in lock(&app.denied).iter() {
+        m.counter(
+            "weir_http_requests_denied_total",
+            "Requests refused: 401 without a known, live token (by reason), 403 without the right (by role).",
+            labels,
+            *n,
+        );
+    }
     let log = app.log.stats();
     m.counter("weir_log_records_appended_total", "Records appended and acknowledged by the log.", "", log.records);
     m.counter("weir_log_group_commits_total", "Group commits (one fsync per touched partition each).", "", log.commits);
@@ -779,45 +1078,79 @@ impl Metrics {
     }
 }
 
-/// Who acts and why: required on every operator action (the audit log keeps both).
+/// Why an operator acts (required; the audit log keeps it), and on whose
+/// behalf when the body names someone besides the token's holder.
 #[derive(serde::Deserialize)]
 struct Action {
     who: Option<String>,
     why: Option<String>,
 }
 
-fn who_and_why(body: &Bytes) -> Result<(String, String), ApiError> {
+fn why_and_for_whom(body: &Bytes) -> Result<(String, Option<String>), ApiError> {
     let a: Action = serde_json::from_slice(body)
-        .map_err(|e| bad(format!("the body must be JSON like {{\"who\":\"alice\",\"why\":\"...\"}}: {e}")))?;
-    match (a.who.filter(|w| !w.trim().is_empty()), a.why.filter(|w| !w.trim().is_empty())) {
-        (Some(who), Some(why)) => Ok((who, why)),
-        _ => Err(bad("say who acts and why: {\"who\":\"alice\",\"why\":\"...\"} (both are kept in the audit log)")),
+        .map_err(|e| bad(format!("the body must be JSON like {{\"why\":\"...\"}}: {e}")))?;
+    match a.why.filter(|w| !w.trim().is_empty()) {
+        Some(why) => Ok((why, a.who.filter(|w| !w.trim().is_empty()))),
+        None => Err(bad("say why: {\"why\":\"...\"} (it is kept in the audit log with the token that acted)")),
     }
 }
 
-async fn set_paused(app: Arc<App>, name: String, body: Bytes, pause: bool) -> Result<Response, ApiError> {
-    let p = pipeline(&app, &name)?;
-    let (who, why) = who_and_why(&body)?;
-    let was = p.paused.swap(pause, Ordering::SeqCst);
+/// The pipeline, when the caller may operate it.
+fn may_operate<'a>(app: &'a App, caller: &Caller, name: &str, what: &str) -> Result<&'a Pipeline, ApiError> {
+    let p = pipeline(app, name)?;
+    if caller.grant.may_operate(name) {
+        Ok(p)
+    } else {
+        Err(forbidden(app, caller, &format!("{what} pipeline {name:?}")))
+    }
+}
+
+async fn set_paused(
+    app: Arc<App>,
+    caller: Caller,
+    name: String,
+    body: Bytes,
+    pause: bool,
+) -> Result<Response, ApiError> {
     let action = if pause { "pause" } else { "resume" };
-    let detail = serde_json::json!({ "was_paused": was });
-    let (n, d, w, pn) = (who.clone(), detail.clone(), why.clone(), name.clone());
-    let seq = app.read(move |c| store::audit(c, &n, action, Some(&pn), &d, &w)).await?;
+    let p = may_operate(&app, &caller, &name, action)?;
+    let (why, for_whom) = why_and_for_whom(&body)?;
+    let was = p.paused.swap(pause, Ordering::SeqCst);
+    let detail = serde_json::json!({ "was_paused": was, "for": for_whom });
+    let seq = audited(&app, &caller, action, Some(name.clone()), detail, why).await?;
     Ok(json(serde_json::json!({ "pipeline": name, "paused": pause, "was_paused": was, "audit": seq })))
 }
 
-async fn pause(State(app): State<Arc<App>>, Path(name): Path<String>, body: Bytes) -> Result<Response, ApiError> {
-    set_paused(app, name, body, true).await
+async fn pause(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    set_paused(app, caller, name, body, true).await
 }
 
-async fn resume(State(app): State<Arc<App>>, Path(name): Path<String>, body: Bytes) -> Result<Response, ApiError> {
-    set_paused(app, name, body, false).await
+async fn resume(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    set_paused(app, caller, name, body, false).await
 }
 
-async fn audit(State(app): State<Arc<App>>, Query(q): Query<BTreeMap<String, String>>) -> Result<Response, ApiError> {
+/// The audit log: admin tokens only.
+async fn audit(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    if !caller.grant.is_admin() {
+        return Err(forbidden(&app, &caller, "read the audit log"));
+    }
     let since = param(&q, "since", 1i64)?;
     let limit = param(&q, "limit", 10_000i64)?;
-    Ok(joined(app.read(move |c| store::audit_log(c, since, limit)).await?))
+    Ok(joined(app.read(move |c| crate::audit::log(c, since, limit)).await?))
 }
 
 #[derive(serde::Deserialize)]
@@ -828,9 +1161,14 @@ struct NewAnnotation {
     note: Option<String>,
 }
 
-async fn annotate(State(app): State<Arc<App>>, Path(name): Path<String>, body: Bytes) -> Result<Response, ApiError> {
-    pipeline(&app, &name)?;
-    let usage = "the body must be JSON like {\"who\":\"alice\",\"from\":\"2026-11-29T14:00:00Z\",\"to\":\"2026-11-29T15:00:00Z\",\"note\":\"...\"}";
+async fn annotate(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    may_operate(&app, &caller, &name, "annotate")?;
+    let usage = "the body must be JSON like {\"from\":\"2026-11-29T14:00:00Z\",\"to\":\"2026-11-29T15:00:00Z\",\"note\":\"...\"}";
     let a: NewAnnotation = serde_json::from_slice(&body).map_err(|e| bad(format!("{usage}: {e}")))?;
     let time = |v: &Option<String>, k: &str| {
         v.as_deref()
@@ -841,24 +1179,40 @@ async fn annotate(State(app): State<Arc<App>>, Path(name): Path<String>, body: B
     if from_ms >= to_ms {
         return Err(bad("`from` must be before `to`"));
     }
-    let (Some(who), Some(note)) = (a.who.filter(|w| !w.trim().is_empty()), a.note.filter(|n| !n.trim().is_empty()))
-    else {
-        return Err(bad(format!("say who annotates and what: {usage}")));
+    let Some(note) = a.note.filter(|n| !n.trim().is_empty()) else {
+        return Err(bad(format!("say what the note is: {usage}")));
     };
-    let (pn, n, w) = (name.clone(), note.clone(), who.clone());
+    // The annotation names the token's holder (and whom it was for, if the body says).
+    let who = match a.who.filter(|w| !w.trim().is_empty()) {
+        Some(w) => format!("{w} via {}", caller.grant.who()),
+        None => caller.grant.who(),
+    };
+    let (pn, n, w, origin, actor) = (name.clone(), note.clone(), who, caller.origin.clone(), caller.grant.who());
     let id = app
         .read(move |c| {
             let id = store::add_annotation(c, &pn, (from_ms, to_ms), &n, &w)?;
-            let detail = serde_json::json!({ "annotation": id, "from": format_rfc3339_ms(from_ms), "to": format_rfc3339_ms(to_ms) });
-            store::audit(c, &w, "annotate", Some(&pn), &detail, &n)?;
+            let detail = serde_json::json!({ "annotation": id, "from": format_rfc3339_ms(from_ms), "to": format_rfc3339_ms(to_ms), "for": w });
+            let entry = crate::audit::Entry {
+                who: &actor,
+                action: "annotate",
+                pipeline: Some(&pn),
+                detail: &detail,
+                why: &n,
+                origin: &origin,
+            };
+            crate::audit::append(c, &entry)?;
             Ok(id)
         })
         .await?;
     Ok(json(serde_json::json!({ "pipeline": name, "annotation": id })))
 }
 
-async fn list_annotations(State(app): State<Arc<App>>, Path(name): Path<String>) -> Result<Response, ApiError> {
-    pipeline(&app, &name)?;
+async fn list_annotations(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    may_read(&app, &caller, &name)?;
     let notes = app.read(move |c| store::annotations(c, &name)).await?;
     let rows = notes
         .iter()
@@ -882,9 +1236,14 @@ struct ReplayBody {
 /// Rebuilds a pipeline's state from the log; rows are republished with
 /// revisions above every one published before (with `from_time`, only those
 /// of windows ending after it).
-async fn replay(State(app): State<Arc<App>>, Path(name): Path<String>, body: Bytes) -> Result<Response, ApiError> {
-    let p = pipeline(&app, &name)?;
-    let (who, why) = who_and_why(&body)?;
+async fn replay(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let p = may_operate(&app, &caller, &name, "replay")?;
+    let (why, for_whom) = why_and_for_whom(&body)?;
     let r: ReplayBody = serde_json::from_slice(&body)
         .map_err(|e| bad(format!("from_offset must be a whole number, from_time an RFC 3339 time: {e}")))?;
     let from_time = match &r.from_time {
@@ -895,9 +1254,9 @@ async fn replay(State(app): State<Arc<App>>, Path(name): Path<String>, body: Byt
         ),
     };
     *lock(&p.replay) = Some(crate::pipeline::Replay { from_offset: r.from_offset, from_time });
-    let detail = serde_json::json!({ "from_offset": r.from_offset.unwrap_or(0), "from_time": r.from_time });
-    let pn = name.clone();
-    let seq = app.read(move |c| store::audit(c, &who, "replay", Some(&pn), &detail, &why)).await?;
+    let detail =
+        serde_json::json!({ "from_offset": r.from_offset.unwrap_or(0), "from_time": r.from_time, "for": for_whom });
+    let seq = audited(&app, &caller, "replay", Some(name.clone()), detail, why).await?;
     let body = serde_json::json!({ "pipeline": name, "replay": "started", "audit": seq }).to_string() + "\n";
     Ok((StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], body).into_response())
 }

@@ -11,6 +11,8 @@
 //! Layout of `--data`: `log/` (the log's topics), `weir.db` (SQLite).
 
 mod alerts;
+pub mod audit;
+pub mod auth;
 mod dashboard;
 mod histogram;
 mod http;
@@ -118,6 +120,8 @@ pub async fn serve(
     let db = opts.data.join("weir.db");
     let conn = store::open(&db).with_context(|| format!("cannot open {}", db.display()))?;
     store::migrate(&conn)?;
+    let origin = format!("weir serve (process {}) reading its contracts folder", std::process::id());
+    audit::record_contracts(&conn, &opts.contracts, &origin)?;
     drop(conn);
 
     // Pipelines over Kafka publish to Postgres, shared by the workers.
@@ -262,7 +266,8 @@ pub async fn serve(
         format!("cannot listen on {}: is another server using it? choose one with --listen", opts.listen)
     })?;
     on_listen(listener.local_addr()?);
-    let served = axum::serve(listener, http::router(app)).with_graceful_shutdown(shutdown).await;
+    let service = http::router(app).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let served = axum::serve(listener, service).with_graceful_shutdown(shutdown).await;
     retention.abort();
     alerting.abort();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);

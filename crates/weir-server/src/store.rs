@@ -7,8 +7,10 @@
 //! one, the engine's changed state, and the log offsets it consumed. After
 //! any crash the database holds some checkpoint whole, never a part.
 //!
-//! Schema version 2 (version 1 is migrated in place: `changes` gains
-//! `at_ms`, `run` and `sources`, and `runs` is created):
+//! Schema version 3 (older ones are migrated in place: version 1's
+//! `changes` gains `at_ms`, `run` and `sources`, and `runs` is created;
+//! version 2's `audit` gains `origin` and its hash chain, and `tokens` is
+//! created):
 //!
 //! | table | holds |
 //! |---|---|
@@ -25,14 +27,15 @@
 //! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
 //! | `annotations` | notes on a pipeline and an event-time range; rows whose window overlaps one carry its id |
 //! | `sinks` | per pipeline and Kafka sink topic: the next `seq` to publish (table added without a version change: older builds ignore it) |
-//! | `audit` | operator actions: who, when, what, why (append-only: triggers refuse updates and deletes) |
+//! | `audit` | token changes, operator actions, contract changes, replays and raw reads: who, when, what, why, from where; each entry's `hash` chains it to the one before (append-only: triggers refuse updates and deletes; see `audit.rs`) |
+//! | `tokens` | bearer tokens: id, role, what they name, expiry, revocation, and the SHA-256 of the secret (see `auth.rs`) |
 
 use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension};
 use weir_engine::{Delta, IdEntry, LedgerEntry, Output, Row, RowFormat};
 
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -71,7 +74,8 @@ CREATE TABLE IF NOT EXISTS annotations (
     note TEXT NOT NULL, who TEXT NOT NULL, at_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, who TEXT NOT NULL, action TEXT NOT NULL,
-    pipeline TEXT, detail TEXT NOT NULL, why TEXT NOT NULL);
+    pipeline TEXT, detail TEXT NOT NULL, why TEXT NOT NULL,
+    origin TEXT NOT NULL DEFAULT '', prev_hash TEXT NOT NULL DEFAULT '', hash TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS sinks (pipeline TEXT NOT NULL, topic TEXT NOT NULL, next_seq INTEGER NOT NULL,
     PRIMARY KEY (pipeline, topic));
 CREATE TRIGGER IF NOT EXISTS audit_append_only_update BEFORE UPDATE ON audit
@@ -127,26 +131,35 @@ pub(crate) fn decode_ids(bytes: &[u8], into: &mut std::collections::HashMap<u128
 /// Creates the schema, or checks that the database's is this build's.
 pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
     conn.execute_batch(SCHEMA)?;
+    conn.execute_batch(crate::auth::SCHEMA)?;
     let found: Option<String> =
         conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0)).optional()?;
-    match found {
+    let mut version = match found {
         None => {
             conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?1)", [SCHEMA_VERSION.to_string()])?;
+            SCHEMA_VERSION
         }
-        Some(v) if v == SCHEMA_VERSION.to_string() => {}
-        Some(v) if v == "1" => {
-            conn.execute_batch(
-                "BEGIN IMMEDIATE;
-                 ALTER TABLE changes ADD COLUMN at_ms INTEGER;
-                 ALTER TABLE changes ADD COLUMN run INTEGER;
-                 ALTER TABLE changes ADD COLUMN sources TEXT;
-                 UPDATE meta SET value = '2' WHERE key = 'schema_version';
-                 COMMIT;",
-            )?;
-        }
-        Some(v) => anyhow::bail!(
-            "the results database has schema version {v}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or move weir.db aside to rebuild results from the log"
-        ),
+        Some(v) => v.parse::<i64>().unwrap_or(i64::MAX),
+    };
+    if version == 1 {
+        conn.execute_batch(
+            "BEGIN IMMEDIATE;
+             ALTER TABLE changes ADD COLUMN at_ms INTEGER;
+             ALTER TABLE changes ADD COLUMN run INTEGER;
+             ALTER TABLE changes ADD COLUMN sources TEXT;
+             UPDATE meta SET value = '2' WHERE key = 'schema_version';
+             COMMIT;",
+        )?;
+        version = 2;
+    }
+    if version == 2 {
+        crate::audit::migrate_to_chain(conn)?;
+        version = 3;
+    }
+    if version != SCHEMA_VERSION {
+        anyhow::bail!(
+            "the results database has schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or move weir.db aside to rebuild results from the log"
+        );
     }
     Ok(())
 }
@@ -467,43 +480,6 @@ pub fn is_paused(conn: &Connection, pipeline: &str) -> rusqlite::Result<bool> {
     conn.query_row("SELECT count(*) FROM pauses WHERE pipeline = ?1", [pipeline], |r| r.get::<_, i64>(0)).map(|n| n > 0)
 }
 
-/// One operator action, appended to the audit log; returns its `seq`.
-pub fn audit(
-    conn: &Connection,
-    who: &str,
-    action: &str,
-    pipeline: Option<&str>,
-    detail: &serde_json::Value,
-    why: &str,
-) -> rusqlite::Result<i64> {
-    conn.execute(
-        "INSERT INTO audit (at_ms, who, action, pipeline, detail, why) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![weir_log::now_ms(), who, action, pipeline, detail.to_string(), why],
-    )?;
-    Ok(conn.last_insert_rowid())
-}
-
-/// The audit log from `since`, as JSON lines.
-pub fn audit_log(conn: &Connection, since: i64, limit: i64) -> rusqlite::Result<Vec<String>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT seq, at_ms, who, action, pipeline, detail, why FROM audit WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
-    )?;
-    let rows = stmt.query_map(params![since, limit], |r| {
-        let detail: String = r.get(5)?;
-        Ok(serde_json::json!({
-            "seq": r.get::<_, i64>(0)?,
-            "at": weir_engine::time::format_rfc3339_ms(r.get(1)?),
-            "who": r.get::<_, String>(2)?,
-            "action": r.get::<_, String>(3)?,
-            "pipeline": r.get::<_, Option<String>>(4)?,
-            "detail": serde_json::from_str::<serde_json::Value>(&detail).unwrap_or(serde_json::Value::Null),
-            "why": r.get::<_, String>(6)?,
-        })
-        .to_string())
-    })?;
-    rows.collect()
-}
-
 /// An annotation: a note on an event-time range of a pipeline.
 pub struct Annotation {
     pub id: i64,
@@ -688,14 +664,6 @@ pub fn latest_ledger(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite:
     let mut stmt = conn.prepare_cached("SELECT entry FROM ledger WHERE pipeline = ?1 ORDER BY seq DESC LIMIT ?2")?;
     let rows = stmt.query_map(params![pipeline, limit], |r| r.get::<_, String>(0))?;
     rows.collect()
-}
-
-/// The newest `limit` audit entries, newest first.
-pub fn latest_audit(conn: &Connection, limit: i64) -> rusqlite::Result<Vec<String>> {
-    let last: i64 = conn.query_row("SELECT coalesce(max(seq), 0) FROM audit", [], |r| r.get(0))?;
-    let mut rows = audit_log(conn, (last - limit + 1).max(1), limit)?;
-    rows.reverse();
-    Ok(rows)
 }
 
 /// The next `seq` a `[sink]` publishes to `topic` (1 at first).

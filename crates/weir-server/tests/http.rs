@@ -56,6 +56,7 @@ impl Server {
     fn start_with(name: &str, contract: &str, config: &str) -> Server {
         let dir = std::env::temp_dir().join(format!("weir-server-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
+        let tokens = make_tokens(&dir);
         let contract = Contract::parse("paid.toml", contract).unwrap();
         let config = ServerConfig::parse("weir.toml", config).unwrap();
         let log_options = LogOptions::default();
@@ -77,6 +78,7 @@ impl Server {
             .unwrap();
         });
         let addr = addr_rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        TOKENS.lock().unwrap_or_else(|e| e.into_inner()).push((addr.to_string(), tokens));
         Server { url: format!("http://{addr}"), dir, fail, stop: Some(stop_tx), thread: Some(thread) }
     }
 }
@@ -97,13 +99,70 @@ fn agent() -> ureq::Agent {
     ureq::Agent::config_builder().http_status_as_error(false).build().into()
 }
 
+/// One token of each role over everything, made on the data folder before the server starts.
+#[derive(Clone)]
+struct Tokens {
+    producer: String,
+    reader: String,
+    raw_reader: String,
+    operator: String,
+    admin: String,
+}
+
+fn make_tokens(dir: &std::path::Path) -> Tokens {
+    use weir_server::auth::{create, NewToken, Role};
+    std::fs::create_dir_all(dir).unwrap();
+    let conn = weir_server::store::open(&dir.join("weir.db")).unwrap();
+    weir_server::store::migrate(&conn).unwrap();
+    let all = vec!["*".to_owned()];
+    let make = |role: Role, topics: &[String], pipelines: &[String]| {
+        let new = NewToken {
+            role,
+            name: "test".into(),
+            topics: topics.to_vec(),
+            pipelines: pipelines.to_vec(),
+            expires_in_ms: None,
+        };
+        create(&conn, &new).unwrap().0
+    };
+    Tokens {
+        producer: make(Role::Producer, &all, &[]),
+        reader: make(Role::Reader, &[], &all),
+        raw_reader: make(Role::RawReader, &all, &[]),
+        operator: make(Role::Operator, &[], &all),
+        admin: make(Role::Admin, &[], &[]),
+    }
+}
+
+/// The servers' tokens by `host:port`.
+static TOKENS: std::sync::Mutex<Vec<(String, Tokens)>> = std::sync::Mutex::new(Vec::new());
+
+/// A request with the token of the role its path needs.
+fn authed<B>(r: ureq::RequestBuilder<B>, method: &str, url: &str) -> ureq::RequestBuilder<B> {
+    let rest = url.trim_start_matches("http://");
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let path = format!("/{}", path.split('?').next().unwrap_or(""));
+    let found =
+        TOKENS.lock().unwrap_or_else(|e| e.into_inner()).iter().rev().find(|(h, _)| h == host).map(|(_, t)| t.clone());
+    let Some(t) = found else { return r };
+    let operator_action = ["/pause", "/resume", "/annotations", "/replay"].iter().any(|a| path.ends_with(a));
+    let token = match (method, path.as_str()) {
+        ("POST", p) if p.starts_with("/v1/topics/") => t.producer,
+        (_, p) if p.starts_with("/v1/topics/") => t.raw_reader,
+        ("POST", _) if operator_action => t.operator,
+        (_, p) if p.starts_with("/v1/audit") || p.starts_with("/v1/tokens") || p == "/v1/dashboard" => t.admin,
+        _ => t.reader,
+    };
+    r.header("authorization", format!("Bearer {token}"))
+}
+
 fn post(url: &str, body: &str) -> (u16, String) {
-    let mut r = agent().post(url).send(body).unwrap();
+    let mut r = authed(agent().post(url), "POST", url).send(body).unwrap();
     (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
 }
 
 fn get(url: &str) -> (u16, String) {
-    let mut r = agent().get(url).call().unwrap();
+    let mut r = authed(agent().get(url), "GET", url).call().unwrap();
     let status = r.status().as_u16();
     (status, r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap())
 }
@@ -127,7 +186,7 @@ fn refusals_name_the_line_and_append_nothing() {
     assert!(body.contains("line 4 is") && body.contains("max_event_bytes = 200"), "{body}");
     let (code, body) = post(&url, "\n\n");
     assert_eq!(code, 400, "{body}");
-    let mut r = agent().post(&url).send(&b"{\"id\":\"\xff\xfe\"}\n"[..]).unwrap();
+    let mut r = authed(agent().post(&url), "POST", &url).send(&b"{\"id\":\"\xff\xfe\"}\n"[..]).unwrap();
     let (code, body) = (r.status().as_u16(), r.body_mut().read_to_string().unwrap());
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("line 1 is not UTF-8"), "{body}");
@@ -360,7 +419,7 @@ fn an_alert_fires_with_its_fields_reaches_the_webhook_and_resolves() {
 }
 
 fn post_json(url: &str, body: &str) -> (u16, String) {
-    let mut r = agent().post(url).header("content-type", "application/json").send(body).unwrap();
+    let mut r = authed(agent().post(url), "POST", url).header("content-type", "application/json").send(body).unwrap();
     (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
 }
 
@@ -430,14 +489,17 @@ fn pause_publishes_nothing_loses_nothing_and_resume_publishes_it_all() {
     }
     let audit: Vec<serde_json::Value> =
         get(&format!("{}/v1/audit", s.url)).1.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(audit.len(), 2, "{audit:?}");
-    assert_eq!(
-        (audit[0]["action"].as_str(), audit[0]["who"].as_str(), audit[0]["pipeline"].as_str()),
-        (Some("pause"), Some("alice"), Some("paid"))
-    );
-    assert_eq!(audit[0]["why"], "bad amounts from the EU gateway");
-    assert_eq!((audit[1]["action"].as_str(), audit[1]["who"].as_str()), (Some("resume"), Some("bob")));
-    assert!(audit[0]["at"].as_str().is_some_and(|t| t.ends_with('Z')));
+    // The contract's first run, then the two actions: by the operator's token, for whom the body says, from where.
+    assert_eq!(audit.len(), 3, "{audit:?}");
+    assert_eq!((audit[0]["action"].as_str(), audit[0]["pipeline"].as_str()), (Some("contract-add"), Some("paid")));
+    let (pause, resume) = (&audit[1], &audit[2]);
+    assert_eq!((pause["action"].as_str(), pause["pipeline"].as_str()), (Some("pause"), Some("paid")));
+    assert!(pause["who"].as_str().is_some_and(|w| w.starts_with("test (token ")), "{pause}");
+    assert_eq!(pause["detail"]["for"], "alice");
+    assert!(pause["from"].as_str().is_some_and(|f| f.starts_with("127.0.0.1:")), "{pause}");
+    assert_eq!(pause["why"], "bad amounts from the EU gateway");
+    assert_eq!((resume["action"].as_str(), resume["detail"]["for"].as_str()), (Some("resume"), Some("bob")));
+    assert!(pause["at"].as_str().is_some_and(|t| t.ends_with('Z')));
     let db = rusqlite::Connection::open(s.dir.join("weir.db")).unwrap();
     let refused = db.execute("UPDATE audit SET who = 'mallory'", []).unwrap_err().to_string();
     assert!(refused.contains("append-only"), "{refused}");
@@ -518,7 +580,7 @@ fn annotations_mark_the_rows_of_their_range_and_are_audited() {
         assert!(marked >= 1);
     }
     let listed = get(&url).1;
-    assert!(listed.contains("gateway double-sent") && listed.contains("\"who\":\"alice\""), "{listed}");
+    assert!(listed.contains("gateway double-sent") && listed.contains("\"who\":\"alice via test (token "), "{listed}");
     let audit = get(&format!("{}/v1/audit", s.url)).1;
     assert!(audit.contains("\"action\":\"annotate\"") && audit.contains(&format!("\"annotation\":{id}")), "{audit}");
 }

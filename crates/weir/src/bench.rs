@@ -46,6 +46,9 @@ impl Drop for Folder {
 struct Server {
     child: Child,
     base: String,
+    /// Tokens made on the server's data folder before it started.
+    producer: String,
+    reader: String,
 }
 
 impl Drop for Server {
@@ -58,6 +61,7 @@ impl Drop for Server {
 /// Starts `weir serve` on `dir` and returns once it serves.
 fn serve(dir: &Path, port: u16) -> Result<Server, Failure> {
     let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find the weir binary: {e}")))?;
+    let tokens = crate::access::role_tokens(&dir.join("data"), "weir bench")?;
     let mut child = Command::new(exe)
         .arg("serve")
         .arg("--data")
@@ -87,7 +91,7 @@ fn serve(dir: &Path, port: u16) -> Result<Server, Failure> {
             eprintln!("  weir serve: {line}");
         }
     });
-    Ok(Server { child, base: format!("http://127.0.0.1:{port}") })
+    Ok(Server { child, base: format!("http://127.0.0.1:{port}"), producer: tokens.producer, reader: tokens.reader })
 }
 
 fn free_port() -> Result<u16, Failure> {
@@ -112,14 +116,15 @@ fn batches(events: u64, batch: usize, start_ms: i64, rate: u64) -> Vec<String> {
     out
 }
 
-fn status(agent: &ureq::Agent, base: &str) -> Option<serde_json::Value> {
-    let mut r = agent.get(&format!("{base}/v1/pipelines/paid_revenue/status")).call().ok()?;
+fn status(agent: &ureq::Agent, server: &Server) -> Option<serde_json::Value> {
+    let url = format!("{}/v1/pipelines/paid_revenue/status", server.base);
+    let mut r = crate::client::with_token(agent.get(&url), Some(&server.reader)).call().ok()?;
     serde_json::from_str(&r.body_mut().read_to_string().ok()?).ok()
 }
 
 /// Posts all batches from `connections` threads; returns the wall time.
-fn post_all(base: &str, batches: &[String], connections: usize) -> Result<Duration, Failure> {
-    let url = format!("{base}/v1/topics/payments/events");
+fn post_all(server: &Server, batches: &[String], connections: usize) -> Result<Duration, Failure> {
+    let url = format!("{}/v1/topics/payments/events", server.base);
     let next = AtomicU64::new(0);
     let failed = Mutex::new(None);
     let started = Instant::now();
@@ -130,13 +135,15 @@ fn post_all(base: &str, batches: &[String], connections: usize) -> Result<Durati
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed) as usize;
                     let Some(body) = batches.get(i) else { break };
-                    if let Err(e) = crate::client::post_batch(&agent, &url, body).and_then(|ok| {
-                        if ok {
-                            Ok(())
-                        } else {
-                            Err("not acknowledged".to_owned())
-                        }
-                    }) {
+                    if let Err(e) =
+                        crate::client::post_batch(&agent, &url, body, Some(&server.producer)).and_then(|ok| {
+                            if ok {
+                                Ok(())
+                            } else {
+                                Err("not acknowledged".to_owned())
+                            }
+                        })
+                    {
                         *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                         break;
                     }
@@ -151,11 +158,11 @@ fn post_all(base: &str, batches: &[String], connections: usize) -> Result<Durati
 }
 
 /// Waits until the pipeline has read `events` and checkpointed them.
-fn caught_up(base: &str, events: u64, within: Duration) -> Result<Duration, Failure> {
+fn caught_up(server: &Server, events: u64, within: Duration) -> Result<Duration, Failure> {
     let agent = crate::client::agent();
     let started = Instant::now();
     loop {
-        if let Some(s) = status(&agent, base) {
+        if let Some(s) = status(&agent, server) {
             if s["events"]["read"].as_u64() >= Some(events) && s["lag_records"] == 0 {
                 return Ok(started.elapsed());
             }
@@ -171,13 +178,13 @@ pub fn ingest(events: u64, batch: usize, connections: usize) -> Result<(), Failu
     let dir = Folder::new("ingest")?;
     let server = serve(&dir.0, free_port()?)?;
     let batches = batches(events, batch, GEN_START_MS, 1_000);
-    let wall = post_all(&server.base, &batches, connections)?;
+    let wall = post_all(&server, &batches, connections)?;
     let rate = events as f64 / wall.as_secs_f64();
     println!(
         "ingest: {events} events in batches of {batch} from {connections} connections: {:.2} s, {rate:.0} events/s acknowledged (fsynced)",
         wall.as_secs_f64()
     );
-    let behind = caught_up(&server.base, events, Duration::from_secs(300))?;
+    let behind = caught_up(&server, events, Duration::from_secs(300))?;
     println!("        the pipeline had read and checkpointed them all {:.2} s later", behind.as_secs_f64());
     Ok(())
 }
@@ -193,13 +200,15 @@ pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
     let done = Arc::new(AtomicBool::new(false));
     let poller = {
         let (base, sent_at, done) = (server.base.clone(), Arc::clone(&sent_at), Arc::clone(&done));
+        let reader = server.reader.clone();
         std::thread::spawn(move || {
             let agent = crate::client::agent();
             let mut since = 1u64;
             let mut latencies = Vec::new();
             let mut seen = std::collections::HashSet::new();
             while !done.load(Ordering::SeqCst) {
-                let got = agent.get(&format!("{base}/v1/pipelines/paid_revenue/changes?since={since}")).call();
+                let url = format!("{base}/v1/pipelines/paid_revenue/changes?since={since}");
+                let got = crate::client::with_token(agent.get(&url), Some(&reader)).call();
                 let now = Instant::now();
                 if let Ok(mut r) = got {
                     let body = r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap_or_default();
@@ -238,7 +247,7 @@ pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
             stream.next(now_ms, &mut body);
         }
         sent_at.lock().unwrap_or_else(|e| e.into_inner()).push(Instant::now());
-        if !matches!(crate::client::post_batch(&agent, &url, &body), Ok(true)) {
+        if !matches!(crate::client::post_batch(&agent, &url, &body, Some(&server.producer)), Ok(true)) {
             return Err(fail("a batch was not acknowledged".into()));
         }
         posted += per_batch;
@@ -273,8 +282,8 @@ pub fn recovery(events: u64) -> Result<(), Failure> {
     let port = free_port()?;
     let server = serve(&dir.0, port)?;
     let batches = batches(events, 1_000, GEN_START_MS, 1_000);
-    post_all(&server.base, &batches, 4)?;
-    caught_up(&server.base, events, Duration::from_secs(600))?;
+    post_all(&server, &batches, 4)?;
+    caught_up(&server, events, Duration::from_secs(600))?;
     // A checkpoint about a second old: wait, then a few more events.
     std::thread::sleep(Duration::from_secs(1));
     let mut server = server;
@@ -284,13 +293,13 @@ pub fn recovery(events: u64) -> Result<(), Failure> {
     let server = serve(&dir.0, port)?;
     let serving = started.elapsed();
     let agent = crate::client::agent();
-    while status(&agent, &server.base).is_none() {
+    while status(&agent, &server).is_none() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let answering = started.elapsed();
-    caught_up(&server.base, 0, Duration::from_secs(60))?;
+    caught_up(&server, 0, Duration::from_secs(60))?;
     let restored = loop {
-        if let Some(s) = status(&agent, &server.base) {
+        if let Some(s) = status(&agent, &server) {
             if s["events"]["read"].as_u64() > Some(0) || s["open_windows"].as_u64() > Some(0) {
                 break started.elapsed();
             }

@@ -16,10 +16,27 @@ pub fn agent() -> ureq::Agent {
         .into()
 }
 
+/// The token commands against a server send: `WEIR_TOKEN`.
+pub fn env_token() -> Option<String> {
+    std::env::var("WEIR_TOKEN").ok().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty())
+}
+
+/// A request with `token` as its bearer token.
+pub fn with_token<B>(r: ureq::RequestBuilder<B>, token: Option<&str>) -> ureq::RequestBuilder<B> {
+    match token {
+        Some(t) => r.header("authorization", format!("Bearer {t}")),
+        None => r,
+    }
+}
+
+fn authed<B>(r: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
+    with_token(r, env_token().as_deref())
+}
+
 /// One POST of a batch: `Ok(true)` acknowledged, `Ok(false)` worth retrying
 /// (the server was unreachable or answered 503), `Err` a refusal to report.
-pub fn post_batch(agent: &ureq::Agent, url: &str, body: &str) -> Result<bool, String> {
-    match agent.post(url).header("content-type", "application/x-ndjson").send(body) {
+pub fn post_batch(agent: &ureq::Agent, url: &str, body: &str, token: Option<&str>) -> Result<bool, String> {
+    match with_token(agent.post(url), token).header("content-type", "application/x-ndjson").send(body) {
         Ok(mut r) => {
             let code = r.status().as_u16();
             let text = r.body_mut().read_to_string().unwrap_or_default();
@@ -70,6 +87,7 @@ pub fn produce(args: ProduceArgs<'_>) -> Result<(), Failure> {
         None => None,
     };
     let agent = agent();
+    let token = env_token();
     let started = Instant::now();
     let (mut sent, mut retries, mut batch, mut first_line) = (0u64, 0u64, String::new(), 1u64);
     let mut lines = BufReader::new(reader).lines();
@@ -89,7 +107,7 @@ pub fn produce(args: ProduceArgs<'_>) -> Result<(), Failure> {
             loop {
                 let sent_batch = match &to_kafka {
                     Some(k) => k.send(&batch, first_line),
-                    None => post_batch(&agent, &url, &batch),
+                    None => post_batch(&agent, &url, &batch, token.as_deref()),
                 };
                 match sent_batch {
                     Ok(true) => break,
@@ -196,8 +214,7 @@ fn plain(v: &serde_json::Value) -> String {
 
 /// GETs a body the server answered with 200, else its error as a failure.
 fn get_ok(agent: &ureq::Agent, url: &str) -> Result<String, Failure> {
-    let mut r = agent
-        .get(url)
+    let mut r = authed(agent.get(url))
         .call()
         .map_err(|e| Failure::run(anyhow::anyhow!("cannot reach {url}: {e}; is weir serve running there?")))?;
     let code = r.status().as_u16();
@@ -211,8 +228,7 @@ fn get_ok(agent: &ureq::Agent, url: &str) -> Result<String, Failure> {
 /// POSTs a JSON body; the answer as JSON when the server accepted it (2xx),
 /// else its error as a failure.
 fn post_json(url: &str, body: &serde_json::Value) -> Result<serde_json::Value, Failure> {
-    let mut r = agent()
-        .post(url)
+    let mut r = authed(agent().post(url))
         .header("content-type", "application/json")
         .send(&body.to_string())
         .map_err(|e| Failure::run(anyhow::anyhow!("cannot reach {url}: {e}; is weir serve running there?")))?;
@@ -332,7 +348,14 @@ pub struct ReplayFrom {
     pub time: Option<String>,
 }
 
-pub fn act(url: &str, pipeline: &str, action: &str, who: &str, why: &str, from: ReplayFrom) -> Result<(), Failure> {
+pub fn act(
+    url: &str,
+    pipeline: &str,
+    action: &str,
+    who: Option<&str>,
+    why: &str,
+    from: ReplayFrom,
+) -> Result<(), Failure> {
     let target = format!("{}/v1/pipelines/{pipeline}/{action}", url.trim_end_matches('/'));
     let body = serde_json::json!({ "who": who, "why": why, "from_offset": from.offset, "from_time": from.time });
     let v = post_json(&target, &body)?;
@@ -354,7 +377,13 @@ pub fn act(url: &str, pipeline: &str, action: &str, who: &str, why: &str, from: 
 }
 
 /// `weir annotate PIPELINE --from --to --note --who`: a note on an event-time range.
-pub fn annotate(url: &str, pipeline: &str, (from, to): (&str, &str), note: &str, who: &str) -> Result<(), Failure> {
+pub fn annotate(
+    url: &str,
+    pipeline: &str,
+    (from, to): (&str, &str),
+    note: &str,
+    who: Option<&str>,
+) -> Result<(), Failure> {
     let target = format!("{}/v1/pipelines/{pipeline}/annotations", url.trim_end_matches('/'));
     let body = serde_json::json!({ "who": who, "from": from, "to": to, "note": note });
     let v = post_json(&target, &body)?;

@@ -199,6 +199,8 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
             }
         }
     };
+    // One token of each role, made before the server starts and printed.
+    let tokens = crate::access::role_tokens(&data, "weir demo")?;
     let opts =
         weir_server::ServeOptions { data: data.clone(), contracts, config, listen, log_options: LogOptions::default() };
     let server = std::thread::spawn(move || {
@@ -221,11 +223,11 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
         }
     };
     let base = format!("http://{addr}");
-    print_intro(&base, &data, args.rate);
+    print_intro(&base, &data, args.rate, &tokens);
     let sent = Arc::new(AtomicU64::new(0));
     let producer = {
-        let (base, stop, sent) = (base.clone(), Arc::clone(&stop), Arc::clone(&sent));
-        std::thread::spawn(move || produce(&base, args.rate.max(1), &stop, &sent))
+        let (base, stop, sent, token) = (base.clone(), Arc::clone(&stop), Arc::clone(&sent), tokens.producer.clone());
+        std::thread::spawn(move || produce(&base, &token, args.rate.max(1), &stop, &sent))
     };
     let started = Instant::now();
     let mut next_report = Instant::now() + Duration::from_secs(5);
@@ -236,7 +238,7 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
         }
         if Instant::now() >= next_report {
             next_report += Duration::from_secs(5);
-            report(&base, sent.load(Ordering::Relaxed));
+            report(&base, &tokens.reader, sent.load(Ordering::Relaxed));
         }
     }
     stop.store(true, Ordering::SeqCst);
@@ -252,25 +254,31 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-fn print_intro(base: &str, data: &Path, rate: u64) {
+fn print_intro(base: &str, data: &Path, rate: u64, t: &crate::access::RoleTokens) {
     eprintln!("weir demo: a SaaS billing team's three decisions, served at {base}");
     eprintln!("  data (log, results in SQLite, contracts): {}", data.display());
     eprintln!("  posting about {rate} events/s: payments, plan changes, teammate invitations;");
     eprintln!("  a few per cent late, duplicated, conflicting or malformed\n");
+    eprintln!("tokens (every request needs one; `weir token create --data {}` makes more):", data.display());
+    eprintln!("  producer   {}", t.producer);
+    eprintln!("  reader     {}", t.reader);
+    eprintln!("  raw-reader {}", t.raw_reader);
+    eprintln!("  operator   {}", t.operator);
+    eprintln!("  admin      {}\n", t.admin);
     eprintln!("look at:");
-    eprintln!("  {base}/    (the dashboard: live charts, latest rows, ledger, alerts, incidents)");
-    eprintln!("  {base}/v1/pipelines");
+    eprintln!("  {base}/#token={}    (the dashboard: live charts, latest rows, ledger, alerts, incidents)", t.admin);
+    eprintln!("  curl -H 'Authorization: Bearer {}' {base}/v1/pipelines", t.reader);
     for p in ["paid_revenue", "current_plan", "accepted_invites"] {
         eprintln!("  {base}/v1/pipelines/{p}/results    .../changes?since=1    .../ledger    .../status");
     }
-    eprintln!("  {base}/v1/topics/payments/events?partition=0&from=0&limit=10");
-    eprintln!("  or: weir results paid_revenue --url {base}\n");
+    eprintln!("  {base}/v1/topics/payments/events?partition=0&from=0&limit=10    (raw-reader; audited)");
+    eprintln!("  or: WEIR_TOKEN={} weir results paid_revenue --url {base}\n", t.reader);
     eprintln!("Ctrl-C stops it (after a last checkpoint).\n");
 }
 
 /// Posts every 100 ms a tenth of a second's worth of events, with event
 /// times around now, until `stop`.
-fn produce(base: &str, rate: u64, stop: &AtomicBool, sent: &AtomicU64) {
+fn produce(base: &str, token: &str, rate: u64, stop: &AtomicBool, sent: &AtomicU64) {
     let agent = crate::client::agent();
     let mut payments = PaymentStream::new(2026, 2_000, Profile::Realistic, true);
     let mut rng = Rng::new(7);
@@ -296,7 +304,9 @@ fn produce(base: &str, rate: u64, stop: &AtomicBool, sent: &AtomicU64) {
             let url = format!("{base}/v1/topics/{topic}/events");
             let mut wait = Duration::from_millis(50);
             // Retried until acknowledged: a 503 or a dropped connection loses nothing.
-            while !matches!(crate::client::post_batch(&agent, &url, body), Ok(true)) && !stop.load(Ordering::SeqCst) {
+            while !matches!(crate::client::post_batch(&agent, &url, body, Some(token)), Ok(true))
+                && !stop.load(Ordering::SeqCst)
+            {
                 std::thread::sleep(wait);
                 wait = (wait * 2).min(Duration::from_secs(2));
             }
@@ -340,11 +350,12 @@ fn invitation(rng: &mut Rng, n: u64, now: i64, out: &mut String) {
 }
 
 /// One line per pipeline from its status endpoint.
-fn report(base: &str, sent: u64) {
+fn report(base: &str, token: &str, sent: u64) {
     let agent = crate::client::agent();
     let mut line = format!("posted {sent:>8}");
     for p in ["paid_revenue", "current_plan", "accepted_invites"] {
-        let Ok(mut r) = agent.get(&format!("{base}/v1/pipelines/{p}/status")).call() else { continue };
+        let url = format!("{base}/v1/pipelines/{p}/status");
+        let Ok(mut r) = crate::client::with_token(agent.get(&url), Some(token)).call() else { continue };
         let Ok(body) = r.body_mut().read_to_string() else { continue };
         let Ok(s) = serde_json::from_str::<serde_json::Value>(&body) else { continue };
         let ledger: Vec<String> = s["ledger"]

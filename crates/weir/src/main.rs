@@ -1,6 +1,7 @@
 //! The `weir` command line (SPEC.md section 6). Exit status: 0 success,
 //! 1 a failed comparison or run, 2 bad arguments or a contract that cannot run.
 
+mod access;
 mod bench;
 mod client;
 mod demo;
@@ -129,8 +130,9 @@ enum Command {
     /// Stop publishing a pipeline's rows (processing goes on; nothing is lost); recorded in the audit log.
     Pause {
         pipeline: String,
+        /// On whose behalf, when not the token's holder (the token says who acts).
         #[arg(long)]
-        who: String,
+        who: Option<String>,
         #[arg(long)]
         why: String,
         #[arg(long, default_value = "http://127.0.0.1:8080")]
@@ -139,8 +141,9 @@ enum Command {
     /// Publish everything held since the pause, and go on publishing; recorded in the audit log.
     Resume {
         pipeline: String,
+        /// On whose behalf, when not the token's holder (the token says who acts).
         #[arg(long)]
-        who: String,
+        who: Option<String>,
         #[arg(long)]
         why: String,
         #[arg(long, default_value = "http://127.0.0.1:8080")]
@@ -156,16 +159,18 @@ enum Command {
         to: String,
         #[arg(long)]
         note: String,
+        /// On whose behalf, when not the token's holder (the token says who acts).
         #[arg(long)]
-        who: String,
+        who: Option<String>,
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
     },
     /// Rebuild a pipeline's state from the log and republish its rows with higher revisions; recorded in the audit log.
     Replay {
         pipeline: String,
+        /// On whose behalf, when not the token's holder (the token says who acts).
         #[arg(long)]
-        who: String,
+        who: Option<String>,
         #[arg(long)]
         why: String,
         /// Start every partition at this offset (default: the first record kept).
@@ -212,6 +217,68 @@ enum Command {
     Gen {
         #[command(subcommand)]
         what: GenWhat,
+    },
+    /// Make, revoke and list the bearer tokens of a server's data folder (run on the server's machine).
+    Token {
+        #[command(subcommand)]
+        what: TokenWhat,
+    },
+    /// Check the audit log's hash chain.
+    Audit {
+        #[command(subcommand)]
+        what: AuditWhat,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenWhat {
+    /// Make a token and print it (once; only its hash is kept). Commands against a server read it from WEIR_TOKEN.
+    Create {
+        /// The server's data folder (`weir serve --data`).
+        #[arg(long)]
+        data: PathBuf,
+        /// producer, reader, raw-reader, operator or admin.
+        #[arg(long)]
+        role: String,
+        /// Whom it is for (kept in the audit log with everything the token does).
+        #[arg(long)]
+        name: String,
+        /// A topic a producer or raw-reader may use (repeat it; * for every topic).
+        #[arg(long = "topic")]
+        topics: Vec<String>,
+        /// A pipeline a reader or operator may use (repeat it; * for every pipeline).
+        #[arg(long = "pipeline")]
+        pipelines: Vec<String>,
+        /// It stops working after this long (e.g. 30d, 12h); default: until revoked.
+        #[arg(long)]
+        expires: Option<String>,
+        #[arg(long, default_value = "")]
+        why: String,
+    },
+    /// Revoke a token by its id: requests with it are refused from the next one on.
+    Revoke {
+        id: String,
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long, default_value = "")]
+        why: String,
+    },
+    /// Every token made, as JSON lines (no secrets).
+    List {
+        #[arg(long)]
+        data: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditWhat {
+    /// Walk the hash chain from the first entry; exit 1 naming the first entry that breaks it.
+    Verify {
+        #[arg(long)]
+        data: PathBuf,
+        /// The head hash an earlier verify printed: also proves no entry was removed from the end since.
+        #[arg(long)]
+        expect_head: Option<String>,
     },
 }
 
@@ -345,21 +412,21 @@ fn main() -> ExitCode {
             give_up_after: std::time::Duration::from_secs(retry_for),
         }),
         Command::Pause { pipeline, who, why, url } => {
-            client::act(&url, &pipeline, "pause", &who, &why, client::ReplayFrom::default())
+            client::act(&url, &pipeline, "pause", who.as_deref(), &why, client::ReplayFrom::default())
         }
         Command::Resume { pipeline, who, why, url } => {
-            client::act(&url, &pipeline, "resume", &who, &why, client::ReplayFrom::default())
+            client::act(&url, &pipeline, "resume", who.as_deref(), &why, client::ReplayFrom::default())
         }
         Command::Replay { pipeline, who, why, from_offset, from_time, url } => client::act(
             &url,
             &pipeline,
             "replay",
-            &who,
+            who.as_deref(),
             &why,
             client::ReplayFrom { offset: from_offset, time: from_time },
         ),
         Command::Annotate { pipeline, from, to, note, who, url } => {
-            client::annotate(&url, &pipeline, (&from, &to), &note, &who)
+            client::annotate(&url, &pipeline, (&from, &to), &note, who.as_deref())
         }
         Command::Status { pipeline, url } => client::status(&url, pipeline.as_deref()),
         Command::Results { pipeline, url, status, format } => {
@@ -370,6 +437,22 @@ fn main() -> ExitCode {
         }
         Command::Bench { what: BenchWhat::Latency { rate, seconds } } => bench::latency(rate, seconds),
         Command::Bench { what: BenchWhat::Recovery { events } } => bench::recovery(events),
+        Command::Token { what: TokenWhat::Create { data, role, name, topics, pipelines, expires, why } } => {
+            access::create(access::CreateArgs {
+                data: &data,
+                role: &role,
+                name: &name,
+                topics,
+                pipelines,
+                expires: expires.as_deref(),
+                why: &why,
+            })
+        }
+        Command::Token { what: TokenWhat::Revoke { id, data, why } } => access::revoke(&data, &id, &why),
+        Command::Token { what: TokenWhat::List { data } } => access::list(&data),
+        Command::Audit { what: AuditWhat::Verify { data, expect_head } } => {
+            access::verify(&data, expect_head.as_deref())
+        }
         Command::Check { contract } => load_contract(&contract).map(|c| print!("{}", c.summary())),
         Command::Gen { what: GenWhat::Payments { events, seed, accounts, rate, profile, output } } => {
             gen::payments(gen::PaymentsArgs { events, seed, accounts, rate, profile }, output.as_deref())

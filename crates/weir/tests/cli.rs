@@ -206,6 +206,17 @@ fn demo_serves_posts_and_stops_by_itself_with_results_on_disk() {
     {
         assert!(err.contains(words), "{words}: {err}");
     }
+    // It made one token of each role and printed them; its producer's posts were accepted.
+    for role in ["producer", "reader", "raw-reader", "operator", "admin"] {
+        let line = err.lines().find(|l| l.trim_start().starts_with(&format!("{role} "))).unwrap_or_default();
+        assert!(line.contains(" weir_"), "{role}: {err}");
+    }
+    assert!(err.contains("/#token=weir_") && !err.contains(", 0 events posted"), "{err}");
+    let rows: i64 = rusqlite::Connection::open(data.join("weir.db"))
+        .unwrap()
+        .query_row("SELECT count(*) FROM changes", [], |r| r.get(0))
+        .unwrap();
+    assert!(rows > 0, "the demo's pipelines published rows: {err}");
     for file in ["weir.db", "weir.toml", "contracts/paid_revenue.toml", "log/payments/0", "log/invitations/0"] {
         assert!(data.join(file).exists(), "{file}");
     }

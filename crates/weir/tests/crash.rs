@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{start, text, weir, Scratch};
+use common::{authed, start, text, weir, Scratch};
 
 const WITH_DEDUP: &str = r#"[pipeline]
 name = "with_dedup"
@@ -60,7 +60,7 @@ fn agent() -> ureq::Agent {
 }
 
 fn get(url: &str) -> String {
-    let mut r = agent().get(url).call().unwrap();
+    let mut r = authed(agent().get(url), "GET", url).call().unwrap();
     assert_eq!(r.status().as_u16(), 200);
     r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap()
 }
@@ -148,7 +148,7 @@ fn kill_9_at_random_moments_loses_nothing_and_counts_nothing_twice() {
         let body = batch.join("\n") + "\n";
         loop {
             attempts += 1;
-            match agent().post(&url).send(&body) {
+            match authed(agent().post(&url), "POST", &url).send(&body) {
                 Ok(r) if r.status().as_u16() == 200 => break,
                 _ => std::thread::sleep(Duration::from_millis(50)),
             }
@@ -167,7 +167,7 @@ fn kill_9_at_random_moments_loses_nothing_and_counts_nothing_twice() {
             )
         })
         .collect();
-    let mut r = agent().post(&url).send(&(flush.join("\n") + "\n")).unwrap();
+    let mut r = authed(agent().post(&url), "POST", &url).send(&(flush.join("\n") + "\n")).unwrap();
     assert_eq!(r.status().as_u16(), 200, "{}", r.body_mut().read_to_string().unwrap_or_default());
     eprintln!("{kills} kills, {attempts} posts for {} batches", lines.len().div_ceil(250));
     assert!(kills >= 10);

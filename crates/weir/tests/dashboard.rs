@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{repo_root, start, Scratch};
+use common::{authed, make_token, repo_root, start, tokens_of, Scratch};
 use serde_json::{json, Value};
 
 const CONTRACT: &str = r#"
@@ -49,7 +49,7 @@ fn agent() -> ureq::Agent {
 }
 
 fn post(url: &str, body: &str) -> (u16, String) {
-    let mut r = agent().post(url).header("content-type", "application/json").send(body).unwrap();
+    let mut r = authed(agent().post(url), "POST", url).header("content-type", "application/json").send(body).unwrap();
     (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
 }
 
@@ -188,7 +188,8 @@ fn the_dashboard_draws_live_and_marks_a_revised_row() {
     assert_eq!(post(&format!("{base}/v1/pipelines/paid/annotations"), &note.to_string()).0, 200);
 
     let browser = Browser::start();
-    browser.go(&format!("{base}/"));
+    // An admin token sees everything, the audit log too.
+    browser.go(&format!("{base}/#token={}", tokens_of(&s.path("data")).admin));
     let card = r#"document.querySelector('[data-pipeline="paid"]')"#;
     browser.wait_for(
         "the pipeline's first provisional rows",
@@ -236,6 +237,26 @@ fn the_dashboard_draws_live_and_marks_a_revised_row() {
         "a settled revised row",
         "return !!document.querySelector('tr.revised[data-status=\"settled\"][data-revision=\"3\"] .mark.settled');",
     );
+
+    // A reader of this pipeline sees its card but not the audit log; a reader
+    // of another pipeline sees nothing but why.
+    let reader = make_token(&s.path("data"), &["--role", "reader", "--pipeline", "paid"]);
+    browser.go(&format!("{base}/#token={reader}"));
+    browser.wait_for(
+        "the reader's view",
+        &format!(
+            "const c = {card}; return !!c && c.querySelectorAll('tr[data-status]').length > 0
+                 && document.getElementById('incident-actions').innerText.includes('admin tokens only');"
+        ),
+    );
+    let other = make_token(&s.path("data"), &["--role", "reader", "--pipeline", "other"]);
+    browser.go(&format!("{base}/#token={other}"));
+    browser.wait_for(
+        "the refusal",
+        "return document.getElementById('error').innerText.includes('may not read the dashboard');",
+    );
+    browser.go(&format!("{base}/#token={}", tokens_of(&s.path("data")).admin));
+    browser.wait_for("the admin's view again", &format!("return !!{card};"));
 
     let png = browser.screenshot();
     assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "screenshot of {} bytes", png.len());

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{start, text, weir, Scratch, Server};
+use common::{authed, start, text, weir, Scratch, Server};
 use serde_json::Value;
 
 const CONTRACT: &str = r#"
@@ -149,7 +149,7 @@ fn agent() -> ureq::Agent {
 }
 
 fn get(url: &str) -> (u16, String) {
-    let mut r = agent().get(url).call().unwrap();
+    let mut r = authed(agent().get(url), "GET", url).call().unwrap();
     (r.status().as_u16(), r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap())
 }
 
@@ -504,7 +504,17 @@ fn a_contract_reads_the_records_kafka_timestamp_and_key() {
     assert!(keys.contains("\"a7\""), "{keys:?}");
     let watermark = weir_engine::time::parse_rfc3339_ms(rows[0]["watermark"].as_str().unwrap()).unwrap();
     assert!(watermark >= before - 10_000, "the watermark follows Kafka timestamps: {watermark} vs {before}");
-    let (_, ledger) = get(&format!("{}/v1/pipelines/paid/ledger", w.base));
+    // The payloads, which a raw-reader reads.
+    let url = format!("{}/v1/pipelines/paid/ledger?why=test", w.base);
+    let raw = common::tokens_of(&root.join("data")).raw_reader;
+    let ledger = agent()
+        .get(&url)
+        .header("authorization", format!("Bearer {raw}"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
     let entries: Vec<Value> = ledger.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(entries.len(), 2, "p0 and p25 resent: {ledger}");
     for e in &entries {
@@ -598,7 +608,8 @@ fn a_sink_publishes_every_row_and_ledger_entry_to_kafka_on_both_stores() {
     std::fs::write(root.join("weir.toml"), "[topics.payments]\npartitions = 2\nkey = \"acct\"\n").unwrap();
     let w = worker(&root);
     let body = lines.join("\n") + "\n";
-    let mut r = agent().post(&format!("{}/v1/topics/payments/events", w.base)).send(&body).unwrap();
+    let url = format!("{}/v1/topics/payments/events", w.base);
+    let mut r = authed(agent().post(&url), "POST", &url).send(&body).unwrap();
     assert_eq!(r.status().as_u16(), 200, "{}", r.body_mut().read_to_string().unwrap_or_default());
     let deadline = Instant::now() + Duration::from_secs(30);
     while status(&w)["events"]["read"] != lines.len() as u64 || status(&w)["lag_records"] != 0 {

@@ -5,11 +5,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{repo_root, start, text, weir, Scratch};
+use common::{authed, repo_root, start, text, tokens_of, weir, weir_as, Scratch};
 
 fn status(base: &str, pipeline: &str) -> serde_json::Value {
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-    let body = agent.get(&format!("{base}/v1/pipelines/{pipeline}/status")).call().unwrap().body_mut().read_to_string();
+    let url = format!("{base}/v1/pipelines/{pipeline}/status");
+    let body = authed(agent.get(&url), "GET", &url).call().unwrap().body_mut().read_to_string();
     serde_json::from_str(&body.unwrap()).unwrap()
 }
 
@@ -39,12 +40,14 @@ fn produce_results_and_a_refusal_on_a_damaged_log() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let base = format!("http://127.0.0.1:{port}");
     let mut server = start(&s.0, port);
+    let t = tokens_of(&s.path("data"));
 
-    let produced = weir(&[&"produce", &"--topic", &"payments", &input, &"--url", &base, &"--batch", &"700"]);
+    let produced =
+        weir_as(&t.producer, &[&"produce", &"--topic", &"payments", &input, &"--url", &base, &"--batch", &"700"]);
     assert!(produced.status.success(), "{}", text(&produced.stderr));
     assert!(text(&produced.stderr).contains("produced 3000 events to payments"), "{}", text(&produced.stderr));
     let bad = s.write("bad.jsonl", "{\"a\":1}\n{oops\n");
-    let refused = weir(&[&"produce", &"--topic", &"payments", &bad, &"--url", &base]);
+    let refused = weir_as(&t.producer, &[&"produce", &"--topic", &"payments", &bad, &"--url", &base]);
     assert_eq!(refused.status.code(), Some(1));
     let err = text(&refused.stderr);
     assert!(err.contains("400") && err.contains("line 2 is not JSON") && err.contains("0 events before"), "{err}");
@@ -57,19 +60,19 @@ fn produce_results_and_a_refusal_on_a_damaged_log() {
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(300));
-    let json = weir(&[&"results", &"paid_revenue", &"--url", &base, &"--format", &"json"]);
+    let json = weir_as(&t.reader, &[&"results", &"paid_revenue", &"--url", &base, &"--format", &"json"]);
     assert!(json.status.success(), "{}", text(&json.stderr));
     let rows: Vec<serde_json::Value> = text(&json.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert!(!rows.is_empty(), "tumbling windows whose end the watermark passed have rows");
     assert!(rows.iter().all(|r| r["pipeline"] == "paid_revenue" && r["values"]["payments"].as_u64() > Some(0)));
-    let table = weir(&[&"results", &"paid_revenue", &"--url", &base]);
+    let table = weir_as(&t.reader, &[&"results", &"paid_revenue", &"--url", &base]);
     let table = text(&table.stdout);
     let header = table.lines().next().unwrap();
     for column in ["key", "window", "status", "rev", "revenue", "payments"] {
         assert!(header.contains(column), "{header}");
     }
     assert!(table.trim_end().ends_with(&format!("{} rows", rows.len())), "{table}");
-    let st = weir(&[&"status", &"--url", &base]);
+    let st = weir_as(&t.reader, &[&"status", &"--url", &base]);
     assert!(st.status.success(), "{}", text(&st.stderr));
     let screen = text(&st.stdout);
     for words in [
@@ -82,39 +85,49 @@ fn produce_results_and_a_refusal_on_a_damaged_log() {
     ] {
         assert!(screen.contains(words), "{words}: {screen}");
     }
-    let paused = weir(&[&"pause", &"paid_revenue", &"--who", &"alice", &"--why", &"checking amounts", &"--url", &base]);
+    let paused = weir_as(
+        &t.operator,
+        &[&"pause", &"paid_revenue", &"--who", &"alice", &"--why", &"checking amounts", &"--url", &base],
+    );
     assert!(paused.status.success(), "{}", text(&paused.stderr));
     assert!(text(&paused.stderr).contains("paid_revenue paused"), "{}", text(&paused.stderr));
     assert_eq!(status(&base, "paid_revenue")["paused"], true);
-    let resumed = weir(&[&"resume", &"paid_revenue", &"--who", &"alice", &"--why", &"amounts fine", &"--url", &base]);
+    let resumed = weir_as(
+        &t.operator,
+        &[&"resume", &"paid_revenue", &"--who", &"alice", &"--why", &"amounts fine", &"--url", &base],
+    );
     assert!(resumed.status.success(), "{}", text(&resumed.stderr));
     assert_eq!(status(&base, "paid_revenue")["paused"], false);
-    let noted = weir(&[
-        &"annotate",
-        &"paid_revenue",
-        &"--from",
-        &"2026-11-29T00:00:00Z",
-        &"--to",
-        &"2026-11-29T00:01:00Z",
-        &"--note",
-        &"test traffic",
-        &"--who",
-        &"alice",
-        &"--url",
-        &base,
-    ]);
+    let noted = weir_as(
+        &t.operator,
+        &[
+            &"annotate",
+            &"paid_revenue",
+            &"--from",
+            &"2026-11-29T00:00:00Z",
+            &"--to",
+            &"2026-11-29T00:01:00Z",
+            &"--note",
+            &"test traffic",
+            &"--who",
+            &"alice",
+            &"--url",
+            &base,
+        ],
+    );
     assert!(noted.status.success(), "{}", text(&noted.stderr));
     assert!(text(&noted.stderr).contains("annotation 1 on paid_revenue"), "{}", text(&noted.stderr));
-    let replayed = weir(&[&"replay", &"paid_revenue", &"--who", &"alice", &"--why", &"rebuild", &"--url", &base]);
+    let replayed =
+        weir_as(&t.operator, &[&"replay", &"paid_revenue", &"--who", &"alice", &"--why", &"rebuild", &"--url", &base]);
     assert!(replayed.status.success(), "{}", text(&replayed.stderr));
     let deadline = Instant::now() + Duration::from_secs(30);
     while status(&base, "paid_revenue")["replays"] != 1 {
         assert!(Instant::now() < deadline, "no replay");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let missing = weir(&[&"status", &"nope", &"--url", &base]);
+    let missing = weir_as(&t.reader, &[&"status", &"nope", &"--url", &base]);
     assert_eq!(missing.status.code(), Some(1));
-    let missing = weir(&[&"results", &"nope", &"--url", &base]);
+    let missing = weir_as(&t.reader, &[&"results", &"nope", &"--url", &base]);
     assert!(text(&missing.stderr).contains("no pipeline \"nope\""), "{}", text(&missing.stderr));
 
     // SIGTERM stops it cleanly (a last checkpoint, exit 0).

@@ -68,6 +68,8 @@ impl Drop for Server {
 /// Starts `weir serve` on `root`'s data, contracts and weir.toml, and waits
 /// until it says it is serving.
 pub fn start(root: &Path, port: u16) -> Server {
+    let tokens = tokens_of(&root.join("data"));
+    TOKENS.lock().unwrap_or_else(|e| e.into_inner()).push((format!("127.0.0.1:{port}"), tokens));
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(["serve", "--data"])
         .arg(root.join("data"))
@@ -103,4 +105,85 @@ pub fn start(root: &Path, port: u16) -> Server {
             Err(_) => panic!("weir serve did not start"),
         }
     }
+}
+
+/// One token of each role (over every topic and pipeline) of a server.
+#[derive(Clone)]
+pub struct Tokens {
+    pub producer: String,
+    pub reader: String,
+    pub raw_reader: String,
+    pub operator: String,
+    pub admin: String,
+}
+
+/// Makes a token with `weir token create`.
+pub fn make_token(data: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["token", "create", "--data"])
+        .arg(data)
+        .args(["--name", "test"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "weir token create {args:?}: {}", text(&out.stderr));
+    text(&out.stdout).trim().to_owned()
+}
+
+/// The servers' tokens, by data folder and by `127.0.0.1:PORT`.
+static TOKENS: std::sync::Mutex<Vec<(String, Tokens)>> = std::sync::Mutex::new(Vec::new());
+
+fn registered(key: &str) -> Option<Tokens> {
+    TOKENS.lock().unwrap_or_else(|e| e.into_inner()).iter().rev().find(|(k, _)| k == key).map(|(_, t)| t.clone())
+}
+
+/// The tokens of the server on `data` (made once per folder).
+pub fn tokens_of(data: &Path) -> Tokens {
+    let key = data.display().to_string();
+    if let Some(t) = registered(&key) {
+        return t;
+    }
+    let all = |role: &str, scope: &str| make_token(data, &["--role", role, scope, "*"]);
+    let t = Tokens {
+        producer: all("producer", "--topic"),
+        reader: all("reader", "--pipeline"),
+        raw_reader: all("raw-reader", "--topic"),
+        operator: all("operator", "--pipeline"),
+        admin: make_token(data, &["--role", "admin"]),
+    };
+    TOKENS.lock().unwrap_or_else(|e| e.into_inner()).push((key, t.clone()));
+    t
+}
+
+/// Which token a test's request to `url` uses: the role its path needs.
+pub fn token_for(method: &str, url: &str) -> Option<String> {
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let t = registered(host)?;
+    let path = format!("/{}", path.split('?').next().unwrap_or(""));
+    let operator_action = ["/pause", "/resume", "/annotations", "/replay"].iter().any(|a| path.ends_with(a));
+    Some(match (method, path.as_str()) {
+        ("POST", p) if p.starts_with("/v1/topics/") => t.producer,
+        (_, p) if p.starts_with("/v1/topics/") => t.raw_reader,
+        ("POST", _) if operator_action => t.operator,
+        (_, p) if p.starts_with("/v1/audit") || p.starts_with("/v1/tokens") || p == "/v1/dashboard" => t.admin,
+        _ => t.reader,
+    })
+}
+
+/// A request with the token its path needs (see [`token_for`]).
+pub fn authed<B>(r: ureq::RequestBuilder<B>, method: &str, url: &str) -> ureq::RequestBuilder<B> {
+    match token_for(method, url) {
+        Some(t) => r.header("authorization", format!("Bearer {t}")),
+        None => r,
+    }
+}
+
+/// `weir ARGS` with `WEIR_TOKEN` set.
+pub fn weir_as(token: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+        .env("WEIR_TOKEN", token)
+        .args(args.iter().map(|a| a.as_ref()))
+        .output()
+        .unwrap()
 }
