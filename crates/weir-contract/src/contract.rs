@@ -20,6 +20,10 @@ pub struct Contract {
     pub alerts: Option<Alerts>,
     /// `[sink]`: rows (and optionally ledger entries) also published to Kafka.
     pub sink: Option<Sink>,
+    /// `[privacy] personal`: fields that identify a person. They may be read
+    /// (in `where` rules, as the event id) but never reach a row, and only a
+    /// raw-reader sees them in the ledger.
+    pub personal: Vec<FieldPath>,
     /// FNV-1a hash of the contract's text: names this exact contract in
     /// snapshots and provenance.
     pub text_hash: u64,
@@ -231,7 +235,8 @@ const WINDOW_KEYS: &[&str] = &["type", "size", "slide", "gap", "allowed_lateness
 const DEDUP_KEYS: &[&str] = &["horizon"];
 const AGGREGATE_KEYS: &[&str] = &["name", "fn", "field", "where"];
 const ALERT_KEYS: &[&str] = &["max_lag", "max_watermark_age", "max_oldest_unprocessed", "max_ledger_rate", "webhook"];
-const SECTIONS: &[&str] = &["pipeline", "source", "window", "dedup", "aggregate", "alerts", "sink"];
+const SECTIONS: &[&str] = &["pipeline", "source", "window", "dedup", "aggregate", "alerts", "sink", "privacy"];
+const PRIVACY_KEYS: &[&str] = &["personal"];
 const SINK_KEYS: &[&str] = &["topic", "ledger_topic", "brokers"];
 
 /// Default `max_event_bytes`: 1 MiB.
@@ -330,6 +335,13 @@ impl Contract {
         out.push_str(&format!("lateness   {lateness}\n"));
         out.push_str(&format!("duplicates {duplicates}\n"));
         out.push_str(&format!("aggregates {aggregates}\n"));
+        if !self.personal.is_empty() {
+            let names: Vec<String> = self.personal.iter().map(ToString::to_string).collect();
+            out.push_str(&format!(
+                "personal   {} (never in rows; in the ledger only for raw-readers)\n",
+                names.join(", ")
+            ));
+        }
         out
     }
 }
@@ -398,7 +410,32 @@ impl Reader<'_> {
             None => None,
         };
 
-        let (pipeline, source, window, aggregates) = (pipeline?, source?, window?, aggregates?);
+        let privacy_table = self.table(root, "privacy", false);
+        let personal = match privacy_table {
+            Some(t) => self.personal(t),
+            None => Some(Vec::new()),
+        };
+        let (pipeline, source, window, aggregates, personal) = (pipeline?, source?, window?, aggregates?, personal?);
+        // What a row carries (key, aggregated fields) and the event time may not be personal.
+        let span = privacy_table.and_then(|t| t.get("personal")).and_then(Item::span);
+        let mut carried: Vec<(String, &FieldPath)> = source.key.iter().map(|k| ("source.key".to_owned(), k)).collect();
+        carried.push(("source.event_time".into(), &source.event_time));
+        for a in &aggregates {
+            if let Some(f) = &a.field {
+                carried.push((format!("aggregate {:?} field", a.name), f));
+            }
+        }
+        for (what, field) in carried {
+            if let Some(p) = personal.iter().find(|p| overlaps(p, field)) {
+                self.error(
+                    span.clone(),
+                    "privacy.personal",
+                    format!(
+                        "{what} `{field}` is personal (personal names `{p}`), and rows never carry personal fields; key and aggregate on fields that are not personal, or remove `{p}` from personal"
+                    ),
+                );
+            }
+        }
         if let Some(dedup) = &dedup {
             let span = dedup_table.and_then(|t| t.span());
             if source.event_id.is_none() {
@@ -421,7 +458,36 @@ impl Reader<'_> {
                 }
             }
         }
-        Some(Contract { pipeline, source, window, dedup, aggregates, alerts, sink, text_hash: fnv1a(self.text) })
+        Some(Contract {
+            pipeline,
+            source,
+            window,
+            dedup,
+            aggregates,
+            alerts,
+            sink,
+            personal,
+            text_hash: fnv1a(self.text),
+        })
+    }
+
+    fn personal(&mut self, t: &Table) -> Option<Vec<FieldPath>> {
+        self.unknown_keys(t, "privacy", PRIVACY_KEYS);
+        let usage = "must be a list of field paths, e.g. personal = [\"email\", \"card.last4\"]";
+        let value = self.value(t, "privacy", "personal", true)?;
+        let Some(array) = value.as_array() else {
+            self.error(value.span(), "privacy.personal", usage);
+            return None;
+        };
+        let mut paths = Vec::new();
+        for item in array.iter() {
+            match item.as_str().map(FieldPath::parse) {
+                Some(Ok(path)) => paths.push(path),
+                Some(Err(message)) => self.error(item.span(), "privacy.personal", message),
+                None => self.error(item.span(), "privacy.personal", usage),
+            }
+        }
+        (paths.len() == array.len()).then_some(paths)
     }
 
     pub(crate) fn table<'t>(&mut self, root: &'t Table, name: &str, required: bool) -> Option<&'t Table> {
@@ -929,4 +995,11 @@ impl Reader<'_> {
         }
         Some(Aggregate { name: name?, func, field, rule: rule? })
     }
+}
+
+/// Whether one path is the other or inside it (`card` and `card.last4`).
+pub fn overlaps(a: &FieldPath, b: &FieldPath) -> bool {
+    let (a, b) = (a.segments(), b.segments());
+    let n = a.len().min(b.len());
+    a[..n] == b[..n]
 }

@@ -103,6 +103,31 @@ fn alerts_parse_and_bad_ones_are_refused() {
 }
 
 #[test]
+fn personal_fields_parse_and_may_not_reach_a_row() {
+    let c = Contract::parse("c.toml", &edit("", "[privacy]\npersonal = [\"email\", \"card.last4\"]")).unwrap();
+    let names: Vec<String> = c.personal.iter().map(ToString::to_string).collect();
+    assert_eq!(names, ["email", "card.last4"]);
+    assert!(c.summary().contains("personal   email, card.last4"), "{}", c.summary());
+    assert!(Contract::parse("c.toml", GOOD).unwrap().personal.is_empty());
+    // The key, the event time or an aggregated field personal (or inside a personal field): refused.
+    check(
+        &edit("", "[privacy]\npersonal = [\"account_id\"]"),
+        Some(34),
+        "privacy.personal",
+        "source.key `account_id` is personal",
+    );
+    check(&edit("", "[privacy]\npersonal = [\"approved_at\"]"), Some(34), "privacy.personal", "event_time");
+    check(&edit("", "[privacy]\npersonal = [\"amount\"]"), Some(34), "privacy.personal", "aggregate \"revenue\" field");
+    let nested = edit("", "[privacy]\npersonal = [\"account\"]").replace("[\"account_id\"]", "[\"account.id\"]");
+    check(&nested, Some(34), "privacy.personal", "personal names `account`");
+    check(&edit("", "[privacy]\npersonal = \"email\""), Some(34), "privacy.personal", "list of field paths");
+    check(&edit("", "[privacy]\npersonal = [\"a..b\"]"), Some(34), "privacy.personal", "segment is empty");
+    check(&edit("", "[privacy]\nsecret = []"), Some(34), "privacy.secret", "unknown key");
+    // The event id may be personal: it is masked where it is shown.
+    assert!(Contract::parse("c.toml", &edit("", "[privacy]\npersonal = [\"payment_id\"]")).is_ok());
+}
+
+#[test]
 fn refusals_name_file_line_key_and_fix() {
     check(&edit("owner", "ownr = \"x\""), Some(4), "pipeline.ownr", "unknown key");
     check(&edit("owner", "# no owner"), Some(1), "pipeline.owner", "missing required key");

@@ -89,8 +89,8 @@ fn parsed(lines: Vec<String>) -> Vec<Value> {
 }
 
 /// Raw payloads (and the details quoting them) stay in the ledger endpoint, for raw-readers.
-fn without_payloads(entries: Vec<Value>) -> Vec<Value> {
-    entries.into_iter().map(crate::http::without_raw).collect()
+fn without_payloads(entries: Vec<Value>, contract: &weir_contract::Contract) -> Vec<Value> {
+    entries.into_iter().map(|e| crate::privacy::published(e, contract)).collect()
 }
 
 /// What the caller's token may read: its pipelines, and the audit log for
@@ -114,7 +114,7 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
                 } else {
                     (
                         parsed(store::latest_changes(c, name, LATEST_ROWS)?),
-                        without_payloads(parsed(store::latest_ledger(c, name, LATEST_LEDGER)?)),
+                        parsed(store::latest_ledger(c, name, LATEST_LEDGER)?),
                     )
                 };
                 let notes: Vec<Value> = store::annotations(c, name)?
@@ -144,11 +144,12 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
                 .pg_read(move |c, s| {
                     Ok((
                         parsed(crate::pg::latest_changes(c, s, &n, LATEST_ROWS)?),
-                        without_payloads(parsed(crate::pg::latest_ledger(c, s, &n, LATEST_LEDGER)?)),
+                        parsed(crate::pg::latest_ledger(c, s, &n, LATEST_LEDGER)?),
                     ))
                 })
                 .await?;
         }
+        let ledger = without_payloads(ledger, &p.contract);
         let c = &p.contract.pipeline;
         pipelines.push(json!({
             "name": name,

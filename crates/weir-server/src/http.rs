@@ -203,8 +203,8 @@ async fn authenticate(State(app): State<Arc<App>>, mut req: Request, next: Next)
     let header = req.headers().get(header::AUTHORIZATION).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let origin = req
         .extensions()
-        .get::<ConnectInfo<std::net::SocketAddr>>()
-        .map_or_else(|| "unknown".to_owned(), |c| c.0.to_string());
+        .get::<ConnectInfo<crate::listen::Peer>>()
+        .map_or_else(|| "unknown".to_owned(), |c| c.0 .0.to_string());
     let found = app.read(move |c| auth::authenticate(c, header.as_deref(), weir_log::now_ms())).await;
     match found {
         Ok(Ok(grant)) => {
@@ -766,20 +766,12 @@ async fn ledger(
         audited(&app, &caller, "raw-read", Some(name), detail, why_of(&q)).await?;
         return Ok(joined(entries));
     }
-    let published: Vec<String> =
-        entries.iter().filter_map(|e| serde_json::from_str(e).ok()).map(|v| without_raw(v).to_string()).collect();
+    let published: Vec<String> = entries
+        .iter()
+        .filter_map(|e| serde_json::from_str(e).ok())
+        .map(|v| crate::privacy::published(v, &p.contract).to_string())
+        .collect();
     Ok(joined(published))
-}
-
-/// A ledger entry without what comes from the raw event: its `payload`, and
-/// its `detail`, which quotes the offending value. Reason, key, window,
-/// event id, time and offsets stay.
-pub(crate) fn without_raw(mut entry: serde_json::Value) -> serde_json::Value {
-    if let Some(m) = entry.as_object_mut() {
-        m.remove("payload");
-        m.remove("detail");
-    }
-    entry
 }
 
 fn why_of(q: &BTreeMap<String, String>) -> String {

@@ -17,8 +17,10 @@ mod dashboard;
 mod histogram;
 mod http;
 pub mod kafka;
+pub mod listen;
 pub mod pg;
 mod pipeline;
+pub mod privacy;
 mod provenance;
 mod sink;
 pub mod store;
@@ -44,6 +46,8 @@ pub struct ServeOptions {
     pub listen: String,
     /// Where the log's injected failures are switched (tests and drills).
     pub log_options: LogOptions,
+    /// HTTPS: a PEM certificate chain and its PEM private key.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// Reads every `*.toml` in `dir` as a contract, in name order.
@@ -99,6 +103,11 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(&opts.data)
         .with_context(|| format!("cannot create the data folder {}", opts.data.display()))?;
+    // A bad certificate or key stops the start before anything else.
+    let tls = match &opts.tls {
+        Some((cert, key)) => Some(listen::tls_acceptor(cert, key)?),
+        None => None,
+    };
     let (log, recovered) = Log::open(&opts.data.join("log"), opts.log_options.clone())?;
     for (topic, r) in &recovered {
         if r.torn_bytes > 0 {
@@ -266,7 +275,8 @@ pub async fn serve(
         format!("cannot listen on {}: is another server using it? choose one with --listen", opts.listen)
     })?;
     on_listen(listener.local_addr()?);
-    let service = http::router(app).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let listener = listen::WeirListener::new(listener, tls)?;
+    let service = http::router(app).into_make_service_with_connect_info::<listen::Peer>();
     let served = axum::serve(listener, service).with_graceful_shutdown(shutdown).await;
     retention.abort();
     alerting.abort();

@@ -62,7 +62,8 @@ impl Conn {
         Ok(())
     }
 
-    fn read(&mut self, pipeline: &str, ledger: bool, since: i64) -> anyhow::Result<Lines> {
+    fn read(&mut self, contract: &weir_contract::Contract, ledger: bool, since: i64) -> anyhow::Result<Lines> {
+        let pipeline = &contract.pipeline.name;
         let lines = match (self, ledger) {
             (Conn::Sqlite(c), false) => store::changes(c, pipeline, since, BATCH)?,
             (Conn::Sqlite(c), true) => store::ledger(c, pipeline, None, since, BATCH)?,
@@ -73,7 +74,11 @@ impl Conn {
             .into_iter()
             .filter_map(|l| {
                 let v = serde_json::from_str::<serde_json::Value>(&l).ok()?;
-                Some((v["seq"].as_i64()?, record_key(&v, ledger), l))
+                let (seq, key) = (v["seq"].as_i64()?, record_key(&v, ledger));
+                if ledger && !contract.personal.is_empty() {
+                    return Some((seq, key, crate::privacy::for_sink(v, contract).to_string()));
+                }
+                Some((seq, key, l))
             })
             .collect())
     }
@@ -121,7 +126,7 @@ impl SinkRunner {
             let mut sent = 0;
             for (topic, ledger) in &topics {
                 let since = conn.position(pipeline, topic)?;
-                let lines = conn.read(pipeline, *ledger, since)?;
+                let lines = conn.read(&self.contract, *ledger, since)?;
                 let Some(&(last, _, _)) = lines.last() else { continue };
                 let keys: Vec<Option<String>> = lines.iter().map(|(_, k, _)| Some(k.clone())).collect();
                 let records: Vec<(u32, Vec<u8>)> = lines.iter().map(|(_, _, l)| (0, l.as_bytes().to_vec())).collect();

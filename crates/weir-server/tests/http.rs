@@ -67,6 +67,7 @@ impl Server {
             config,
             listen: "127.0.0.1:0".into(),
             log_options,
+            tls: None,
         };
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -201,8 +201,14 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
     };
     // One token of each role, made before the server starts and printed.
     let tokens = crate::access::role_tokens(&data, "weir demo")?;
-    let opts =
-        weir_server::ServeOptions { data: data.clone(), contracts, config, listen, log_options: LogOptions::default() };
+    let opts = weir_server::ServeOptions {
+        data: data.clone(),
+        contracts,
+        config,
+        listen,
+        log_options: LogOptions::default(),
+        tls: None,
+    };
     let server = std::thread::spawn(move || {
         runtime.block_on(weir_server::serve(
             opts,

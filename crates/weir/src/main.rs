@@ -207,6 +207,12 @@ enum Command {
         /// Address to listen on (default: weir.toml's `listen`, else 127.0.0.1:8080; port 0 picks a free one).
         #[arg(long)]
         listen: Option<String>,
+        /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The PEM private key of --tls-cert.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
     },
     /// The server's benchmarks; each starts its own weir serve on a temporary folder.
     Bench {
@@ -399,8 +405,9 @@ fn main() -> ExitCode {
                 None => live::demo(live::LiveArgs { data, rate, duration: None, listen, kafka, postgres }),
             }
         }
-        Command::Serve { data, contracts, config, listen } => {
-            serve::serve(serve::ServeArgs { data, contracts, config, listen })
+        Command::Serve { data, contracts, config, listen, tls_cert, tls_key } => {
+            let tls = tls_cert.zip(tls_key);
+            serve::serve(serve::ServeArgs { data, contracts, config, listen, tls })
         }
         Command::Produce { topic, file, url, batch, retry_for, kafka, key } => client::produce(client::ProduceArgs {
             kafka: kafka.as_deref(),

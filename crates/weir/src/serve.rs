@@ -12,6 +12,8 @@ pub struct ServeArgs {
     pub contracts: PathBuf,
     pub config: Option<PathBuf>,
     pub listen: Option<String>,
+    /// HTTPS: `--tls-cert` and `--tls-key`.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 pub fn read_config(path: Option<&Path>) -> Result<ServerConfig, Failure> {
@@ -30,14 +32,21 @@ pub fn serve(args: ServeArgs) -> Result<(), Failure> {
         .enable_all()
         .build()
         .map_err(|e| Failure::run(anyhow::anyhow!("cannot start the runtime: {e}")))?;
-    let opts =
-        weir_server::ServeOptions { data: args.data, contracts, config, listen, log_options: LogOptions::default() };
+    let scheme = if args.tls.is_some() { "https" } else { "http" };
+    let opts = weir_server::ServeOptions {
+        data: args.data,
+        contracts,
+        config,
+        listen,
+        log_options: LogOptions::default(),
+        tls: args.tls,
+    };
     let names: Vec<String> = opts.contracts.iter().map(|c| c.pipeline.name.clone()).collect();
     runtime
         .block_on(weir_server::serve(
             opts,
             move |addr| {
-                eprintln!("weir: serving http://{addr} (pipelines: {})", names.join(", "));
+                eprintln!("weir: serving {scheme}://{addr} (pipelines: {})", names.join(", "));
             },
             shutdown_signal(),
         ))

@@ -350,3 +350,130 @@ fn a_tampered_audit_log_fails_verify_at_the_entry() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("removed from its end"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn personal_fields_appear_in_no_output_but_the_raw_readers() {
+    let s = Scratch::new("access-privacy");
+    std::fs::create_dir_all(s.path("contracts")).unwrap();
+    let contract = CONTRACT.replace("event_id = \"id\"", "event_id = \"id\"\nwhere = 'email != \"\"'").replace(
+        "[[aggregate]]",
+        "[dedup]\nhorizon = \"1h\"\n\n[privacy]\npersonal = [\"email\", \"card.last4\"]\n\n[[aggregate]]",
+    );
+    s.write("contracts/paid.toml", &contract);
+    s.write("weir.toml", "");
+    let data = s.path("data");
+    let admin = make_token(&data, &["--role", "admin"]);
+    let (producer, reader, raw, operator) = (
+        make_token(&data, &["--role", "producer", "--topic", "*"]),
+        make_token(&data, &["--role", "reader", "--pipeline", "*"]),
+        make_token(&data, &["--role", "raw-reader", "--topic", "*"]),
+        make_token(&data, &["--role", "operator", "--pipeline", "*"]),
+    );
+    // The server's standard error is kept, to look for the values there too.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let log = std::fs::File::create(s.path("serve.log")).unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["serve", "--data"])
+        .arg(&data)
+        .arg("--contracts")
+        .arg(s.path("contracts"))
+        .arg("--config")
+        .arg(s.path("weir.toml"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut server = common::Server { child };
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while agent().get(&format!("{base}/healthz")).call().is_err() {
+        assert!(Instant::now() < deadline, "weir serve did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let secrets = ["alice.private@example.com", "4242-secret", "bob.private@example.com"];
+    let with = |id: u32, t_s: i64, email: &str, time: &str| {
+        let t = if time.is_empty() {
+            weir_engine::time::format_rfc3339_ms(1_764_374_400_000 + t_s * 1_000)
+        } else {
+            time.to_owned()
+        };
+        format!(
+            r#"{{"id":"p{id}","acct":"a1","t":"{t}","amount":2.50,"email":"{email}","card":{{"last4":"4242-secret","brand":"visa"}}}}"#
+        )
+    };
+    let lines = [
+        with(1, 0, "alice.private@example.com", ""),
+        with(1, 0, "alice.private@example.com", ""), // a duplicate: in the ledger with its payload
+        with(2, 5, "alice.private@example.com", "not a time"), // bad_type, its detail quoting nothing personal
+        with(3, 10, "bob.private@example.com", ""),
+        with(4, 200, "bob.private@example.com", ""),
+        with(5, 1, "bob.private@example.com", ""), // too late once the watermark passed 1m: discarded
+    ];
+    let (code, answer) =
+        call("POST", &format!("{base}/v1/topics/payments/events"), Some(&producer), Some(&(lines.join("\n") + "\n")));
+    assert_eq!(code, 200, "{answer}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let p = format!("{base}/v1/pipelines/paid");
+    while !call("GET", &format!("{p}/status"), Some(&reader), None).1.contains("\"read\":6") {
+        assert!(Instant::now() < deadline, "not read");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let note = r#"{"from":"2025-11-29T00:00:00Z","to":"2025-11-29T00:01:00Z","note":"checked"}"#;
+    assert_eq!(call("POST", &format!("{p}/annotations"), Some(&operator), Some(note)).0, 200);
+
+    // The positive control: the raw-reader sees the values, so they are in what weir holds.
+    let raw_ledger = call("GET", &format!("{p}/ledger?why=privacy%20test"), Some(&raw), None).1;
+    assert!(raw_ledger.contains("alice.private@example.com") && raw_ledger.contains("4242-secret"), "{raw_ledger}");
+    let raw_events = call("GET", &format!("{base}/v1/topics/payments/events?why=privacy%20test"), Some(&raw), None).1;
+    assert!(raw_events.contains("bob.private@example.com"), "{raw_events}");
+
+    // Everything else, for every other role.
+    let mut outputs: Vec<(String, String)> = Vec::new();
+    let rows = call("GET", &format!("{p}/changes"), Some(&reader), None).1;
+    assert!(rows.lines().count() >= 1, "{rows}");
+    let mut urls = vec![
+        format!("{base}/v1/pipelines"),
+        format!("{p}/results"),
+        format!("{p}/changes"),
+        format!("{p}/status"),
+        format!("{p}/contract"),
+        format!("{p}/ledger"),
+        format!("{p}/annotations"),
+        format!("{base}/metrics"),
+        format!("{base}/v1/dashboard"),
+    ];
+    for l in rows.lines() {
+        let seq = serde_json::from_str::<Value>(l).unwrap()["seq"].clone();
+        urls.push(format!("{p}/results/{seq}/provenance"));
+    }
+    for (who, token) in [("reader", &reader), ("operator", &operator), ("admin", &admin)] {
+        for url in &urls {
+            let (code, body) = call("GET", url, Some(token), None);
+            assert_eq!(code, 200, "{who} {url}: {body}");
+            outputs.push((format!("{who} {url}"), body));
+        }
+    }
+    outputs.push(("audit".into(), call("GET", &format!("{base}/v1/audit"), Some(&admin), None).1));
+    let ledger = call("GET", &format!("{p}/ledger"), Some(&reader), None).1;
+    assert!(ledger.contains("duplicate") && ledger.contains("bad_type") && ledger.contains("too_late"), "{ledger}");
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    outputs.push(("the server's standard error".into(), std::fs::read_to_string(s.path("serve.log")).unwrap()));
+    outputs.push(("weir.db: results".into(), sqlite_text(&data, "SELECT row FROM results")));
+    outputs.push(("weir.db: changes".into(), sqlite_text(&data, "SELECT row FROM changes")));
+    for (what, text) in &outputs {
+        for secret in secrets {
+            assert!(!text.contains(secret), "{secret} in {what}: {text}");
+        }
+    }
+}
+
+/// Every value of a query's first column, joined.
+fn sqlite_text(data: &std::path::Path, query: &str) -> String {
+    let db = rusqlite::Connection::open(data.join("weir.db")).unwrap();
+    let mut stmt = db.prepare(query).unwrap();
+    let rows = stmt.query_map([], |r| r.get::<_, String>(0)).unwrap();
+    rows.map(Result::unwrap).collect::<Vec<_>>().join("\n")
+}

@@ -68,6 +68,11 @@ impl Drop for Server {
 /// Starts `weir serve` on `root`'s data, contracts and weir.toml, and waits
 /// until it says it is serving.
 pub fn start(root: &Path, port: u16) -> Server {
+    start_with(root, port, &[])
+}
+
+/// [`start`] with more arguments to `weir serve` (such as `--tls-cert`).
+pub fn start_with(root: &Path, port: u16, extra: &[&dyn AsRef<std::ffi::OsStr>]) -> Server {
     let tokens = tokens_of(&root.join("data"));
     TOKENS.lock().unwrap_or_else(|e| e.into_inner()).push((format!("127.0.0.1:{port}"), tokens));
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
@@ -79,6 +84,7 @@ pub fn start(root: &Path, port: u16) -> Server {
         .arg(root.join("weir.toml"))
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
+        .args(extra.iter().map(|a| a.as_ref()))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -89,7 +95,7 @@ pub fn start(root: &Path, port: u16) -> Server {
     std::thread::spawn(move || {
         let mut sent = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if !sent && line.contains("serving http://") {
+            if !sent && (line.contains("serving http://") || line.contains("serving https://")) {
                 let _ = tx.send(Ok(()));
                 sent = true;
             } else if !sent {

@@ -1,0 +1,119 @@
+//! The server's listener: plain TCP, or TLS (rustls, `--tls-cert` and
+//! `--tls-key`). TCP connections are accepted on a task of their own and
+//! each TLS handshake runs on its own task with a deadline, so a client
+//! that opens a connection and sends nothing holds up no one.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::extract::connect_info::Connected;
+use axum::serve::{IncomingStream, Listener};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+
+/// How long a client has to complete the TLS handshake.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// A connection, over TLS or not.
+pub trait Conn: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Conn for T {}
+
+/// The client's address, for the audit log.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub SocketAddr);
+
+pub struct WeirListener {
+    accepted: mpsc::Receiver<(Box<dyn Conn>, Peer)>,
+    local: SocketAddr,
+}
+
+impl WeirListener {
+    /// Starts accepting on `tcp`; with `tls`, only connections that finish
+    /// a handshake reach the server.
+    pub fn new(tcp: TcpListener, tls: Option<TlsAcceptor>) -> std::io::Result<WeirListener> {
+        let local = tcp.local_addr()?;
+        let (tx, accepted) = mpsc::channel(256);
+        tokio::spawn(async move {
+            loop {
+                let (stream, addr) = match tcp.accept().await {
+                    Ok(pair) => pair,
+                    Err(e) => {
+                        // Out of file descriptors, or a connection reset before accept: try again.
+                        eprintln!("weir: accepting a connection: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                match &tls {
+                    None => {
+                        if tx.send((Box::new(stream) as Box<dyn Conn>, Peer(addr))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(acceptor) => {
+                        let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                        tokio::spawn(async move {
+                            // A failed or slow handshake (a plain-HTTP client, a scanner) just closes.
+                            if let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
+                                let _ = tx.send((Box::new(tls) as Box<dyn Conn>, Peer(addr))).await;
+                            }
+                        });
+                    }
+                }
+            }
+        });
+        Ok(WeirListener { accepted, local })
+    }
+}
+
+impl Listener for WeirListener {
+    type Io = Box<dyn Conn>;
+    type Addr = Peer;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.accepted.recv().await {
+            Some(pair) => pair,
+            // The accepting task ended: nothing will come.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(Peer(self.local))
+    }
+}
+
+impl Connected<IncomingStream<'_, WeirListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, WeirListener>) -> Self {
+        *stream.remote_addr()
+    }
+}
+
+/// A TLS acceptor from PEM files: the certificate chain (server first) and its private key.
+pub fn tls_acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect())
+        .with_context(|| format!("cannot read certificates from --tls-cert {}: it must be PEM", cert.display()))?;
+    if certs.is_empty() {
+        anyhow::bail!("--tls-cert {} holds no certificate (PEM \"BEGIN CERTIFICATE\")", cert.display());
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("cannot read a private key from --tls-key {}: it must be PEM", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS versions")?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .context("the certificate and the key of --tls-cert and --tls-key do not go together")?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}

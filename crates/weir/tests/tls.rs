@@ -1,0 +1,143 @@
+//! `weir serve --tls-cert --tls-key`: HTTPS with rustls, with a certificate
+//! made here (rcgen) and a client that trusts only it. Tokens work as over
+//! plain HTTP; a plain-HTTP client gets no answer; a client that connects
+//! and says nothing holds up no one; a bad certificate stops the start.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{start_with, text, tokens_of, weir, Scratch};
+
+const CONTRACT: &str = r#"
+[pipeline]
+name = "paid"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Unlock paid features"
+
+[source]
+topic = "payments"
+event_time = "t"
+key = ["acct"]
+
+[window]
+type = "tumbling"
+size = "1m"
+allowed_lateness = "0s"
+late = "discard"
+
+[[aggregate]]
+name = "n"
+fn = "count"
+"#;
+
+/// One HTTPS request trusting only `ca`; the status code and body.
+fn https(port: u16, ca: &[u8], request: &str) -> std::io::Result<(u16, String)> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(rustls::pki_types::CertificateDer::from(ca.to_vec())).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let conn = rustls::ClientConnection::new(Arc::new(config), "localhost".try_into().unwrap()).unwrap();
+    let sock = TcpStream::connect(("127.0.0.1", port))?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    tls.write_all(request.as_bytes())?;
+    let mut out = Vec::new();
+    match tls.read_to_end(&mut out) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !out.is_empty() => {}
+        Err(e) => return Err(e),
+    }
+    let answer = String::from_utf8_lossy(&out).into_owned();
+    let code = answer.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_owned());
+    Ok((code, body))
+}
+
+fn get(path: &str, token: Option<&str>) -> String {
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n")
+}
+
+#[test]
+fn the_server_speaks_https_with_the_given_certificate() {
+    let s = Scratch::new("tls");
+    std::fs::create_dir_all(s.path("contracts")).unwrap();
+    s.write("contracts/paid.toml", CONTRACT);
+    s.write("weir.toml", "");
+    let rcgen::CertifiedKey { cert, key_pair } =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_pem, key_pem) = (s.write("cert.pem", &cert.pem()), s.write("key.pem", &key_pair.serialize_pem()));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let _server = start_with(&s.0, port, &[&"--tls-cert", &cert_pem, &"--tls-key", &key_pem]);
+    let ca = cert.der().to_vec();
+
+    let (code, body) = https(port, &ca, &get("/healthz", None)).unwrap();
+    assert_eq!((code, body.trim()), (200, "{\"ok\":true}"));
+    let reader = tokens_of(&s.path("data")).reader;
+    let (code, body) = https(port, &ca, &get("/v1/pipelines", Some(&reader))).unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"name\":\"paid\""), "{body}");
+    assert_eq!(https(port, &ca, &get("/v1/pipelines", None)).unwrap().0, 401);
+
+    // A client that connects and sends nothing holds up no one.
+    let idle = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let started = Instant::now();
+    assert_eq!(https(port, &ca, &get("/healthz", None)).unwrap().0, 200);
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    drop(idle);
+
+    // Plain HTTP on the TLS port gets no HTTP answer.
+    let mut plain = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    plain.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    plain.write_all(get("/healthz", None).as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = plain.read_to_end(&mut out);
+    assert!(!String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"), "{out:?}");
+
+    // A certificate the client does not trust is refused by the client.
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    assert!(https(port, other.cert.der(), &get("/healthz", None)).is_err());
+}
+
+#[test]
+fn a_missing_or_mismatched_certificate_stops_the_start() {
+    let s = Scratch::new("tls-bad");
+    std::fs::create_dir_all(s.path("contracts")).unwrap();
+    s.write("contracts/paid.toml", CONTRACT);
+    let one = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let two = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let cert = s.write("cert.pem", &one.cert.pem());
+    let wrong_key = s.write("key.pem", &two.key_pair.serialize_pem());
+    let serve = |cert: &dyn AsRef<std::ffi::OsStr>, key: &dyn AsRef<std::ffi::OsStr>| {
+        weir(&[
+            &"serve",
+            &"--data",
+            &s.path("data"),
+            &"--contracts",
+            &s.path("contracts"),
+            &"--listen",
+            &"127.0.0.1:0",
+            &"--tls-cert",
+            cert,
+            &"--tls-key",
+            key,
+        ])
+    };
+    let out = serve(&s.path("missing.pem"), &wrong_key);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--tls-cert"), "{}", text(&out.stderr));
+    let out = serve(&cert, &wrong_key);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("do not go together"), "{}", text(&out.stderr));
+    let out = weir(&[&"serve", &"--data", &s.path("data"), &"--contracts", &s.path("contracts"), &"--tls-cert", &cert]);
+    assert_eq!(out.status.code(), Some(2), "--tls-cert needs --tls-key");
+}
