@@ -7,6 +7,7 @@
 
 mod agg;
 mod engine;
+pub mod intake;
 mod json;
 mod key;
 mod number;

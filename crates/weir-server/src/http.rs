@@ -28,7 +28,6 @@ use axum::routing::get;
 use axum::Extension;
 use axum::Router;
 use rusqlite::Connection;
-use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use weir_contract::ServerConfig;
 use weir_engine::time::format_rfc3339_ms;
 use weir_engine::Reason;
@@ -422,39 +421,33 @@ async fn post_events(
         }
     };
     let tc = app.config.topic(&topic);
-    let mut keys = Vec::new();
-    let mut records = Vec::new();
-    for (i, line) in body.split(|&b| b == b'\n').enumerate() {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let n = i + 1;
-        if line.len() > tc.max_event_bytes {
+    let events = match weir_engine::intake::parse_body(&body, tc.key.as_deref(), tc.max_event_bytes) {
+        Ok(events) => events,
+        Err(weir_engine::intake::BodyError::TooLong { line, bytes }) => {
             return error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
-                    "line {n} is {} bytes, over max_event_bytes = {} for topic {topic:?}; nothing was appended; split the event or raise [topics.{topic}] max_event_bytes in weir.toml",
-                    line.len(),
+                    "line {line} is {bytes} bytes, over max_event_bytes = {} for topic {topic:?}; nothing was appended; split the event or raise [topics.{topic}] max_event_bytes in weir.toml",
                     tc.max_event_bytes
                 ),
-            );
+            )
         }
-        if std::str::from_utf8(line).is_err() {
+        Err(weir_engine::intake::BodyError::NotUtf8 { line }) => {
             return error(
                 StatusCode::BAD_REQUEST,
-                format!("line {n} is not UTF-8 text; nothing was appended; send JSON lines encoded as UTF-8"),
-            );
+                format!("line {line} is not UTF-8 text; nothing was appended; send JSON lines encoded as UTF-8"),
+            )
         }
-        let key = match key_of(line, tc.key.as_deref()) {
-            Ok(key) => key,
-            Err(e) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    format!("line {n} is not JSON ({e}); nothing was appended; send one JSON value per line"),
-                )
-            }
-        };
+        Err(weir_engine::intake::BodyError::NotJson { line, why }) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("line {line} is not JSON ({why}); nothing was appended; send one JSON value per line"),
+            )
+        }
+    };
+    let mut keys = Vec::with_capacity(events.len());
+    let mut records = Vec::with_capacity(events.len());
+    for (key, line) in events {
         let partition = match &key {
             Some(k) => (xxhash_rust::xxh3::xxh3_64(k.as_bytes()) % u64::from(partitions)) as u32,
             None => (app.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(partitions)) as u32,
@@ -508,68 +501,6 @@ async fn post_events(
             r
         }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
-}
-
-/// Checks that `line` is one JSON value, and finds the partitioning field's
-/// value (its JSON text) when `field` is set and the value is an object.
-pub(crate) fn key_of(line: &[u8], field: Option<&str>) -> Result<Option<String>, serde_json::Error> {
-    let mut de = serde_json::Deserializer::from_slice(line);
-    let key = KeySeed(field).deserialize(&mut de)?;
-    de.end()?;
-    Ok(key)
-}
-
-struct KeySeed<'f>(Option<&'f str>);
-
-impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
-    type Value = Option<String>;
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for KeySeed<'_> {
-    type Value = Option<String>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
-        while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if Some(name.as_ref()) == self.0 && found.is_none() {
-                found = Some(map.next_value::<serde_json::Value>()?.to_string());
-            } else {
-                map.next_value::<IgnoredAny>()?;
-            }
-        }
-        Ok(found)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(None)
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(None)
     }
 }
 

@@ -532,7 +532,7 @@ pub async fn ensure_topic(
 /// Checks that `line` is one JSON value and returns the JSON text of its
 /// top-level `field`, if it has one: the HTTP API's check, for `weir produce --kafka`.
 pub fn key_of_line(line: &str, field: Option<&str>) -> Result<Option<String>, serde_json::Error> {
-    crate::http::key_of(line.as_bytes(), field)
+    weir_engine::intake::key_of(line.as_bytes(), field)
 }
 
 /// Which of a record's Kafka attributes a contract reads as `$kafka.NAME`

@@ -1,0 +1,61 @@
+//! Event intake: any bytes as events of a contract that reads nested
+//! fields, rules, dedup, sessions and sums; then the watermark to the end.
+//! Nothing may panic.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use weir_contract::Contract;
+use weir_engine::{Engine, EventIn, Mode, Output};
+
+const CONTRACT: &str = r#"
+[pipeline]
+name = "fuzz"
+version = 1
+owner = "o"
+steward = "s"
+decision = "d"
+
+[source]
+topic = "t"
+event_time = "at"
+key = ["acct.id", "region"]
+event_id = "id"
+where = 'status == "ok" && amount > 0'
+max_delay = "5s"
+
+[window]
+type = "session"
+gap = "30s"
+allowed_lateness = "1m"
+late = "revise"
+early = true
+
+[dedup]
+horizon = "10m"
+
+[[aggregate]]
+name = "total"
+fn = "sum"
+field = "amount"
+
+[[aggregate]]
+name = "last_plan"
+fn = "last"
+field = "plan"
+
+[[aggregate]]
+name = "n"
+fn = "count"
+"#;
+
+fuzz_target!(|data: &[u8]| {
+    // A fixed contract: refusing it would be a bug in this target, so it panics.
+    let contract = Contract::parse("fuzz.toml", CONTRACT).expect("the fuzz contract is valid");
+    let mut engine = Engine::new(&contract, Mode::Stream, 2).expect("the fuzz contract compiles");
+    let mut out = Output::default();
+    for (offset, line) in data.split(|&b| b == b'\n').enumerate() {
+        let partition = (offset % 2) as u32;
+        engine.process(EventIn { partition, offset: offset as u64, bytes: line }, &mut out);
+    }
+    engine.finish(&mut out);
+});
