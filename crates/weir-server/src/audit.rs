@@ -11,7 +11,7 @@
 //! prints the count and the last hash so they can be kept elsewhere and
 //! compared (`--expect-head`).
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use crate::auth::sha256_hex;
 
@@ -64,36 +64,29 @@ fn chained(prev: &str, content: &str) -> String {
 /// Appends an entry; returns its `seq`. Runs in a transaction of its own
 /// (or the caller's), so two appends never chain to the same entry.
 pub fn append(conn: &Connection, e: &Entry<'_>) -> rusqlite::Result<i64> {
-    let own = conn.is_autocommit();
-    if own {
-        conn.execute_batch("BEGIN IMMEDIATE")?;
+    // Rolled back when dropped before its commit.
+    let own = match conn.is_autocommit() {
+        true => Some(Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?),
+        false => None,
+    };
+    let (last, prev): (i64, String) = conn.query_row(
+        "SELECT coalesce(max(seq), 0), coalesce((SELECT hash FROM audit ORDER BY seq DESC LIMIT 1), ?1) FROM audit",
+        [GENESIS],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let seq = last + 1;
+    let at_ms = weir_log::now_ms();
+    let detail = e.detail.to_string();
+    let hash = chained(&prev, &content(seq, at_ms, e.who, e.action, e.pipeline, &detail, e.why, e.origin));
+    conn.execute(
+        "INSERT INTO audit (seq, at_ms, who, action, pipeline, detail, why, origin, prev_hash, hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        params![seq, at_ms, e.who, e.action, e.pipeline, detail, e.why, e.origin, prev, hash],
+    )?;
+    if let Some(tx) = own {
+        tx.commit()?;
     }
-    let result = (|| {
-        let (last, prev): (i64, String) = conn.query_row(
-            "SELECT coalesce(max(seq), 0), coalesce((SELECT hash FROM audit ORDER BY seq DESC LIMIT 1), ?1) FROM audit",
-            [GENESIS],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        let seq = last + 1;
-        let at_ms = weir_log::now_ms();
-        let detail = e.detail.to_string();
-        let hash = chained(&prev, &content(seq, at_ms, e.who, e.action, e.pipeline, &detail, e.why, e.origin));
-        conn.execute(
-            "INSERT INTO audit (seq, at_ms, who, action, pipeline, detail, why, origin, prev_hash, hash)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-            params![seq, at_ms, e.who, e.action, e.pipeline, detail, e.why, e.origin, prev, hash],
-        )?;
-        Ok(seq)
-    })();
-    if own {
-        match &result {
-            Ok(_) => conn.execute_batch("COMMIT")?,
-            Err(_) => {
-                let _ = conn.execute_batch("ROLLBACK");
-            }
-        }
-    }
-    result
+    Ok(seq)
 }
 
 /// The audit log from `since`, as JSON lines.
@@ -186,47 +179,39 @@ pub fn verify(conn: &Connection) -> rusqlite::Result<Result<Verified, Broken>> {
 /// Schema version 2 to 3: `audit` gains `origin` and the hash chain (the
 /// entries already there are chained in order), and `tokens` is created.
 pub(crate) fn migrate_to_chain(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    let result = (|| {
-        let mut columns = Vec::new();
-        {
-            let mut stmt = conn.prepare("SELECT name FROM pragma_table_info('audit')")?;
-            let names = stmt.query_map([], |r| r.get::<_, String>(0))?;
-            for n in names {
-                columns.push(n?);
-            }
-        }
-        for column in ["origin", "prev_hash", "hash"] {
-            if !columns.iter().any(|c| c == column) {
-                conn.execute_batch(&format!("ALTER TABLE audit ADD COLUMN {column} TEXT NOT NULL DEFAULT ''"))?;
-            }
-        }
-        conn.execute_batch("DROP TRIGGER IF EXISTS audit_append_only_update")?;
-        let mut prev = GENESIS.to_owned();
-        let old: Vec<(i64, String)> = {
-            let mut stmt =
-                conn.prepare("SELECT seq, at_ms, who, action, pipeline, detail, why, origin FROM audit ORDER BY seq")?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, row_content(r)?)))?;
-            rows.collect::<rusqlite::Result<_>>()?
-        };
-        for (seq, c) in old {
-            let hash = chained(&prev, &c);
-            conn.execute("UPDATE audit SET prev_hash = ?2, hash = ?3 WHERE seq = ?1", params![seq, prev, hash])?;
-            prev = hash;
-        }
-        conn.execute_batch(
-            "CREATE TRIGGER audit_append_only_update BEFORE UPDATE ON audit
-                 BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
-             UPDATE meta SET value = '3' WHERE key = 'schema_version';",
-        )
-    })();
-    match result {
-        Ok(()) => conn.execute_batch("COMMIT"),
-        Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
-            Err(e)
+    let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
+    let mut columns = Vec::new();
+    {
+        let mut stmt = conn.prepare("SELECT name FROM pragma_table_info('audit')")?;
+        let names = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        for n in names {
+            columns.push(n?);
         }
     }
+    for column in ["origin", "prev_hash", "hash"] {
+        if !columns.iter().any(|c| c == column) {
+            conn.execute_batch(&format!("ALTER TABLE audit ADD COLUMN {column} TEXT NOT NULL DEFAULT ''"))?;
+        }
+    }
+    conn.execute_batch("DROP TRIGGER IF EXISTS audit_append_only_update")?;
+    let mut prev = GENESIS.to_owned();
+    let old: Vec<(i64, String)> = {
+        let mut stmt =
+            conn.prepare("SELECT seq, at_ms, who, action, pipeline, detail, why, origin FROM audit ORDER BY seq")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, row_content(r)?)))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    for (seq, c) in old {
+        let hash = chained(&prev, &c);
+        conn.execute("UPDATE audit SET prev_hash = ?2, hash = ?3 WHERE seq = ?1", params![seq, prev, hash])?;
+        prev = hash;
+    }
+    conn.execute_batch(
+        "CREATE TRIGGER audit_append_only_update BEFORE UPDATE ON audit
+             BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+         UPDATE meta SET value = '3' WHERE key = 'schema_version';",
+    )?;
+    tx.commit()
 }
 
 /// At start: a contract that is new, or whose version or text changed since

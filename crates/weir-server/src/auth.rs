@@ -9,7 +9,7 @@
 //! takes effect on the next request, in every process sharing the data
 //! folder.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 use sha2::{Digest, Sha256};
 
 /// What a token may do; one role a token.
@@ -252,18 +252,16 @@ pub fn create_audited(
     origin: &str,
     why: &str,
 ) -> anyhow::Result<(String, Grant)> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    let made = (|| {
-        let (token, grant) = create(conn, new)?;
-        let mut detail = grant.json();
-        if let Some(m) = detail.as_object_mut() {
-            m.remove("revoked");
-        }
-        let entry = crate::audit::Entry { who, action: "token-create", pipeline: None, detail: &detail, why, origin };
-        crate::audit::append(conn, &entry)?;
-        Ok((token, grant))
-    })();
-    finish(conn, made)
+    let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
+    let (token, grant) = create(&tx, new)?;
+    let mut detail = grant.json();
+    if let Some(m) = detail.as_object_mut() {
+        m.remove("revoked");
+    }
+    let entry = crate::audit::Entry { who, action: "token-create", pipeline: None, detail: &detail, why, origin };
+    crate::audit::append(&tx, &entry)?;
+    tx.commit()?;
+    Ok((token, grant))
 }
 
 /// [`revoke`], with its `token-revoke` audit entry, in one transaction.
@@ -274,28 +272,13 @@ pub fn revoke_audited(
     origin: &str,
     why: &str,
 ) -> anyhow::Result<Option<Grant>> {
-    conn.execute_batch("BEGIN IMMEDIATE")?;
-    let done = (|| {
-        let Some(grant) = revoke(conn, id)? else { return Ok(None) };
-        let detail = serde_json::json!({ "id": grant.id, "name": grant.name, "role": grant.role.as_str() });
-        let entry = crate::audit::Entry { who, action: "token-revoke", pipeline: None, detail: &detail, why, origin };
-        crate::audit::append(conn, &entry)?;
-        Ok(Some(grant))
-    })();
-    finish(conn, done)
-}
-
-fn finish<T>(conn: &Connection, result: anyhow::Result<T>) -> anyhow::Result<T> {
-    match result {
-        Ok(v) => {
-            conn.execute_batch("COMMIT")?;
-            Ok(v)
-        }
-        Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
-            Err(e)
-        }
-    }
+    let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
+    let Some(grant) = revoke(&tx, id)? else { return Ok(None) };
+    let detail = serde_json::json!({ "id": grant.id, "name": grant.name, "role": grant.role.as_str() });
+    let entry = crate::audit::Entry { who, action: "token-revoke", pipeline: None, detail: &detail, why, origin };
+    crate::audit::append(&tx, &entry)?;
+    tx.commit()?;
+    Ok(Some(grant))
 }
 
 fn grant_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Grant, String)> {

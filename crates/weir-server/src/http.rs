@@ -603,7 +603,7 @@ async fn results(
     Path(name): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    may_read(&app, &caller, &name)?;
+    let on_kafka = may_read(&app, &caller, &name)?.on_kafka;
     let time = |k: &str| -> Result<Option<i64>, ApiError> {
         let Some(v) = q.get(k) else { return Ok(None) };
         match weir_engine::time::parse_rfc3339_ms(v) {
@@ -618,7 +618,7 @@ async fn results(
         key: q.iter().filter_map(|(k, v)| Some((k.strip_prefix("key.")?.to_owned(), v.clone()))).collect(),
         limit: param(&q, "limit", 10_000i64)?,
     };
-    if pipeline(&app, &name)?.on_kafka {
+    if on_kafka {
         return Ok(joined(app.pg_read(move |c, s| crate::pg::results(c, s, &name, &filter)).await?));
     }
     Ok(joined(app.read(move |c| store::results(c, &name, &filter)).await?))
@@ -793,8 +793,7 @@ async fn status(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    may_read(&app, &caller, &name)?;
-    let p = pipeline(&app, &name)?;
+    let p = may_read(&app, &caller, &name)?;
     Ok(json(status_json(&app, &name, p)))
 }
 
