@@ -1,5 +1,6 @@
 //! Event intake: any bytes as events of a contract that reads nested
-//! fields, rules, dedup, sessions and sums; then the watermark to the end.
+//! fields, rules, dedup, sessions and sums under tight `[limits]`; then the
+//! watermark to the end.
 //! Nothing may panic.
 #![no_main]
 
@@ -46,6 +47,13 @@ field = "plan"
 [[aggregate]]
 name = "n"
 fn = "count"
+
+[limits]
+max_depth = 4
+max_fields = 40
+max_key_bytes = 24
+max_keys = 8
+max_open_windows = 12
 "#;
 
 fuzz_target!(|data: &[u8]| {

@@ -8,13 +8,20 @@
 //! checkpoint_interval = "100ms" # results are published (and checkpointed) at least this often
 //! checkpoint_events = 50000     # ... and after at most this many events
 //! max_body_bytes = 67108864     # largest POST body
+//! header_timeout = "10s"        # a connection's request head must arrive within this (idle ones close too)
+//! body_timeout = "60s"          # a request's body must arrive whole within this
 //! alert_webhook = "http://..."  # where alerts go when a contract names no webhook
+//! ledger_payload_retention = "30d" # ledger payloads (and details) are erased after this, or after
+//!                               # the topic's retention when that is shorter
 //!
 //! [topics.payments]
 //! partitions = 4
 //! key = "account_id"            # the top-level field whose hash picks the partition
 //! retention = "7d"
 //! max_event_bytes = 1048576
+//! max_depth = 64                # deepest nesting of one event (at most 64)
+//! max_fields = 100000           # values in one event, nested ones included
+//! max_key_bytes = 4096          # the partitioning field's value, as JSON text
 //!
 //! [kafka]                       # Kafka as the log (with [postgres]); see docs/kafka-postgres.md
 //! brokers = "127.0.0.1:9092"
@@ -31,7 +38,7 @@ use std::collections::BTreeMap;
 
 use toml_edit::{Document, Item, Table};
 
-use crate::contract::{line_of, Reader, MAX_EVENT_BYTES_DEFAULT};
+use crate::contract::{line_of, Limits, Reader, MAX_DEPTH, MAX_EVENT_BYTES_DEFAULT};
 use crate::{ContractError, ContractErrors};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +48,14 @@ pub struct ServerConfig {
     pub checkpoint_interval_ms: i64,
     pub checkpoint_events: u64,
     pub max_body_bytes: usize,
+    /// A client that has not sent a whole request head within this is
+    /// disconnected; so is a kept-alive connection idle this long.
+    pub header_timeout_ms: i64,
+    /// A request body that has not arrived whole within this gets 408.
+    pub body_timeout_ms: i64,
+    /// Ledger payloads and details older than this are erased (the
+    /// entries stay); a topic's shorter `retention` applies too.
+    pub ledger_payload_retention_ms: Option<i64>,
     /// Where alerts go when a contract's `[alerts]` names no webhook.
     pub alert_webhook: Option<String>,
     pub topics: BTreeMap<String, TopicConfig>,
@@ -70,11 +85,24 @@ pub struct TopicConfig {
     pub key: Option<String>,
     pub retention_ms: Option<i64>,
     pub max_event_bytes: usize,
+    /// Past these, a POST is refused (422) before anything is appended.
+    pub max_depth: usize,
+    pub max_fields: usize,
+    pub max_key_bytes: usize,
 }
 
 impl Default for TopicConfig {
     fn default() -> TopicConfig {
-        TopicConfig { partitions: 1, key: None, retention_ms: None, max_event_bytes: MAX_EVENT_BYTES_DEFAULT }
+        let limits = Limits::default();
+        TopicConfig {
+            partitions: 1,
+            key: None,
+            retention_ms: None,
+            max_event_bytes: MAX_EVENT_BYTES_DEFAULT,
+            max_depth: limits.max_depth,
+            max_fields: limits.max_fields,
+            max_key_bytes: limits.max_key_bytes,
+        }
     }
 }
 
@@ -86,6 +114,9 @@ impl Default for ServerConfig {
             checkpoint_interval_ms: 100,
             checkpoint_events: 50_000,
             max_body_bytes: 64 << 20,
+            ledger_payload_retention_ms: None,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 60_000,
             alert_webhook: None,
             topics: BTreeMap::new(),
             kafka: None,
@@ -101,7 +132,10 @@ const TOP_KEYS: &[&str] = &[
     "checkpoint_interval",
     "checkpoint_events",
     "max_body_bytes",
+    "header_timeout",
+    "body_timeout",
     "alert_webhook",
+    "ledger_payload_retention",
     "topics",
     "kafka",
     "postgres",
@@ -110,7 +144,8 @@ const TOP_KEYS: &[&str] = &[
 const AUTH_KEYS: &[&str] = &["public_metrics"];
 const KAFKA_KEYS: &[&str] = &["brokers", "group", "config"];
 const POSTGRES_KEYS: &[&str] = &["url", "schema"];
-const TOPIC_KEYS: &[&str] = &["partitions", "key", "retention", "max_event_bytes"];
+const TOPIC_KEYS: &[&str] =
+    &["partitions", "key", "retention", "max_event_bytes", "max_depth", "max_fields", "max_key_bytes"];
 
 impl ServerConfig {
     /// The settings for `topic`: its own section, or the defaults (one partition).
@@ -147,9 +182,20 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
     let listen = r.string(root, "weir.toml", "listen", false);
     let idle = r.duration(root, "weir.toml", "idle_timeout");
     let interval = r.duration(root, "weir.toml", "checkpoint_interval");
-    let events = whole(r, root, "weir.toml", "checkpoint_events", 1, u32::MAX as i64);
-    let body = whole(r, root, "weir.toml", "max_body_bytes", 1024, 1 << 31);
+    let events = r.whole(root, "weir.toml", "checkpoint_events", 1, u32::MAX as i64);
+    let body = r.whole(root, "weir.toml", "max_body_bytes", 1024, 1 << 31);
     let alert_webhook = r.string(root, "weir.toml", "alert_webhook", false);
+    let ledger_retention = r.duration(root, "weir.toml", "ledger_payload_retention");
+    let header_timeout = r.duration(root, "weir.toml", "header_timeout");
+    let body_timeout = r.duration(root, "weir.toml", "body_timeout");
+    for (key, value) in [("header_timeout", &header_timeout), ("body_timeout", &body_timeout)] {
+        if let Some(Some(ms)) = value {
+            if !(100..=3_600_000).contains(ms) {
+                let span = root.get(key).and_then(Item::span);
+                r.error(span, key, "must be between 100ms and 1h: a client may not hold a connection forever");
+            }
+        }
+    }
     if let Some(Some(ms)) = interval {
         if !(1..=1_000).contains(&ms) {
             let span = root.get("checkpoint_interval").and_then(Item::span);
@@ -207,6 +253,9 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         checkpoint_interval_ms: interval?.unwrap_or(defaults.checkpoint_interval_ms),
         checkpoint_events: events?.map_or(defaults.checkpoint_events, |v| v as u64),
         max_body_bytes: body?.map_or(defaults.max_body_bytes, |v| v as usize),
+        ledger_payload_retention_ms: ledger_retention?,
+        header_timeout_ms: header_timeout?.unwrap_or(defaults.header_timeout_ms),
+        body_timeout_ms: body_timeout?.unwrap_or(defaults.body_timeout_ms),
         alert_webhook,
         topics,
     })
@@ -267,28 +316,21 @@ fn read_topic(r: &mut Reader<'_>, t: &Table, name: &str) -> Option<TopicConfig> 
     let section = format!("topics.{name}");
     r.unknown_keys(t, &section, TOPIC_KEYS);
     let defaults = TopicConfig::default();
-    let partitions = whole(r, t, &section, "partitions", 1, 1024);
+    let partitions = r.whole(t, &section, "partitions", 1, 1024);
     let key = r.string(t, &section, "key", false);
     let retention = r.duration(t, &section, "retention");
-    let max_event_bytes = whole(r, t, &section, "max_event_bytes", 1, 64 << 20);
+    let max_event_bytes = r.whole(t, &section, "max_event_bytes", 1, 64 << 20);
+    let max_depth = r.whole(t, &section, "max_depth", 1, MAX_DEPTH as i64);
+    let max_fields = r.whole(t, &section, "max_fields", 1, 1 << 40);
+    let max_key_bytes = r.whole(t, &section, "max_key_bytes", 1, 1 << 30);
+    let pick = |v: Option<i64>, default: usize| v.map_or(default, |v| v as usize);
     Some(TopicConfig {
+        max_depth: pick(max_depth?, defaults.max_depth),
+        max_fields: pick(max_fields?, defaults.max_fields),
+        max_key_bytes: pick(max_key_bytes?, defaults.max_key_bytes),
         partitions: partitions?.map_or(defaults.partitions, |v| v as u32),
         key,
         retention_ms: retention?,
         max_event_bytes: max_event_bytes?.map_or(defaults.max_event_bytes, |v| v as usize),
     })
-}
-
-/// An optional whole number in `min..=max`: `Some(None)` when absent, `None` when bad.
-fn whole(r: &mut Reader<'_>, t: &Table, section: &str, key: &str, min: i64, max: i64) -> Option<Option<i64>> {
-    let Some(value) = r.value(t, section, key, false) else {
-        return if t.contains_key(key) { None } else { Some(None) };
-    };
-    match value.as_integer() {
-        Some(v) if (min..=max).contains(&v) => Some(Some(v)),
-        _ => {
-            r.error(value.span(), &format!("{section}.{key}"), format!("must be a whole number from {min} to {max}"));
-            None
-        }
-    }
 }

@@ -24,6 +24,8 @@ pub struct Contract {
     /// (in `where` rules, as the event id) but never reach a row, and only a
     /// raw-reader sees them in the ledger.
     pub personal: Vec<FieldPath>,
+    /// `[limits]`: what one event and one pipeline may hold.
+    pub limits: Limits,
     /// FNV-1a hash of the contract's text: names this exact contract in
     /// snapshots and provenance.
     pub text_hash: u64,
@@ -38,6 +40,43 @@ pub struct Sink {
     pub ledger_topic: Option<String>,
     /// Over weir.toml's `[kafka] brokers`.
     pub brokers: Option<String>,
+}
+
+/// `[limits]`: bounds on what one event and one pipeline may hold, so that
+/// hostile or runaway input costs a ledger entry (`over_limit`) instead of
+/// the process's memory. Every key is optional.
+///
+/// ```toml
+/// [limits]
+/// max_depth = 64                # nesting of one event (at most 64)
+/// max_fields = 100000           # values in one event, nested ones and array elements included
+/// max_key_bytes = 4096          # the group key's bytes
+/// max_keys = 10000000           # keys with an open window
+/// max_open_windows = 10000000   # windows open at once
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_depth: usize,
+    pub max_fields: usize,
+    pub max_key_bytes: usize,
+    pub max_keys: usize,
+    pub max_open_windows: usize,
+}
+
+/// The deepest nesting an event may have, whatever `[limits]` says: the
+/// engine's JSON reader recurses once a level.
+pub const MAX_DEPTH: usize = 64;
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_depth: MAX_DEPTH,
+            max_fields: 100_000,
+            max_key_bytes: 4096,
+            max_keys: 10_000_000,
+            max_open_windows: 10_000_000,
+        }
+    }
 }
 
 /// `[alerts]`: thresholds a server checks continuously (issue 4). Every key
@@ -235,7 +274,9 @@ const WINDOW_KEYS: &[&str] = &["type", "size", "slide", "gap", "allowed_lateness
 const DEDUP_KEYS: &[&str] = &["horizon"];
 const AGGREGATE_KEYS: &[&str] = &["name", "fn", "field", "where"];
 const ALERT_KEYS: &[&str] = &["max_lag", "max_watermark_age", "max_oldest_unprocessed", "max_ledger_rate", "webhook"];
-const SECTIONS: &[&str] = &["pipeline", "source", "window", "dedup", "aggregate", "alerts", "sink", "privacy"];
+const SECTIONS: &[&str] =
+    &["pipeline", "source", "window", "dedup", "aggregate", "alerts", "sink", "privacy", "limits"];
+const LIMIT_KEYS: &[&str] = &["max_depth", "max_fields", "max_key_bytes", "max_keys", "max_open_windows"];
 const PRIVACY_KEYS: &[&str] = &["personal"];
 const SINK_KEYS: &[&str] = &["topic", "ledger_topic", "brokers"];
 
@@ -410,12 +451,17 @@ impl Reader<'_> {
             None => None,
         };
 
+        let limits = match self.table(root, "limits", false) {
+            Some(t) => self.limits(t),
+            None => Some(Limits::default()),
+        };
         let privacy_table = self.table(root, "privacy", false);
         let personal = match privacy_table {
             Some(t) => self.personal(t),
             None => Some(Vec::new()),
         };
-        let (pipeline, source, window, aggregates, personal) = (pipeline?, source?, window?, aggregates?, personal?);
+        let (pipeline, source, window, aggregates, personal, limits) =
+            (pipeline?, source?, window?, aggregates?, personal?, limits?);
         // What a row carries (key, aggregated fields) and the event time may not be personal.
         let span = privacy_table.and_then(|t| t.get("personal")).and_then(Item::span);
         let mut carried: Vec<(String, &FieldPath)> = source.key.iter().map(|k| ("source.key".to_owned(), k)).collect();
@@ -467,8 +513,46 @@ impl Reader<'_> {
             alerts,
             sink,
             personal,
+            limits,
             text_hash: fnv1a(self.text),
         })
+    }
+
+    fn limits(&mut self, t: &Table) -> Option<Limits> {
+        self.unknown_keys(t, "limits", LIMIT_KEYS);
+        let d = Limits::default();
+        let max = 1 << 40;
+        let depth = self.whole(t, "limits", "max_depth", 1, MAX_DEPTH as i64);
+        let fields = self.whole(t, "limits", "max_fields", 1, max);
+        let key_bytes = self.whole(t, "limits", "max_key_bytes", 1, 1 << 30);
+        let keys = self.whole(t, "limits", "max_keys", 1, max);
+        let windows = self.whole(t, "limits", "max_open_windows", 1, max);
+        let pick = |v: Option<i64>, default: usize| v.map_or(default, |v| v as usize);
+        Some(Limits {
+            max_depth: pick(depth?, d.max_depth),
+            max_fields: pick(fields?, d.max_fields),
+            max_key_bytes: pick(key_bytes?, d.max_key_bytes),
+            max_keys: pick(keys?, d.max_keys),
+            max_open_windows: pick(windows?, d.max_open_windows),
+        })
+    }
+
+    /// An optional whole number in `min..=max`: `Some(None)` when absent, `None` when bad.
+    pub(crate) fn whole(&mut self, t: &Table, section: &str, key: &str, min: i64, max: i64) -> Option<Option<i64>> {
+        let Some(value) = self.value(t, section, key, false) else {
+            return if t.contains_key(key) { None } else { Some(None) };
+        };
+        match value.as_integer() {
+            Some(v) if (min..=max).contains(&v) => Some(Some(v)),
+            _ => {
+                self.error(
+                    value.span(),
+                    &format!("{section}.{key}"),
+                    format!("must be a whole number from {min} to {max}"),
+                );
+                None
+            }
+        }
     }
 
     fn personal(&mut self, t: &Table) -> Option<Vec<FieldPath>> {

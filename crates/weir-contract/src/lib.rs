@@ -11,8 +11,8 @@ mod rule;
 
 pub use config::{KafkaConfig, PostgresConfig, ServerConfig, TopicConfig};
 pub use contract::{
-    overlaps, AggFn, Aggregate, Alerts, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Pipeline, Sink,
-    Source, SourceKind, WindowKind, WindowSpec,
+    overlaps, AggFn, Aggregate, Alerts, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Limits, Pipeline,
+    Sink, Source, SourceKind, WindowKind, WindowSpec, MAX_DEPTH,
 };
 pub use duration::{format_duration_ms, parse_duration_ms};
 pub use rule::{parse_rule, CmpOp, Expr, FieldPath};

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use weir_contract::{AggFn, Contract, LatePolicy, WindowKind};
 
 use crate::agg::{AggState, Contrib};
-use crate::json::{Doc, Event, Tag, Val};
+use crate::json::{Doc, Event, ParseError, Tag, Val};
 use crate::key;
 use crate::number::parse_decimal;
 use crate::output::{LedgerEntry, Output, Reason, Row, RowFormat, Sources, Status, PAYLOAD_BYTES_MAX};
@@ -62,7 +62,7 @@ pub struct Counters {
     /// Events late but allowed: counted in a window whose end the watermark had passed.
     pub late_allowed: u64,
     /// Ledger entries by [`Reason::index`].
-    pub ledger: [u64; 8],
+    pub ledger: [u64; 9],
     pub rows_provisional: u64,
     pub rows_settled: u64,
     pub rows_retracted: u64,
@@ -133,6 +133,9 @@ pub(crate) struct State {
     pub windows: HashedTable<Window>,
     pub timers: BTreeSet<(i64, WinId)>,
     pub sessions: HashMap<Box<[u8]>, BTreeMap<i64, i64>>,
+    /// With [`Plan::count_keys`]: open windows by a 128-bit hash of their
+    /// key (see `key_id`). Not in snapshots: rebuilt from the windows.
+    pub keys: HashedTable<u32>,
     /// Remembered event ids, by a 128-bit hash of the id (see `dedup_key`).
     /// An entry whose `expires` the watermark has reached counts as
     /// forgotten; [`Engine::forget_ids`] removes such entries in sweeps.
@@ -389,13 +392,19 @@ impl Engine {
         let mut slots = std::mem::take(&mut self.slots);
         let parsed = if utf8_ok {
             let scratch = self.plan.horizon_ms.is_some().then_some(&mut self.hash_scratch);
-            doc.parse_event(text, scratch, &self.plan.names, &mut slots).map_err(|e| format!("not JSON: {e}"))
+            doc.parse_event(text, scratch, &self.plan.names, &mut slots, self.plan.bounds)
         } else {
-            Err("not UTF-8 text".to_owned())
+            Err(ParseError::Malformed("not UTF-8 text".to_owned()))
         };
         let result = match parsed {
-            Err(detail) => {
+            Err(ParseError::Malformed(why)) => {
+                let detail = if utf8_ok { format!("not JSON: {why}") } else { why };
                 record(&mut self.st.counters, out, &ctx, None, Reason::MalformedJson, detail, None, None);
+                None
+            }
+            Err(ParseError::OverLimit(why)) => {
+                let detail = format!("event is {why}; simplify the event or raise the limit in [limits]");
+                record(&mut self.st.counters, out, &ctx, None, Reason::OverLimit, detail, None, None);
                 None
             }
             Ok(payload_hash) => {
@@ -445,9 +454,20 @@ impl Engine {
         let mut key_buf = std::mem::take(&mut self.key_buf);
         let keyed = read_key(root, &plan, &mut key_buf);
         self.key_buf = key_buf;
-        if let Err((reason, detail)) = keyed {
-            record(&mut self.st.counters, out, ctx, None, reason, detail, None, None);
-            return Some(time);
+        match keyed {
+            Err((reason, detail)) => {
+                record(&mut self.st.counters, out, ctx, None, reason, detail, None, None);
+                return Some(time);
+            }
+            Ok(bytes) if bytes > plan.max_key_bytes => {
+                let detail = format!(
+                    "key is {bytes} bytes, over max_key_bytes = {}; key on shorter fields or raise the limit in [limits]",
+                    plan.max_key_bytes
+                );
+                record(&mut self.st.counters, out, ctx, None, Reason::OverLimit, detail, None, None);
+                return Some(time);
+            }
+            Ok(_) => {}
         }
         if !matches!(plan.kind, WindowKind::Session { .. }) {
             // Steps 4 to 6 run while the first window's slot comes into the cache.
@@ -563,6 +583,11 @@ impl Engine {
         }
         // 7. Windows.
         let key_bytes = std::mem::take(&mut self.key_buf);
+        if let Some(detail) = self.over_state_limit(time, &key_bytes, wm) {
+            record(&mut self.st.counters, out, ctx, Some(&key_bytes), Reason::OverLimit, detail, None, None);
+            self.key_buf = key_bytes;
+            return Some(time);
+        }
         let counted = match plan.kind {
             WindowKind::Session { gap_ms } => self.assign_session(ctx, time, &key_bytes, gap_ms, wm, out),
             _ => self.assign_fixed(ctx, time, &key_bytes, wm, out),
@@ -617,6 +642,9 @@ impl Engine {
                     self.st.windows.get_or_insert_with(id, || new_window(&self.plan, key_bytes, start, end));
                 if made && !global {
                     self.st.timers.insert((end, id));
+                    if self.plan.count_keys {
+                        *self.st.keys.get_or_insert_with(key_id(key_bytes), || 0).0 += 1;
+                    }
                 }
                 if add_event(w, &self.contribs, ctx, time, late) {
                     self.dirty.push(id);
@@ -632,6 +660,63 @@ impl Engine {
             self.st.counters.late_allowed += 1;
         }
         counted
+    }
+
+    /// Step 7's limits, checked before any window changes (an event counts
+    /// whole or not at all): the event would open a window past
+    /// `max_open_windows`, or a key past `max_keys`. Stream mode only: a
+    /// batch holds every window of its range until the end, and is bounded
+    /// by the range it is given.
+    fn over_state_limit(&self, time: i64, key_bytes: &[u8], wm: i64) -> Option<String> {
+        let plan = &self.plan;
+        let st = &self.st;
+        let open = st.windows.len();
+        let (new_windows, new_key, keys) = match plan.kind {
+            WindowKind::Session { gap_ms } => {
+                let sessions = st.sessions.get(key_bytes);
+                let joins =
+                    sessions.is_some_and(|s| s.range(..time + gap_ms).next_back().is_some_and(|(_, &e)| e > time));
+                (usize::from(!joins), sessions.is_none(), st.sessions.len())
+            }
+            WindowKind::Global => {
+                let new = st.windows.get(self.win_id(WM_MIN, key_bytes)).is_none();
+                (usize::from(new), new, open)
+            }
+            _ => {
+                let span = fixed_span(&plan.kind, time);
+                let most = ((span.last - span.first) / span.slide.max(1)) as usize + 1;
+                if open + most <= plan.max_open_windows && (!plan.count_keys || st.keys.len() < plan.max_keys) {
+                    return None;
+                }
+                let mut new = 0;
+                let mut start = span.first;
+                while start <= span.last {
+                    let live = (start + span.size).saturating_add(plan.lateness_ms) > wm;
+                    if live && st.windows.get(self.win_id(start, key_bytes)).is_none() {
+                        new += 1;
+                    }
+                    start += span.slide.max(1);
+                }
+                let new_key = plan.count_keys && new > 0 && st.keys.get(key_id(key_bytes)).is_none();
+                (new, new_key, st.keys.len())
+            }
+        };
+        if self.mode == Mode::Batch {
+            return None;
+        }
+        if new_windows > 0 && open + new_windows > plan.max_open_windows {
+            Some(format!(
+                "the pipeline holds {open} open windows and this event would open {new_windows} more, past max_open_windows = {}; raise the limit in [limits] or shorten the windows",
+                plan.max_open_windows
+            ))
+        } else if new_key && keys >= plan.max_keys {
+            Some(format!(
+                "the pipeline holds windows for {keys} keys and this event's key would be one more, past max_keys = {}; raise the limit in [limits]",
+                plan.max_keys
+            ))
+        } else {
+            None
+        }
     }
 
     /// A window's id: its group key's bytes hashed with its start as the seed.
@@ -839,6 +924,15 @@ impl Engine {
     fn forget_window(&mut self, id: WinId) {
         let Some(w) = self.st.windows.remove(id) else { return };
         self.st.timers.remove(&(w.end, id));
+        if self.plan.count_keys {
+            let k = key_id(&w.key);
+            if let Some(n) = self.st.keys.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.st.keys.remove(k);
+                }
+            }
+        }
         if let WindowKind::Session { .. } = self.plan.kind {
             if let Some(sessions) = self.st.sessions.get_mut(&w.key) {
                 sessions.remove(&w.start);
@@ -957,13 +1051,16 @@ fn read_time(val: Option<Val<'_>>, name: &str) -> Result<i64, FieldError> {
     }
 }
 
-fn read_key(root: Event<'_>, plan: &Plan, out: &mut Vec<u8>) -> Result<(), FieldError> {
+/// Reads the group key into `out`; returns the length of its values' text.
+fn read_key(root: Event<'_>, plan: &Plan, out: &mut Vec<u8>) -> Result<usize, FieldError> {
     out.clear();
+    let mut text = 0;
     for (path, name) in plan.key_paths.iter().zip(&plan.key_names) {
         let val = match root.get(path) {
             Some(v) if v.tag() != Tag::Null => v,
             _ => return Err((Reason::MissingField, format!("key missing: no `{name}` in the event"))),
         };
+        text += val.raw().len();
         match val.tag() {
             Tag::String => key::push_field(b's', &val.str().unwrap_or_default(), out),
             Tag::True => key::push_field(b'b', "1", out),
@@ -977,7 +1074,12 @@ fn read_key(root: Event<'_>, plan: &Plan, out: &mut Vec<u8>) -> Result<(), Field
             }
         }
     }
-    Ok(())
+    Ok(text)
+}
+
+/// A key's identity in [`State::keys`].
+pub(crate) fn key_id(key_bytes: &[u8]) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(key_bytes)
 }
 
 fn read_id<'a>(val: Option<Val<'a>>, name: &str) -> Result<Cow<'a, str>, FieldError> {

@@ -1,16 +1,50 @@
 //! The body of a POST of events, checked whole before anything is
-//! appended: one JSON value a line, each within the topic's size limit,
-//! with the partitioning field's value found in the same pass. Used by the
-//! HTTP API and `weir produce --kafka`; fuzzed by `fuzz/`.
+//! appended: one JSON value a line, each within the topic's limits (size,
+//! nesting, number of values, key length), with the partitioning field's
+//! value found in the same pass. Used by the HTTP API and `weir produce
+//! --kafka`; fuzzed by `fuzz/`.
 
-use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+/// What one line of a body may be; past a limit the body is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_event_bytes: usize,
+    /// Nesting: a scalar is depth 0, `{}` and `[]` are depth 1.
+    pub max_depth: usize,
+    /// Every value counts, nested ones and array elements included.
+    pub max_fields: usize,
+    /// The partitioning field's value, as JSON text.
+    pub max_key_bytes: usize,
+}
+
+impl Limits {
+    /// Only a size limit; nesting as deep as the engine reads (64).
+    pub fn size(max_event_bytes: usize) -> Limits {
+        let d = weir_contract::Limits::default();
+        Limits { max_event_bytes, max_depth: d.max_depth, max_fields: d.max_fields, max_key_bytes: d.max_key_bytes }
+    }
+}
 
 /// Why a POST body was refused; `line` counts from 1.
 #[derive(Debug, PartialEq, Eq)]
 pub enum BodyError {
-    TooLong { line: usize, bytes: usize },
-    NotUtf8 { line: usize },
-    NotJson { line: usize, why: String },
+    TooLong {
+        line: usize,
+        bytes: usize,
+    },
+    NotUtf8 {
+        line: usize,
+    },
+    NotJson {
+        line: usize,
+        why: String,
+    },
+    /// Valid JSON past one of [`Limits`]' other bounds; `why` names it.
+    OverLimit {
+        line: usize,
+        why: String,
+    },
 }
 
 /// One event of a body: its partitioning key's JSON text (when the field
@@ -21,11 +55,7 @@ pub type BodyEvent<'b> = (Option<String>, &'b [u8]);
 /// accepted), each with its partitioning key's JSON text when `key` names a
 /// top-level field it has. The whole body is checked before anything is
 /// appended; the first bad line refuses it.
-pub fn parse_body<'b>(
-    body: &'b [u8],
-    key: Option<&str>,
-    max_event_bytes: usize,
-) -> Result<Vec<BodyEvent<'b>>, BodyError> {
+pub fn parse_body<'b>(body: &'b [u8], key: Option<&str>, limits: &Limits) -> Result<Vec<BodyEvent<'b>>, BodyError> {
     let mut events = Vec::new();
     for (i, line) in body.split(|&b| b == b'\n').enumerate() {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -33,13 +63,17 @@ pub fn parse_body<'b>(
             continue;
         }
         let n = i + 1;
-        if line.len() > max_event_bytes {
+        if line.len() > limits.max_event_bytes {
             return Err(BodyError::TooLong { line: n, bytes: line.len() });
         }
         if std::str::from_utf8(line).is_err() {
             return Err(BodyError::NotUtf8 { line: n });
         }
-        let k = key_of(line, key).map_err(|e| BodyError::NotJson { line: n, why: e.to_string() })?;
+        let k = match check_line(line, key, limits) {
+            Ok(k) => k,
+            Err(LineError::Json(e)) => return Err(BodyError::NotJson { line: n, why: e.to_string() }),
+            Err(LineError::OverLimit(why)) => return Err(BodyError::OverLimit { line: n, why }),
+        };
         events.push((k, line));
     }
     Ok(events)
@@ -47,11 +81,93 @@ pub fn parse_body<'b>(
 
 /// Checks that `line` is one JSON value, and finds the partitioning field's
 /// value (its JSON text) when `field` is set and the value is an object.
+/// Nesting is bounded by the engine's 64 levels, values by the line's size.
 pub fn key_of(line: &[u8], field: Option<&str>) -> Result<Option<String>, serde_json::Error> {
+    match check_line(line, field, &Limits::size(usize::MAX)) {
+        Ok(key) => Ok(key),
+        Err(LineError::Json(e)) => Err(e),
+        Err(LineError::OverLimit(why)) => Err(serde_json::Error::custom(why)),
+    }
+}
+
+enum LineError {
+    Json(serde_json::Error),
+    OverLimit(String),
+}
+
+fn check_line(line: &[u8], field: Option<&str>, limits: &Limits) -> Result<Option<String>, LineError> {
+    // Bounds first, in a scan of their own: a line past them is refused
+    // as over the limit (not as malformed), and serde_json's own depth
+    // bound (128) is never the one met.
+    measure(line, limits).map_err(LineError::OverLimit)?;
     let mut de = serde_json::Deserializer::from_slice(line);
-    let key = KeySeed(field).deserialize(&mut de)?;
-    de.end()?;
+    let key = KeySeed(field).deserialize(&mut de).map_err(LineError::Json)?;
+    de.end().map_err(LineError::Json)?;
+    if let Some(k) = &key {
+        if k.len() > limits.max_key_bytes {
+            return Err(LineError::OverLimit(format!(
+                "its key is {} bytes, over the topic's max_key_bytes = {}",
+                k.len(),
+                limits.max_key_bytes
+            )));
+        }
+    }
     Ok(key)
+}
+
+/// Checks a line's nesting and number of values against `limits`, in one
+/// pass over its bytes (strings skipped with `memchr`). Values are the root,
+/// every object member and every array element: one more than the commas,
+/// plus one for each container that is not empty. On bytes that are not
+/// JSON the counts mean little, and the parse that follows refuses them.
+fn measure(line: &[u8], limits: &Limits) -> Result<(), String> {
+    // Most lines cannot pass either bound: no deeper than they have
+    // brackets, no more values than bytes. Counting brackets is fast.
+    if line.len() <= limits.max_fields && memchr::memchr2_iter(b'{', b'[', line).count() <= limits.max_depth {
+        return Ok(());
+    }
+    let (mut depth, mut commas, mut filled, mut opened) = (0usize, 0usize, 0usize, false);
+    let mut i = 0;
+    while i < line.len() {
+        let b = line[i];
+        i += 1;
+        if opened && !matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            opened = false;
+            if !matches!(b, b'}' | b']') {
+                filled += 1;
+            }
+        }
+        match b {
+            b'"' => {
+                // To the closing quote, past escaped characters.
+                loop {
+                    let Some(at) = memchr::memchr2(b'"', b'\\', line.get(i..).unwrap_or_default()) else {
+                        // Never closed: not JSON, and the parse says so.
+                        return Ok(());
+                    };
+                    i += at + 1;
+                    if line[i - 1] == b'"' {
+                        break;
+                    }
+                    i += 1;
+                }
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                opened = true;
+                if depth > limits.max_depth {
+                    return Err(format!("it is nested deeper than the topic's max_depth = {}", limits.max_depth));
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b',' => commas += 1,
+            _ => {}
+        }
+    }
+    if 1 + commas + filled > limits.max_fields {
+        return Err(format!("it has more than the topic's max_fields = {} values", limits.max_fields));
+    }
+    Ok(())
 }
 
 struct KeySeed<'f>(Option<&'f str>);
@@ -114,20 +230,50 @@ mod tests {
     #[test]
     fn a_body_is_refused_at_its_first_bad_line_and_keys_are_found() {
         let body = b"{\"account_id\":\"a1\",\"n\":1}\r\n\n  \n[1,2]\n{\"account_id\":7}\n";
-        let events = parse_body(body, Some("account_id"), 100).unwrap();
+        let events = parse_body(body, Some("account_id"), &Limits::size(100)).unwrap();
         let keys: Vec<Option<String>> = events.iter().map(|(k, _)| k.clone()).collect();
         assert_eq!(keys, [Some("\"a1\"".to_owned()), None, Some("7".to_owned())]);
         assert_eq!(events[0].1, b"{\"account_id\":\"a1\",\"n\":1}");
         assert_eq!(
-            parse_body(b"{}\n{\"a\":\n", None, 100),
+            parse_body(b"{}\n{\"a\":\n", None, &Limits::size(100)),
             Err(BodyError::NotJson { line: 2, why: "EOF while parsing a value at line 1 column 5".into() })
         );
-        assert_eq!(parse_body(b"{}\n\xff\n", None, 100), Err(BodyError::NotUtf8 { line: 2 }));
-        assert_eq!(parse_body(b"{}\n\n{\"a\":\"long\"}\n", None, 5), Err(BodyError::TooLong { line: 3, bytes: 12 }));
+        assert_eq!(parse_body(b"{}\n\xff\n", None, &Limits::size(100)), Err(BodyError::NotUtf8 { line: 2 }));
         assert_eq!(
-            parse_body(b"{} {}\n", None, 100).map_err(|e| matches!(e, BodyError::NotJson { line: 1, .. })),
+            parse_body(b"{}\n\n{\"a\":\"long\"}\n", None, &Limits::size(5)),
+            Err(BodyError::TooLong { line: 3, bytes: 12 })
+        );
+        assert_eq!(
+            parse_body(b"{} {}\n", None, &Limits::size(100))
+                .map_err(|e| matches!(e, BodyError::NotJson { line: 1, .. })),
             Err(true)
         );
-        assert_eq!(parse_body(b"\n\n", None, 100), Ok(Vec::new()));
+        assert_eq!(parse_body(b"\n\n", None, &Limits::size(100)), Ok(Vec::new()));
+    }
+
+    #[test]
+    fn nesting_values_and_key_length_are_bounded() {
+        let limits = Limits { max_event_bytes: 1000, max_depth: 3, max_fields: 6, max_key_bytes: 5 };
+        let ok = br#"{"k":"abc","a":{"b":[1]}}"#;
+        assert_eq!(parse_body(ok, Some("k"), &limits).map(|e| e.len()), Ok(1));
+        let over = |body: &[u8]| match parse_body(body, Some("k"), &limits) {
+            Err(BodyError::OverLimit { line, why }) => (line, why),
+            other => panic!("expected an over-limit refusal, got {other:?}"),
+        };
+        let (line, why) = over(b"{}\n{\"a\":{\"b\":[[1]]}}\n");
+        assert_eq!((line, why.as_str()), (2, "it is nested deeper than the topic's max_depth = 3"));
+        assert!(over(b"[[[[]]]]").1.contains("max_depth = 3"));
+        assert!(over(br#"{"k":{"a":{"b":[]}}}"#).1.contains("max_depth = 3"), "the key's own value is measured");
+        assert!(over(b"[1,2,3,4,5,6]").1.contains("max_fields = 6"));
+        assert!(over(br#"{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6}"#).1.contains("max_fields = 6"));
+        assert_eq!(over(br#"{"k":"abcdef"}"#).1, "its key is 8 bytes, over the topic's max_key_bytes = 5");
+        // The same values without the key field, and malformed JSON stays NotJson.
+        assert!(parse_body(br#"{"j":"abcdef"}"#, Some("k"), &limits).is_ok());
+        assert!(matches!(parse_body(b"[[[[", Some("k"), &limits), Err(BodyError::OverLimit { .. })));
+        assert!(matches!(parse_body(b"[[1,", Some("k"), &limits), Err(BodyError::NotJson { .. })));
+        // Deeper than serde_json's own bound (128): refused as over the limit, not as a parse error.
+        let deep = "[".repeat(200) + &"]".repeat(200);
+        assert!(matches!(parse_body(deep.as_bytes(), None, &Limits::size(1000)), Err(BodyError::OverLimit { .. })));
+        assert!(key_of(deep.as_bytes(), None).is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! A small, strict JSON reader built for event intake.
 //!
-//! It validates a whole document (RFC 8259, nesting at most [`DEPTH_MAX`]) into
+//! It validates a whole document (RFC 8259, nesting and number of values
+//! bounded by [`Bounds`], never deeper than [`DEPTH_MAX`]) into
 //! a flat arena of nodes that borrow the input: no allocation per event once
 //! the arena has grown. Numbers keep their exact text, so decimals are never
 //! rounded through binary floats. Invariant: every node's `start..end` is a
@@ -8,8 +9,28 @@
 
 use std::borrow::Cow;
 
-/// Documents nested deeper than this are refused as malformed.
-pub const DEPTH_MAX: usize = 64;
+/// No document is read deeper than this: the reader recurses once a level.
+pub const DEPTH_MAX: usize = weir_contract::MAX_DEPTH;
+
+/// How deep and how large a document may be (`[limits]` `max_depth` and
+/// `max_fields`): past them the parse stops with [`ParseError::OverLimit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Bounds {
+    pub depth: usize,
+    pub values: usize,
+}
+
+impl Bounds {
+    #[cfg(test)]
+    pub(crate) const MAX: Bounds = Bounds { depth: DEPTH_MAX, values: usize::MAX };
+}
+
+/// Why a document was not read: not JSON, or JSON past a bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ParseError {
+    Malformed(String),
+    OverLimit(String),
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tag {
@@ -65,14 +86,14 @@ impl Doc {
     /// Parses `src` as one JSON value; the error is a short sentence.
     #[cfg(test)]
     pub fn parse(&mut self, src: &str) -> Result<(), String> {
-        self.parse_with(src, None, None).map(|_| ())
+        self.parse_with(src, None, None, Bounds::MAX).map(|_| ()).map_err(ParseError::text)
     }
 
     /// Parses like [`Doc::parse`] and returns the document's
     /// [`Val::canonical_hash`], computed in the same pass.
     #[cfg(test)]
     pub fn parse_hashed(&mut self, src: &str, scratch: &mut Vec<u8>) -> Result<u64, String> {
-        self.parse_with(src, Some(scratch), None)
+        self.parse_with(src, Some(scratch), None, Bounds::MAX).map_err(ParseError::text)
     }
 
     /// Parses an event: with `scratch`, also its canonical hash (returned);
@@ -84,10 +105,11 @@ impl Doc {
         scratch: Option<&mut Vec<u8>>,
         names: &Names,
         slots: &mut Vec<u32>,
-    ) -> Result<u64, String> {
+        bounds: Bounds,
+    ) -> Result<u64, ParseError> {
         slots.clear();
         slots.resize(names.len(), NO_NODE);
-        self.parse_with(src, scratch, Some((names, slots.as_mut_slice())))
+        self.parse_with(src, scratch, Some((names, slots.as_mut_slice())), bounds)
     }
 
     fn parse_with(
@@ -95,21 +117,27 @@ impl Doc {
         src: &str,
         scratch: Option<&mut Vec<u8>>,
         resolve: Option<(&Names, &mut [u32])>,
-    ) -> Result<u64, String> {
+        bounds: Bounds,
+    ) -> Result<u64, ParseError> {
         if src.len() >= u32::MAX as usize {
-            return Err("document larger than 4 GiB".into());
+            return Err(ParseError::Malformed("document larger than 4 GiB".into()));
         }
         self.nodes.clear();
-        let mut p = Parser { b: src.as_bytes(), src, i: 0, nodes: &mut self.nodes, scratch };
+        let bounds = Bounds { depth: bounds.depth.min(DEPTH_MAX), values: bounds.values };
+        let mut p = Parser { b: src.as_bytes(), src, i: 0, nodes: &mut self.nodes, scratch, bounds, over: None };
         p.ws();
-        let hash = if p.b.get(p.i) == Some(&b'{') {
-            p.object(0, (0, 0, false), resolve)?
+        let parsed = if p.b.get(p.i) == Some(&b'{') {
+            p.object(0, (0, 0, false), resolve)
         } else {
-            p.value(0, (0, 0, false), None)?
+            p.value(0, (0, 0, false), None)
         };
+        if let Some(why) = p.over.take() {
+            return Err(ParseError::OverLimit(why));
+        }
+        let hash = parsed.map_err(ParseError::Malformed)?;
         p.ws();
         if p.i != p.b.len() {
-            return Err(format!("unexpected text after the JSON value at byte {}", p.i + 1));
+            return Err(ParseError::Malformed(format!("unexpected text after the JSON value at byte {}", p.i + 1)));
         }
         Ok(hash)
     }
@@ -126,6 +154,18 @@ struct Parser<'a> {
     nodes: &'a mut Vec<Node>,
     /// Present when the parse also computes the canonical hash.
     scratch: Option<&'a mut Vec<u8>>,
+    bounds: Bounds,
+    /// Set when the parse stopped at a bound rather than at bad JSON.
+    over: Option<String>,
+}
+
+impl ParseError {
+    #[cfg(test)]
+    fn text(self) -> String {
+        match self {
+            ParseError::Malformed(s) | ParseError::OverLimit(s) => s,
+        }
+    }
 }
 
 impl Parser<'_> {
@@ -134,6 +174,14 @@ impl Parser<'_> {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.b.get(self.i) {
             self.i += 1;
         }
+    }
+
+    /// Stops the parse at a bound.
+    #[cold]
+    #[inline(never)]
+    fn over<T>(&mut self, why: String) -> Result<T, String> {
+        self.over = Some(why.clone());
+        Err(why)
     }
 
     #[cold]
@@ -194,6 +242,9 @@ impl Parser<'_> {
         if matches!(node.tag, Tag::True | Tag::False | Tag::Null) {
             node.end = self.i as u32;
         }
+        if self.nodes.len() >= self.bounds.values {
+            return self.over(format!("more than max_fields = {} values", self.bounds.values));
+        }
         self.nodes.push(node);
         let Some(scratch) = self.scratch.as_deref_mut() else { return Ok(0) };
         let raw = &self.src[node.start as usize..node.end as usize];
@@ -207,10 +258,13 @@ impl Parser<'_> {
     /// Starts an object or array at `self.i`: its node is pushed now and
     /// completed by [`Parser::close`].
     fn open(&mut self, depth: usize, tag: Tag, key: (u32, u32, bool)) -> Result<(usize, Node), String> {
-        if depth >= DEPTH_MAX {
-            return self.fail(&format!("nested deeper than {DEPTH_MAX} levels"));
+        if depth >= self.bounds.depth {
+            return self.over(format!("nested deeper than max_depth = {}", self.bounds.depth));
         }
         let index = self.nodes.len();
+        if index >= self.bounds.values {
+            return self.over(format!("more than max_fields = {} values", self.bounds.values));
+        }
         let node = Node::new(tag, self.i, key);
         self.nodes.push(node);
         self.i += 1;

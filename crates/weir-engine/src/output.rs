@@ -89,10 +89,13 @@ pub enum Reason {
     Duplicate,
     DuplicateConflict,
     TooLate,
+    /// Past one of the contract's `[limits]`: nesting, values, key length,
+    /// keys or open windows.
+    OverLimit,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
         Reason::TooLarge,
         Reason::MalformedJson,
         Reason::MissingField,
@@ -101,6 +104,7 @@ impl Reason {
         Reason::Duplicate,
         Reason::DuplicateConflict,
         Reason::TooLate,
+        Reason::OverLimit,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -113,6 +117,7 @@ impl Reason {
             Reason::Duplicate => "duplicate",
             Reason::DuplicateConflict => "duplicate_conflict",
             Reason::TooLate => "too_late",
+            Reason::OverLimit => "over_limit",
         }
     }
 

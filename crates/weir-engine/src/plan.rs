@@ -3,7 +3,7 @@
 
 use weir_contract::{AggFn, Contract, FieldPath, LatePolicy, WindowKind};
 
-use crate::json::{FieldRef, Names};
+use crate::json::{Bounds, FieldRef, Names};
 use crate::output::RowFormat;
 use crate::rule::Rule;
 
@@ -31,6 +31,15 @@ pub(crate) struct Plan {
     pub rule: Option<Rule>,
     pub max_delay_ms: i64,
     pub max_event_bytes: usize,
+    /// `[limits]` for one event: nesting and number of values.
+    pub bounds: Bounds,
+    pub max_key_bytes: usize,
+    pub max_keys: usize,
+    pub max_open_windows: usize,
+    /// Keys are counted apart from windows: tumbling or hopping windows
+    /// with `max_keys` below `max_open_windows` (otherwise the window
+    /// limit is met first, or a session or global window counts its keys).
+    pub count_keys: bool,
     pub kind: WindowKind,
     pub lateness_ms: i64,
     pub late: LatePolicy,
@@ -60,7 +69,14 @@ impl Plan {
                 rule: compile_rule(&agg.rule, &format!("aggregate[{}].where", i + 1), &mut names)?,
             });
         }
+        let limits = contract.limits;
+        let fixed = matches!(contract.window.kind, WindowKind::Tumbling { .. } | WindowKind::Hopping { .. });
         Ok(Plan {
+            bounds: Bounds { depth: limits.max_depth, values: limits.max_fields },
+            max_key_bytes: limits.max_key_bytes,
+            max_keys: limits.max_keys,
+            max_open_windows: limits.max_open_windows,
+            count_keys: fixed && limits.max_keys < limits.max_open_windows,
             names,
             name: contract.pipeline.name.clone(),
             version: contract.pipeline.version,

@@ -17,11 +17,13 @@ use crate::engine::{Counters, Engine, Mode, PlanError, Seen, State, Window};
 use crate::plan::Plan;
 
 const MAGIC: &[u8; 8] = b"WEIRSNAP";
-/// The snapshot format this build writes and reads. Format 4 adds each
+/// The snapshot format this build writes. It also reads format 4, the one
+/// before: format 5 counts ledger entries of the reason `over_limit`.
+/// Format 4 adds each
 /// window's sources (partition, offset range, events); format 3 the
 /// revision floor (replays); format 2: window ids are `xxh3_128(key, seed =
 /// start)`; format 1 hashed start and key together.
-pub const SNAPSHOT_FORMAT: u32 = 4;
+pub const SNAPSHOT_FORMAT: u32 = 5;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SnapshotError {
@@ -37,8 +39,10 @@ pub enum SnapshotError {
     Plan(#[from] PlanError),
 }
 
+type Image = ImageOf<Counters>;
+
 #[derive(Serialize, Deserialize)]
-struct Image {
+struct ImageOf<C> {
     pipeline: String,
     version: u32,
     text_hash: u64,
@@ -48,8 +52,52 @@ struct Image {
     wm: i64,
     windows: Vec<(u128, Window)>,
     seen: Vec<(u128, Seen)>,
-    counters: Counters,
+    counters: C,
     revision_floor: u32,
+}
+
+/// Format 4's counters: one reason fewer.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct Counters4 {
+    read: u64,
+    counted: u64,
+    filtered: u64,
+    late_allowed: u64,
+    ledger: [u64; 8],
+    rows_provisional: u64,
+    rows_settled: u64,
+    rows_retracted: u64,
+}
+
+impl ImageOf<Counters4> {
+    fn upgrade(self) -> Image {
+        let c = self.counters;
+        let mut ledger = [0; 9];
+        ledger[..8].copy_from_slice(&c.ledger);
+        ImageOf {
+            pipeline: self.pipeline,
+            version: self.version,
+            text_hash: self.text_hash,
+            mode: self.mode,
+            part_wm: self.part_wm,
+            part_idle: self.part_idle,
+            wm: self.wm,
+            windows: self.windows,
+            seen: self.seen,
+            counters: Counters {
+                read: c.read,
+                counted: c.counted,
+                filtered: c.filtered,
+                late_allowed: c.late_allowed,
+                ledger,
+                rows_provisional: c.rows_provisional,
+                rows_settled: c.rows_settled,
+                rows_retracted: c.rows_retracted,
+            },
+            revision_floor: self.revision_floor,
+        }
+    }
 }
 
 fn identity(name: &str, version: u32, hash: u64) -> String {
@@ -188,10 +236,12 @@ fn decode(contract: &Contract, bytes: &[u8]) -> Result<(Plan, Image), SnapshotEr
         return Err(SnapshotError::NotASnapshot);
     }
     let found = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-    if found != SNAPSHOT_FORMAT {
-        return Err(SnapshotError::Format { found });
-    }
-    let image: Image = postcard::from_bytes(&bytes[12..]).map_err(|e| SnapshotError::Corrupt(e.to_string()))?;
+    let corrupt = |e: postcard::Error| SnapshotError::Corrupt(e.to_string());
+    let image: Image = match found {
+        SNAPSHOT_FORMAT => postcard::from_bytes(&bytes[12..]).map_err(corrupt)?,
+        4 => postcard::from_bytes::<ImageOf<Counters4>>(&bytes[12..]).map_err(corrupt)?.upgrade(),
+        _ => return Err(SnapshotError::Format { found }),
+    };
     let plan = Plan::compile(contract).map_err(PlanError)?;
     if image.pipeline != plan.name || image.version != plan.version || image.text_hash != plan.text_hash {
         return Err(SnapshotError::Contract {
@@ -232,10 +282,66 @@ fn build(
         if session {
             st.sessions.entry(w.key.clone()).or_default().insert(w.start, w.end);
         }
+        if plan.count_keys {
+            *st.keys.get_or_insert_with(crate::engine::key_id(&w.key), || 0).0 += 1;
+        }
         st.windows.insert(id, w);
     }
     for (id, s) in seen {
         st.seen.insert(id, s);
     }
     Ok(Engine::from_parts(Arc::new(plan), image.mode, st))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EventIn, Output};
+
+    #[test]
+    fn a_format_4_snapshot_is_read_with_its_counters() {
+        let text = "[pipeline]\nname = \"p\"\nversion = 1\nowner = \"o\"\nsteward = \"s\"\ndecision = \"d\"\n\
+            [source]\ntopic = \"t\"\nevent_time = \"t\"\nkey = [\"k\"]\n\
+            [window]\ntype = \"tumbling\"\nsize = \"10s\"\n[[aggregate]]\nname = \"n\"\nfn = \"count\"\n";
+        let c = Contract::parse("p.toml", text).unwrap();
+        let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+        let mut out = Output::default();
+        for (i, e) in [r#"{"k":"a","t":1000}"#, "{", r#"{"k":"a","t":2000}"#].iter().enumerate() {
+            engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: e.as_bytes() }, &mut out);
+        }
+        // The same state as format 4 wrote it: eight ledger counters.
+        let (_, image) = decode(&c, &engine.snapshot()).unwrap();
+        let k = image.counters.clone();
+        let old = ImageOf {
+            counters: Counters4 {
+                read: k.read,
+                counted: k.counted,
+                filtered: k.filtered,
+                late_allowed: k.late_allowed,
+                ledger: k.ledger[..8].try_into().unwrap(),
+                rows_provisional: k.rows_provisional,
+                rows_settled: k.rows_settled,
+                rows_retracted: k.rows_retracted,
+            },
+            pipeline: image.pipeline,
+            version: image.version,
+            text_hash: image.text_hash,
+            mode: image.mode,
+            part_wm: image.part_wm,
+            part_idle: image.part_idle,
+            wm: image.wm,
+            windows: image.windows,
+            seen: image.seen,
+            revision_floor: image.revision_floor,
+        };
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&4u32.to_le_bytes());
+        bytes.extend(postcard::to_allocvec(&old).unwrap());
+        let restored = Engine::restore(&c, &bytes).unwrap();
+        assert_eq!(restored.counters(), engine.counters());
+        assert_eq!(restored.counters().ledger[1], 1);
+        assert_eq!(restored.snapshot(), engine.snapshot());
+        bytes[8] = 3;
+        assert_eq!(Engine::restore(&c, &bytes).unwrap_err(), SnapshotError::Format { found: 3 });
+    }
 }

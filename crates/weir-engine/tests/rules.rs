@@ -6,7 +6,7 @@
 //! events=.. late=.. {values}`; ledger entries as `offset reason [window]`.
 
 use weir_contract::Contract;
-use weir_engine::{Engine, EventIn, Mode, OutValue, Output, Row};
+use weir_engine::{Engine, EventIn, Mode, OutValue, Output, Reason, Row};
 
 const HEAD: &str = r#"
 [pipeline]
@@ -540,4 +540,117 @@ fn one_partition_of_a_topic_closes_windows_on_its_own_watermark() {
     assert_eq!((out.rows[0].sources[0].partition, out.rows[0].sources[0].first_offset), (3, 40));
     assert_eq!((out.ledger[0].partition, out.ledger[0].offset, out.ledger[0].reason.as_str()), (3, 42, "too_late"));
     assert_eq!(engine.partition_watermarks(), [Some(12_000)]);
+}
+
+#[test]
+fn events_past_the_limits_go_to_the_ledger_as_over_limit() {
+    let c = contract(
+        "",
+        &format!("{TUMBLING_10S}\nlate = \"discard\""),
+        "[limits]\nmax_depth = 3\nmax_fields = 8\nmax_key_bytes = 4\nmax_keys = 2\nmax_open_windows = 3",
+    );
+    let events: Vec<String> = [
+        // Within every limit: two keys, two windows of `a`.
+        ev("a", 1, "1", "1"),
+        ev("b", 2, "2", "1"),
+        // Nesting: the root object, `x` and `y` are three levels; `z` is a fourth.
+        r#"{"k":"a","t":3000,"id":"3","x":{"y":{"z":[]}}}"#.to_owned(),
+        r#"{"k":"a","t":3000,"id":"4","x":{"y":{}}}"#.to_owned(),
+        // Values: the root and its members count, nested ones too.
+        r#"{"k":"a","t":3000,"id":"5","x":[1,2,3,4]}"#.to_owned(),
+        // Key length: "abcde" is five bytes.
+        ev("abcde", 3, "6", "1"),
+        // A third key would open a third key's window.
+        ev("c", 4, "7", "1"),
+        // A second window for `a` is the third window open.
+        ev("a", 12, "8", "1"),
+        // A fourth window is past max_open_windows; `b` already has one in [10,20) after the next.
+        ev("b", 13, "9", "1"),
+        ev("b", 14, "10", "1"),
+    ]
+    .to_vec();
+    check(
+        &c,
+        &events,
+        &[
+            "a [0,10) settled#1 events=2 late=0 {2,1}",
+            "b [0,10) settled#1 events=1 late=0 {1,1}",
+            "a [10,20) settled#1 events=1 late=0 {1,1}",
+            "b [10,20) settled#1 events=2 late=0 {2,2}",
+        ],
+        &["3 over_limit", "5 over_limit", "6 over_limit", "7 over_limit"],
+    );
+    // The detail names the limit and what to do.
+    let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    let mut out = Output::default();
+    for (i, e) in events.iter().enumerate() {
+        engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: e.as_bytes() }, &mut out);
+    }
+    let details: Vec<&str> = out.ledger.iter().map(|l| l.detail.as_str()).collect();
+    assert!(details[0].contains("nested deeper than max_depth = 3") && details[0].contains("[limits]"), "{details:?}");
+    assert!(details[1].contains("more than max_fields = 8 values"), "{details:?}");
+    assert!(details[2].contains("key is 5 bytes, over max_key_bytes = 4"), "{details:?}");
+    assert!(details[3].contains("past max_keys = 2"), "{details:?}");
+    assert_eq!(engine.counters().ledger[Reason::OverLimit.index()], 4);
+    // A batch is bounded by its range, not by the window limits.
+    let batch = run_mode(&c, Mode::Batch, &events, true);
+    assert_eq!(batch.ledger, ["3 over_limit", "5 over_limit", "6 over_limit"]);
+}
+
+#[test]
+fn the_open_window_limit_refuses_an_event_whole() {
+    // A hopping event needing two new windows past the limit counts in none.
+    let c = contract(
+        "",
+        "type = \"hopping\"\nsize = \"10s\"\nslide = \"5s\"\nlate = \"discard\"",
+        "[limits]\nmax_open_windows = 3",
+    );
+    check(
+        &c,
+        &[ev("a", 7, "1", "1"), ev("b", 8, "2", "1"), ev("a", 9, "3", "1")],
+        &["a [0,10) settled#1 events=2 late=0 {2,2}", "a [5,15) settled#1 events=2 late=0 {2,2}"],
+        &["2 over_limit"],
+    );
+    // Sessions: a new session is a new window; joining one is not. A
+    // window is open until the watermark settles it, after the event that
+    // moved the watermark (step 9): `b` at 20 finds `a`'s session still
+    // open, and is refused, but moves the watermark; `b` at 21 counts.
+    let c = contract("", "type = \"session\"\ngap = \"5s\"\nlate = \"discard\"", "[limits]\nmax_open_windows = 1");
+    check(
+        &c,
+        &[
+            ev("a", 1, "1", "1"),
+            ev("b", 2, "2", "1"),
+            ev("a", 3, "3", "1"),
+            ev("b", 20, "4", "1"),
+            ev("b", 21, "5", "1"),
+        ],
+        &["a [1,8) settled#1 events=2 late=0 {2,2}", "b [21,26) settled#1 events=1 late=0 {1,1}"],
+        &["2 over_limit", "4 over_limit"],
+    );
+    // Global windows: one per key, so the key limit is the window limit.
+    let c = contract("", "type = \"global\"", "[limits]\nmax_keys = 1");
+    let got = run_mode(&c, Mode::Stream, &[ev("a", 1, "1", "1"), ev("b", 2, "2", "1"), ev("a", 3, "3", "1")], true);
+    assert_eq!(got.ledger, ["2 over_limit"]);
+}
+
+#[test]
+fn limits_survive_a_snapshot() {
+    let c = contract("", &format!("{TUMBLING_10S}\nlate = \"discard\""), "[limits]\nmax_keys = 1");
+    let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    let mut out = Output::default();
+    engine.process(EventIn { partition: 0, offset: 1, bytes: ev("a", 1, "1", "1").as_bytes() }, &mut out);
+    let mut restored = Engine::restore(&c, &engine.snapshot()).unwrap();
+    restored.process(EventIn { partition: 0, offset: 2, bytes: ev("b", 2, "2", "1").as_bytes() }, &mut out);
+    restored.process(EventIn { partition: 0, offset: 3, bytes: ev("a", 3, "3", "1").as_bytes() }, &mut out);
+    assert_eq!(out.ledger.iter().map(|l| l.offset).collect::<Vec<_>>(), [2]);
+    // `b` at 15 is refused too, but moves the watermark past `a`'s window:
+    // once it settles, its key is forgotten and `b` has room.
+    restored.process(EventIn { partition: 0, offset: 4, bytes: ev("b", 15, "4", "1").as_bytes() }, &mut out);
+    restored.process(EventIn { partition: 0, offset: 5, bytes: ev("b", 16, "5", "1").as_bytes() }, &mut out);
+    let reasons: Vec<(u64, &str)> = out.ledger.iter().map(|l| (l.offset, l.reason.as_str())).collect();
+    assert_eq!(reasons, [(2, "over_limit"), (4, "over_limit")]);
+    assert_eq!(out.rows.iter().map(|r| r.events).collect::<Vec<_>>(), [2]);
+    restored.finish(&mut out);
+    assert_eq!(out.rows.iter().map(|r| r.events).collect::<Vec<_>>(), [2, 1]);
 }

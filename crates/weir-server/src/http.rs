@@ -6,11 +6,13 @@
 //! each handler then checks that the token's role may do what it asks
 //! (SECURITY.md has the table). A missing, unknown, expired or revoked
 //! token is a 401, a token without the right a 403; both are counted in
-//! `weir_http_requests_denied_total`.
+//! `weir_http_requests_denied_total`, as are bodies too slow (408) or too
+//! large (413) for `body_timeout` and `max_body_bytes`.
 //!
 //! `POST /v1/topics/{topic}/events` checks the whole body before anything
 //! is appended: a line that is not JSON is a 400 naming the line, an event
-//! over the topic's `max_event_bytes` a 413 naming the line; blank lines are
+//! over the topic's `max_event_bytes` a 413 naming the line, one past the
+//! topic's `max_depth`, `max_fields` or `max_key_bytes` a 422; blank lines are
 //! skipped. It answers after the log has fsynced the events, with the
 //! offsets written per partition; a log that cannot write answers 503 with
 //! `Retry-After` and appended nothing.
@@ -103,9 +105,9 @@ impl App {
         let joined = tokio::task::spawn_blocking(move || {
             let mut client = match lock(&pg.clients).pop() {
                 Some(c) if !c.is_closed() => c,
-                _ => crate::pg::connect(&pg.config.url)?,
+                _ => crate::pg::connect(&pg.config.url).map_err(|e| e.to_string())?,
             };
-            let result = query(&mut client, &pg.config.schema);
+            let result = query(&mut client, &pg.config.schema).map_err(|e| e.to_string());
             lock(&pg.clients).push(client);
             result
         })
@@ -169,6 +171,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/audit", get(audit))
         .route("/metrics", get(metrics))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&app), whole_body))
         .layer(auth)
         .with_state(app)
 }
@@ -190,6 +193,54 @@ fn public(app: &App, path: &str) -> bool {
 impl App {
     fn count_denied(&self, labels: String) {
         *lock(&self.denied).entry(labels).or_insert(0) += 1;
+    }
+}
+
+/// Reads a request's body whole before its handler runs, within
+/// `body_timeout` and `max_body_bytes`: a client that sends its body slowly
+/// or stops halfway gets 408 and holds nothing of the server's after.
+/// Runs after [`authenticate`], so only a caller with a token is waited for.
+async fn whole_body(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    if !headers.contains_key(header::CONTENT_LENGTH) && !headers.contains_key(header::TRANSFER_ENCODING) {
+        return next.run(req).await;
+    }
+    let limit = app.config.max_body_bytes;
+    let too_large = || {
+        app.count_denied("status=\"413\",reason=\"body_too_large\"".into());
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is larger than max_body_bytes = {limit}; nothing was appended; send smaller bodies or raise max_body_bytes in weir.toml"),
+        )
+    };
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large();
+    }
+    let (parts, body) = req.into_parts();
+    let deadline = std::time::Duration::from_millis(app.config.body_timeout_ms as u64);
+    match tokio::time::timeout(deadline, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Ok(Err(e)) => {
+            let source = std::error::Error::source(&e);
+            if source.is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) {
+                too_large()
+            } else {
+                error(StatusCode::BAD_REQUEST, format!("the body could not be read: {e}; nothing was appended"))
+            }
+        }
+        Err(_) => {
+            app.count_denied("status=\"408\",reason=\"body_timeout\"".into());
+            let mut r = error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the body did not arrive whole within body_timeout = {} ms; nothing was appended; send it faster, or in smaller bodies",
+                    app.config.body_timeout_ms
+                ),
+            );
+            r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            r
+        }
     }
 }
 
@@ -421,7 +472,13 @@ async fn post_events(
         }
     };
     let tc = app.config.topic(&topic);
-    let events = match weir_engine::intake::parse_body(&body, tc.key.as_deref(), tc.max_event_bytes) {
+    let limits = weir_engine::intake::Limits {
+        max_event_bytes: tc.max_event_bytes,
+        max_depth: tc.max_depth,
+        max_fields: tc.max_fields,
+        max_key_bytes: tc.max_key_bytes,
+    };
+    let events = match weir_engine::intake::parse_body(&body, tc.key.as_deref(), &limits) {
         Ok(events) => events,
         Err(weir_engine::intake::BodyError::TooLong { line, bytes }) => {
             return error(
@@ -442,6 +499,14 @@ async fn post_events(
             return error(
                 StatusCode::BAD_REQUEST,
                 format!("line {line} is not JSON ({why}); nothing was appended; send one JSON value per line"),
+            )
+        }
+        Err(weir_engine::intake::BodyError::OverLimit { line, why }) => {
+            return error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!(
+                    "line {line} is refused: {why}; nothing was appended; simplify the event or raise the limit in [topics.{topic}] in weir.toml"
+                ),
             )
         }
     };
@@ -810,7 +875,7 @@ async fn metrics(State(app): State<Arc<App>>, caller: Option<Extension<Caller>>)
     for (labels, n) in lock(&app.denied).iter() {
         m.counter(
             "weir_http_requests_denied_total",
-            "Requests refused: 401 without a known, live token (by reason), 403 without the right (by role).",
+            "Requests refused: 401 without a known, live token (by reason), 403 without the right (by role), 408 for a body too slow, 413 for a body too large.",
             labels,
             *n,
         );

@@ -19,6 +19,7 @@ mod http;
 pub mod kafka;
 pub mod listen;
 pub mod pg;
+pub mod pg_tls;
 mod pipeline;
 pub mod privacy;
 mod provenance;
@@ -92,6 +93,47 @@ pub fn load_contracts(dir: &Path) -> Result<Vec<Contract>, String> {
         return Err(format!("no contracts (*.toml) in {}; add one, e.g. from weir demo's folder", dir.display()));
     }
     Ok(contracts)
+}
+
+/// Deletes what is past retention, for real: log segments older than their
+/// topic's retention, and the payloads and details of ledger entries older
+/// than their pipeline's period (`erase`: pipeline, period, on Kafka, whose
+/// ledger is in `postgres`). Sweeps every minute, or a quarter of the
+/// shortest period when that is sooner.
+async fn retain(
+    log: Log,
+    db: std::path::PathBuf,
+    postgres: Option<weir_contract::PostgresConfig>,
+    erase: Vec<(String, i64, bool)>,
+) {
+    let shortest = erase.iter().map(|e| e.1).min().unwrap_or(i64::MAX);
+    let every = Duration::from_millis((shortest / 4).clamp(100, 60_000) as u64);
+    loop {
+        tokio::time::sleep(every).await;
+        let (log, db, postgres, erase) = (log.clone(), db.clone(), postgres.clone(), erase.clone());
+        let swept = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+            let now = weir_log::now_ms();
+            log.enforce_retention(now)?;
+            let (on_kafka, embedded): (Vec<_>, Vec<_>) = erase.into_iter().partition(|e| e.2);
+            if !embedded.is_empty() {
+                let conn = store::open(&db)?;
+                for (pipeline, keep_ms, _) in &embedded {
+                    store::erase_ledger_payloads(&conn, pipeline, now.saturating_sub(*keep_ms))?;
+                }
+            }
+            if let (false, Some(pg)) = (on_kafka.is_empty(), &postgres) {
+                let mut client = pg::connect(&pg.url)?;
+                for (pipeline, keep_ms, _) in &on_kafka {
+                    pg::erase_ledger_payloads(&mut client, &pg.schema, pipeline, now.saturating_sub(*keep_ms))?;
+                }
+            }
+            Ok(())
+        })
+        .await;
+        if let Ok(Err(e)) = swept {
+            eprintln!("weir: retention: {e:#}");
+        }
+    }
 }
 
 /// Runs the server until `shutdown` completes, then stops every pipeline
@@ -255,34 +297,38 @@ pub async fn serve(
         threads.push(std::thread::Builder::new().name(format!("weir-pipeline-{name}")).spawn(move || runner.run())?);
         pipelines.insert(name, Pipeline { contract, on_kafka: false, status, paused, replay });
     }
-    let mut app = http::App::new(log.clone(), Arc::clone(&config), pipelines, db);
+    let mut app = http::App::new(log.clone(), Arc::clone(&config), pipelines, db.clone());
     app.producers = producers;
     app.postgres = config.postgres.clone().map(|pg| Arc::new(http::PgReaders::new(pg)));
     let app = Arc::new(app);
     let alerting = tokio::spawn(alerts::run(Arc::clone(&app)));
-    let retention_log = log.clone();
-    let retention = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(60)).await;
-            let log = retention_log.clone();
-            let done = tokio::task::spawn_blocking(move || log.enforce_retention(weir_log::now_ms())).await;
-            if let Ok(Err(e)) = done {
-                eprintln!("weir: retention: {e}");
-            }
-        }
-    });
+    // Ledger payloads past retention: the topic's (weir.toml), or weir.toml's
+    // shorter cap; in SQLite, or in Postgres for pipelines on Kafka.
+    let erase: Vec<(String, i64, bool)> = app
+        .pipelines
+        .iter()
+        .filter_map(|(name, p)| {
+            let topic = config.topic(&p.contract.source.topic).retention_ms;
+            let keep = match (topic, config.ledger_payload_retention_ms) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            keep.map(|ms| (name.clone(), ms, p.on_kafka))
+        })
+        .collect();
+    let retention = tokio::spawn(retain(log.clone(), db.clone(), config.postgres.clone(), erase));
     let listener = tokio::net::TcpListener::bind(&opts.listen).await.with_context(|| {
         format!("cannot listen on {}: is another server using it? choose one with --listen", opts.listen)
     })?;
     on_listen(listener.local_addr()?);
     let listener = listen::WeirListener::new(listener, tls)?;
-    let service = http::router(app).into_make_service_with_connect_info::<listen::Peer>();
-    let served = axum::serve(listener, service).with_graceful_shutdown(shutdown).await;
+    let header_timeout = Duration::from_millis(config.header_timeout_ms as u64);
+    listen::serve(listener, http::router(app), header_timeout, shutdown).await;
     retention.abort();
     alerting.abort();
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     for t in threads {
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
     }
-    served.context("the HTTP server failed")
+    Ok(())
 }

@@ -2,6 +2,12 @@
 //! `--tls-key`). TCP connections are accepted on a task of their own and
 //! each TLS handshake runs on its own task with a deadline, so a client
 //! that opens a connection and sends nothing holds up no one.
+//!
+//! [`serve`] runs each connection on its own task with HTTP/1.1, and gives
+//! every request head a deadline (`header_timeout` in weir.toml): a client
+//! that sends its head slowly, or keeps a connection open and idle, is
+//! disconnected. A head over 32 KiB gets 431. Bodies have their own
+//! deadline (`http::whole_body`).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -9,15 +15,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::extract::connect_info::Connected;
-use axum::serve::{IncomingStream, Listener};
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::serve::Listener;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
 
 /// How long a client has to complete the TLS handshake.
 const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// The largest request head (request line and headers): past it, 431.
+const MAX_HEAD_BYTES: usize = 32 << 10;
 
 /// A connection, over TLS or not.
 pub trait Conn: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -89,10 +104,47 @@ impl Listener for WeirListener {
     }
 }
 
-impl Connected<IncomingStream<'_, WeirListener>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, WeirListener>) -> Self {
-        *stream.remote_addr()
+/// Serves `router` on `listener` until `shutdown` completes; then stops
+/// accepting, lets every connection finish the request it is in, and returns.
+pub async fn serve(
+    mut listener: WeirListener,
+    router: Router,
+    header_timeout: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    // Each connection's task holds a receiver: when none is left, all are done.
+    let (open, open_rx) = tokio::sync::watch::channel(());
+    tokio::pin!(shutdown);
+    loop {
+        let (io, peer) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let service = router.clone().map_request(move |mut req: axum::http::Request<Incoming>| {
+            req.extensions_mut().insert(ConnectInfo(peer));
+            req.map(Body::new)
+        });
+        let (mut stopping, held) = (stopping.clone(), open_rx.clone());
+        tokio::spawn(async move {
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(TokioTimer::new()).header_read_timeout(header_timeout).max_header_size(MAX_HEAD_BYTES);
+            let conn = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stopping.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            drop(held);
+        });
     }
+    drop(listener);
+    let _ = stop.send(true);
+    drop(open_rx);
+    open.closed().await;
 }
 
 /// A TLS acceptor from PEM files: the certificate chain (server first) and its private key.

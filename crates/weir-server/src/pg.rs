@@ -14,7 +14,7 @@
 //! | `state_ids` | per partition: the ids each checkpoint remembered, one row per checkpoint, deleted once all have expired |
 //! | `results` | the latest row of every key and window, with its revision |
 //! | `changes` | every row in commit order (`seq` from 1 per pipeline), with partition, time, run and sources |
-//! | `ledger` | every ledger entry in commit order (`seq` from 1 per pipeline) |
+//! | `ledger` | every ledger entry in commit order (`seq` from 1 per pipeline), with its checkpoint's time (`at_ms`); `erased` once its payload and detail are erased for retention |
 //! | `sinks` | per pipeline and Kafka sink topic: the next `seq` to publish |
 //! | `runs` | every time a worker took a partition: contract version and hash, weir's version, the worker |
 //!
@@ -32,16 +32,18 @@
 //!   the lock of its `pipelines` row, held to the commit, so a reader paging
 //!   `changes` by `seq` never skips a row another worker commits later.
 
-use postgres::{Client, NoTls, Transaction};
+use postgres::{Client, Transaction};
 use weir_engine::{Delta, IdEntry, Output, RowFormat};
 
 use crate::store::{decode_ids, encode_ids, id_bytes, id_from, sources_json, write_ledger, write_row, GLOBAL_START};
 
-pub const SCHEMA_VERSION: i64 = 1;
+/// Version 2 dates ledger entries (`at_ms`) and marks erased payloads.
+pub const SCHEMA_VERSION: i64 = 2;
 
-/// Connects to `url` (`postgresql://user@host:port/db` or `host=... user=...`).
-pub fn connect(url: &str) -> Result<Client, postgres::Error> {
-    Client::connect(url, NoTls)
+/// Connects to `url` (`postgresql://user@host:port/db` or `host=... user=...`),
+/// with TLS as its libpq settings say (see [`crate::pg_tls`]).
+pub fn connect(url: &str) -> Result<Client, crate::pg_tls::ConnectError> {
+    crate::pg_tls::connect(url)
 }
 
 fn schema_sql(schema: &str) -> String {
@@ -70,6 +72,7 @@ CREATE TABLE IF NOT EXISTS {schema}.changes (
     at_ms BIGINT NOT NULL, run BIGINT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (pipeline, seq));
 CREATE TABLE IF NOT EXISTS {schema}.ledger (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
+    at_ms BIGINT NOT NULL DEFAULT 0, erased BOOLEAN NOT NULL DEFAULT false,
     PRIMARY KEY (pipeline, seq));
 CREATE INDEX IF NOT EXISTS ledger_reason ON {schema}.ledger (pipeline, reason, seq);
 CREATE TABLE IF NOT EXISTS {schema}.sinks (
@@ -110,12 +113,47 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
             )?;
         }
         Some(v) if v == SCHEMA_VERSION.to_string() => {}
+        Some(v) if v == "1" => {
+            // Entries from before are dated now: retention counts from here.
+            let now = weir_log::now_ms();
+            tx.batch_execute(&format!(
+                "ALTER TABLE {schema}.ledger ADD COLUMN IF NOT EXISTS at_ms BIGINT NOT NULL DEFAULT {now};
+                 ALTER TABLE {schema}.ledger ADD COLUMN IF NOT EXISTS erased BOOLEAN NOT NULL DEFAULT false;
+                 UPDATE {schema}.meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema_version';"
+            ))?;
+        }
         Some(v) => anyhow::bail!(
             "the Postgres schema {schema} has weir schema version {v}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or another [postgres] schema"
         ),
     }
+    tx.batch_execute(&format!(
+        "CREATE INDEX IF NOT EXISTS ledger_unerased ON {schema}.ledger (pipeline, at_ms) WHERE NOT erased;"
+    ))?;
     tx.commit()?;
     Ok(())
+}
+
+/// Erases the payload and detail of `pipeline`'s ledger entries written
+/// before `before_ms` (the entries stay), as [`crate::store::erase_ledger_payloads`]
+/// does in SQLite. The entry's text keeps its order: `detail` and `payload`
+/// are its last members, and a `,"detail":` with an unescaped quote cannot
+/// occur inside an earlier string. Returns how many entries were erased.
+pub fn erase_ledger_payloads(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    before_ms: i64,
+) -> Result<u64, postgres::Error> {
+    let mut detail = String::new();
+    weir_engine::write_str(crate::store::ERASED_DETAIL, &mut detail);
+    client.execute(
+        &format!(
+            "UPDATE {schema}.ledger
+             SET entry = left(entry, strpos(entry, ',\"detail\":') - 1) || ',\"detail\":' || $3 || '}}', erased = true
+             WHERE pipeline = $1 AND NOT erased AND at_ms < $2 AND strpos(entry, ',\"detail\":') > 0"
+        ),
+        &[&pipeline, &before_ms, &detail],
+    )
 }
 
 /// Registers the pipeline's contract. A different contract (version or
@@ -304,10 +342,10 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
         }
         tx.execute(
             &format!(
-                "INSERT INTO {schema}.ledger (pipeline, seq, partition, reason, entry)
-                 SELECT $1, s, $2, r, e FROM UNNEST($3::BIGINT[], $4::TEXT[], $5::TEXT[]) AS t(s, r, e)"
+                "INSERT INTO {schema}.ledger (pipeline, seq, partition, reason, entry, at_ms)
+                 SELECT $1, s, $2, r, e, $6 FROM UNNEST($3::BIGINT[], $4::TEXT[], $5::TEXT[]) AS t(s, r, e)"
             ),
-            &[&w.pipeline, &p, &seqs, &reasons, &texts],
+            &[&w.pipeline, &p, &seqs, &reasons, &texts, &w.now_ms],
         )?;
     }
     write_state(&mut tx, schema, &w)?;

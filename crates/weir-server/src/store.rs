@@ -7,10 +7,11 @@
 //! one, the engine's changed state, and the log offsets it consumed. After
 //! any crash the database holds some checkpoint whole, never a part.
 //!
-//! Schema version 3 (older ones are migrated in place: version 1's
+//! Schema version 4 (older ones are migrated in place: version 1's
 //! `changes` gains `at_ms`, `run` and `sources`, and `runs` is created;
 //! version 2's `audit` gains `origin` and its hash chain, and `tokens` is
-//! created):
+//! created; version 3's `ledger` gains `at_ms` and `erased`, its entries
+//! dated at the migration):
 //!
 //! | table | holds |
 //! |---|---|
@@ -22,7 +23,7 @@
 //! | `results` | the latest row of every key and window |
 //! | `changes` | every row in emission order (`seq` from 1), with the checkpoint's time, the run that made it and its sources (`[[partition, first offset, last offset, events], ...]`) |
 //! | `runs` | every start of a pipeline (at server start, after a failure, at a replay): contract version and hash, weir's version |
-//! | `ledger` | every ledger entry in order (`seq` from 1) |
+//! | `ledger` | every ledger entry in order (`seq` from 1), with its checkpoint's time; `erased` once its payload and detail are erased for retention ([`erase_ledger_payloads`]) |
 //! | `pauses` | a paused pipeline: the first change `seq` not published |
 //! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
 //! | `annotations` | notes on a pipeline and an event-time range; rows whose window overlaps one carry its id |
@@ -35,7 +36,7 @@ use std::path::Path;
 use rusqlite::{params, Connection, OptionalExtension};
 use weir_engine::{Delta, IdEntry, LedgerEntry, Output, Row, RowFormat};
 
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -62,6 +63,7 @@ CREATE TABLE IF NOT EXISTS runs (
     text_hash TEXT NOT NULL, weir_version TEXT NOT NULL, started_ms INTEGER NOT NULL, why TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger (
     pipeline TEXT NOT NULL, seq INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
+    at_ms INTEGER NOT NULL DEFAULT 0, erased INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS ledger_reason ON ledger (pipeline, reason, seq);
 CREATE TABLE IF NOT EXISTS pauses (pipeline TEXT PRIMARY KEY, from_seq INTEGER NOT NULL, at_ms INTEGER NOT NULL);
@@ -156,12 +158,56 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
         crate::audit::migrate_to_chain(conn)?;
         version = 3;
     }
+    if version == 3 {
+        // Entries from before have no time: they are dated now, so
+        // retention erases their payloads one retention period from now.
+        // (A database older than version 3 got the new table whole above.)
+        let now = weir_log::now_ms();
+        let dated = conn.prepare("SELECT 1 FROM pragma_table_info('ledger') WHERE name = 'at_ms'")?.exists([])?;
+        let add = if dated {
+            String::new()
+        } else {
+            format!(
+                "ALTER TABLE ledger ADD COLUMN at_ms INTEGER NOT NULL DEFAULT {now};
+                 ALTER TABLE ledger ADD COLUMN erased INTEGER NOT NULL DEFAULT 0;"
+            )
+        };
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {add} UPDATE meta SET value = '4' WHERE key = 'schema_version'; COMMIT;"
+        ))?;
+        version = 4;
+    }
     if version != SCHEMA_VERSION {
         anyhow::bail!(
             "the results database has schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or move weir.db aside to rebuild results from the log"
         );
     }
+    conn.execute_batch("CREATE INDEX IF NOT EXISTS ledger_unerased ON ledger (pipeline, at_ms) WHERE erased = 0;")?;
     Ok(())
+}
+
+/// What an erased entry's `detail` says (the detail may quote the payload).
+pub const ERASED_DETAIL: &str = "payload and detail erased: older than the ledger's payload retention";
+
+/// Erases the payload and detail of `pipeline`'s ledger entries written
+/// before `before_ms`, for retention; the entries themselves (reason,
+/// offset, key, times) stay. Deleted text is overwritten in the database
+/// file (`secure_delete`) and the write-ahead log is truncated after, so
+/// the payloads are gone from disk, not only from answers. Returns how
+/// many entries were erased.
+pub fn erase_ledger_payloads(conn: &Connection, pipeline: &str, before_ms: i64) -> rusqlite::Result<usize> {
+    conn.pragma_update(None, "secure_delete", "ON")?;
+    let erased = conn.execute(
+        "UPDATE ledger SET entry = json_set(json_remove(entry, '$.payload'), '$.detail', ?3), erased = 1
+         WHERE pipeline = ?1 AND erased = 0 AND at_ms < ?2",
+        params![pipeline, before_ms, ERASED_DETAIL],
+    )?;
+    if erased > 0 {
+        // Busy readers can hold part of the log back; the next sweep finishes it.
+        let _: rusqlite::Result<(i64, i64, i64)> =
+            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)));
+    }
+    Ok(erased)
 }
 
 /// A pipeline's last checkpoint.
@@ -339,11 +385,11 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
         }
         let mut text = String::new();
         let mut ledger =
-            tx.prepare_cached("INSERT INTO ledger (pipeline, seq, reason, entry) VALUES (?1, ?2, ?3, ?4)")?;
+            tx.prepare_cached("INSERT INTO ledger (pipeline, seq, reason, entry, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)")?;
         for entry in &w.out.ledger {
             text.clear();
             write_ledger(w.format, entry, lseq, &mut text);
-            ledger.execute(params![w.pipeline, lseq, entry.reason.as_str(), text])?;
+            ledger.execute(params![w.pipeline, lseq, entry.reason.as_str(), text, w.now_ms])?;
             lseq += 1;
         }
         let mut put_window =

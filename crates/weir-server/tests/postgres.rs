@@ -198,3 +198,97 @@ fn a_newer_schema_version_is_refused_and_a_bad_schema_name_too() {
     let bad = pg::migrate(&mut s.client, "weir; DROP TABLE x").unwrap_err().to_string();
     assert!(bad.contains("not a schema name"), "{bad}");
 }
+
+/// Why connecting to `url` failed; panics if it did not.
+fn refusal(url: &str) -> String {
+    match pg::connect(url) {
+        Ok(_) => panic!("{url} connected"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Whether the session on `client` is encrypted, by the server's own account.
+fn encrypted(client: &mut postgres::Client) -> bool {
+    client.query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[]).unwrap().get(0)
+}
+
+#[test]
+fn tls_to_postgres_follows_sslmode_as_libpq_does() {
+    // The machine's PostgreSQL serves TLS with its own certificate (Debian's
+    // snakeoil: self-signed, for `localhost`); the tests trust it by its file.
+    let mut plain = pg::connect(&url()).unwrap();
+    let ssl_on: String = plain.query_one("SHOW ssl", &[]).unwrap().get(0);
+    assert_eq!(ssl_on, "on", "these checks need PostgreSQL with ssl = on (Debian's default)");
+    let cert_file: String = plain.query_one("SHOW ssl_cert_file", &[]).unwrap().get(0);
+    let base = url();
+    assert!(base.contains("host=127.0.0.1"), "this test needs the key=value form of WEIR_TEST_POSTGRES: {base}");
+    let by_name = base.replace("host=127.0.0.1", "host=localhost");
+
+    // prefer (the default) and require encrypt; disable does not.
+    assert!(encrypted(&mut plain), "the default, prefer, encrypts when the server offers TLS");
+    assert!(encrypted(&mut pg::connect(&format!("{base} sslmode=require")).unwrap()));
+    assert!(!encrypted(&mut pg::connect(&format!("{base} sslmode=disable")).unwrap()));
+
+    // verify-full checks the chain and the name; verify-ca only the chain.
+    let trusted = format!("sslrootcert='{cert_file}'");
+    assert!(encrypted(&mut pg::connect(&format!("{by_name} sslmode=verify-full {trusted}")).unwrap()));
+    assert!(encrypted(&mut pg::connect(&format!("{base} sslmode=verify-ca {trusted}")).unwrap()));
+    let wrong_name = refusal(&format!("{base} sslmode=verify-full {trusted}"));
+    assert!(wrong_name.contains("not valid for name"), "{wrong_name}");
+
+    // A CA that did not sign the server's certificate is refused.
+    let other = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let other_file = std::env::temp_dir().join(format!("weir-other-ca-{}.pem", std::process::id()));
+    std::fs::write(&other_file, other.cert.pem()).unwrap();
+    let untrusted = format!("{by_name} sslmode=verify-full sslrootcert={}", other_file.display());
+    let refused = refusal(&untrusted);
+    assert!(refused.contains("UnknownIssuer") || refused.contains("unknown issuer"), "{refused}");
+    let _ = std::fs::remove_file(&other_file);
+
+    // Settings that cannot work say so.
+    let cases = [
+        ("sslmode=maybe", "is not one of disable, allow, prefer"),
+        ("sslmode=verify-full", "need sslrootcert=FILE"),
+        ("sslmode=verify-ca sslrootcert=/nonexistent.pem", "cannot read sslrootcert /nonexistent.pem"),
+        ("sslcert=/c.pem", "sslcert and sslkey go together"),
+    ];
+    for (settings, says) in cases {
+        let error = refusal(&format!("{base} {settings}"));
+        assert!(error.contains(says), "{settings}: {error}");
+    }
+}
+
+#[test]
+fn a_version_1_ledger_is_dated_and_its_payloads_erased_in_order() {
+    let mut client = pg::connect(&url()).unwrap();
+    let name = format!("weir_test_ledger_v1_{}", std::process::id());
+    client.batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE")).unwrap();
+    // What schema version 1 wrote of the ledger: no time.
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA {name};
+             CREATE TABLE {name}.meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             INSERT INTO {name}.meta VALUES ('schema_version', '1');
+             CREATE TABLE {name}.ledger (
+                 pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, reason TEXT NOT NULL,
+                 entry TEXT NOT NULL, PRIMARY KEY (pipeline, seq));"
+        ))
+        .unwrap();
+    let entry = r#"{"seq":1,"offset":7,"partition":0,"reason":"bad_type","event_id":"x,\"detail\":1","detail":"amount is \"4242\"","payload":"{\"amount\":\"4242\"}"}"#;
+    client.execute(&format!("INSERT INTO {name}.ledger VALUES ('paid', 1, 0, 'bad_type', $1)"), &[&entry]).unwrap();
+    let before = weir_log::now_ms();
+    pg::migrate(&mut client, &name).unwrap();
+    let at: i64 = client.query_one(&format!("SELECT at_ms FROM {name}.ledger"), &[]).unwrap().get(0);
+    assert!(at >= before, "migrated entries are dated at the migration");
+    assert_eq!(pg::erase_ledger_payloads(&mut client, &name, "paid", before).unwrap(), 0);
+    assert_eq!(pg::erase_ledger_payloads(&mut client, &name, "paid", at + 1).unwrap(), 1);
+    assert_eq!(pg::erase_ledger_payloads(&mut client, &name, "paid", at + 1).unwrap(), 0, "erased once");
+    let erased: String = client.query_one(&format!("SELECT entry FROM {name}.ledger"), &[]).unwrap().get(0);
+    // The members before `detail` keep their text and order; the id's escaped quote did not mislead the cut.
+    assert!(erased
+        .starts_with(r#"{"seq":1,"offset":7,"partition":0,"reason":"bad_type","event_id":"x,\"detail\":1","detail":"#));
+    let parsed: serde_json::Value = serde_json::from_str(&erased).unwrap();
+    assert!(parsed.get("payload").is_none() && !erased.contains("4242"), "{erased}");
+    assert_eq!(parsed["detail"], weir_server::store::ERASED_DETAIL);
+    client.batch_execute(&format!("DROP SCHEMA {name} CASCADE")).unwrap();
+}

@@ -81,3 +81,57 @@ fn a_version_2_audit_log_is_chained_when_migrated() {
     assert!(conn.execute("UPDATE audit SET why = 'x'", []).unwrap_err().to_string().contains("append-only"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_version_3_ledger_is_dated_and_its_payloads_can_be_erased_from_disk() {
+    let dir = std::env::temp_dir().join(format!("weir-store-migrate-3-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("weir.db");
+    let marker = "card-4242-4242-marker";
+    {
+        // What schema version 3 wrote of the ledger: no time.
+        let old = Connection::open(&path).unwrap();
+        old.execute_batch(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             INSERT INTO meta VALUES ('schema_version', '3');
+             CREATE TABLE ledger (
+                 pipeline TEXT NOT NULL, seq INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
+                 PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;",
+        )
+        .unwrap();
+        let entry = serde_json::json!({
+            "seq": 1, "reason": "bad_type",
+            "detail": format!("amount is \"{marker}\""),
+            "payload": format!("{{\"amount\":\"{marker}\"}}"),
+        });
+        let insert = "INSERT INTO ledger VALUES (?1, 1, 'bad_type', ?2)";
+        old.execute(insert, ["paid", &entry.to_string()]).unwrap();
+        old.execute(insert, ["other", &serde_json::json!({"seq": 1, "payload": "{}"}).to_string()]).unwrap();
+    }
+    let before = weir_log::now_ms();
+    let conn = weir_server::store::open(&path).unwrap();
+    weir_server::store::migrate(&conn).unwrap();
+    let (at, erased): (i64, i64) = conn
+        .query_row("SELECT at_ms, erased FROM ledger WHERE pipeline = 'paid'", [], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap();
+    assert!(at >= before && erased == 0, "migrated entries are dated at the migration: {at}");
+    // Nothing is older than the migration yet.
+    assert_eq!(weir_server::store::erase_ledger_payloads(&conn, "paid", before).unwrap(), 0);
+    assert_eq!(weir_server::store::erase_ledger_payloads(&conn, "paid", at + 1).unwrap(), 1);
+    assert_eq!(weir_server::store::erase_ledger_payloads(&conn, "paid", at + 1).unwrap(), 0, "erased once");
+    let entry: String = conn.query_row("SELECT entry FROM ledger WHERE pipeline = 'paid'", [], |r| r.get(0)).unwrap();
+    let entry: serde_json::Value = serde_json::from_str(&entry).unwrap();
+    assert_eq!(entry["reason"], "bad_type", "the entry stays: {entry}");
+    assert!(entry.get("payload").is_none(), "{entry}");
+    assert_eq!(entry["detail"], weir_server::store::ERASED_DETAIL);
+    let other: String = conn.query_row("SELECT entry FROM ledger WHERE pipeline = 'other'", [], |r| r.get(0)).unwrap();
+    assert!(other.contains("payload"), "another pipeline's entries are its own retention's");
+    drop(conn);
+    for file in ["weir.db", "weir.db-wal"] {
+        let bytes = std::fs::read(dir.join(file)).unwrap_or_default();
+        let found = bytes.windows(marker.len()).any(|w| w == marker.as_bytes());
+        assert!(!found, "the erased payload is still in {file}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -477,3 +477,51 @@ fn sqlite_text(data: &std::path::Path, query: &str) -> String {
     let rows = stmt.query_map([], |r| r.get::<_, String>(0)).unwrap();
     rows.map(Result::unwrap).collect::<Vec<_>>().join("\n")
 }
+
+#[test]
+fn ledger_payloads_past_retention_are_erased_from_answers_and_from_disk() {
+    let setup = serve("access-retention", "ledger_payload_retention = \"1s\"\n");
+    let (producer, raw) = (
+        make_token(&setup.data, &["--role", "producer", "--topic", "*"]),
+        make_token(&setup.data, &["--role", "raw-reader", "--topic", "*"]),
+    );
+    let marker = "payload-marker-7f3a";
+    let url = format!("{}/v1/topics/payments/events", setup.base);
+    let bad = format!(r#"{{"id":"x1","acct":"a1","t":"2026-11-29T00:00:00.000Z","amount":"{marker}"}}"#);
+    assert_eq!(call("POST", &url, Some(&producer), Some(&(bad + "\n"))).0, 200);
+    let ledger = format!("{}/v1/pipelines/paid/ledger?why=retention-test", setup.base);
+    // The entry arrives with its payload; within the retention and a sweep, it loses it.
+    let mut seen_payload = false;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let entry = loop {
+        let (code, body) = call("GET", &ledger, Some(&raw), None);
+        assert_eq!(code, 200, "{body}");
+        if let Some(line) = body.lines().next() {
+            let entry: Value = serde_json::from_str(line).unwrap();
+            if entry.get("payload").is_some() {
+                assert!(entry["payload"].as_str().unwrap().contains(marker), "{entry}");
+                seen_payload = true;
+            } else {
+                break entry;
+            }
+        }
+        assert!(Instant::now() < deadline, "the payload was not erased: {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(seen_payload, "the raw-reader saw the payload before its retention ran out");
+    assert_eq!(entry["reason"], "bad_type", "the entry itself stays: {entry}");
+    assert!(entry["detail"].as_str().unwrap().contains("erased"), "{entry}");
+    // Gone from the database file and its write-ahead log, not only from answers.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let on_disk = ["weir.db", "weir.db-wal"].iter().any(|f| {
+            let bytes = std::fs::read(setup.data.join(f)).unwrap_or_default();
+            bytes.windows(marker.len()).any(|w| w == marker.as_bytes())
+        });
+        if !on_disk {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the erased payload is still in weir.db or its WAL");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
