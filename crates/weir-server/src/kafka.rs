@@ -626,3 +626,35 @@ impl KafkaFields {
         buf
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn kafka(settings: &[(&str, &str)]) -> KafkaConfig {
+        let config: BTreeMap<String, String> = settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        KafkaConfig { brokers: "127.0.0.1:9".into(), group: None, config }
+    }
+
+    #[test]
+    fn tls_and_sasl_settings_reach_librdkafka_as_they_are() {
+        let k = kafka(&[
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanisms", "SCRAM-SHA-256"),
+            ("sasl.username", "weir"),
+            ("sasl.password", "secret"),
+        ]);
+        let c = client_config(&k.brokers, Some(&k));
+        assert_eq!(c.get("security.protocol"), Some("SASL_SSL"));
+        assert_eq!(c.get("sasl.mechanisms"), Some("SCRAM-SHA-256"));
+        assert!(producer(&k.brokers, Some(&k)).is_ok(), "librdkafka takes SASL over TLS (it is built with both)");
+        // librdkafka itself reads them: a CA file that is not there stops the client at creation.
+        let k = kafka(&[("security.protocol", "SSL"), ("ssl.ca.location", "/nonexistent/ca.pem")]);
+        let refused = producer(&k.brokers, Some(&k)).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.contains("ssl.ca.location") || refused.contains("/nonexistent/ca.pem"), "{refused}");
+        let k = kafka(&[("security.protocol", "PIGEON")]);
+        assert!(producer(&k.brokers, Some(&k)).is_err(), "an unknown protocol is refused");
+    }
+}
