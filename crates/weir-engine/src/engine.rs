@@ -670,8 +670,15 @@ impl Engine {
     fn over_state_limit(&self, time: i64, key_bytes: &[u8], wm: i64) -> Option<String> {
         let plan = &self.plan;
         let st = &self.st;
+        if self.mode == Mode::Batch {
+            return None;
+        }
         let open = st.windows.len();
+        // Fast paths: far enough below both limits that no lookup is needed.
+        let room = open < plan.max_open_windows;
         let (new_windows, new_key, keys) = match plan.kind {
+            WindowKind::Session { .. } if room && st.sessions.len() < plan.max_keys => return None,
+            WindowKind::Global if room && open < plan.max_keys => return None,
             WindowKind::Session { gap_ms } => {
                 let sessions = st.sessions.get(key_bytes);
                 let joins =
@@ -701,9 +708,6 @@ impl Engine {
                 (new, new_key, st.keys.len())
             }
         };
-        if self.mode == Mode::Batch {
-            return None;
-        }
         if new_windows > 0 && open + new_windows > plan.max_open_windows {
             Some(format!(
                 "the pipeline holds {open} open windows and this event would open {new_windows} more, past max_open_windows = {}; raise the limit in [limits] or shorten the windows",
