@@ -9,6 +9,7 @@ use toml_edit::{Document, Item, Table, Value};
 
 use crate::duration::{format_duration_ms, parse_duration_ms};
 use crate::rule::{parse_rule, Expr, FieldPath};
+use crate::time_format::{TimeFormat, Zone};
 
 #[derive(Debug, Clone)]
 pub struct Contract {
@@ -109,6 +110,10 @@ pub struct Pipeline {
 pub struct Source {
     pub topic: String,
     pub event_time: FieldPath,
+    /// How the event time is written (`event_time_format`, default `auto`).
+    pub event_time_format: TimeFormat,
+    /// Where a pattern without an offset reads its local time (`event_time_zone`, default UTC).
+    pub event_time_zone: Zone,
     pub key: Vec<FieldPath>,
     pub event_id: Option<FieldPath>,
     pub rule: Option<(String, Expr)>,
@@ -165,6 +170,18 @@ pub struct WindowSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dedup {
     pub horizon_ms: i64,
+    pub on_conflict: OnConflict,
+}
+
+/// `[dedup] on_conflict`: what a later, different version of a counted
+/// event does (SPEC.md 3.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnConflict {
+    /// It goes to the ledger as `duplicate_conflict`; the first version counts.
+    Ledger,
+    /// It replaces the counted version (an upsert); one the contract's
+    /// `where` filters out deletes it.
+    Correct,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -268,10 +285,22 @@ impl fmt::Display for ContractErrors {
 }
 
 const PIPELINE_KEYS: &[&str] = &["name", "version", "owner", "steward", "decision"];
-const SOURCE_KEYS: &[&str] =
-    &["topic", "event_time", "key", "event_id", "where", "max_delay", "max_event_bytes", "kind", "brokers", "group"];
+const SOURCE_KEYS: &[&str] = &[
+    "topic",
+    "event_time",
+    "event_time_format",
+    "event_time_zone",
+    "key",
+    "event_id",
+    "where",
+    "max_delay",
+    "max_event_bytes",
+    "kind",
+    "brokers",
+    "group",
+];
 const WINDOW_KEYS: &[&str] = &["type", "size", "slide", "gap", "allowed_lateness", "late", "early"];
-const DEDUP_KEYS: &[&str] = &["horizon"];
+const DEDUP_KEYS: &[&str] = &["horizon", "on_conflict"];
 const AGGREGATE_KEYS: &[&str] = &["name", "fn", "field", "where"];
 const ALERT_KEYS: &[&str] = &["max_lag", "max_watermark_age", "max_oldest_unprocessed", "max_ledger_rate", "webhook"];
 const SECTIONS: &[&str] =
@@ -345,7 +374,14 @@ impl Contract {
         };
         let duplicates = match (&self.dedup, &s.event_id) {
             (Some(d), Some(id)) => {
-                format!("caught by `{id}`, remembered for {} of event time", format_duration_ms(d.horizon_ms))
+                let conflicts = match d.on_conflict {
+                    OnConflict::Ledger => "a different version goes to the ledger",
+                    OnConflict::Correct => "a different version corrects the counted one",
+                };
+                format!(
+                    "caught by `{id}`, remembered for {} of event time; {conflicts}",
+                    format_duration_ms(d.horizon_ms)
+                )
             }
             _ => "not caught (no [dedup])".to_owned(),
         };
@@ -363,9 +399,10 @@ impl Contract {
         out.push_str(&format!("decision   {}\n", p.decision));
         out.push_str(&format!("owner      {} (steward {})\n", p.owner, p.steward));
         out.push_str(&format!(
-            "source     topic {}, event time `{}`, max delay {}\n",
+            "source     topic {}, event time `{}` ({}), max delay {}\n",
             s.topic,
             s.event_time,
+            s.event_time_format.describe(),
             format_duration_ms(s.max_delay_ms)
         ));
         if let Some((text, _)) = &s.rule {
@@ -486,6 +523,10 @@ impl Reader<'_> {
             let span = dedup_table.and_then(|t| t.span());
             if source.event_id.is_none() {
                 self.error(span.clone(), "dedup", "[dedup] needs `event_id` in [source] to recognise a resent event; add event_id = \"<field>\" or remove [dedup]");
+            }
+            if dedup.on_conflict == OnConflict::Correct {
+                let span = dedup_table.and_then(|t| t.get("on_conflict")).and_then(Item::span);
+                self.corrections_can_run(span, &window, &aggregates);
             }
             if let Some(length) = window.length_ms() {
                 let needed = length + window.allowed_lateness_ms;
@@ -697,6 +738,32 @@ impl Reader<'_> {
         }
     }
 
+    /// `on_conflict = "correct"` takes a counted version back out of its
+    /// windows: only count, sum and avg can give back what one event added,
+    /// and a session cannot split again once an event merged it.
+    fn corrections_can_run(&mut self, span: Option<Range<usize>>, window: &WindowSpec, aggregates: &[Aggregate]) {
+        if matches!(window.kind, WindowKind::Session { .. }) {
+            self.error(
+                span.clone(),
+                "dedup.on_conflict",
+                "on_conflict = \"correct\" cannot run with session windows (a correction cannot split a session that an event merged); use tumbling, hopping or global windows, or on_conflict = \"ledger\"",
+            );
+        }
+        for a in aggregates {
+            if !matches!(a.func, AggFn::Count | AggFn::Sum | AggFn::Avg) {
+                self.error(
+                    span.clone(),
+                    "dedup.on_conflict",
+                    format!(
+                        "on_conflict = \"correct\" works with count, sum and avg only, and aggregate `{}` is {}; drop that aggregate or use on_conflict = \"ledger\"",
+                        a.name,
+                        a.func.as_str()
+                    ),
+                );
+            }
+        }
+    }
+
     fn pipeline(&mut self, t: &Table) -> Option<Pipeline> {
         self.unknown_keys(t, "pipeline", PIPELINE_KEYS);
         let name = self.string(t, "pipeline", "name", true);
@@ -772,6 +839,28 @@ impl Reader<'_> {
             },
             None => None,
         };
+        let event_time_format = match self.string(t, "source", "event_time_format", false) {
+            None if t.contains_key("event_time_format") => None,
+            None => Some(TimeFormat::Auto),
+            Some(text) => match TimeFormat::parse(&text) {
+                Ok(format) => Some(format),
+                Err(message) => {
+                    self.error(t.get("event_time_format").and_then(Item::span), "source.event_time_format", message);
+                    None
+                }
+            },
+        };
+        let event_time_zone = match self.string(t, "source", "event_time_zone", false) {
+            None if t.contains_key("event_time_zone") => None,
+            None => Some(Zone::Utc),
+            Some(text) => match Zone::parse(&text) {
+                Ok(zone) => Some(zone),
+                Err(message) => {
+                    self.error(t.get("event_time_zone").and_then(Item::span), "source.event_time_zone", message);
+                    None
+                }
+            },
+        };
         let event_id = self.path(t, "source", "event_id", false);
         let rule = self.rule(t, "source");
         let max_delay = self.duration(t, "source", "max_delay");
@@ -810,6 +899,8 @@ impl Reader<'_> {
             group,
             topic: topic?,
             event_time: event_time?,
+            event_time_format: event_time_format?,
+            event_time_zone: event_time_zone?,
             key: key?,
             event_id: event_id?,
             rule: rule?,
@@ -979,8 +1070,21 @@ impl Reader<'_> {
 
     fn dedup(&mut self, t: &Table) -> Option<Dedup> {
         self.unknown_keys(t, "dedup", DEDUP_KEYS);
+        let on_conflict = match self.string(t, "dedup", "on_conflict", false).as_deref() {
+            None if t.contains_key("on_conflict") => return None,
+            None | Some("ledger") => OnConflict::Ledger,
+            Some("correct") => OnConflict::Correct,
+            Some(other) => {
+                self.error(
+                    t.get("on_conflict").and_then(Item::span),
+                    "dedup.on_conflict",
+                    format!("`{other}` is not a conflict policy; use \"ledger\" (keep the first version) or \"correct\" (a later version replaces it)"),
+                );
+                return None;
+            }
+        };
         match self.duration(t, "dedup", "horizon")? {
-            Some(horizon_ms) if horizon_ms > 0 => Some(Dedup { horizon_ms }),
+            Some(horizon_ms) if horizon_ms > 0 => Some(Dedup { horizon_ms, on_conflict }),
             Some(_) => {
                 self.error(t.get("horizon").and_then(Item::span), "dedup.horizon", "must be longer than zero");
                 None

@@ -8,11 +8,13 @@ mod config;
 mod contract;
 mod duration;
 mod rule;
+mod time_format;
 
 pub use config::{KafkaConfig, PostgresConfig, ServerConfig, TopicConfig};
 pub use contract::{
-    overlaps, AggFn, Aggregate, Alerts, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Limits, Pipeline,
-    Sink, Source, SourceKind, WindowKind, WindowSpec, MAX_DEPTH,
+    overlaps, AggFn, Aggregate, Alerts, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Limits, OnConflict,
+    Pipeline, Sink, Source, SourceKind, WindowKind, WindowSpec, MAX_DEPTH,
 };
 pub use duration::{format_duration_ms, parse_duration_ms};
 pub use rule::{parse_rule, CmpOp, Expr, FieldPath};
+pub use time_format::{EpochUnit, Pattern, TimeFormat, Zone};

@@ -89,6 +89,18 @@ pub enum OutValue {
     Json(Box<str>),
 }
 
+impl Contrib {
+    /// What a correction must take back later (count, sum and avg only):
+    /// `None` when the event gave this aggregate nothing.
+    pub(crate) fn kept(&self) -> Option<Decimal> {
+        match self {
+            Contrib::One => Some(Decimal::ONE),
+            Contrib::Num(d) => Some(*d),
+            _ => None,
+        }
+    }
+}
+
 impl AggState {
     pub(crate) fn new(func: AggFn) -> AggState {
         match func {
@@ -127,6 +139,24 @@ impl AggState {
                 keep(slot, pick, Ordering::Greater);
             }
             _ => debug_assert!(false, "contribution does not match its aggregate"),
+        }
+    }
+
+    /// Takes back what one event gave ([`Contrib::kept`]): a correction
+    /// replaced it. Count, sum and avg only (the contract refuses the rest);
+    /// a sum that once left the 28-digit range stays null.
+    pub(crate) fn take_back(&mut self, given: Option<Decimal>) {
+        match (self, given) {
+            (_, None) => {}
+            (AggState::Count(n), Some(_)) => *n = n.saturating_sub(1),
+            (AggState::Sum { sum, n, overflow }, Some(v)) => {
+                match sum.checked_sub(v) {
+                    Some(s) => *sum = s,
+                    None => *overflow = true,
+                }
+                *n = n.saturating_sub(1);
+            }
+            _ => debug_assert!(false, "only count, sum and avg take a contribution back"),
         }
     }
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use hashbrown::HashMap;
 use serde::{Deserialize, Serialize};
-use weir_contract::{AggFn, Contract, LatePolicy, WindowKind};
+use weir_contract::{AggFn, Contract, LatePolicy, TimeFormat, WindowKind};
 
 use crate::agg::{AggState, Contrib};
 use crate::json::{Doc, Event, ParseError, Tag, Val};
@@ -62,7 +62,7 @@ pub struct Counters {
     /// Events late but allowed: counted in a window whose end the watermark had passed.
     pub late_allowed: u64,
     /// Ledger entries by [`Reason::index`].
-    pub ledger: [u64; 9],
+    pub ledger: [u64; 10],
     pub rows_provisional: u64,
     pub rows_settled: u64,
     pub rows_retracted: u64,
@@ -125,6 +125,24 @@ pub(crate) struct Seen {
     pub expires: i64,
 }
 
+/// What the counting version of a remembered id gave, so that a correction
+/// can take it back (`on_conflict = "correct"` only).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Counted {
+    pub time: i64,
+    /// The group key's bytes: with `time`, which windows it counted in.
+    pub key: Box<[u8]>,
+    /// The watermark when it counted: it is late in every window that had
+    /// ended by then.
+    pub wm_at: i64,
+    /// Per aggregate, what it gave ([`Contrib::kept`]).
+    pub given: Box<[Option<rust_decimal::Decimal>]>,
+    /// The latest expiry of any version of this id since it was first
+    /// remembered: a store keeps the id's record at least this long, so an
+    /// older record of it never comes back.
+    pub keep_until: i64,
+}
+
 #[derive(Debug, Clone, Default)]
 pub(crate) struct State {
     pub part_wm: Vec<i64>,
@@ -140,6 +158,12 @@ pub(crate) struct State {
     /// An entry whose `expires` the watermark has reached counts as
     /// forgotten; [`Engine::forget_ids`] removes such entries in sweeps.
     pub seen: HashedTable<Seen>,
+    /// With [`Plan::corrects`]: what each remembered id's counting version
+    /// gave, by the same key as `seen`.
+    pub counted: HashedTable<Counted>,
+    /// Ids a deletion forgot since the last delta, with their `keep_until`
+    /// (while tracking changes): a store must forget them too.
+    pub forgotten: Vec<(u128, i64)>,
     pub counters: Counters,
     /// A window's first row has revision `revision_floor + 1`: above every
     /// revision published before a replay (0 otherwise).
@@ -269,7 +293,14 @@ impl Engine {
         let windows = self.st.windows.slots() * (16 + std::mem::size_of::<Window>());
         let windows_keys: usize = self.st.windows.iter().map(|(_, w)| w.key.len()).sum();
         let ids = self.st.seen.slots() * (16 + std::mem::size_of::<Seen>());
-        windows + windows_keys + ids + self.st.timers.len() * 32
+        let counted = self.st.counted.slots() * (16 + std::mem::size_of::<Counted>());
+        let counted_heap: usize = self
+            .st
+            .counted
+            .iter()
+            .map(|(_, c)| c.key.len() + c.given.len() * std::mem::size_of::<Option<rust_decimal::Decimal>>())
+            .sum();
+        windows + windows_keys + ids + counted + counted_heap + self.st.timers.len() * 32
     }
 
     /// Makes every window's first row revision `floor + 1` from now on: a
@@ -442,8 +473,32 @@ impl Engine {
         out: &mut Output,
     ) -> Option<i64> {
         let plan = Arc::clone(&self.plan);
-        // 3. Fields: event time, key fields, event id.
-        let time = match read_time(root.get(&plan.time_path), &plan.time_name) {
+        // Read first, refused only at step 4: any readable time moves the
+        // watermark (step 8), whatever else happens to the event.
+        let time = read_time(root.get(&plan.time_path), &plan);
+        let readable = time.as_ref().ok().copied();
+        // 3. The contract's rule, before any field is required.
+        if let Some(rule) = &plan.rule {
+            match rule.test(root) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.st.counters.filtered += 1;
+                    if plan.corrects {
+                        ctx.time = readable;
+                        self.delete_version(root, ctx, wm, out);
+                    }
+                    return readable;
+                }
+                Err(detail) => {
+                    ctx.time = readable;
+                    let detail = format!("source.where: {detail}");
+                    record(&mut self.st.counters, out, ctx, None, Reason::RuleError, detail, None, None);
+                    return readable;
+                }
+            }
+        }
+        // 4. Fields: event time, key fields, event id.
+        let time = match time {
             Ok(t) => t,
             Err((reason, detail)) => {
                 record(&mut self.st.counters, out, ctx, None, reason, detail, None, None);
@@ -470,7 +525,7 @@ impl Engine {
             Ok(_) => {}
         }
         if !matches!(plan.kind, WindowKind::Session { .. }) {
-            // Steps 4 to 6 run while the first window's slot comes into the cache.
+            // Steps 5 and 6 run while the first window's slot comes into the cache.
             let first = fixed_span(&plan.kind, time).first;
             self.st.windows.prefetch(self.win_id(first, &self.key_buf));
         }
@@ -480,7 +535,7 @@ impl Engine {
             match read_id(val, &plan.id_name) {
                 Ok(id) => {
                     if plan.horizon_ms.is_some() {
-                        // Steps 4 and 5 run while the id's slot comes into the cache.
+                        // Step 5 runs while the id's slot comes into the cache.
                         let k = dedup_key(val, &id);
                         self.st.seen.prefetch(k);
                         id_key = Some(k);
@@ -494,29 +549,7 @@ impl Engine {
                 Err(_) => {}
             }
         }
-        // 4. Rules: the contract's, then each aggregate's.
-        if let Some(rule) = &plan.rule {
-            match rule.test(root) {
-                Ok(true) => {}
-                Ok(false) => {
-                    self.st.counters.filtered += 1;
-                    return Some(time);
-                }
-                Err(detail) => {
-                    record(
-                        &mut self.st.counters,
-                        out,
-                        ctx,
-                        Some(&self.key_buf),
-                        Reason::RuleError,
-                        format!("source.where: {detail}"),
-                        None,
-                        None,
-                    );
-                    return Some(time);
-                }
-            }
-        }
+        // 5. Aggregates: each one's rule, then its field.
         self.agg_pass.clear();
         for (i, agg) in plan.aggs.iter().enumerate() {
             let pass = match &agg.rule {
@@ -524,13 +557,14 @@ impl Engine {
                 Some(rule) => match rule.test(root) {
                     Ok(pass) => pass,
                     Err(detail) => {
+                        let detail = format!("aggregate {}: where: {detail}", plan.format.value_names[i]);
                         record(
                             &mut self.st.counters,
                             out,
                             ctx,
                             Some(&self.key_buf),
                             Reason::RuleError,
-                            format!("aggregate {}: where: {detail}", plan.format.value_names[i]),
+                            detail,
                             None,
                             None,
                         );
@@ -540,51 +574,70 @@ impl Engine {
             };
             self.agg_pass.push(pass);
         }
-        // 5. Aggregate fields.
         self.contribs.clear();
         for (i, agg) in plan.aggs.iter().enumerate() {
             match contribution(root, agg, self.agg_pass[i]) {
                 Ok(c) => self.contribs.push(c),
                 Err(detail) => {
-                    record(
-                        &mut self.st.counters,
-                        out,
-                        ctx,
-                        Some(&self.key_buf),
-                        Reason::BadType,
-                        format!("aggregate {}: {detail}", plan.format.value_names[i]),
-                        None,
-                        None,
-                    );
+                    let detail = format!("aggregate {}: {detail}", plan.format.value_names[i]);
+                    record(&mut self.st.counters, out, ctx, Some(&self.key_buf), Reason::BadType, detail, None, None);
                     return Some(time);
                 }
             }
         }
-        // 6. Duplicates.
+        // 6. Duplicates and corrections.
+        let mut remembered = None;
         if let (Some(horizon), Some(id_key)) = (plan.horizon_ms, id_key) {
             let expires = time.saturating_add(horizon);
             let fresh = Seen { partition: ctx.partition, offset: ctx.offset, payload_hash: hash, expires };
             if self.st.seen.is_full() {
                 self.forget_ids();
             }
-            if let Some(seen) = remember(&mut self.st.seen, id_key, fresh, wm) {
-                let (reason, how) = if seen.payload_hash == hash {
-                    (Reason::Duplicate, "the same event")
-                } else {
-                    (Reason::DuplicateConflict, "an event with this id but a different payload")
-                };
-                let detail = format!(
-                    "{how} arrived first at partition {} offset {}; this one did not count",
-                    seen.partition, seen.offset
-                );
-                record(&mut self.st.counters, out, ctx, Some(&self.key_buf), reason, detail, None, Some(seen.offset));
-                return Some(time);
+            let earlier = if plan.corrects {
+                self.st.seen.get(id_key).filter(|s| s.expires > wm).copied()
+            } else {
+                remember(&mut self.st.seen, id_key, fresh, wm)
+            };
+            match earlier {
+                Some(seen) if seen.payload_hash == hash || !plan.corrects => {
+                    let (reason, how) = if seen.payload_hash == hash {
+                        (Reason::Duplicate, "the same event")
+                    } else {
+                        (Reason::DuplicateConflict, "an event with this id but a different payload")
+                    };
+                    let detail = format!(
+                        "{how} arrived first at partition {} offset {}; this one did not count",
+                        seen.partition, seen.offset
+                    );
+                    record(
+                        &mut self.st.counters,
+                        out,
+                        ctx,
+                        Some(&self.key_buf),
+                        reason,
+                        detail,
+                        None,
+                        Some(seen.offset),
+                    );
+                    return Some(time);
+                }
+                Some(seen) => {
+                    let key_bytes = std::mem::take(&mut self.key_buf);
+                    self.correct(id_key, seen, fresh, ctx, &key_bytes, wm, out);
+                    self.key_buf = key_bytes;
+                    return Some(time);
+                }
+                None => remembered = Some((id_key, fresh)),
             }
         }
         // 7. Windows.
         let key_bytes = std::mem::take(&mut self.key_buf);
         if let Some(detail) = self.over_state_limit(time, &key_bytes, wm) {
             record(&mut self.st.counters, out, ctx, Some(&key_bytes), Reason::OverLimit, detail, None, None);
+            if let (Some((id_key, _)), false) = (remembered, plan.corrects) {
+                // Refused whole: not remembered, so a resend counts once there is room.
+                self.st.seen.remove(id_key);
+            }
             self.key_buf = key_bytes;
             return Some(time);
         }
@@ -592,11 +645,143 @@ impl Engine {
             WindowKind::Session { gap_ms } => self.assign_session(ctx, time, &key_bytes, gap_ms, wm, out),
             _ => self.assign_fixed(ctx, time, &key_bytes, wm, out),
         };
+        if let (Some((id_key, fresh)), true) = (remembered, plan.corrects) {
+            self.remember_counted(id_key, fresh, time, &key_bytes, wm, fresh.expires);
+        }
         self.key_buf = key_bytes;
         if counted {
             self.st.counters.counted += 1;
         }
         Some(time)
+    }
+
+    /// Remembers a counting version and what it gave (`on_conflict = "correct"`).
+    fn remember_counted(&mut self, id_key: u128, fresh: Seen, time: i64, key: &[u8], wm: i64, keep_until: i64) {
+        self.st.seen.insert(id_key, fresh);
+        let given = self.contribs.iter().map(Contrib::kept).collect();
+        self.st.counted.insert(id_key, Counted { time, key: key.into(), wm_at: wm, given, keep_until });
+    }
+
+    /// SPEC.md 3.3: a later, different version of a counted event replaces
+    /// it, all or nothing. The old version leaves its windows (ledger
+    /// `superseded`), the new one joins its own.
+    #[allow(clippy::too_many_arguments)]
+    fn correct(&mut self, id_key: u128, seen: Seen, fresh: Seen, ctx: &Ctx<'_>, key: &[u8], wm: i64, out: &mut Output) {
+        let Some(old) = self.st.counted.get(id_key).cloned() else {
+            debug_assert!(false, "a remembered id has no counted version");
+            return;
+        };
+        let time = ctx.time.unwrap_or(old.time);
+        let expired =
+            [self.earliest_expired(old.time, wm), self.earliest_expired(time, wm)].into_iter().flatten().min();
+        if let Some(window) = expired {
+            let detail = format!(
+                "a correction of the event at partition {} offset {}, refused whole: one of the windows it touches had closed (the watermark had passed its end plus allowed_lateness, {}ms); the earlier version still counts",
+                seen.partition, seen.offset, self.plan.lateness_ms
+            );
+            record(&mut self.st.counters, out, ctx, Some(key), Reason::TooLate, detail, Some(window), None);
+            return;
+        }
+        if let Some(detail) = self.over_state_limit(time, key, wm) {
+            record(&mut self.st.counters, out, ctx, Some(key), Reason::OverLimit, detail, None, None);
+            return;
+        }
+        self.take_out(&old, seen);
+        self.supersede(&old, seen, ctx, out);
+        self.assign_fixed(ctx, time, key, wm, out);
+        self.st.counters.counted += 1;
+        let keep_until = old.keep_until.max(fresh.expires);
+        self.remember_counted(id_key, fresh, time, key, wm, keep_until);
+    }
+
+    /// SPEC.md 3.3: a version the contract's `where` filters out deletes the
+    /// counted version of its id, all or nothing; the id is then forgotten.
+    fn delete_version(&mut self, root: Event<'_>, ctx: &mut Ctx<'_>, wm: i64, out: &mut Output) {
+        let Some(id_path) = &self.plan.id_path else { return };
+        let val = root.get(id_path);
+        let Ok(id) = read_id(val, &self.plan.id_name) else { return };
+        let id_key = dedup_key(val, &id);
+        let Some(seen) = self.st.seen.get(id_key).filter(|s| s.expires > wm).copied() else { return };
+        let Some(old) = self.st.counted.get(id_key).cloned() else { return };
+        ctx.id = Some(Cow::Owned(id.into_owned()));
+        if let Some(window) = self.earliest_expired(old.time, wm) {
+            let detail = format!(
+                "a deletion (this version does not pass source.where) of the event at partition {} offset {}, refused: its window had closed (the watermark had passed its end plus allowed_lateness, {}ms); the earlier version still counts",
+                seen.partition, seen.offset, self.plan.lateness_ms
+            );
+            record(&mut self.st.counters, out, ctx, Some(&old.key), Reason::TooLate, detail, Some(window), None);
+            return;
+        }
+        self.take_out(&old, seen);
+        self.supersede(&old, seen, ctx, out);
+        self.st.seen.remove(id_key);
+        self.st.counted.remove(id_key);
+        if self.st.seen.is_tracking() {
+            self.st.forgotten.push((id_key, old.keep_until));
+        }
+    }
+
+    /// The earliest-starting window an event at `time` falls in that has
+    /// expired (`end + L <= W`), if any: windows end in order of start, so
+    /// it is the first one or none.
+    fn earliest_expired(&self, time: i64, wm: i64) -> Option<(i64, i64)> {
+        let span = fixed_span(&self.plan.kind, time);
+        if span.size == 0 {
+            return None;
+        }
+        let end = span.first + span.size;
+        (end.saturating_add(self.plan.lateness_ms) <= wm).then_some((span.first, end))
+    }
+
+    /// Takes a counted version's contribution out of each of its windows.
+    fn take_out(&mut self, old: &Counted, seen: Seen) {
+        let FixedSpan { size, slide, first, last } = fixed_span(&self.plan.kind, old.time);
+        let global = size == 0;
+        let mut start = first;
+        loop {
+            let id = self.win_id(start, &old.key);
+            if let Some(w) = self.st.windows.get_mut(id) {
+                for (state, given) in w.aggs.iter_mut().zip(old.given.iter()) {
+                    state.take_back(*given);
+                }
+                crate::output::remove_source(&mut w.sources, seen.partition);
+                w.events = w.events.saturating_sub(1);
+                if !global && w.end <= old.wm_at {
+                    w.late_events = w.late_events.saturating_sub(1);
+                }
+                if !w.dirty {
+                    w.dirty = true;
+                    self.dirty.push(id);
+                }
+            } else {
+                debug_assert!(false, "a counted version's window is missing");
+            }
+            if global || start >= last {
+                break;
+            }
+            start += slide;
+        }
+    }
+
+    /// The ledger entry of a version that counted and was replaced.
+    fn supersede(&mut self, old: &Counted, seen: Seen, by: &Ctx<'_>, out: &mut Output) {
+        self.st.counters.ledger[Reason::Superseded.index()] += 1;
+        out.ledger.push(LedgerEntry {
+            partition: seen.partition,
+            offset: seen.offset,
+            reason: Reason::Superseded,
+            event_id: by.id.as_deref().map(str::to_owned),
+            event_time: Some(old.time),
+            key: Some(old.key.clone()),
+            window: None,
+            first_offset: None,
+            superseded_by: Some(by.offset),
+            detail: format!(
+                "replaced by a later version of the same event at partition {} offset {}: it counts no more",
+                by.partition, by.offset
+            ),
+            payload: None,
+        });
     }
 
     /// Adds the event's contributions to a window.
@@ -893,6 +1078,14 @@ impl Engine {
         let plan = &self.plan;
         let w = self.st.windows.get(id)?;
         let global = matches!(plan.kind, WindowKind::Global);
+        if w.events == 0 && w.revision == 0 {
+            // Every version that counted here was corrected away before the
+            // window published a row: it has nothing to say, as in a batch.
+            if wm == WM_MAX || (!global && w.end.saturating_add(plan.lateness_ms) <= wm) {
+                self.forget_window(id);
+            }
+            return None;
+        }
         let status = if global {
             if wm == WM_MAX {
                 Status::Settled
@@ -957,6 +1150,9 @@ impl Engine {
         let wm = self.st.wm;
         self.st.seen.retain(|seen| seen.expires > wm);
         self.st.seen.grow_if_half_full();
+        if let (true, Some(horizon)) = (self.plan.corrects, self.plan.horizon_ms) {
+            self.st.counted.retain(|c| c.time.saturating_add(horizon) > wm);
+        }
     }
 }
 
@@ -1013,6 +1209,7 @@ fn record(
         key: key.map(Into::into),
         window,
         first_offset,
+        superseded_by: None,
         detail,
         payload: Some(cut(ctx.payload, PAYLOAD_BYTES_MAX).to_owned()),
     });
@@ -1031,27 +1228,39 @@ fn cut(text: &str, max: usize) -> &str {
 
 type FieldError = (Reason, String);
 
-fn read_time(val: Option<Val<'_>>, name: &str) -> Result<i64, FieldError> {
+fn read_time(val: Option<Val<'_>>, plan: &Plan) -> Result<i64, FieldError> {
+    let name = &plan.time_name;
     let val = match val {
         Some(v) if v.tag() != Tag::Null => v,
         _ => return Err((Reason::MissingField, format!("event time missing: no `{name}` in the event"))),
     };
     let bad = |what: String| {
-        (Reason::BadType, format!("unreadable time: `{name}` is {what}; write RFC 3339 (2026-11-29T14:00:00.000Z) or integer epoch milliseconds"))
+        (Reason::BadType, format!("unreadable time: `{name}` is {what}; expected {}", plan.time_format.describe()))
     };
-    match val.tag() {
-        Tag::String => {
+    let in_range = |ms: i64| (TIME_MIN_MS..=TIME_MAX_MS).contains(&ms).then_some(ms);
+    match (&plan.time_format, val.tag()) {
+        (TimeFormat::Auto, Tag::String) => {
             let text = val.str().unwrap_or_default();
             parse_rfc3339_ms(&text).ok_or_else(|| bad(format!("\"{}\"", cut(&text, 64))))
         }
-        Tag::Number => {
+        (TimeFormat::Auto, Tag::Number) => {
             let raw = val.raw();
-            match raw.parse::<i64>() {
-                Ok(ms) if (TIME_MIN_MS..=TIME_MAX_MS).contains(&ms) => Ok(ms),
-                _ => Err(bad(format!("the number {}", cut(raw, 64)))),
-            }
+            raw.parse::<i64>().ok().and_then(in_range).ok_or_else(|| bad(format!("the number {}", cut(raw, 64))))
         }
-        _ => Err(bad("not a string or a number".into())),
+        (TimeFormat::Epoch(unit), Tag::Number | Tag::String) => {
+            let text = if val.tag() == Tag::Number { Cow::Borrowed(val.raw()) } else { val.str().unwrap_or_default() };
+            let digits = text.strip_prefix('-').unwrap_or(&text);
+            let whole = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+            let ms = whole.then(|| text.parse::<i128>().ok()).flatten().and_then(|n| unit.to_millis(n));
+            ms.and_then(in_range).ok_or_else(|| bad(cut(val.json_text(), 64).to_owned()))
+        }
+        (TimeFormat::Pattern(pattern), Tag::String) => {
+            let text = val.str().unwrap_or_default();
+            let ms = pattern.read(&text, plan.time_zone).and_then(in_range);
+            ms.ok_or_else(|| bad(format!("\"{}\"", cut(&text, 64))))
+        }
+        (TimeFormat::Pattern(_), _) => Err(bad(format!("{}, not a string", cut(val.json_text(), 64)))),
+        _ => Err(bad(format!("{}, not a string or a number", cut(val.json_text(), 64)))),
     }
 }
 

@@ -22,4 +22,4 @@ pub mod time;
 pub use agg::OutValue;
 pub use engine::{Counters, Engine, EventIn, Mode, PlanError, WM_MAX, WM_MIN};
 pub use output::{write_str, LedgerEntry, Output, Reason, Row, RowFormat, Source, Sources, Status};
-pub use snapshot::{Delta, IdEntry, SnapshotError, SNAPSHOT_FORMAT};
+pub use snapshot::{Delta, SnapshotError, SNAPSHOT_FORMAT};

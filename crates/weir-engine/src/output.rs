@@ -65,6 +65,17 @@ pub(crate) fn add_source(sources: &mut Sources, partition: u32, offset: u64) {
     }
 }
 
+/// One event of `partition` no longer counts (a correction replaced it):
+/// the offset range stays, enclosing what counts.
+pub(crate) fn remove_source(sources: &mut Sources, partition: u32) {
+    if let Some(i) = sources.iter().position(|s| s.partition == partition) {
+        sources[i].events = sources[i].events.saturating_sub(1);
+        if sources[i].events == 0 {
+            sources.remove(i);
+        }
+    }
+}
+
 pub(crate) fn merge_sources(into: &mut Sources, from: &Sources) {
     for f in from {
         match into.iter_mut().find(|s| s.partition == f.partition) {
@@ -92,10 +103,13 @@ pub enum Reason {
     /// Past one of the contract's `[limits]`: nesting, values, key length,
     /// keys or open windows.
     OverLimit,
+    /// Replaced by a later version of the same event (`on_conflict =
+    /// "correct"`, SPEC.md 3.3): it counted, and counts no more.
+    Superseded,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 9] = [
+    pub const ALL: [Reason; 10] = [
         Reason::TooLarge,
         Reason::MalformedJson,
         Reason::MissingField,
@@ -105,6 +119,7 @@ impl Reason {
         Reason::DuplicateConflict,
         Reason::TooLate,
         Reason::OverLimit,
+        Reason::Superseded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -118,6 +133,7 @@ impl Reason {
             Reason::DuplicateConflict => "duplicate_conflict",
             Reason::TooLate => "too_late",
             Reason::OverLimit => "over_limit",
+            Reason::Superseded => "superseded",
         }
     }
 
@@ -137,6 +153,8 @@ pub struct LedgerEntry {
     pub key: Option<Box<[u8]>>,
     pub window: Option<(i64, i64)>,
     pub first_offset: Option<u64>,
+    /// For `superseded`: the offset of the version that replaced this one.
+    pub superseded_by: Option<u64>,
     pub detail: String,
     /// The event as it arrived (cut to [`PAYLOAD_BYTES_MAX`] bytes).
     pub payload: Option<String>,
@@ -242,6 +260,10 @@ impl RowFormat {
         if let Some(first) = entry.first_offset {
             out.push_str(",\"first_offset\":");
             push_num(out, first);
+        }
+        if let Some(by) = entry.superseded_by {
+            out.push_str(",\"superseded_by\":");
+            push_num(out, by);
         }
         out.push_str(",\"detail\":");
         write_str(&entry.detail, out);

@@ -1,7 +1,7 @@
 //! The contract compiled for the hot path: field paths split once, rules
 //! compiled with their decimal literals read once.
 
-use weir_contract::{AggFn, Contract, FieldPath, LatePolicy, WindowKind};
+use weir_contract::{AggFn, Contract, FieldPath, LatePolicy, OnConflict, TimeFormat, WindowKind, Zone};
 
 use crate::json::{Bounds, FieldRef, Names};
 use crate::output::RowFormat;
@@ -24,6 +24,8 @@ pub(crate) struct Plan {
     pub names: Names,
     pub time_path: FieldRef,
     pub time_name: String,
+    pub time_format: TimeFormat,
+    pub time_zone: Zone,
     pub key_paths: Vec<FieldRef>,
     pub key_names: Vec<String>,
     pub id_path: Option<FieldRef>,
@@ -45,6 +47,9 @@ pub(crate) struct Plan {
     pub late: LatePolicy,
     pub early: bool,
     pub horizon_ms: Option<i64>,
+    /// `on_conflict = "correct"`: each remembered id keeps what its counting
+    /// version gave, and a different version replaces it (SPEC.md 3.3).
+    pub corrects: bool,
     pub aggs: Vec<AggPlan>,
     pub format: RowFormat,
 }
@@ -83,6 +88,8 @@ impl Plan {
             text_hash: contract.text_hash,
             time_path,
             time_name: source.event_time.to_string(),
+            time_format: source.event_time_format.clone(),
+            time_zone: source.event_time_zone,
             key_paths,
             key_names: source.key.iter().map(ToString::to_string).collect(),
             id_path,
@@ -95,6 +102,7 @@ impl Plan {
             late: contract.window.late,
             early: contract.window.early,
             horizon_ms: contract.dedup.map(|d| d.horizon_ms),
+            corrects: contract.dedup.is_some_and(|d| d.on_conflict == OnConflict::Correct),
             aggs,
             format: RowFormat {
                 pipeline: contract.pipeline.name.clone(),

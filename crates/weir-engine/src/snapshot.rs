@@ -1,29 +1,33 @@
 //! Snapshot and restore of an engine's whole state: open windows, dedup
-//! memory, watermarks, revision counters and counters. Also in parts: a
-//! server checkpoints only what changed ([`Engine::take_delta`]) into a
-//! store keyed by window and id, and restores from the parts.
+//! memory (with what each id's counting version gave, under
+//! `on_conflict = "correct"`), watermarks, revision counters and counters.
+//! Also in parts: a server checkpoints only what changed
+//! ([`Engine::take_delta`]): windows by their id, and remembered ids as one
+//! batch per checkpoint, which the store keeps in order and hands back.
 //!
 //! Layout: the 8 bytes `WEIRSNAP`, the format number (u32, little-endian),
-//! then the state in postcard. Maps are written in sorted order, so the same
-//! state always gives the same bytes. Invariant: restore(snapshot(e)) continues
-//! with exactly the rows `e` would have emitted.
+//! then the state in postcard, then (format 6) the counted versions in
+//! postcard. Maps are written in sorted order, so the same state always gives
+//! the same bytes. Invariant: restore(snapshot(e)) continues with exactly the
+//! rows `e` would have emitted.
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use weir_contract::{Contract, WindowKind};
 
-use crate::engine::{Counters, Engine, Mode, PlanError, Seen, State, Window};
+use crate::engine::{Counted, Counters, Engine, Mode, PlanError, Seen, State, Window};
 use crate::plan::Plan;
 
 const MAGIC: &[u8; 8] = b"WEIRSNAP";
-/// The snapshot format this build writes. It also reads format 4, the one
-/// before: format 5 counts ledger entries of the reason `over_limit`.
-/// Format 4 adds each
+/// The snapshot format this build writes. It also reads formats 5 and 4:
+/// format 6 counts ledger entries of the reason `superseded` and keeps what
+/// each remembered id's counting version gave (corrections); format 5
+/// counts ledger entries of the reason `over_limit`. Format 4 adds each
 /// window's sources (partition, offset range, events); format 3 the
 /// revision floor (replays); format 2: window ids are `xxh3_128(key, seed =
 /// start)`; format 1 hashed start and key together.
-pub const SNAPSHOT_FORMAT: u32 = 5;
+pub const SNAPSHOT_FORMAT: u32 = 6;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SnapshotError {
@@ -56,25 +60,45 @@ struct ImageOf<C> {
     revision_floor: u32,
 }
 
-/// Format 4's counters: one reason fewer.
-#[derive(Deserialize)]
-#[cfg_attr(test, derive(Serialize))]
-struct Counters4 {
-    read: u64,
-    counted: u64,
-    filtered: u64,
-    late_allowed: u64,
-    ledger: [u64; 8],
-    rows_provisional: u64,
-    rows_settled: u64,
-    rows_retracted: u64,
-}
+macro_rules! old_counters {
+    ($name:ident, $reasons:literal) => {
+        /// An older format's counters: fewer ledger reasons.
+        #[derive(Deserialize)]
+        #[cfg_attr(test, derive(Serialize))]
+        struct $name {
+            read: u64,
+            counted: u64,
+            filtered: u64,
+            late_allowed: u64,
+            ledger: [u64; $reasons],
+            rows_provisional: u64,
+            rows_settled: u64,
+            rows_retracted: u64,
+        }
 
-impl ImageOf<Counters4> {
+        impl From<$name> for Counters {
+            fn from(c: $name) -> Counters {
+                let mut ledger = [0; 10];
+                ledger[..$reasons].copy_from_slice(&c.ledger);
+                Counters {
+                    read: c.read,
+                    counted: c.counted,
+                    filtered: c.filtered,
+                    late_allowed: c.late_allowed,
+                    ledger,
+                    rows_provisional: c.rows_provisional,
+                    rows_settled: c.rows_settled,
+                    rows_retracted: c.rows_retracted,
+                }
+            }
+        }
+    };
+}
+old_counters!(Counters4, 8);
+old_counters!(Counters5, 9);
+
+impl<C: Into<Counters>> ImageOf<C> {
     fn upgrade(self) -> Image {
-        let c = self.counters;
-        let mut ledger = [0; 9];
-        ledger[..8].copy_from_slice(&c.ledger);
         ImageOf {
             pipeline: self.pipeline,
             version: self.version,
@@ -85,16 +109,7 @@ impl ImageOf<Counters4> {
             wm: self.wm,
             windows: self.windows,
             seen: self.seen,
-            counters: Counters {
-                read: c.read,
-                counted: c.counted,
-                filtered: c.filtered,
-                late_allowed: c.late_allowed,
-                ledger,
-                rows_provisional: c.rows_provisional,
-                rows_settled: c.rows_settled,
-                rows_retracted: c.rows_retracted,
-            },
+            counters: self.counters.into(),
             revision_floor: self.revision_floor,
         }
     }
@@ -115,7 +130,13 @@ impl Engine {
         let mut seen: Vec<(u128, Seen)> =
             st.seen.iter().filter(|(_, s)| s.expires > st.wm).map(|(k, s)| (k, *s)).collect();
         seen.sort_by_key(|a| a.0);
-        self.image_bytes(windows, seen)
+        let live: std::collections::HashSet<u128> = seen.iter().map(|(k, _)| *k).collect();
+        let mut counted: Vec<(u128, Counted)> =
+            st.counted.iter().filter(|(k, _)| live.contains(k)).map(|(k, c)| (k, c.clone())).collect();
+        counted.sort_by_key(|c| c.0);
+        let mut out = self.image_bytes(windows, seen);
+        out.extend(postcard::to_allocvec(&counted).unwrap_or_default());
+        out
     }
 
     /// The snapshot format around the state, with these windows and ids.
@@ -143,10 +164,12 @@ impl Engine {
 
     /// An engine for `contract` continuing from `bytes`.
     pub fn restore(contract: &Contract, bytes: &[u8]) -> Result<Engine, SnapshotError> {
-        let (plan, mut image) = decode(contract, bytes)?;
+        let (plan, mut image, counted) = decode(contract, bytes)?;
         let windows = std::mem::take(&mut image.windows);
         let seen = std::mem::take(&mut image.seen);
-        build(plan, image, windows.into_iter().map(Ok), seen)
+        let mut counted: std::collections::HashMap<u128, Counted> = counted.into_iter().collect();
+        let ids = seen.into_iter().map(|(k, s)| (k, s, counted.remove(&k)));
+        build(plan, image, windows.into_iter().map(Ok), ids)
     }
 
     /// Starts recording what changes, for [`Engine::take_delta`].
@@ -156,8 +179,9 @@ impl Engine {
     }
 
     /// What changed since the last delta (or since [`Engine::track_changes`]):
-    /// applied in order to a store holding the windows and ids by their
-    /// keys, the deltas hold what [`Engine::restore_parts`] needs.
+    /// applied in order to a store holding the windows by their keys and
+    /// every id batch in order, the deltas hold what
+    /// [`Engine::restore_parts`] needs.
     pub fn take_delta(&mut self) -> Delta {
         let mut keys = self.st.windows.take_touched();
         keys.sort_unstable();
@@ -170,28 +194,63 @@ impl Engine {
         let mut keys = self.st.seen.take_touched();
         keys.sort_unstable();
         keys.dedup();
-        let ids = keys
-            .into_iter()
-            .filter_map(|k| self.st.seen.get(k).filter(|s| s.expires > wm).map(|s| (k, IdEntry::from(*s))))
-            .collect();
-        Delta { header: self.image_bytes(Vec::new(), Vec::new()), windows, ids, forget_ids_through: wm }
+        let forgotten = std::mem::take(&mut self.st.forgotten);
+        let live = keys.into_iter().filter_map(|k| self.st.seen.get(k).filter(|s| s.expires > wm).map(|s| (k, *s)));
+        let (ids, ids_keep_until) = if self.plan.corrects {
+            let mut records: Vec<IdRecord> = forgotten
+                .into_iter()
+                .filter(|(k, _)| self.st.seen.get(*k).is_none_or(|s| s.expires <= wm))
+                .map(|(id, keep_until)| IdRecord { id, keep_until, entry: None })
+                .collect();
+            for (id, seen) in live {
+                if let Some(c) = self.st.counted.get(id) {
+                    records.push(IdRecord { id, keep_until: c.keep_until, entry: Some((seen, c.clone())) });
+                }
+            }
+            let keep_until = records.iter().map(|r| r.keep_until).max().unwrap_or(i64::MIN);
+            let bytes =
+                if records.is_empty() { Vec::new() } else { postcard::to_allocvec(&records).unwrap_or_default() };
+            (bytes, keep_until)
+        } else {
+            encode_ids(live)
+        };
+        Delta { header: self.image_bytes(Vec::new(), Vec::new()), windows, ids, ids_keep_until, forget_ids_through: wm }
     }
 
     /// An engine for `contract` from a store that applied every delta: the
-    /// last header, every window and every id whose `expires` is past the
-    /// last delta's `forget_ids_through` (older ones may be left out).
-    pub fn restore_parts(
+    /// last header, every window, and every id batch in the order written
+    /// (a later batch's record of an id replaces an earlier one; batches
+    /// whose `ids_keep_until` the last delta's `forget_ids_through` reached
+    /// may be left out).
+    pub fn restore_parts<B: AsRef<[u8]>>(
         contract: &Contract,
         header: &[u8],
         windows: impl IntoIterator<Item = (u128, Vec<u8>)>,
-        ids: impl IntoIterator<Item = (u128, IdEntry)>,
+        id_batches: impl IntoIterator<Item = B>,
     ) -> Result<Engine, SnapshotError> {
-        let (plan, image) = decode(contract, header)?;
+        let (plan, image, _) = decode(contract, header)?;
         let windows = windows.into_iter().map(|(k, bytes)| {
             postcard::from_bytes::<Window>(&bytes).map(|w| (k, w)).map_err(|e| SnapshotError::Corrupt(e.to_string()))
         });
+        let mut ids: std::collections::HashMap<u128, Option<(Seen, Option<Counted>)>> = Default::default();
+        for batch in id_batches {
+            let batch = batch.as_ref();
+            if batch.is_empty() {
+                continue;
+            }
+            if plan.corrects {
+                let records: Vec<IdRecord> =
+                    postcard::from_bytes(batch).map_err(|e| SnapshotError::Corrupt(format!("an id batch: {e}")))?;
+                for r in records {
+                    ids.insert(r.id, r.entry.map(|(s, c)| (s, Some(c))));
+                }
+            } else {
+                decode_ids(batch, &mut ids)?;
+            }
+        }
         let wm = image.wm;
-        let ids = ids.into_iter().map(|(k, e)| (k, Seen::from(e))).filter(move |(_, s)| s.expires > wm);
+        let ids =
+            ids.into_iter().filter_map(|(k, e)| e.map(|(s, c)| (k, s, c))).filter(move |(_, s, _)| s.expires > wm);
         build(plan, image, windows, ids)
     }
 }
@@ -204,42 +263,76 @@ pub struct Delta {
     pub header: Vec<u8>,
     /// Windows written (`Some(bytes)`) or removed (`None`).
     pub windows: Vec<(u128, Option<Vec<u8>>)>,
-    /// Ids remembered or remembered again.
-    pub ids: Vec<(u128, IdEntry)>,
-    /// Ids whose `expires` is at or before this are forgotten: a store may delete them.
+    /// The ids remembered, remembered again or forgotten since the last
+    /// delta, as one batch for the store to keep after the earlier ones;
+    /// empty when there are none.
+    pub ids: Vec<u8>,
+    /// The watermark at which every record in `ids` is forgotten: then the
+    /// store may delete the batch.
+    pub ids_keep_until: i64,
+    /// The watermark now: a store may delete every batch whose
+    /// `ids_keep_until` is at or before it.
     pub forget_ids_through: i64,
 }
 
-/// A remembered event id, as a store keeps it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IdEntry {
-    pub partition: u32,
-    pub offset: u64,
-    pub payload_hash: u64,
-    pub expires: i64,
+/// One id in a batch under `on_conflict = "correct"`: remembered with its
+/// counting version, or (`entry: None`) forgotten by a deletion.
+#[derive(Serialize, Deserialize)]
+struct IdRecord {
+    id: u128,
+    keep_until: i64,
+    entry: Option<(Seen, Counted)>,
 }
 
-impl From<Seen> for IdEntry {
-    fn from(s: Seen) -> IdEntry {
-        IdEntry { partition: s.partition, offset: s.offset, payload_hash: s.payload_hash, expires: s.expires }
+/// An id batch without corrections: 44 bytes an id (id, partition, offset,
+/// payload hash, expiry; little-endian).
+const ID_BYTES: usize = 44;
+
+fn encode_ids(ids: impl Iterator<Item = (u128, Seen)>) -> (Vec<u8>, i64) {
+    let mut out = Vec::new();
+    let mut max = i64::MIN;
+    for (id, e) in ids {
+        out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(&e.partition.to_le_bytes());
+        out.extend_from_slice(&e.offset.to_le_bytes());
+        out.extend_from_slice(&e.payload_hash.to_le_bytes());
+        out.extend_from_slice(&e.expires.to_le_bytes());
+        max = max.max(e.expires);
     }
+    (out, max)
 }
 
-impl From<IdEntry> for Seen {
-    fn from(e: IdEntry) -> Seen {
-        Seen { partition: e.partition, offset: e.offset, payload_hash: e.payload_hash, expires: e.expires }
+type IdMap = std::collections::HashMap<u128, Option<(Seen, Option<Counted>)>>;
+
+fn decode_ids(bytes: &[u8], into: &mut IdMap) -> Result<(), SnapshotError> {
+    if bytes.len() % ID_BYTES != 0 {
+        return Err(SnapshotError::Corrupt(format!("an id batch of {} bytes is not whole records", bytes.len())));
     }
+    for c in bytes.chunks_exact(ID_BYTES) {
+        let word = |at: usize| u64::from_le_bytes(c[at..at + 8].try_into().unwrap_or_default());
+        let id = u128::from_le_bytes(c[0..16].try_into().unwrap_or_default());
+        let partition = u32::from_le_bytes(c[16..20].try_into().unwrap_or_default());
+        let seen = Seen { partition, offset: word(20), payload_hash: word(28), expires: word(36) as i64 };
+        into.insert(id, Some((seen, None)));
+    }
+    Ok(())
 }
 
-fn decode(contract: &Contract, bytes: &[u8]) -> Result<(Plan, Image), SnapshotError> {
+fn decode(contract: &Contract, bytes: &[u8]) -> Result<(Plan, Image, Vec<(u128, Counted)>), SnapshotError> {
     if bytes.len() < 12 || &bytes[..8] != MAGIC {
         return Err(SnapshotError::NotASnapshot);
     }
     let found = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
     let corrupt = |e: postcard::Error| SnapshotError::Corrupt(e.to_string());
-    let image: Image = match found {
-        SNAPSHOT_FORMAT => postcard::from_bytes(&bytes[12..]).map_err(corrupt)?,
-        4 => postcard::from_bytes::<ImageOf<Counters4>>(&bytes[12..]).map_err(corrupt)?.upgrade(),
+    let (image, counted): (Image, Vec<(u128, Counted)>) = match found {
+        SNAPSHOT_FORMAT => {
+            let (image, rest) = postcard::take_from_bytes(&bytes[12..]).map_err(corrupt)?;
+            // A header (take_delta) ends with the image: its ids are in batches.
+            let counted = if rest.is_empty() { Vec::new() } else { postcard::from_bytes(rest).map_err(corrupt)? };
+            (image, counted)
+        }
+        5 => (postcard::from_bytes::<ImageOf<Counters5>>(&bytes[12..]).map_err(corrupt)?.upgrade(), Vec::new()),
+        4 => (postcard::from_bytes::<ImageOf<Counters4>>(&bytes[12..]).map_err(corrupt)?.upgrade(), Vec::new()),
         _ => return Err(SnapshotError::Format { found }),
     };
     let plan = Plan::compile(contract).map_err(PlanError)?;
@@ -252,14 +345,14 @@ fn decode(contract: &Contract, bytes: &[u8]) -> Result<(Plan, Image), SnapshotEr
     if image.part_wm.len() != image.part_idle.len() || image.part_wm.is_empty() {
         return Err(SnapshotError::Corrupt("partition watermarks do not match".into()));
     }
-    Ok((plan, image))
+    Ok((plan, image, counted))
 }
 
 fn build(
     plan: Plan,
     image: Image,
     windows: impl IntoIterator<Item = Result<(u128, Window), SnapshotError>>,
-    seen: impl IntoIterator<Item = (u128, Seen)>,
+    ids: impl IntoIterator<Item = (u128, Seen, Option<Counted>)>,
 ) -> Result<Engine, SnapshotError> {
     let mut st = State {
         part_wm: image.part_wm,
@@ -287,8 +380,19 @@ fn build(
         }
         st.windows.insert(id, w);
     }
-    for (id, s) in seen {
-        st.seen.insert(id, s);
+    for (id, s, counted) in ids {
+        match (plan.corrects, counted) {
+            (false, _) => st.seen.insert(id, s),
+            (true, Some(c)) if c.given.len() == plan.aggs.len() => {
+                st.seen.insert(id, s);
+                st.counted.insert(id, c);
+            }
+            (true, _) => {
+                return Err(SnapshotError::Corrupt(
+                    "a remembered id does not say what it counted, as on_conflict = \"correct\" needs".into(),
+                ))
+            }
+        }
     }
     Ok(Engine::from_parts(Arc::new(plan), image.mode, st))
 }
@@ -298,31 +402,11 @@ mod tests {
     use super::*;
     use crate::{EventIn, Output};
 
-    #[test]
-    fn a_format_4_snapshot_is_read_with_its_counters() {
-        let text = "[pipeline]\nname = \"p\"\nversion = 1\nowner = \"o\"\nsteward = \"s\"\ndecision = \"d\"\n\
-            [source]\ntopic = \"t\"\nevent_time = \"t\"\nkey = [\"k\"]\n\
-            [window]\ntype = \"tumbling\"\nsize = \"10s\"\n[[aggregate]]\nname = \"n\"\nfn = \"count\"\n";
-        let c = Contract::parse("p.toml", text).unwrap();
-        let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
-        let mut out = Output::default();
-        for (i, e) in [r#"{"k":"a","t":1000}"#, "{", r#"{"k":"a","t":2000}"#].iter().enumerate() {
-            engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: e.as_bytes() }, &mut out);
-        }
-        // The same state as format 4 wrote it: eight ledger counters.
-        let (_, image) = decode(&c, &engine.snapshot()).unwrap();
-        let k = image.counters.clone();
+    /// The same state as an older format wrote it: fewer ledger counters, no counted versions.
+    fn older<C: Serialize>(c: &Contract, engine: &Engine, format: u32, counters: impl Fn(&Counters) -> C) -> Vec<u8> {
+        let (_, image, _) = decode(c, &engine.snapshot()).unwrap();
         let old = ImageOf {
-            counters: Counters4 {
-                read: k.read,
-                counted: k.counted,
-                filtered: k.filtered,
-                late_allowed: k.late_allowed,
-                ledger: k.ledger[..8].try_into().unwrap(),
-                rows_provisional: k.rows_provisional,
-                rows_settled: k.rows_settled,
-                rows_retracted: k.rows_retracted,
-            },
+            counters: counters(&image.counters),
             pipeline: image.pipeline,
             version: image.version,
             text_hash: image.text_hash,
@@ -335,13 +419,52 @@ mod tests {
             revision_floor: image.revision_floor,
         };
         let mut bytes = MAGIC.to_vec();
-        bytes.extend_from_slice(&4u32.to_le_bytes());
+        bytes.extend_from_slice(&format.to_le_bytes());
         bytes.extend(postcard::to_allocvec(&old).unwrap());
-        let restored = Engine::restore(&c, &bytes).unwrap();
-        assert_eq!(restored.counters(), engine.counters());
-        assert_eq!(restored.counters().ledger[1], 1);
-        assert_eq!(restored.snapshot(), engine.snapshot());
-        bytes[8] = 3;
-        assert_eq!(Engine::restore(&c, &bytes).unwrap_err(), SnapshotError::Format { found: 3 });
+        bytes
+    }
+
+    #[test]
+    fn format_4_and_5_snapshots_are_read_with_their_counters() {
+        let text = "[pipeline]\nname = \"p\"\nversion = 1\nowner = \"o\"\nsteward = \"s\"\ndecision = \"d\"\n\
+            [source]\ntopic = \"t\"\nevent_time = \"t\"\nkey = [\"k\"]\nevent_id = \"id\"\n\
+            [window]\ntype = \"tumbling\"\nsize = \"10s\"\n[dedup]\nhorizon = \"1m\"\n\
+            [[aggregate]]\nname = \"n\"\nfn = \"count\"\n";
+        let c = Contract::parse("p.toml", text).unwrap();
+        let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+        let mut out = Output::default();
+        let events = [r#"{"k":"a","t":1000,"id":1}"#, "{", r#"{"k":"a","t":2000,"id":2}"#];
+        for (i, e) in events.iter().enumerate() {
+            engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: e.as_bytes() }, &mut out);
+        }
+        let v4 = older(&c, &engine, 4, |k| Counters4 {
+            read: k.read,
+            counted: k.counted,
+            filtered: k.filtered,
+            late_allowed: k.late_allowed,
+            ledger: k.ledger[..8].try_into().unwrap(),
+            rows_provisional: k.rows_provisional,
+            rows_settled: k.rows_settled,
+            rows_retracted: k.rows_retracted,
+        });
+        let v5 = older(&c, &engine, 5, |k| Counters5 {
+            read: k.read,
+            counted: k.counted,
+            filtered: k.filtered,
+            late_allowed: k.late_allowed,
+            ledger: k.ledger[..9].try_into().unwrap(),
+            rows_provisional: k.rows_provisional,
+            rows_settled: k.rows_settled,
+            rows_retracted: k.rows_retracted,
+        });
+        for mut bytes in [v4, v5] {
+            let restored = Engine::restore(&c, &bytes).unwrap();
+            assert_eq!(restored.counters(), engine.counters());
+            assert_eq!(restored.counters().ledger[1], 1);
+            assert_eq!(restored.remembered_ids(), 2);
+            assert_eq!(restored.snapshot(), engine.snapshot());
+            bytes[8] = 3;
+            assert_eq!(Engine::restore(&c, &bytes).unwrap_err(), SnapshotError::Format { found: 3 });
+        }
     }
 }

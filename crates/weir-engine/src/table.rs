@@ -32,6 +32,10 @@ impl<V: Default> HashedTable<V> {
         self.touched.get_or_insert_with(Vec::new);
     }
 
+    pub(crate) fn is_tracking(&self) -> bool {
+        self.touched.is_some()
+    }
+
     pub(crate) fn take_touched(&mut self) -> Vec<u128> {
         self.touched.as_mut().map(std::mem::take).unwrap_or_default()
     }

@@ -14,12 +14,20 @@ struct Shape {
     late: &'static str,
     early: bool,
     dedup: bool,
+    /// `on_conflict = "correct"`: count, sum and avg only, no sessions.
+    corrects: bool,
 }
 
 fn contract(shape: &Shape, lateness_ms: i64, max_delay_ms: i64) -> Contract {
     let late = if lateness_ms == 0 && shape.late != "discard" { "discard" } else { shape.late };
     let lateness = if late == "discard" { 0 } else { lateness_ms };
-    let dedup = if shape.dedup { "[dedup]\nhorizon = \"1h\"\n" } else { "" };
+    let dedup = match (shape.corrects, shape.dedup) {
+        (true, _) => "[dedup]\nhorizon = \"1h\"\non_conflict = \"correct\"\n",
+        (false, true) => "[dedup]\nhorizon = \"1h\"\n",
+        (false, false) => "",
+    };
+    let window = if shape.corrects && shape.window.contains("session") { WINDOWS[0] } else { shape.window };
+    let others = if shape.corrects { "" } else { OTHER_AGGREGATES };
     let text = format!(
         r#"[pipeline]
 name = "prop"
@@ -33,6 +41,7 @@ topic = "t"
 event_time = "t"
 key = ["k"]
 event_id = "id"
+where = 'status != "void"'
 max_delay = "{max_delay_ms}ms"
 
 [window]
@@ -52,13 +61,27 @@ fn = "sum"
 field = "amount"
 
 [[aggregate]]
-name = "hi"
-fn = "max"
-field = "amount"
-
-[[aggregate]]
 name = "mean"
 fn = "avg"
+field = "amount"
+{others}"#,
+        early = shape.early,
+    );
+    Contract::parse("prop.toml", &text).unwrap()
+}
+
+const WINDOWS: [&str; 4] = [
+    "type = \"tumbling\"\nsize = \"10s\"",
+    "type = \"hopping\"\nsize = \"10s\"\nslide = \"5s\"",
+    "type = \"session\"\ngap = \"3s\"",
+    "type = \"global\"",
+];
+
+/// What a contract without corrections aggregates besides count, sum and avg.
+const OTHER_AGGREGATES: &str = r#"
+[[aggregate]]
+name = "hi"
+fn = "max"
 field = "amount"
 
 [[aggregate]]
@@ -75,53 +98,74 @@ field = "amount"
 name = "kinds"
 fn = "count_distinct"
 field = "amount"
-"#,
-        window = shape.window,
-        early = shape.early,
-    );
-    Contract::parse("prop.toml", &text).unwrap()
-}
+"#;
 
 fn shape() -> impl Strategy<Value = Shape> {
     (
-        prop::sample::select(vec![
-            "type = \"tumbling\"\nsize = \"10s\"",
-            "type = \"hopping\"\nsize = \"10s\"\nslide = \"5s\"",
-            "type = \"session\"\ngap = \"3s\"",
-            "type = \"global\"",
-        ]),
+        prop::sample::select(WINDOWS.to_vec()),
         prop::sample::select(vec!["discard", "hold", "revise"]),
         any::<bool>(),
         any::<bool>(),
+        prop::bool::weighted(0.3),
     )
-        .prop_map(|(window, late, early, dedup)| Shape { window, late, early, dedup })
+        .prop_map(|(window, late, early, dedup, corrects)| Shape { window, late, early, dedup, corrects })
+}
+
+const T0: i64 = 1_795_910_400_000;
+
+fn line(k: usize, t: i64, id: usize, cents: u32, status: &str) -> String {
+    format!(
+        r#"{{"k":"{}","t":{},"id":"e{id}","amount":{}.{:02},"status":"{status}"}}"#,
+        ["a", "b", "c"][k],
+        T0 + t,
+        cents / 100,
+        cents % 100
+    )
 }
 
 /// Events as (event time ms, line). Duplicates are exact copies.
 fn events() -> impl Strategy<Value = Vec<(i64, String)>> {
-    prop::collection::vec((0usize..3, 0i64..60_000, 0u32..5_000, prop::option::weighted(0.15, 0usize..1000)), 1..50)
-        .prop_map(|raw| {
-            let mut out: Vec<(i64, String)> = Vec::new();
-            for (i, (k, t, cents, dup)) in raw.into_iter().enumerate() {
-                match dup {
-                    Some(j) if !out.is_empty() => {
-                        let copy = out[j % out.len()].clone();
-                        out.push(copy);
-                    }
-                    _ => {
-                        let line = format!(
-                            r#"{{"k":"{}","t":{},"id":"e{i}","amount":{}.{:02}}}"#,
-                            ["a", "b", "c"][k],
-                            1_795_910_400_000 + t,
-                            cents / 100,
-                            cents % 100
-                        );
-                        out.push((1_795_910_400_000 + t, line));
-                    }
+    versions(0.0, 0.0)
+}
+
+/// Events as (event time ms, line): exact duplicates, and (with the given
+/// weights) later versions of an earlier event, with another amount, key
+/// or a time up to 2 s away, and `void` versions (filtered out: a deletion
+/// under `on_conflict = "correct"`).
+fn versions(correct: f64, void: f64) -> impl Strategy<Value = Vec<(i64, String)>> {
+    let item = (
+        0usize..3,
+        0i64..60_000,
+        0u32..5_000,
+        prop::option::weighted(0.15, 0usize..1000),
+        (0.0..1.0, 0usize..1000, -2_000i64..2_000),
+        0.0..1.0,
+    );
+    prop::collection::vec(item, 1..50).prop_map(move |raw| {
+        // (key, time, id, cents) of every first version, to make later ones of.
+        let mut firsts: Vec<(usize, i64, usize, u32)> = Vec::new();
+        let mut out: Vec<(i64, String)> = Vec::new();
+        for (i, (k, t, cents, dup, (p, j, shift), v)) in raw.into_iter().enumerate() {
+            let version = (p < correct).then_some((j, shift));
+            let void = v < void;
+            match (dup, version) {
+                (Some(j), _) if !out.is_empty() => {
+                    let copy = out[j % out.len()].clone();
+                    out.push(copy);
+                }
+                (_, Some((j, shift))) if !firsts.is_empty() => {
+                    let (_, t0, id, _) = firsts[j % firsts.len()];
+                    let t = (t0 + shift).max(0);
+                    out.push((T0 + t, line(k, t, id, cents, if void { "void" } else { "ok" })));
+                }
+                _ => {
+                    firsts.push((k, t, i, cents));
+                    out.push((T0 + t, line(k, t, i, cents, "ok")));
                 }
             }
-            out
-        })
+        }
+        out
+    })
 }
 
 fn run(c: &Contract, mode: Mode, lines: &[&str]) -> Output {
@@ -140,14 +184,16 @@ fn run_counted(c: &Contract, mode: Mode, lines: &[&str]) -> (Output, Counters) {
 
 type WindowId = (Box<[u8]>, Option<i64>);
 
-/// The last row of every key and window that was not retracted: values and events.
+/// The last row of every key and window that was not retracted, and that
+/// holds events (a window whose versions were all corrected away says it
+/// holds none, as a batch says by having no row): values and events.
 fn finals(rows: &[Row]) -> BTreeMap<WindowId, String> {
     let mut last: BTreeMap<WindowId, &Row> = BTreeMap::new();
     for row in rows {
         last.insert((row.key.clone(), row.window_start), row);
     }
     last.into_iter()
-        .filter(|(_, r)| r.status != Status::Retracted)
+        .filter(|(_, r)| r.status != Status::Retracted && r.events > 0)
         .map(|(id, r)| (id, format!("{:?} end={:?} events={}", r.values, r.window_end, r.events)))
         .collect()
 }
@@ -190,12 +236,49 @@ proptest! {
         prop_assert_eq!(finals(&stream.rows), finals(&batch.rows));
     }
 
+    /// (a, with corrections) `on_conflict = "correct"`: later versions
+    /// replace counted ones (another amount, key or time up to 2 s away) and
+    /// `void` versions delete them. With lateness longer than the disorder
+    /// plus that 2 s, nothing is refused, and the stream's final rows equal
+    /// the batch's over the same arrival order, where the last version of
+    /// each id counts.
+    #[test]
+    fn stream_with_corrections_settles_to_batch(
+        window in prop::sample::select(vec![WINDOWS[0], WINDOWS[1], WINDOWS[3]]),
+        late in prop::sample::select(vec!["hold", "revise"]),
+        early in any::<bool>(),
+        events in versions(0.3, 0.25),
+        jitter in prop::collection::vec(0i64..1_000_000, 1..64),
+        disorder_ms in 0i64..20_000,
+        max_delay_ms in prop::sample::select(vec![0i64, 1_000, 5_000]),
+    ) {
+        let shape = Shape { window, late, early, dedup: true, corrects: true };
+        let c = contract(&shape, disorder_ms + 2_001, max_delay_ms);
+        let lines = arrive(&events, &jitter, disorder_ms);
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let stream = run(&c, Mode::Stream, &refs);
+        prop_assert!(stream.ledger.iter().all(|l| l.reason.as_str() != "too_late"), "nothing may be too late: {:?}", stream.ledger);
+        let batch = run(&c, Mode::Batch, &refs);
+        prop_assert_eq!(finals(&stream.rows), finals(&batch.rows));
+        let superseded = |o: &Output| o.ledger.iter().filter(|l| l.reason.as_str() == "superseded").count();
+        prop_assert_eq!(superseded(&stream), superseded(&batch));
+        // From scratch: only the last version of each id to arrive, unless it is void.
+        let mut last: BTreeMap<String, &str> = BTreeMap::new();
+        for l in &refs {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            last.insert(v["id"].as_str().unwrap().to_owned(), l);
+        }
+        let kept: Vec<&str> = last.into_values().filter(|l| !l.contains("\"void\"")).collect();
+        let truth = run(&c, Mode::Batch, &kept);
+        prop_assert_eq!(finals(&batch.rows), finals(&truth.rows));
+    }
+
     /// (b) A snapshot after any event, restored, continues with exactly the
     /// rows and ledger entries of an uninterrupted run.
     #[test]
     fn snapshot_and_restore_change_nothing(
         shape in shape(),
-        events in events(),
+        events in versions(0.2, 0.2),
         jitter in prop::collection::vec(0i64..1_000_000, 1..64),
         disorder_ms in 0i64..30_000,
         lateness in 0i64..10_000,
@@ -228,7 +311,7 @@ proptest! {
     #[test]
     fn deltas_restore_what_a_snapshot_restores(
         shape in shape(),
-        events in events(),
+        events in versions(0.2, 0.2),
         jitter in prop::collection::vec(0i64..1_000_000, 1..64),
         disorder_ms in 0i64..30_000,
         lateness in 0i64..10_000,
@@ -242,7 +325,7 @@ proptest! {
         let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
         engine.track_changes();
         let mut out = Output::default();
-        let (mut header, mut windows, mut ids) = (Vec::new(), BTreeMap::new(), BTreeMap::new());
+        let (mut header, mut windows, mut batches) = (Vec::new(), BTreeMap::new(), Vec::<(i64, Vec<u8>)>::new());
         let mut done = 0;
         for &cut in &cuts {
             for (i, line) in lines[done..cut].iter().enumerate() {
@@ -257,10 +340,12 @@ proptest! {
                     None => windows.remove(&k),
                 };
             }
-            ids.extend(delta.ids);
-            ids.retain(|_, e: &mut weir_engine::IdEntry| e.expires > delta.forget_ids_through);
+            if !delta.ids.is_empty() {
+                batches.push((delta.ids_keep_until, delta.ids));
+            }
+            batches.retain(|(keep_until, _)| *keep_until > delta.forget_ids_through);
         }
-        let mut restored = Engine::restore_parts(&c, &header, windows, ids).unwrap();
+        let mut restored = Engine::restore_parts(&c, &header, windows, batches.iter().map(|(_, b)| b)).unwrap();
         prop_assert_eq!(restored.snapshot(), engine.snapshot());
         for (i, line) in lines[done..].iter().enumerate() {
             restored.process(EventIn { partition: 0, offset: (done + i) as u64 + 1, bytes: line.as_bytes() }, &mut out);
@@ -351,7 +436,7 @@ proptest! {
 
 #[test]
 fn snapshots_refuse_another_format_or_contract() {
-    let shape = Shape { window: "type = \"global\"", late: "discard", early: false, dedup: false };
+    let shape = Shape { window: "type = \"global\"", late: "discard", early: false, dedup: false, corrects: false };
     let c = contract(&shape, 0, 0);
     let engine = Engine::new(&c, Mode::Stream, 1).unwrap();
     let mut bytes = engine.snapshot();

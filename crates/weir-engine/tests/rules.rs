@@ -84,9 +84,10 @@ fn run_mode(contract: &Contract, mode: Mode, events: &[String], finish: bool) ->
             .iter()
             .map(|l| match l.window {
                 Some((s, e)) => format!("{} {} [{},{})", l.offset, l.reason.as_str(), s / 1000, e / 1000),
-                None => match l.first_offset {
-                    Some(first) => format!("{} {} first={first}", l.offset, l.reason.as_str()),
-                    None => format!("{} {}", l.offset, l.reason.as_str()),
+                None => match (l.first_offset, l.superseded_by) {
+                    (Some(first), _) => format!("{} {} first={first}", l.offset, l.reason.as_str()),
+                    (_, Some(by)) => format!("{} {} by={by}", l.offset, l.reason.as_str()),
+                    _ => format!("{} {}", l.offset, l.reason.as_str()),
                 },
             })
             .collect(),
@@ -653,4 +654,309 @@ fn limits_survive_a_snapshot() {
     assert_eq!(out.rows.iter().map(|r| r.events).collect::<Vec<_>>(), [2]);
     restored.finish(&mut out);
     assert_eq!(out.rows.iter().map(|r| r.events).collect::<Vec<_>>(), [2, 1]);
+}
+
+// SPEC.md 3.1 step 3: the rule comes first.
+
+#[test]
+fn the_rule_comes_before_any_field_so_other_kinds_are_filtered_and_move_the_watermark() {
+    let c = contract(
+        "where = 'kind == \"bid\"'",
+        &format!("{TUMBLING_10S}\nlate = \"discard\""),
+        "[dedup]\nhorizon = \"1m\"",
+    );
+    let events: Vec<String> = [
+        r#"{"kind":"bid","k":"a","t":1000,"id":"1","amount":2}"#,
+        // Another kind without a key, an id or an amount: filtered, not ledgered,
+        // and its time closes [0,10).
+        r#"{"kind":"person","t":12000,"name":"x"}"#,
+        // Another kind whose time is unreadable: filtered all the same.
+        r#"{"kind":"auction","t":"soon"}"#,
+        // A bid without a key: the rule passed, so the fields are required.
+        r#"{"kind":"bid","t":13000,"id":"2","amount":1}"#,
+        // No kind at all: the rule cannot be evaluated.
+        r#"{"k":"a","t":14000,"id":"3"}"#,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let run = run_mode(&c, Mode::Stream, &events, false);
+    assert_eq!(run.rows, ["a [0,10) settled#1 events=1 late=0 {1,2}"]);
+    assert_eq!(run.ledger, ["4 missing_field", "5 rule_error"]);
+}
+
+#[test]
+fn an_aggregates_rule_is_evaluated_after_the_fields() {
+    let text = format!(
+        "{HEAD}\n[source]\ntopic = \"t\"\nevent_time = \"t\"\nkey = [\"k\"]\n[window]\n{TUMBLING_10S}\n[[aggregate]]\nname = \"eur\"\nfn = \"count\"\nwhere = 'currency == \"EUR\"'\n"
+    );
+    let c = Contract::parse("test.toml", &text).unwrap();
+    // Both lack the currency its rule reads; the first also lacks its key,
+    // which step 4 finds before step 5 evaluates the aggregate's rule.
+    let run = run_mode(&c, Mode::Stream, &[r#"{"t":1000}"#.into(), r#"{"k":"a","t":1000}"#.into()], true);
+    assert_eq!(run.ledger, ["1 missing_field", "2 rule_error"]);
+}
+
+// SPEC.md 2: event-time formats.
+
+fn timed(format: &str, zone: &str, times: &[&str]) -> Run {
+    let extra = format!("event_time_format = \"{format}\"\nevent_time_zone = \"{zone}\"");
+    let c = contract(&extra, &format!("{TUMBLING_10S}\nlate = \"discard\""), "");
+    let events: Vec<String> =
+        times.iter().enumerate().map(|(i, t)| format!(r#"{{"k":"a","t":{t},"id":"{i}","amount":1}}"#)).collect();
+    run_mode(&c, Mode::Stream, &events, true)
+}
+
+#[test]
+fn a_pattern_without_an_offset_reads_its_zone() {
+    // 2026-11-29 01:00:05 in Berlin (CET, +01:00) is 00:00:05Z; 00:59:55 is 23:59:55Z the day before.
+    let run = timed("%Y-%m-%d %H:%M:%S", "Europe/Berlin", &["\"2026-11-29 01:00:05\"", "\"2026-11-29 00:59:55\""]);
+    assert_eq!(
+        run.rows,
+        ["a [1795910400,1795910410) settled#1 events=1 late=0 {1,1}"],
+        "00:59:55 local fell behind the watermark of 01:00:05 local, in the window before"
+    );
+    assert_eq!(run.ledger, ["2 too_late [1795910390,1795910400)"]);
+    // 02:30 on 2026-03-29 is skipped in Berlin (CET to CEST): the earlier
+    // instant, 00:30Z; 02:30 on 2026-10-25 happens twice: the first, 00:30Z.
+    let run = timed("%Y-%m-%d %H:%M", "Europe/Berlin", &["\"2026-03-29 02:30\"", "\"2026-10-25 02:30\""]);
+    let spring = 1_774_744_200; // 2026-03-29T00:30:00Z
+    let autumn = 1_792_888_200; // 2026-10-25T00:30:00Z
+    assert_eq!(
+        run.rows,
+        [
+            format!("a [{spring},{}) settled#1 events=1 late=0 {{1,1}}", spring + 10),
+            format!("a [{autumn},{}) settled#1 events=1 late=0 {{1,1}}", autumn + 10)
+        ]
+    );
+}
+
+#[test]
+fn epoch_units_read_integers_and_digit_strings_rounded_down() {
+    let run = timed("epoch_s", "UTC", &["12", "\"13\"", "-1"]);
+    assert_eq!(run.rows, ["a [10,20) settled#1 events=2 late=0 {2,2}"]);
+    assert_eq!(run.ledger, ["3 too_late [-10,0)"]);
+    let run = timed("epoch_us", "UTC", &["\"-1\"", "12999999"]);
+    assert_eq!(run.rows, ["a [-10,0) settled#1 events=1 late=0 {1,1}", "a [10,20) settled#1 events=1 late=0 {1,1}"]);
+    let run = timed("epoch_ns", "UTC", &["12999999999"]);
+    assert_eq!(run.rows, ["a [10,20) settled#1 events=1 late=0 {1,1}"]);
+}
+
+#[test]
+fn a_value_in_the_wrong_format_is_bad_type_quoting_it_and_the_format() {
+    let extra = "event_time_format = \"%d/%m/%Y %H:%M:%S\"";
+    let c = contract(extra, &format!("{TUMBLING_10S}\nlate = \"discard\""), "");
+    let events = [
+        r#"{"k":"a","t":"29/11/2026 00:00:05","id":"1","amount":1}"#,
+        r#"{"k":"a","t":"2026-11-29T00:00:05Z","id":"2","amount":1}"#,
+        r#"{"k":"a","t":1795910405000,"id":"3","amount":1}"#,
+    ];
+    let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    let mut out = Output::default();
+    for (i, e) in events.iter().enumerate() {
+        engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: e.as_bytes() }, &mut out);
+    }
+    let details: Vec<(Reason, &str)> = out.ledger.iter().map(|l| (l.reason, l.detail.as_str())).collect();
+    assert_eq!(details.len(), 2, "{details:?}");
+    assert_eq!(details[0].0, Reason::BadType);
+    assert!(
+        details[0].1.contains("\"2026-11-29T00:00:05Z\"") && details[0].1.contains("%d/%m/%Y %H:%M:%S"),
+        "{}",
+        details[0].1
+    );
+    assert_eq!(details[1].0, Reason::BadType);
+    assert!(details[1].1.contains("1795910405000") && details[1].1.contains("not a string"), "{}", details[1].1);
+    let epoch = timed("epoch_s", "UTC", &["12.5", "\"1e3\"", "true"]);
+    assert_eq!(epoch.ledger, ["1 bad_type", "2 bad_type", "3 bad_type"]);
+}
+
+// SPEC.md 3.3: corrections.
+
+const CORRECT: &str = "[dedup]\nhorizon = \"1m\"\non_conflict = \"correct\"";
+
+#[test]
+fn a_correction_moves_to_another_window_and_revises_both() {
+    let c = contract("", &format!("{TUMBLING_10S}\nallowed_lateness = \"20s\"\nlate = \"revise\""), CORRECT);
+    check(
+        &c,
+        &[ev("a", 1, "1", "2"), ev("a", 11, "2", "3"), ev("a", 15, "1", "4")],
+        &[
+            "a [0,10) provisional#1 events=1 late=0 {1,2}",
+            // The correction leaves [0,10) empty: a change is a change.
+            "a [0,10) provisional#2 events=0 late=0 {0,null}",
+            "a [0,10) settled#3 events=0 late=0 {0,null}",
+            "a [10,20) settled#1 events=2 late=0 {2,7}",
+        ],
+        &["1 superseded by=3"],
+    );
+}
+
+#[test]
+fn a_correction_moves_to_another_key() {
+    let c = contract("", &format!("{TUMBLING_10S}\nallowed_lateness = \"5s\"\nlate = \"hold\""), CORRECT);
+    check(
+        &c,
+        &[ev("a", 1, "1", "2"), ev("a", 2, "2", "3"), ev("b", 1, "1", "2")],
+        &["a [0,10) settled#1 events=1 late=0 {1,3}", "b [0,10) settled#1 events=1 late=0 {1,2}"],
+        &["1 superseded by=3"],
+    );
+    // A key whose only version moved away before it published has no row.
+    check(
+        &c,
+        &[ev("a", 1, "1", "2"), ev("b", 1, "1", "2")],
+        &["b [0,10) settled#1 events=1 late=0 {1,2}"],
+        &["1 superseded by=2"],
+    );
+}
+
+#[test]
+fn a_version_the_rule_filters_out_deletes_the_counted_one() {
+    let c = contract(
+        "where = '!has(status) || status != \"void\"'",
+        &format!("{TUMBLING_10S}\nallowed_lateness = \"5s\"\nlate = \"hold\""),
+        CORRECT,
+    );
+    let void = r#"{"id":"1","status":"void"}"#.to_string();
+    check(
+        &c,
+        &[ev("a", 1, "1", "2"), ev("a", 2, "2", "3"), void.clone(), ev("a", 3, "1", "5"), void],
+        &["a [0,10) settled#1 events=1 late=0 {1,3}"],
+        // The id is forgotten: its next version counts anew and is deleted again.
+        &["1 superseded by=3", "4 superseded by=5"],
+    );
+}
+
+#[test]
+fn a_correction_is_all_or_nothing_across_hopping_windows() {
+    let c = contract("", "type = \"hopping\"\nsize = \"10s\"\nslide = \"5s\"\nlate = \"discard\"", CORRECT);
+    check(
+        &c,
+        // 7 is in [0,10) and [5,15); at 12, [0,10) has closed, so its correction is refused whole.
+        &[ev("a", 7, "1", "2"), ev("a", 12, "2", "3"), ev("a", 8, "1", "9")],
+        &[
+            "a [0,10) settled#1 events=1 late=0 {1,2}",
+            "a [5,15) settled#1 events=2 late=0 {2,5}",
+            "a [10,20) settled#1 events=1 late=0 {1,3}",
+        ],
+        &["3 too_late [0,10)"],
+    );
+    // The same when only the new version's window has closed.
+    check(
+        &c,
+        &[ev("a", 12, "1", "2"), ev("a", 16, "2", "3"), ev("a", 4, "1", "9")],
+        &[
+            "a [5,15) settled#1 events=1 late=0 {1,2}",
+            "a [10,20) settled#1 events=2 late=0 {2,5}",
+            "a [15,25) settled#1 events=1 late=0 {1,3}",
+        ],
+        // 4 falls in [-5,5) and [0,10): the entry names the earliest-starting.
+        &["3 too_late [-5,5)"],
+    );
+}
+
+#[test]
+fn an_identical_resend_is_still_a_duplicate_of_the_version_that_counts() {
+    let c = contract("", &format!("{TUMBLING_10S}\nlate = \"discard\""), CORRECT);
+    check(
+        &c,
+        &[ev("a", 1, "1", "2"), ev("a", 1, "1", "4"), ev("a", 1, "1", "4"), ev("a", 1, "1", "2")],
+        &["a [0,10) settled#1 events=1 late=0 {1,2}"],
+        // The resend of the first version differs from the one that counts: a correction back.
+        &["1 superseded by=2", "3 duplicate first=2", "2 superseded by=4"],
+    );
+}
+
+#[test]
+fn a_correction_after_the_horizon_counts_as_a_new_event() {
+    let c = contract(
+        "",
+        &format!("{TUMBLING_10S}\nlate = \"discard\""),
+        "[dedup]\nhorizon = \"10s\"\non_conflict = \"correct\"",
+    );
+    check(
+        &c,
+        &[ev("a", 1, "1", "2"), ev("a", 25, "2", "3"), ev("a", 26, "1", "4")],
+        &["a [0,10) settled#1 events=1 late=0 {1,2}", "a [20,30) settled#1 events=2 late=0 {2,7}"],
+        &[],
+    );
+}
+
+#[test]
+fn a_late_correction_counts_as_late_where_it_lands() {
+    let c = contract("", &format!("{TUMBLING_10S}\nallowed_lateness = \"20s\"\nlate = \"revise\""), CORRECT);
+    check(
+        &c,
+        // 3 arrives late in [0,10); its correction at 4 is late there too, and
+        // the correction moving it to [10,20) (not yet ended) is not.
+        &[ev("a", 12, "2", "1"), ev("a", 3, "1", "2"), ev("a", 4, "1", "5"), ev("a", 14, "1", "6")],
+        &[
+            "a [0,10) provisional#1 events=1 late=1 {1,2}",
+            "a [0,10) provisional#2 events=1 late=1 {1,5}",
+            "a [0,10) provisional#3 events=0 late=0 {0,null}",
+            "a [0,10) settled#4 events=0 late=0 {0,null}",
+            "a [10,20) settled#1 events=2 late=0 {2,7}",
+        ],
+        &["2 superseded by=3", "3 superseded by=4"],
+    );
+}
+
+#[test]
+fn a_batch_counts_the_last_version_of_each_id() {
+    let c = contract(
+        "where = '!has(status) || status != \"void\"'",
+        &format!("{TUMBLING_10S}\nlate = \"discard\""),
+        CORRECT,
+    );
+    let events = [
+        ev("a", 1, "1", "2"),
+        ev("a", 25, "2", "3"),
+        // Too late for a stream (its window closed at 25); a batch has no watermark.
+        ev("a", 3, "1", "7"),
+        r#"{"id":"2","status":"void"}"#.to_string(),
+    ];
+    let batch = run_mode(&c, Mode::Batch, &events, true);
+    assert_eq!(batch.rows, ["a [0,10) settled#1 events=1 late=0 {1,7}"]);
+    assert_eq!(batch.ledger, ["1 superseded by=3", "2 superseded by=4"]);
+    let stream = run_mode(&c, Mode::Stream, &events, true);
+    assert_eq!(stream.ledger, ["3 too_late [0,10)", "2 superseded by=4"]);
+}
+
+#[test]
+fn corrections_survive_a_snapshot_and_deltas() {
+    let c = contract(
+        "where = '!has(status) || status != \"void\"'",
+        &format!("{TUMBLING_10S}\nallowed_lateness = \"20s\"\nlate = \"revise\""),
+        CORRECT,
+    );
+    let first = [ev("a", 1, "1", "2"), ev("a", 2, "2", "3"), ev("a", 11, "3", "1")];
+    let then = [ev("b", 1, "1", "5"), r#"{"id":"2","status":"void"}"#.to_string(), ev("a", 2, "2", "3")];
+    let whole = run_mode(&c, Mode::Stream, &[&first[..], &then[..]].concat(), true);
+    let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    engine.track_changes();
+    let mut out = Output::default();
+    for (i, e) in first.iter().enumerate() {
+        engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: e.as_bytes() }, &mut out);
+    }
+    let d1 = engine.take_delta();
+    engine.process(EventIn { partition: 0, offset: 4, bytes: then[0].as_bytes() }, &mut out);
+    engine.process(EventIn { partition: 0, offset: 5, bytes: then[1].as_bytes() }, &mut out);
+    let d2 = engine.take_delta();
+    let mut windows = std::collections::BTreeMap::new();
+    for (k, w) in d1.windows.into_iter().chain(d2.windows) {
+        match w {
+            Some(bytes) => windows.insert(k, bytes),
+            None => windows.remove(&k),
+        };
+    }
+    let mut from_parts = Engine::restore_parts(&c, &d2.header, windows, [d1.ids, d2.ids]).unwrap();
+    let mut from_snapshot = Engine::restore(&c, &engine.snapshot()).unwrap();
+    assert_eq!(from_parts.snapshot(), engine.snapshot());
+    for restored in [&mut from_parts, &mut from_snapshot] {
+        let mut rest = Output { rows: out.rows.clone(), ledger: out.ledger.clone() };
+        restored.process(EventIn { partition: 0, offset: 6, bytes: then[2].as_bytes() }, &mut rest);
+        restored.finish(&mut rest);
+        let shown: Vec<String> = rest.rows.iter().map(show_row).collect();
+        assert_eq!(shown, whole.rows);
+        assert_eq!(rest.ledger.len(), whole.ledger.len());
+    }
 }

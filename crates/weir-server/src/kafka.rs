@@ -111,7 +111,7 @@ impl Shared {
         let identity = (c.pipeline.version, c.text_hash);
         let claim = pg::claim(&mut self.client, &self.schema, &c.pipeline.name, partition, &self.worker, identity)?;
         let mut engine = match claim.checkpoint {
-            Some(cp) => Engine::restore_parts(c, &cp.header, cp.windows, cp.ids)?,
+            Some(cp) => Engine::restore_parts(c, &cp.header, cp.windows, cp.id_batches)?,
             None => Engine::new(c, Mode::Stream, 1)?,
         };
         engine.read_one_partition();

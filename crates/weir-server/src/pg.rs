@@ -11,7 +11,7 @@
 //! | `pipelines` | per pipeline: contract version and hash, the next change and ledger `seq` |
 //! | `partitions` | per pipeline and partition: the fencing `generation`, the worker that holds it, the next Kafka offset to read, the engine header, the last checkpoint time |
 //! | `state_windows` | per partition: the engine's open windows, by their hash |
-//! | `state_ids` | per partition: the ids each checkpoint remembered, one row per checkpoint, deleted once all have expired |
+//! | `state_ids` | per partition: the ids each checkpoint remembered or forgot, one row per checkpoint in the engine's batch form (`Delta::ids`), deleted once all have expired |
 //! | `results` | the latest row of every key and window, with its revision |
 //! | `changes` | every row in commit order (`seq` from 1 per pipeline), with partition, time, run and sources |
 //! | `ledger` | every ledger entry in commit order (`seq` from 1 per pipeline), with its checkpoint's time (`at_ms`); `erased` once its payload and detail are erased for retention |
@@ -33,9 +33,9 @@
 //!   `changes` by `seq` never skips a row another worker commits later.
 
 use postgres::{Client, Transaction};
-use weir_engine::{Delta, IdEntry, Output, RowFormat};
+use weir_engine::{Delta, Output, RowFormat};
 
-use crate::store::{decode_ids, encode_ids, id_bytes, id_from, sources_json, write_ledger, write_row, GLOBAL_START};
+use crate::store::{id_bytes, id_from, sources_json, write_ledger, write_row, GLOBAL_START};
 
 /// Version 2 dates ledger entries (`at_ms`) and marks erased payloads.
 pub const SCHEMA_VERSION: i64 = 2;
@@ -192,7 +192,8 @@ pub fn prepare_pipeline(
 pub struct PartitionCheckpoint {
     pub header: Vec<u8>,
     pub windows: Vec<(u128, Vec<u8>)>,
-    pub ids: Vec<(u128, IdEntry)>,
+    /// The engine's id batches, in the order written (`Delta::ids`).
+    pub id_batches: Vec<Vec<u8>>,
 }
 
 /// What a worker gets when it takes a partition.
@@ -243,14 +244,15 @@ pub fn claim(
                 .into_iter()
                 .map(|r| (id_from(r.get::<_, &[u8]>(0)), r.get::<_, Vec<u8>>(1)))
                 .collect();
-            let mut ids = std::collections::HashMap::new();
-            for r in tx.query(
-                &format!("SELECT data FROM {schema}.state_ids WHERE pipeline = $1 AND partition = $2 ORDER BY seq"),
-                &[&pipeline, &p],
-            )? {
-                decode_ids(r.get::<_, &[u8]>(0), &mut ids);
-            }
-            Some(PartitionCheckpoint { header, windows, ids: ids.into_iter().collect() })
+            let id_batches = tx
+                .query(
+                    &format!("SELECT data FROM {schema}.state_ids WHERE pipeline = $1 AND partition = $2 ORDER BY seq"),
+                    &[&pipeline, &p],
+                )?
+                .into_iter()
+                .map(|r| r.get::<_, Vec<u8>>(0))
+                .collect();
+            Some(PartitionCheckpoint { header, windows, id_batches })
         }
     };
     let run: i64 = tx
@@ -455,7 +457,7 @@ fn write_state(tx: &mut Transaction<'_>, schema: &str, w: &PartitionWrite<'_>) -
         )?;
     }
     if !w.delta.ids.is_empty() {
-        let (data, max_expires) = encode_ids(&w.delta.ids);
+        let (data, max_expires) = (&w.delta.ids, w.delta.ids_keep_until);
         tx.execute(
             &format!("INSERT INTO {schema}.state_ids (pipeline, partition, max_expires, data) VALUES ($1, $2, $3, $4)"),
             &[&w.pipeline, &p, &max_expires, &data],

@@ -140,7 +140,7 @@ impl Runner {
                         *slot = o;
                     }
                 }
-                let engine = Engine::restore_parts(c, &cp.header, cp.windows, cp.ids)?;
+                let engine = Engine::restore_parts(c, &cp.header, cp.windows, cp.id_batches)?;
                 (engine, cp.next_seq, cp.next_ledger)
             }
             None => (Engine::new(c, Mode::Stream, partitions)?, 1, 1),

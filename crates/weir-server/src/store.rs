@@ -19,7 +19,7 @@
 //! | `pipelines` | per pipeline: contract version and hash, engine header, next change and ledger sequence, last checkpoint time |
 //! | `offsets` | per pipeline and partition: the next log offset to read |
 //! | `state_windows` | the engine's open windows, by their hash |
-//! | `state_id_batches` | the ids each checkpoint remembered, one row per checkpoint (44 bytes an id), deleted once all have expired |
+//! | `state_id_batches` | the ids each checkpoint remembered (or forgot, by a correction), one row per checkpoint in the engine's batch form (`Delta::ids`; 44 bytes an id without corrections), deleted once all have expired |
 //! | `results` | the latest row of every key and window |
 //! | `changes` | every row in emission order (`seq` from 1), with the checkpoint's time, the run that made it and its sources (`[[partition, first offset, last offset, events], ...]`) |
 //! | `runs` | every start of a pipeline (at server start, after a failure, at a replay): contract version and hash, weir's version |
@@ -34,7 +34,7 @@
 use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension};
-use weir_engine::{Delta, IdEntry, LedgerEntry, Output, Row, RowFormat};
+use weir_engine::{Delta, LedgerEntry, Output, Row, RowFormat};
 
 pub const SCHEMA_VERSION: i64 = 4;
 
@@ -103,31 +103,6 @@ pub fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
     let conn = open(path)?;
     conn.pragma_update(None, "cache_size", -65_536)?;
     Ok(conn)
-}
-
-const ID_BYTES: usize = 44;
-
-pub(crate) fn encode_ids(ids: &[(u128, IdEntry)]) -> (Vec<u8>, i64) {
-    let mut out = Vec::with_capacity(ids.len() * ID_BYTES);
-    let mut max = i64::MIN;
-    for (id, e) in ids {
-        out.extend_from_slice(&id.to_le_bytes());
-        out.extend_from_slice(&e.partition.to_le_bytes());
-        out.extend_from_slice(&e.offset.to_le_bytes());
-        out.extend_from_slice(&e.payload_hash.to_le_bytes());
-        out.extend_from_slice(&e.expires.to_le_bytes());
-        max = max.max(e.expires);
-    }
-    (out, max)
-}
-
-pub(crate) fn decode_ids(bytes: &[u8], into: &mut std::collections::HashMap<u128, IdEntry>) {
-    for c in bytes.chunks_exact(ID_BYTES) {
-        let word = |at: usize| u64::from_le_bytes(c[at..at + 8].try_into().unwrap_or_default());
-        let id = u128::from_le_bytes(c[0..16].try_into().unwrap_or_default());
-        let partition = u32::from_le_bytes(c[16..20].try_into().unwrap_or_default());
-        into.insert(id, IdEntry { partition, offset: word(20), payload_hash: word(28), expires: word(36) as i64 });
-    }
 }
 
 /// Creates the schema, or checks that the database's is this build's.
@@ -214,7 +189,8 @@ pub fn erase_ledger_payloads(conn: &Connection, pipeline: &str, before_ms: i64) 
 pub struct Checkpoint {
     pub header: Vec<u8>,
     pub windows: Vec<(u128, Vec<u8>)>,
-    pub ids: Vec<(u128, IdEntry)>,
+    /// The engine's id batches, in the order written (`Delta::ids`).
+    pub id_batches: Vec<Vec<u8>>,
     pub offsets: Vec<(u32, u64)>,
     pub next_seq: i64,
     pub next_ledger: i64,
@@ -254,21 +230,16 @@ pub fn load(conn: &mut Connection, pipeline: &str, version: u32, text_hash: u64)
     for row in rows {
         windows.push(row?);
     }
-    // Later checkpoints' entries replace earlier ones (an id remembered again after it expired).
-    let mut ids = std::collections::HashMap::new();
+    // In order: a later batch's record of an id replaces an earlier one.
     let mut stmt = conn.prepare("SELECT data FROM state_id_batches WHERE pipeline = ?1 ORDER BY seq")?;
-    let rows = stmt.query_map([pipeline], |r| r.get::<_, Vec<u8>>(0))?;
-    for row in rows {
-        decode_ids(&row?, &mut ids);
-    }
-    let ids: Vec<(u128, IdEntry)> = ids.into_iter().collect();
+    let id_batches = stmt.query_map([pipeline], |r| r.get::<_, Vec<u8>>(0))?.collect::<Result<_, _>>()?;
     let mut offsets = Vec::new();
     let mut stmt = conn.prepare("SELECT partition, next_offset FROM offsets WHERE pipeline = ?1")?;
     let rows = stmt.query_map([pipeline], |r| Ok((r.get::<_, u32>(0)?, r.get::<_, i64>(1)? as u64)))?;
     for row in rows {
         offsets.push(row?);
     }
-    Ok(Some(Checkpoint { header, windows, ids, offsets, next_seq, next_ledger }))
+    Ok(Some(Checkpoint { header, windows, id_batches, offsets, next_seq, next_ledger }))
 }
 
 /// Removes a pipeline's checkpoint and everything it published.
@@ -402,7 +373,7 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
             };
         }
         if !w.delta.ids.is_empty() {
-            let (data, max_expires) = encode_ids(&w.delta.ids);
+            let (data, max_expires) = (&w.delta.ids, w.delta.ids_keep_until);
             tx.prepare_cached(
                 "INSERT INTO state_id_batches (pipeline, seq, max_expires, data)
                  VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM state_id_batches WHERE pipeline = ?1), ?2, ?3)",

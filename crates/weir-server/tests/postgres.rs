@@ -121,7 +121,7 @@ fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() 
     let b = pg::claim(&mut other, &s.name, "paid", 3, "worker-b", identity).unwrap();
     assert_eq!((b.generation, b.next_offset), (2, 2));
     let cp = b.checkpoint.expect("B restores A's checkpoint");
-    let mut engine_b = Engine::restore_parts(&c, &cp.header, cp.windows, cp.ids).unwrap();
+    let mut engine_b = Engine::restore_parts(&c, &cp.header, cp.windows, cp.id_batches).unwrap();
     engine_b.track_changes();
 
     // The zombie goes on and tries to commit: refused, nothing of it written.

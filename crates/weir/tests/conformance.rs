@@ -1,8 +1,9 @@
-//! Every case in ../shared/conformance, compared the way its README says:
-//! rows grouped by key and window start, in order, by status, revision,
-//! events, late events, window end and values (numbers by value, averages
-//! to 1e-9 relative); the ledger as a multiset of (offset, reason,
-//! window_start, first_offset).
+//! Every case in ../shared/conformance and ../shared/conformance-next (the
+//! newer rules: the rule first, event-time formats, corrections), compared
+//! the way their README says: rows grouped by key and window start, in
+//! order, by status, revision, events, late events, window end and values
+//! (numbers by value, averages to 1e-9 relative); the ledger as a multiset
+//! of (offset, reason, window_start, first_offset, superseded_by).
 
 mod common;
 
@@ -83,11 +84,12 @@ fn ledger_set(entries: &[Value]) -> Vec<String> {
         .iter()
         .map(|e| {
             format!(
-                "{} {} {} {}",
+                "{} {} {} {} {}",
                 e["offset"],
                 e["reason"],
                 e.get("window_start").unwrap_or(&Value::Null),
-                e.get("first_offset").unwrap_or(&Value::Null)
+                e.get("first_offset").unwrap_or(&Value::Null),
+                e.get("superseded_by").unwrap_or(&Value::Null)
             )
         })
         .collect();
@@ -95,18 +97,35 @@ fn ledger_set(entries: &[Value]) -> Vec<String> {
     out
 }
 
-#[test]
-fn every_shared_conformance_case_passes() {
-    let root = repo_root().join("../shared/conformance");
-    let cases: Vec<_> = std::fs::read_dir(&root)
+fn cases(folder: &str) -> Vec<std::path::PathBuf> {
+    let root = repo_root().join("..").join("shared").join(folder);
+    let mut cases: Vec<_> = std::fs::read_dir(&root)
         .unwrap_or_else(|e| panic!("the conformance cases are read from {}: {e}", root.display()))
         .map(|e| e.unwrap().path())
         .filter(|p| p.join("contract.toml").exists())
         .collect();
+    cases.sort();
+    cases
+}
+
+#[test]
+fn every_shared_conformance_case_passes() {
+    let cases = cases("conformance");
     assert!(cases.len() >= 19, "expected the shared cases, found {}", cases.len());
-    let scratch = Scratch::new("conformance");
+    check_cases("conformance", &cases);
+}
+
+#[test]
+fn every_case_of_the_newer_rules_passes() {
+    let cases = cases("conformance-next");
+    assert!(cases.len() >= 8, "expected the newer rules' cases, found {}", cases.len());
+    check_cases("conformance-next", &cases);
+}
+
+fn check_cases(folder: &str, cases: &[std::path::PathBuf]) {
+    let scratch = Scratch::new(folder);
     let mut failures = Vec::new();
-    for case in &cases {
+    for case in cases {
         let name = case.file_name().unwrap().to_string_lossy().into_owned();
         let (rows, ledger, batch) = (
             scratch.path(&format!("{name}.rows")),
