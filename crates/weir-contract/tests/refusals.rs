@@ -222,3 +222,60 @@ fn a_sink_names_its_topic() {
     check(&edit("", "[sink]\nkind = \"kafka\""), Some(33), "sink.topic", "missing required key");
     check(&edit("", "[sink]\ntopic = \"t\"\nkind = \"kafka\""), Some(35), "sink.kind", "unknown key");
 }
+
+#[test]
+fn event_time_formats_and_zones_parse_and_bad_ones_are_refused() {
+    use weir_contract::{EpochUnit, TimeFormat, Zone};
+    let c = Contract::parse("c.toml", GOOD).unwrap();
+    assert!(matches!(c.source.event_time_format, TimeFormat::Auto));
+    assert_eq!(c.source.event_time_zone, Zone::Utc);
+    let with = |format: &str, zone: &str| {
+        edit(
+            "event_time",
+            &format!("event_time = \"approved_at\"\nevent_time_format = \"{format}\"\nevent_time_zone = \"{zone}\""),
+        )
+    };
+    let c = Contract::parse("c.toml", &with("epoch_us", "UTC")).unwrap();
+    assert!(matches!(c.source.event_time_format, TimeFormat::Epoch(EpochUnit::Micros)));
+    let c = Contract::parse("c.toml", &with("%Y-%m-%d %H:%M:%S%.3f", "America/New_York")).unwrap();
+    assert!(matches!(c.source.event_time_format, TimeFormat::Pattern(_)));
+    assert_eq!(c.source.event_time_zone.name(), "America/New_York");
+    assert!(c.summary().contains("%Y-%m-%d %H:%M:%S%.3f"), "{}", c.summary());
+    check(&with("iso8601", "UTC"), Some(11), "source.event_time_format", "not an event time format");
+    check(&with("%Y-%m-%d", "UTC"), Some(11), "source.event_time_format", "cannot yield a date and a time");
+    check(&with("%H:%M:%S", "UTC"), Some(11), "source.event_time_format", "cannot yield a date and a time");
+    check(&with("%Y-%m-%d %H:%M %Q", "UTC"), Some(11), "source.event_time_format", "does not know");
+    check(&with("auto", "Mars/Olympus_Mons"), Some(12), "source.event_time_zone", "not a time zone");
+    check(&with("auto", "utc"), Some(12), "source.event_time_zone", "IANA");
+    check(
+        &edit("event_time", "event_time = \"approved_at\"\nevent_time_format = 13"),
+        Some(11),
+        "source.event_time_format",
+        "",
+    );
+}
+
+#[test]
+fn corrections_take_count_sum_and_avg_and_no_sessions() {
+    use weir_contract::OnConflict;
+    let correct = |text: &str| text.replace("horizon = \"10m\"", "horizon = \"10m\"\non_conflict = \"correct\"");
+    let c = Contract::parse("c.toml", &correct(GOOD)).unwrap();
+    assert_eq!(c.dedup.map(|d| d.on_conflict), Some(OnConflict::Correct));
+    assert!(c.summary().contains("corrects the counted one"), "{}", c.summary());
+    assert_eq!(Contract::parse("c.toml", GOOD).unwrap().dedup.map(|d| d.on_conflict), Some(OnConflict::Ledger));
+    let avg = correct(GOOD).replace("fn = \"sum\"", "fn = \"avg\"");
+    assert!(Contract::parse("c.toml", &avg).is_ok());
+    // Line 24 is on_conflict.
+    for func in ["min", "max", "count_distinct", "first", "last"] {
+        let text = correct(GOOD).replace("fn = \"sum\"", &format!("fn = \"{func}\""));
+        check(&text, Some(24), "dedup.on_conflict", &format!("aggregate `revenue` is {func}"));
+    }
+    let session = correct(GOOD).replace("type = \"tumbling\"\nsize = \"1m\"", "type = \"session\"\ngap = \"1m\"");
+    check(&session, Some(24), "dedup.on_conflict", "session windows");
+    check(
+        &GOOD.replace("horizon = \"10m\"", "horizon = \"10m\"\non_conflict = \"upsert\""),
+        Some(24),
+        "dedup.on_conflict",
+        "not a conflict policy",
+    );
+}

@@ -69,7 +69,7 @@ pub fn demo(events: u64, dir: Option<&Path>) -> Result<(), Failure> {
         events
     );
     gen::payments(
-        PaymentsArgs { events, seed: 2026, accounts: 2_000, rate: 200, profile: Profile::Realistic },
+        PaymentsArgs { events, seed: 2026, accounts: 2_000, rate: 200, profile: Profile::Realistic, corrections: None },
         Some(&input),
     )?;
     eprintln!("\n1. stream: rows as they would be published, provisional then settled\n");

@@ -23,7 +23,13 @@ pub struct PaymentsArgs {
     pub accounts: u64,
     pub rate: u64,
     pub profile: Profile,
+    /// Later versions of recent payments per thousand events (see
+    /// [`PaymentStream::with_corrections`]); `None`: the profile's default.
+    pub corrections: Option<u64>,
 }
+
+/// Later versions per thousand events in the realistic profile.
+pub const REALISTIC_CORRECTIONS: u64 = 5;
 
 /// splitmix64: small, fast and the same on every platform.
 pub struct Rng(u64);
@@ -92,6 +98,8 @@ pub struct PaymentStream {
     /// refuses a body with a line that is not JSON).
     json_only: bool,
     next_id: u64,
+    /// Later versions of a recent payment per thousand events.
+    corrections: u64,
 }
 
 impl PaymentStream {
@@ -103,26 +111,41 @@ impl PaymentStream {
             realistic: profile == Profile::Realistic,
             json_only,
             next_id: 0,
+            corrections: if profile == Profile::Realistic { REALISTIC_CORRECTIONS } else { 0 },
         }
+    }
+
+    /// Per thousand events, a later version of a recent payment: half with
+    /// another amount (a correction), half declined (under a contract whose
+    /// `where` keeps approved payments, a deletion). Same id, account and time.
+    pub fn with_corrections(mut self, per_mille: u64) -> PaymentStream {
+        self.corrections = per_mille.min(1000);
+        self
     }
 
     /// Writes one event line (with its newline) around event time `nominal`.
     pub fn next(&mut self, nominal: i64, out: &mut String) {
         let (rng, i) = (&mut self.rng, self.next_id);
         self.next_id += 1;
-        // Re-sends: an exact duplicate, or (realistic) the same id with another amount.
+        // Re-sends: an exact duplicate, or a later version of the same payment.
         if !self.recent.is_empty() && rng.chance(10) {
             let again = &self.recent[rng.below(self.recent.len() as u64) as usize];
             again.write(out);
-        } else if self.realistic && !self.recent.is_empty() && rng.chance(5) {
-            let again = &self.recent[rng.below(self.recent.len() as u64) as usize];
-            let changed = Payment {
-                cents: again.cents + 1 + rng.below(500),
-                currency: again.currency,
-                status: again.status,
-                ..*again
+        } else if self.corrections > 0 && !self.recent.is_empty() && rng.chance(self.corrections) {
+            let slot = rng.below(self.recent.len() as u64) as usize;
+            let again = &self.recent[slot];
+            let changed = if rng.chance(500) {
+                Payment {
+                    cents: again.cents + 1 + rng.below(500),
+                    currency: again.currency,
+                    status: again.status,
+                    ..*again
+                }
+            } else {
+                Payment { currency: again.currency, status: "declined", ..*again }
             };
             changed.write(out);
+            self.recent[slot] = changed;
         } else if self.realistic && rng.chance(5) {
             malformed(rng, i, nominal, self.json_only, out);
         } else {
@@ -144,6 +167,9 @@ pub fn payments(args: PaymentsArgs, output: Option<&Path>) -> Result<(), Failure
     }
     let mut sink = Sink::create(output).map_err(Failure::usage_from)?;
     let mut stream = PaymentStream::new(args.seed, args.accounts, args.profile, false);
+    if let Some(per_mille) = args.corrections {
+        stream = stream.with_corrections(per_mille);
+    }
     let mut text = String::with_capacity(1 << 17);
     let step_us = 1_000_000 / args.rate.max(1);
     for i in 0..args.events {

@@ -331,6 +331,10 @@ enum GenWhat {
         /// `bench`: only 5% out of order by up to 20 s and 1% exact duplicates.
         #[arg(long, value_enum, default_value = "realistic")]
         profile: gen::Profile,
+        /// Later versions of recent payments per thousand events, half with
+        /// another amount and half declined (default: 5 realistic, 0 bench).
+        #[arg(long)]
+        corrections: Option<u64>,
         #[arg(long)]
         output: Option<PathBuf>,
     },
@@ -461,8 +465,9 @@ fn main() -> ExitCode {
             access::verify(&data, expect_head.as_deref())
         }
         Command::Check { contract } => load_contract(&contract).map(|c| print!("{}", c.summary())),
-        Command::Gen { what: GenWhat::Payments { events, seed, accounts, rate, profile, output } } => {
-            gen::payments(gen::PaymentsArgs { events, seed, accounts, rate, profile }, output.as_deref())
+        Command::Gen { what: GenWhat::Payments { events, seed, accounts, rate, profile, corrections, output } } => {
+            let args = gen::PaymentsArgs { events, seed, accounts, rate, profile, corrections };
+            gen::payments(args, output.as_deref())
         }
     };
     match result {

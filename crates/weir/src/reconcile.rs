@@ -1,5 +1,8 @@
 //! `weir reconcile`: the stream's last row of every key and window against
-//! the batch rows. Numbers compare by value (`12.5` equals `12.50`).
+//! the batch rows. Numbers compare by value (`12.5` equals `12.50`). A
+//! stream row that withdraws its window (`retracted`, or `events` 0 after
+//! corrections took every version out of it) stands for no row, as the
+//! batch has none.
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -121,6 +124,13 @@ pub fn reconcile(stream: &Path, batch: &Path, as_json: bool) -> Result<(), Failu
     }
 }
 
+/// A stream row that says its window holds nothing: a retracted session, or
+/// a window whose every version a correction moved away or deleted.
+fn withdrawn(row: &Value) -> bool {
+    row.get("status").and_then(Value::as_str) == Some("retracted")
+        || row.get("events").and_then(Value::as_u64) == Some(0)
+}
+
 fn compare(stream: &Path, batch: &Path) -> Result<Report, Failure> {
     let stream = read_rows(stream, true)?;
     let batch = read_rows(batch, true)?;
@@ -130,8 +140,7 @@ fn compare(stream: &Path, batch: &Path) -> Result<Report, Failure> {
     let mut missing_in_stream = Vec::new();
     let mut missing_in_batch = Vec::new();
     for (group, b) in &batch.rows {
-        let Some(s) = stream.rows.get(group).filter(|s| s.get("status").and_then(Value::as_str) != Some("retracted"))
-        else {
+        let Some(s) = stream.rows.get(group).filter(|s| !withdrawn(s)) else {
             missing_in_stream.push(b.clone());
             continue;
         };
@@ -171,7 +180,7 @@ fn compare(stream: &Path, batch: &Path) -> Result<Report, Failure> {
         }
     }
     for (group, s) in &stream.rows {
-        if !batch.rows.contains_key(group) && s.get("status").and_then(Value::as_str) != Some("retracted") {
+        if !batch.rows.contains_key(group) && !withdrawn(s) {
             missing_in_batch.push(s.clone());
         }
     }

@@ -225,3 +225,55 @@ fn demo_serves_posts_and_stops_by_itself_with_results_on_disk() {
     assert_eq!(produce.status.code(), Some(1), "an unreachable server is a clear failure");
     assert!(text(&produce.stderr).contains("cannot reach"), "{}", text(&produce.stderr));
 }
+
+#[test]
+fn check_refuses_corrections_with_other_aggregates_naming_file_line_and_key() {
+    let s = Scratch::new("correct-check");
+    let correct = CONTRACT.replace("horizon = \"10m\"", "horizon = \"10m\"\non_conflict = \"correct\"");
+    let good = s.write("good.toml", &correct);
+    assert!(weir(&[&"check", &good]).status.success());
+    let bad = s.write("bad.toml", &correct.replace("fn = \"sum\"", "fn = \"max\""));
+    let out = weir(&[&"check", &bad]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("bad.toml:24:") && err.contains("dedup.on_conflict") && err.contains("max"), "{err}");
+}
+
+#[test]
+fn corrections_run_batch_and_reconcile() {
+    let s = Scratch::new("correct-run");
+    let contract =
+        s.write("c.toml", &CONTRACT.replace("horizon = \"10m\"", "horizon = \"10m\"\non_conflict = \"correct\""));
+    let line = |id: &str, account: &str, at: &str, amount: &str, status: &str| {
+        format!(
+            r#"{{"payment_id":"{id}","account_id":"{account}","approved_at":"2026-11-29T14:{at}Z","amount":{amount},"status":"{status}"}}"#
+        )
+    };
+    let events = [
+        line("p1", "a", "00:10", "10.00", "approved"),
+        line("p2", "a", "00:20", "5.00", "approved"),
+        line("p3", "b", "00:30", "7.00", "approved"),
+        // Past 14:01 plus 30 s of delay: [14:00, 14:01) is provisional.
+        line("p4", "a", "01:45", "1.00", "approved"),
+        // p1's amount corrected, p3 declined (a deletion that empties b's window).
+        line("p1", "a", "00:10", "12.50", "approved"),
+        line("p3", "b", "00:30", "7.00", "declined"),
+    ];
+    let input = s.write("in.jsonl", &(events.join("\n") + "\n"));
+    let (rows, ledger, batch) = (s.path("rows.jsonl"), s.path("ledger.jsonl"), s.path("batch.jsonl"));
+    let run = weir(&[&"run", &contract, &"--input", &input, &"--output", &rows, &"--ledger", &ledger]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert!(text(&run.stderr).contains("superseded 2"), "{}", text(&run.stderr));
+    let ledger = std::fs::read_to_string(&ledger).unwrap();
+    assert!(ledger.contains(r#""offset":1,"reason":"superseded","event_id":"p1""#), "{ledger}");
+    assert!(ledger.contains(r#""superseded_by":5"#) && ledger.contains(r#""superseded_by":6"#), "{ledger}");
+    let rows_text = std::fs::read_to_string(&rows).unwrap();
+    assert!(rows_text.contains(r#""revenue":17.50,"payments":2},"events":2"#), "{rows_text}");
+    assert!(rows_text.contains(r#""key":{"account_id":"b"}"#) && rows_text.contains(r#""events":0"#), "{rows_text}");
+    let b = weir(&[&"batch", &contract, &"--input", &input, &"--output", &batch]);
+    assert!(b.status.success(), "{}", text(&b.stderr));
+    let batch_text = std::fs::read_to_string(&batch).unwrap();
+    assert!(!batch_text.contains(r#""account_id":"b""#), "{batch_text}");
+    let rec = weir(&[&"reconcile", &"--stream", &rows, &"--batch", &batch]);
+    assert_eq!(rec.status.code(), Some(0), "{}{}", text(&rec.stdout), text(&rec.stderr));
+}

@@ -8,7 +8,9 @@
 //! partitions to the other; a lone worker killed with SIGKILL resumes from
 //! its Postgres checkpoints; everything restarts; and each time the rows in
 //! Postgres equal `weir batch` over every event produced, with no revision
-//! going back.
+//! going back. The contract takes corrections (`on_conflict = "correct"`):
+//! the stream carries later versions of earlier payments, with another
+//! amount or void (a deletion).
 
 mod common;
 
@@ -33,6 +35,7 @@ topic = "payments"
 event_time = "t"
 key = ["acct"]
 event_id = "id"
+where = 'status == "ok"'
 max_delay = "5s"
 
 [window]
@@ -44,6 +47,7 @@ early = true
 
 [dedup]
 horizon = "2h"
+on_conflict = "correct"
 
 [[aggregate]]
 name = "total"
@@ -178,17 +182,33 @@ fn wait_held(workers: &[&Worker], counts: &[usize]) {
 }
 
 /// Events `from..to`: 20 accounts, times one second apart with some
-/// disorder, every 25th sent twice (the same payload).
+/// disorder, every 25th sent twice (the same payload); after every 40th, a
+/// later version of the one 13 before it with another amount, and after
+/// every 70th, a void version of the one 29 before it.
 fn events(from: u32, to: u32) -> Vec<String> {
-    let mut out = Vec::new();
-    for i in from..to {
+    let payment = |i: u32, cents: u32, status: &str| {
         let t =
             weir_engine::time::format_rfc3339_ms(1_764_374_400_000 + i64::from(i) * 1_000 - i64::from(i % 7) * 3_000);
-        let line = format!(r#"{{"id":"p{i}","acct":"a{}","t":"{t}","amount":{}.{:02}}}"#, i % 20, i % 9, i % 100);
+        let acct = i % 20;
+        format!(
+            r#"{{"id":"p{i}","acct":"a{acct}","t":"{t}","amount":{}.{:02},"status":"{status}"}}"#,
+            cents / 100,
+            cents % 100
+        )
+    };
+    let mut out = Vec::new();
+    for i in from..to {
+        let line = payment(i, (i % 9) * 100 + i % 100, "ok");
         if i % 25 == 0 {
             out.push(line.clone());
         }
         out.push(line);
+        if i >= 40 && i % 40 == 0 {
+            out.push(payment(i - 13, 777, "ok"));
+        }
+        if i >= 70 && i % 70 == 0 {
+            out.push(payment(i - 29, 0, "void"));
+        }
     }
     out
 }
@@ -249,10 +269,23 @@ fn check_against_batch(s: &Scratch, w: &Worker, lines: &[String]) {
     expected.sort();
     let (code, body) = get(&format!("{}/v1/pipelines/paid/results", w.base));
     assert_eq!(code, 200, "{body}");
-    let mut current: Vec<_> = body.lines().map(|l| identity(&serde_json::from_str(l).unwrap())).collect();
+    let mut current: Vec<_> = body
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["events"] != 0)
+        .map(|v| identity(&v))
+        .collect();
     current.sort();
     assert_eq!(current.len(), expected.len(), "windows in Postgres vs the batch");
     assert_eq!(current, expected, "rows in Postgres equal weir batch over every event produced");
+    // Every correction and deletion superseded one version, once (nothing is too late here).
+    let ledger = s.path("ledger.jsonl");
+    let run = weir(&[&"run", &contract, &"--input", &input, &"--output", &"/dev/null", &"--ledger", &ledger]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let superseded = std::fs::read_to_string(&ledger).unwrap().matches("\"superseded\"").count();
+    assert!(superseded > 0);
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/ledger?reason=superseded&limit=100000", w.base));
+    assert_eq!(body.lines().count(), superseded, "superseded versions in Postgres");
     let (_, body) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", w.base));
     let mut last: BTreeMap<(String, String), u64> = BTreeMap::new();
     for (i, l) in body.lines().enumerate() {
@@ -596,7 +629,8 @@ fn a_sink_publishes_every_row_and_ledger_entry_to_kafka_on_both_stores() {
     wait_caught_up(&[&w], lines.len() as u64);
     check_sink(&broker, &w, "paid_rows");
     let ledger = consume_all(&broker, "paid_ledger", 16);
-    assert!(ledger.iter().all(|e| e["reason"] == "duplicate"), "{ledger:?}");
+    assert!(ledger.iter().all(|e| e["reason"] == "duplicate" || e["reason"] == "superseded"), "{ledger:?}");
+    assert!(ledger.iter().any(|e| e["reason"] == "superseded" && e["superseded_by"].is_u64()), "{ledger:?}");
     drop(w);
 
     // The embedded log and SQLite, the same contract with the sink's brokers named.
