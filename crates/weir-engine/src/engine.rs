@@ -292,6 +292,13 @@ impl Engine {
     pub fn state_bytes(&self) -> usize {
         let windows = self.st.windows.slots() * (16 + std::mem::size_of::<Window>());
         let windows_keys: usize = self.st.windows.iter().map(|(_, w)| w.key.len()).sum();
+        windows + windows_keys + self.id_bytes() + self.st.timers.len() * 32
+    }
+
+    /// About how many bytes the dedup memory holds: the id table's slots
+    /// and, with corrections, what each id's counting version gave (its
+    /// table's slots, key bytes and contributions).
+    pub fn id_bytes(&self) -> usize {
         let ids = self.st.seen.slots() * (16 + std::mem::size_of::<Seen>());
         let counted = self.st.counted.slots() * (16 + std::mem::size_of::<Counted>());
         let counted_heap: usize = self
@@ -300,7 +307,7 @@ impl Engine {
             .iter()
             .map(|(_, c)| c.key.len() + c.given.len() * std::mem::size_of::<Option<rust_decimal::Decimal>>())
             .sum();
-        windows + windows_keys + ids + counted + counted_heap + self.st.timers.len() * 32
+        ids + counted + counted_heap
     }
 
     /// Makes every window's first row revision `floor + 1` from now on: a

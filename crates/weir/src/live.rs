@@ -40,6 +40,9 @@ early = true
 
 [dedup]
 horizon = "10m"
+# A payment corrected upstream (another amount, or declined) replaces the one
+# that counted: the ledger says `superseded`, and its window is revised.
+on_conflict = "correct"
 
 [[aggregate]]
 name = "revenue"
@@ -264,7 +267,7 @@ fn print_intro(base: &str, data: &Path, rate: u64, t: &crate::access::RoleTokens
     eprintln!("weir demo: a SaaS billing team's three decisions, served at {base}");
     eprintln!("  data (log, results in SQLite, contracts): {}", data.display());
     eprintln!("  posting about {rate} events/s: payments, plan changes, teammate invitations;");
-    eprintln!("  a few per cent late, duplicated, conflicting or malformed\n");
+    eprintln!("  a few per cent late, duplicated, corrected upstream or malformed\n");
     eprintln!("tokens (every request needs one; `weir token create --data {}` makes more):", data.display());
     eprintln!("  producer   {}", t.producer);
     eprintln!("  reader     {}", t.reader);
@@ -286,7 +289,8 @@ fn print_intro(base: &str, data: &Path, rate: u64, t: &crate::access::RoleTokens
 /// times around now, until `stop`.
 fn produce(base: &str, token: &str, rate: u64, stop: &AtomicBool, sent: &AtomicU64) {
     let agent = crate::client::agent();
-    let mut payments = PaymentStream::new(2026, 2_000, Profile::Realistic, true);
+    // One payment in a hundred is a later version of a recent one: a corrected amount or a decline.
+    let mut payments = PaymentStream::new(2026, 2_000, Profile::Realistic, true).with_corrections(10);
     let mut rng = Rng::new(7);
     let tick = Duration::from_millis(100);
     let mut next = Instant::now();

@@ -134,6 +134,15 @@ fn summarise(contract: &Contract, engine: &Engine, mode: Mode, started: Instant,
         c.rows_retracted
     ));
     s.push_str(&format!("  open windows     {}\n", engine.open_windows()));
+    let ids = engine.remembered_ids();
+    if ids > 0 {
+        let bytes = engine.id_bytes();
+        s.push_str(&format!(
+            "  remembered ids   {ids} ({:.1} MiB, {} bytes an id)\n",
+            bytes as f64 / (1 << 20) as f64,
+            bytes / ids
+        ));
+    }
     let rate = if elapsed > 0.0 { c.read as f64 / elapsed } else { 0.0 };
     s.push_str(&format!("  wall time        {elapsed:.3} s, {} events/s\n", human(rate)));
     if let (Some(now), Some(before)) = (procstat::cpu_seconds(), cpu_before) {

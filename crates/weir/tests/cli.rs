@@ -217,6 +217,17 @@ fn demo_serves_posts_and_stops_by_itself_with_results_on_disk() {
         .query_row("SELECT count(*) FROM changes", [], |r| r.get(0))
         .unwrap();
     assert!(rows > 0, "the demo's pipelines published rows: {err}");
+    // Its producer corrects a payment now and then: the ledger says superseded.
+    let superseded: i64 = rusqlite::Connection::open(data.join("weir.db"))
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM ledger WHERE pipeline = 'paid_revenue' AND reason = 'superseded'
+               AND json_extract(entry, '$.superseded_by') IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(superseded > 0, "the demo's corrections replaced counted payments: {err}");
     for file in ["weir.db", "weir.toml", "contracts/paid_revenue.toml", "log/payments/0", "log/invitations/0"] {
         assert!(data.join(file).exists(), "{file}");
     }
