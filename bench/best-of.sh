@@ -5,7 +5,9 @@
 #   bench/best-of.sh INPUT [RUNS] [WEIR_BINARY...]
 #
 # INPUT: a file from `weir gen payments --profile bench`; default binary:
-# target/release/weir. Runs the binaries in turn, RUNS rounds (default 4).
+# target/release/weir. Runs the binaries in turn, RUNS rounds (default 4),
+# over CONTRACT (default bench/paid_revenue.toml). Prints each binary's best
+# and, on standard error, every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 input=$1
@@ -14,11 +16,12 @@ shift $(( $# >= 2 ? 2 : 1 ))
 bins=("$@")
 [ ${#bins[@]} -gt 0 ] || bins=(target/release/weir)
 events=$(wc -l <"$input")
+contract=${CONTRACT:-bench/paid_revenue.toml}
 for _ in $(seq "$runs"); do
     for b in "${bins[@]}"; do
         TIMEFORMAT='%U %S'
-        t=$({ time "$b" run bench/paid_revenue.toml --input "$input" --output /dev/null 2>/dev/null; } 2>&1)
-        echo "$b $t"
+        t=$({ time "$b" run "$contract" --input "$input" --output /dev/null 2>/dev/null; } 2>&1)
+        echo "$b $t" | tee /dev/stderr
     done
 done | awk -v n="$events" '{ c = $2 + $3; if (!($1 in best) || c < best[$1]) best[$1] = c }
     END { for (b in best) printf "%s: best %.3f s CPU, %.0f events per CPU-second\n", b, best[b], n / best[b] }'

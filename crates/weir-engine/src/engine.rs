@@ -130,8 +130,9 @@ pub(crate) struct Seen {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Counted {
     pub time: i64,
-    /// The group key's bytes: with `time`, which windows it counted in.
-    pub key: Box<[u8]>,
+    /// The first window it counted in: with `time`, which windows those are
+    /// (the window holds the group key's bytes, so they are not kept twice).
+    pub window: WinId,
     /// The watermark when it counted: it is late in every window that had
     /// ended by then.
     pub wm_at: i64,
@@ -305,7 +306,7 @@ impl Engine {
             .st
             .counted
             .iter()
-            .map(|(_, c)| c.key.len() + c.given.len() * std::mem::size_of::<Option<rust_decimal::Decimal>>())
+            .map(|(_, c)| c.given.len() * std::mem::size_of::<Option<rust_decimal::Decimal>>())
             .sum();
         ids + counted + counted_heap
     }
@@ -545,6 +546,9 @@ impl Engine {
                         // Step 5 runs while the id's slot comes into the cache.
                         let k = dedup_key(val, &id);
                         self.st.seen.prefetch(k);
+                        if plan.corrects {
+                            self.st.counted.prefetch(k);
+                        }
                         id_key = Some(k);
                     }
                     ctx.id = Some(id);
@@ -666,7 +670,14 @@ impl Engine {
     fn remember_counted(&mut self, id_key: u128, fresh: Seen, time: i64, key: &[u8], wm: i64, keep_until: i64) {
         self.st.seen.insert(id_key, fresh);
         let given = self.contribs.iter().map(Contrib::kept).collect();
-        self.st.counted.insert(id_key, Counted { time, key: key.into(), wm_at: wm, given, keep_until });
+        let window = self.win_id(fixed_span(&self.plan.kind, time).first, key);
+        self.st.counted.insert(id_key, Counted { time, window, wm_at: wm, given, keep_until });
+    }
+
+    /// The group key of a counted version, from its first window (there
+    /// while that window is open).
+    fn counted_key(&self, c: &Counted) -> Option<Box<[u8]>> {
+        self.st.windows.get(c.window).map(|w| w.key.clone())
     }
 
     /// SPEC.md 3.3: a later, different version of a counted event replaces
@@ -693,8 +704,12 @@ impl Engine {
             record(&mut self.st.counters, out, ctx, Some(key), Reason::OverLimit, detail, None, None);
             return;
         }
-        self.take_out(&old, seen);
-        self.supersede(&old, seen, ctx, out);
+        let Some(old_key) = self.counted_key(&old) else {
+            debug_assert!(false, "an open window of a counted version is missing");
+            return;
+        };
+        self.take_out(&old, &old_key, seen);
+        self.supersede(&old, old_key, seen, ctx, out);
         self.assign_fixed(ctx, time, key, wm, out);
         self.st.counters.counted += 1;
         let keep_until = old.keep_until.max(fresh.expires);
@@ -716,11 +731,16 @@ impl Engine {
                 "a deletion (this version does not pass source.where) of the event at partition {} offset {}, refused: its window had closed (the watermark had passed its end plus allowed_lateness, {}ms); the earlier version still counts",
                 seen.partition, seen.offset, self.plan.lateness_ms
             );
-            record(&mut self.st.counters, out, ctx, Some(&old.key), Reason::TooLate, detail, Some(window), None);
+            let key = self.counted_key(&old);
+            record(&mut self.st.counters, out, ctx, key.as_deref(), Reason::TooLate, detail, Some(window), None);
             return;
         }
-        self.take_out(&old, seen);
-        self.supersede(&old, seen, ctx, out);
+        let Some(old_key) = self.counted_key(&old) else {
+            debug_assert!(false, "an open window of a counted version is missing");
+            return;
+        };
+        self.take_out(&old, &old_key, seen);
+        self.supersede(&old, old_key, seen, ctx, out);
         self.st.seen.remove(id_key);
         self.st.counted.remove(id_key);
         if self.st.seen.is_tracking() {
@@ -741,12 +761,12 @@ impl Engine {
     }
 
     /// Takes a counted version's contribution out of each of its windows.
-    fn take_out(&mut self, old: &Counted, seen: Seen) {
+    fn take_out(&mut self, old: &Counted, key: &[u8], seen: Seen) {
         let FixedSpan { size, slide, first, last } = fixed_span(&self.plan.kind, old.time);
         let global = size == 0;
         let mut start = first;
         loop {
-            let id = self.win_id(start, &old.key);
+            let id = self.win_id(start, key);
             if let Some(w) = self.st.windows.get_mut(id) {
                 for (state, given) in w.aggs.iter_mut().zip(old.given.iter()) {
                     state.take_back(*given);
@@ -771,7 +791,7 @@ impl Engine {
     }
 
     /// The ledger entry of a version that counted and was replaced.
-    fn supersede(&mut self, old: &Counted, seen: Seen, by: &Ctx<'_>, out: &mut Output) {
+    fn supersede(&mut self, old: &Counted, key: Box<[u8]>, seen: Seen, by: &Ctx<'_>, out: &mut Output) {
         self.st.counters.ledger[Reason::Superseded.index()] += 1;
         out.ledger.push(LedgerEntry {
             partition: seen.partition,
@@ -779,7 +799,7 @@ impl Engine {
             reason: Reason::Superseded,
             event_id: by.id.as_deref().map(str::to_owned),
             event_time: Some(old.time),
-            key: Some(old.key.clone()),
+            key: Some(key),
             window: None,
             first_offset: None,
             superseded_by: Some(by.offset),
