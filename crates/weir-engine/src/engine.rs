@@ -298,7 +298,7 @@ impl Engine {
 
     /// About how many bytes the dedup memory holds: the id table's slots
     /// and, with corrections, what each id's counting version gave (its
-    /// table's slots, key bytes and contributions).
+    /// table's slots and the contributions).
     pub fn id_bytes(&self) -> usize {
         let ids = self.st.seen.slots() * (16 + std::mem::size_of::<Seen>());
         let counted = self.st.counted.slots() * (16 + std::mem::size_of::<Counted>());
@@ -704,12 +704,9 @@ impl Engine {
             record(&mut self.st.counters, out, ctx, Some(key), Reason::OverLimit, detail, None, None);
             return;
         }
-        let Some(old_key) = self.counted_key(&old) else {
-            debug_assert!(false, "an open window of a counted version is missing");
+        if !self.withdraw(&old, seen, ctx, out) {
             return;
-        };
-        self.take_out(&old, &old_key, seen);
-        self.supersede(&old, old_key, seen, ctx, out);
+        }
         self.assign_fixed(ctx, time, key, wm, out);
         self.st.counters.counted += 1;
         let keep_until = old.keep_until.max(fresh.expires);
@@ -735,12 +732,9 @@ impl Engine {
             record(&mut self.st.counters, out, ctx, key.as_deref(), Reason::TooLate, detail, Some(window), None);
             return;
         }
-        let Some(old_key) = self.counted_key(&old) else {
-            debug_assert!(false, "an open window of a counted version is missing");
+        if !self.withdraw(&old, seen, ctx, out) {
             return;
-        };
-        self.take_out(&old, &old_key, seen);
-        self.supersede(&old, old_key, seen, ctx, out);
+        }
         self.st.seen.remove(id_key);
         self.st.counted.remove(id_key);
         if self.st.seen.is_tracking() {
@@ -758,6 +752,19 @@ impl Engine {
         }
         let end = span.first + span.size;
         (end.saturating_add(self.plan.lateness_ms) <= wm).then_some((span.first, end))
+    }
+
+    /// Takes a counted version out of its windows, with its `superseded`
+    /// entry naming `by`; false (nothing changed) if its first window is gone,
+    /// which the caller's expiry check rules out.
+    fn withdraw(&mut self, old: &Counted, seen: Seen, by: &Ctx<'_>, out: &mut Output) -> bool {
+        let Some(key) = self.counted_key(old) else {
+            debug_assert!(false, "an open window of a counted version is missing");
+            return false;
+        };
+        self.take_out(old, &key, seen);
+        self.supersede(old, key, seen, by, out);
+        true
     }
 
     /// Takes a counted version's contribution out of each of its windows.
