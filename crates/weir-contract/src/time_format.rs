@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use chrono::format::{Item, Parsed, StrftimeItems};
-use chrono::{DateTime, MappedLocalTime, NaiveDateTime, Offset, TimeZone};
+use chrono::{DateTime, Datelike, MappedLocalTime, NaiveDateTime, Offset, TimeZone};
 
 /// `event_time_format`.
 #[derive(Debug, Clone)]
@@ -89,23 +89,27 @@ impl Zone {
 
     /// The instant of a local time here. A local time the zone repeats (a
     /// daylight saving change) takes the earlier instant; one it skips takes
-    /// the earlier of the instants the offsets on either side give.
-    fn instant(&self, local: NaiveDateTime) -> DateTime<chrono::Utc> {
+    /// the earlier of the instants the offsets on either side give. `None`
+    /// outside the years 1 to 9999, the event times weir reads.
+    fn instant(&self, local: NaiveDateTime) -> Option<DateTime<chrono::Utc>> {
+        if !(1..=9999).contains(&local.year()) {
+            return None;
+        }
         let tz = match self {
-            Zone::Utc => return local.and_utc(),
+            Zone::Utc => return Some(local.and_utc()),
             Zone::Iana(tz) => tz,
         };
-        match tz.from_local_datetime(&local) {
+        Some(match tz.from_local_datetime(&local) {
             MappedLocalTime::Single(t) => t.to_utc(),
             MappedLocalTime::Ambiguous(a, b) => a.to_utc().min(b.to_utc()),
             MappedLocalTime::None => {
                 let day = chrono::TimeDelta::days(1);
                 let offset_at = |utc: NaiveDateTime| tz.offset_from_utc_datetime(&utc).fix().local_minus_utc();
-                let before = offset_at(local - day);
-                let after = offset_at(local + day);
-                (local - chrono::TimeDelta::seconds(i64::from(before.max(after)))).and_utc()
+                let before = offset_at(local.checked_sub_signed(day)?);
+                let after = offset_at(local.checked_add_signed(day)?);
+                local.checked_sub_signed(chrono::TimeDelta::seconds(i64::from(before.max(after))))?.and_utc()
             }
-        }
+        })
     }
 }
 
@@ -178,7 +182,7 @@ impl Pattern {
         let instant = if parsed.offset().is_some() || parsed.timestamp().is_some() {
             parsed.to_datetime().ok()?.to_utc()
         } else {
-            zone.instant(parsed.to_naive_datetime_with_offset(0).ok()?)
+            zone.instant(parsed.to_naive_datetime_with_offset(0).ok()?)?
         };
         Some(instant.timestamp_millis())
     }
@@ -201,6 +205,10 @@ mod tests {
         let berlin = Zone::parse("Europe/Berlin").unwrap();
         assert_eq!(sql.read("2024-01-01 01:00:00.000", berlin), Some(ms("2024-01-01T00:00:00Z")));
         assert_eq!(sql.read("2024-01-01", Zone::Utc), None);
+        // Years a time zone's arithmetic cannot reach are not event times.
+        let far = Pattern::compile("%Y-%m-%d %H:%M").unwrap();
+        assert_eq!(far.read("262142-12-31 23:59", berlin), None);
+        assert_eq!(far.read("-262143-01-01 00:00", berlin), None);
         let unix = Pattern::compile("%s").unwrap();
         assert_eq!(unix.read("1700000000", berlin), Some(1_700_000_000_000));
     }
