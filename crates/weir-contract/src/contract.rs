@@ -399,10 +399,14 @@ impl Contract {
         out.push_str(&format!("decision   {}\n", p.decision));
         out.push_str(&format!("owner      {} (steward {})\n", p.owner, p.steward));
         out.push_str(&format!(
-            "source     topic {}, event time `{}` ({}), max delay {}\n",
+            "source     topic {}, event time `{}` ({}{}), max delay {}\n",
             s.topic,
             s.event_time,
             s.event_time_format.describe(),
+            match (&s.event_time_format, s.event_time_zone) {
+                (TimeFormat::Pattern(_), zone) if zone != Zone::Utc => format!(", local times in {}", zone.name()),
+                _ => String::new(),
+            },
             format_duration_ms(s.max_delay_ms)
         ));
         if let Some((text, _)) = &s.rule {

@@ -240,7 +240,7 @@ fn event_time_formats_and_zones_parse_and_bad_ones_are_refused() {
     let c = Contract::parse("c.toml", &with("%Y-%m-%d %H:%M:%S%.3f", "America/New_York")).unwrap();
     assert!(matches!(c.source.event_time_format, TimeFormat::Pattern(_)));
     assert_eq!(c.source.event_time_zone.name(), "America/New_York");
-    assert!(c.summary().contains("%Y-%m-%d %H:%M:%S%.3f"), "{}", c.summary());
+    assert!(c.summary().contains("%Y-%m-%d %H:%M:%S%.3f\", local times in America/New_York"), "{}", c.summary());
     check(&with("iso8601", "UTC"), Some(11), "source.event_time_format", "not an event time format");
     check(&with("%Y-%m-%d", "UTC"), Some(11), "source.event_time_format", "cannot yield a date and a time");
     check(&with("%H:%M:%S", "UTC"), Some(11), "source.event_time_format", "cannot yield a date and a time");
