@@ -232,7 +232,7 @@ impl Engine {
         let windows = windows.into_iter().map(|(k, bytes)| {
             postcard::from_bytes::<Window>(&bytes).map(|w| (k, w)).map_err(|e| SnapshotError::Corrupt(e.to_string()))
         });
-        let mut ids: std::collections::HashMap<u128, Option<(Seen, Option<Counted>)>> = Default::default();
+        let mut ids = IdMap::default();
         for batch in id_batches {
             let batch = batch.as_ref();
             if batch.is_empty() {
@@ -305,7 +305,7 @@ fn encode_ids(ids: impl Iterator<Item = (u128, Seen)>) -> (Vec<u8>, i64) {
 type IdMap = std::collections::HashMap<u128, Option<(Seen, Option<Counted>)>>;
 
 fn decode_ids(bytes: &[u8], into: &mut IdMap) -> Result<(), SnapshotError> {
-    if bytes.len() % ID_BYTES != 0 {
+    if !bytes.len().is_multiple_of(ID_BYTES) {
         return Err(SnapshotError::Corrupt(format!("an id batch of {} bytes is not whole records", bytes.len())));
     }
     for c in bytes.chunks_exact(ID_BYTES) {
@@ -318,7 +318,10 @@ fn decode_ids(bytes: &[u8], into: &mut IdMap) -> Result<(), SnapshotError> {
     Ok(())
 }
 
-fn decode(contract: &Contract, bytes: &[u8]) -> Result<(Plan, Image, Vec<(u128, Counted)>), SnapshotError> {
+/// A snapshot read: its plan, its image, and its counted versions (format 6).
+type Decoded = (Plan, Image, Vec<(u128, Counted)>);
+
+fn decode(contract: &Contract, bytes: &[u8]) -> Result<Decoded, SnapshotError> {
     if bytes.len() < 12 || &bytes[..8] != MAGIC {
         return Err(SnapshotError::NotASnapshot);
     }

@@ -134,13 +134,11 @@ fn summarise(contract: &Contract, engine: &Engine, mode: Mode, started: Instant,
         c.rows_retracted
     ));
     s.push_str(&format!("  open windows     {}\n", engine.open_windows()));
-    let ids = engine.remembered_ids();
-    if ids > 0 {
-        let bytes = engine.id_bytes();
+    let (ids, bytes) = (engine.remembered_ids(), engine.id_bytes());
+    if let Some(per_id) = bytes.checked_div(ids) {
         s.push_str(&format!(
-            "  remembered ids   {ids} ({:.1} MiB, {} bytes an id)\n",
-            bytes as f64 / (1 << 20) as f64,
-            bytes / ids
+            "  remembered ids   {ids} ({:.1} MiB, {per_id} bytes an id)\n",
+            bytes as f64 / (1 << 20) as f64
         ));
     }
     let rate = if elapsed > 0.0 { c.read as f64 / elapsed } else { 0.0 };
