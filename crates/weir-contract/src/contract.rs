@@ -742,6 +742,30 @@ impl Reader<'_> {
         }
     }
 
+    /// An optional string key read by `parse`, `default` when absent; `None`
+    /// (with the error recorded at its line) when it is not a string or
+    /// `parse` refuses it.
+    fn parsed<T>(
+        &mut self,
+        t: &Table,
+        section: &str,
+        key: &str,
+        default: T,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        match self.string(t, section, key, false) {
+            None if t.contains_key(key) => None,
+            None => Some(default),
+            Some(text) => match parse(&text) {
+                Ok(value) => Some(value),
+                Err(message) => {
+                    self.error(t.get(key).and_then(Item::span), &format!("{section}.{key}"), message);
+                    None
+                }
+            },
+        }
+    }
+
     /// `on_conflict = "correct"` takes a counted version back out of its
     /// windows: only count, sum and avg can give back what one event added,
     /// and a session cannot split again once an event merged it.
@@ -843,28 +867,8 @@ impl Reader<'_> {
             },
             None => None,
         };
-        let event_time_format = match self.string(t, "source", "event_time_format", false) {
-            None if t.contains_key("event_time_format") => None,
-            None => Some(TimeFormat::Auto),
-            Some(text) => match TimeFormat::parse(&text) {
-                Ok(format) => Some(format),
-                Err(message) => {
-                    self.error(t.get("event_time_format").and_then(Item::span), "source.event_time_format", message);
-                    None
-                }
-            },
-        };
-        let event_time_zone = match self.string(t, "source", "event_time_zone", false) {
-            None if t.contains_key("event_time_zone") => None,
-            None => Some(Zone::Utc),
-            Some(text) => match Zone::parse(&text) {
-                Ok(zone) => Some(zone),
-                Err(message) => {
-                    self.error(t.get("event_time_zone").and_then(Item::span), "source.event_time_zone", message);
-                    None
-                }
-            },
-        };
+        let event_time_format = self.parsed(t, "source", "event_time_format", TimeFormat::Auto, TimeFormat::parse);
+        let event_time_zone = self.parsed(t, "source", "event_time_zone", Zone::Utc, Zone::parse);
         let event_id = self.path(t, "source", "event_id", false);
         let rule = self.rule(t, "source");
         let max_delay = self.duration(t, "source", "max_delay");
