@@ -130,10 +130,9 @@ impl Engine {
         let mut seen: Vec<(u128, Seen)> =
             st.seen.iter().filter(|(_, s)| s.expires > st.wm).map(|(k, s)| (k, *s)).collect();
         seen.sort_by_key(|a| a.0);
-        let live: std::collections::HashSet<u128> = seen.iter().map(|(k, _)| *k).collect();
-        let mut counted: Vec<(u128, Counted)> =
-            st.counted.iter().filter(|(k, _)| live.contains(k)).map(|(k, c)| (k, c.clone())).collect();
-        counted.sort_by_key(|c| c.0);
+        // The counted versions of the live ids, in the same (sorted) order.
+        let counted: Vec<(u128, Counted)> =
+            seen.iter().filter_map(|(k, _)| st.counted.get(*k).map(|c| (*k, c.clone()))).collect();
         let mut out = self.image_bytes(windows, seen);
         out.extend(postcard::to_allocvec(&counted).unwrap_or_default());
         out
