@@ -8,6 +8,10 @@
 //! checkpoint_interval = "100ms" # results are published (and checkpointed) at least this often
 //! checkpoint_events = 50000     # ... and after at most this many events
 //! max_body_bytes = 67108864     # largest POST body
+//! max_events_per_request = 100000 # most events in one POST (413 past it, nothing appended)
+//! log_queue_bytes = 268435456   # events waiting for the log's writer; past it a POST gets 503 and Retry-After
+//! max_connections = 1024        # open client connections; more wait in the listen backlog
+//! alert_queue = 1000            # alert notifications waiting for the webhook; past it they are counted as dropped
 //! header_timeout = "10s"        # a connection's request head must arrive within this (idle ones close too)
 //! body_timeout = "60s"          # a request's body must arrive whole within this
 //! alert_webhook = "http://..."  # where alerts go when a contract names no webhook
@@ -48,6 +52,14 @@ pub struct ServerConfig {
     pub checkpoint_interval_ms: i64,
     pub checkpoint_events: u64,
     pub max_body_bytes: usize,
+    /// Most events in one POST.
+    pub max_events_per_request: usize,
+    /// Bytes of appends waiting for the log's writer.
+    pub log_queue_bytes: usize,
+    /// Open client connections.
+    pub max_connections: usize,
+    /// Alert notifications waiting for delivery.
+    pub alert_queue: usize,
     /// A client that has not sent a whole request head within this is
     /// disconnected; so is a kept-alive connection idle this long.
     pub header_timeout_ms: i64,
@@ -114,6 +126,10 @@ impl Default for ServerConfig {
             checkpoint_interval_ms: 100,
             checkpoint_events: 50_000,
             max_body_bytes: 64 << 20,
+            max_events_per_request: 100_000,
+            log_queue_bytes: 256 << 20,
+            max_connections: 1024,
+            alert_queue: 1000,
             ledger_payload_retention_ms: None,
             header_timeout_ms: 10_000,
             body_timeout_ms: 60_000,
@@ -132,6 +148,10 @@ const TOP_KEYS: &[&str] = &[
     "checkpoint_interval",
     "checkpoint_events",
     "max_body_bytes",
+    "max_events_per_request",
+    "log_queue_bytes",
+    "max_connections",
+    "alert_queue",
     "header_timeout",
     "body_timeout",
     "alert_webhook",
@@ -184,6 +204,10 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
     let interval = r.duration(root, "weir.toml", "checkpoint_interval");
     let events = r.whole(root, "weir.toml", "checkpoint_events", 1, u32::MAX as i64);
     let body = r.whole(root, "weir.toml", "max_body_bytes", 1024, 1 << 31);
+    let max_events = r.whole(root, "weir.toml", "max_events_per_request", 1, 10_000_000);
+    let log_queue = r.whole(root, "weir.toml", "log_queue_bytes", 1 << 20, 1 << 40);
+    let connections = r.whole(root, "weir.toml", "max_connections", 1, 1 << 20);
+    let alert_queue = r.whole(root, "weir.toml", "alert_queue", 1, 1 << 20);
     let alert_webhook = r.string(root, "weir.toml", "alert_webhook", false);
     let ledger_retention = r.duration(root, "weir.toml", "ledger_payload_retention");
     let header_timeout = r.duration(root, "weir.toml", "header_timeout");
@@ -253,6 +277,10 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         checkpoint_interval_ms: interval?.unwrap_or(defaults.checkpoint_interval_ms),
         checkpoint_events: events?.map_or(defaults.checkpoint_events, |v| v as u64),
         max_body_bytes: body?.map_or(defaults.max_body_bytes, |v| v as usize),
+        max_events_per_request: max_events?.map_or(defaults.max_events_per_request, |v| v as usize),
+        log_queue_bytes: log_queue?.map_or(defaults.log_queue_bytes, |v| v as usize),
+        max_connections: connections?.map_or(defaults.max_connections, |v| v as usize),
+        alert_queue: alert_queue?.map_or(defaults.alert_queue, |v| v as usize),
         ledger_payload_retention_ms: ledger_retention?,
         header_timeout_ms: header_timeout?.unwrap_or(defaults.header_timeout_ms),
         body_timeout_ms: body_timeout?.unwrap_or(defaults.body_timeout_ms),

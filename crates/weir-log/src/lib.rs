@@ -25,7 +25,7 @@ mod record;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
@@ -52,6 +52,8 @@ pub enum LogError {
     TopicName(String),
     #[error("a record of {0} bytes is larger than the log's limit of {RECORD_MAX}")]
     TooLarge(usize),
+    #[error("the log's writer has {queued} bytes of appends waiting, at its limit of {limit} (weir.toml log_queue_bytes); nothing was appended; send again shortly")]
+    Busy { queued: usize, limit: usize },
 }
 
 impl LogError {
@@ -68,11 +70,23 @@ pub struct LogOptions {
     /// While true, every fsync fails (after the bytes were written), as on a
     /// full disk or a failing device: for tests and drills.
     pub fail_writes: Arc<AtomicBool>,
+    /// Appends waiting for the writer may hold at most this many bytes (each
+    /// record counts its payload and 64 bytes); past it, appends are
+    /// refused with [`LogError::Busy`] instead of queueing without bound.
+    pub queue_bytes: usize,
+    /// While true, the writer takes no appends (they wait in its queue), as
+    /// when a disk stalls: for tests and drills.
+    pub hold_writes: Arc<AtomicBool>,
 }
 
 impl Default for LogOptions {
     fn default() -> LogOptions {
-        LogOptions { segment_bytes: 64 << 20, fail_writes: Arc::new(AtomicBool::new(false)) }
+        LogOptions {
+            segment_bytes: 64 << 20,
+            fail_writes: Arc::new(AtomicBool::new(false)),
+            queue_bytes: 256 << 20,
+            hold_writes: Arc::new(AtomicBool::new(false)),
+        }
     }
 }
 
@@ -94,6 +108,8 @@ pub struct LogStats {
     pub records: u64,
     /// Appends refused because a write or fsync failed.
     pub refused: u64,
+    /// Appends refused because the writer's queue was full.
+    pub busy: u64,
 }
 
 struct Shared {
@@ -103,6 +119,8 @@ struct Shared {
     topics: RwLock<BTreeMap<String, Arc<Topic>>>,
     /// Why appends are refused, while they are.
     unhealthy: Mutex<Option<String>>,
+    /// Bytes of appends queued for the writer (see [`LogOptions::queue_bytes`]).
+    queued: AtomicUsize,
 }
 
 /// Records for one partition of one topic, in order.
@@ -111,6 +129,8 @@ type Batch = Vec<(u32, Vec<u8>)>;
 struct Request {
     topic: Arc<Topic>,
     records: Batch,
+    /// What it counts against the queue's bound.
+    bytes: usize,
     reply: tokio::sync::oneshot::Sender<Result<Vec<(u32, u64)>, LogError>>,
 }
 
@@ -167,6 +187,7 @@ impl Log {
             stats: Mutex::new(LogStats::default()),
             topics: RwLock::new(topics),
             unhealthy: Mutex::new(None),
+            queued: AtomicUsize::new(0),
         });
         let (tx, rx) = mpsc::channel();
         let writer = Arc::clone(&shared);
@@ -230,10 +251,19 @@ impl Log {
         if let Some(why) = lock(&self.shared.unhealthy).clone() {
             return Err(LogError::Unavailable(why));
         }
+        let bytes = records.iter().map(|(_, r)| r.len() + 64).sum::<usize>() + 64;
+        let limit = self.shared.options.queue_bytes;
+        let queued = self.shared.queued.fetch_add(bytes, Ordering::SeqCst);
+        if queued + bytes > limit && queued > 0 {
+            self.shared.queued.fetch_sub(bytes, Ordering::SeqCst);
+            lock(&self.shared.stats).busy += 1;
+            return Err(LogError::Busy { queued, limit });
+        }
         let (reply, rx) = tokio::sync::oneshot::channel();
-        self.requests
-            .send(Request { topic: t, records, reply })
-            .map_err(|_| LogError::Unavailable("the log's writer stopped".into()))?;
+        if self.requests.send(Request { topic: t, records, bytes, reply }).is_err() {
+            self.shared.queued.fetch_sub(bytes, Ordering::SeqCst);
+            return Err(LogError::Unavailable("the log's writer stopped".into()));
+        }
         Ok(Pending(rx))
     }
 
@@ -348,6 +378,10 @@ fn write_loop(shared: &Shared, rx: &mpsc::Receiver<Request>) {
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         };
+        // (Taken requests still count against the queue until answered.)
+        while shared.options.hold_writes.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let mut group = vec![first];
         while group.len() < 4096 {
             match rx.try_recv() {
@@ -356,14 +390,17 @@ fn write_loop(shared: &Shared, rx: &mpsc::Receiver<Request>) {
             }
         }
         heal(shared, &mut last_probe);
-        if let Some(why) = lock(&shared.unhealthy).clone() {
+        let bytes: usize = group.iter().map(|r| r.bytes).sum();
+        let unhealthy = lock(&shared.unhealthy).clone();
+        if let Some(why) = unhealthy {
             lock(&shared.stats).refused += group.len() as u64;
             for req in group {
                 let _ = req.reply.send(Err(LogError::Unavailable(why.clone())));
             }
-            continue;
+        } else {
+            commit(shared, group);
         }
-        commit(shared, group);
+        shared.queued.fetch_sub(bytes, Ordering::SeqCst);
     }
 }
 

@@ -248,3 +248,33 @@ async fn async_appends_and_subscribers_see_commits() {
     tokio::time::timeout(Duration::from_secs(5), changes.changed()).await.unwrap().unwrap();
     assert_eq!(log.read("t", 0, 0, 10, 1 << 20).unwrap()[0].payload, b"{}");
 }
+
+#[test]
+fn a_full_writer_queue_refuses_appends_at_once_and_takes_them_again_once_it_drains() {
+    let dir = Dir::new("busy");
+    let options = LogOptions { queue_bytes: 10_000, ..LogOptions::default() };
+    let hold = options.hold_writes.clone();
+    let (log, _) = Log::open(&dir.0, options).unwrap();
+    log.ensure_topic("t", 1, None).unwrap();
+    // The writer stalls (as on a stalled disk): appends wait in its queue
+    // until about 10,000 bytes are waiting, and then are refused at once.
+    hold.store(true, Ordering::SeqCst);
+    let record = "x".repeat(1_000);
+    let mut waiting = Vec::new();
+    let refused = loop {
+        match log.append("t", vec![(0, record.clone().into_bytes())]) {
+            Ok(pending) => waiting.push(pending),
+            Err(e) => break e,
+        }
+        assert!(waiting.len() < 100, "the queue is not bounded");
+    };
+    // 1,000 bytes a record, plus 64 for the record and 64 for the append: 8 fit in 10,000.
+    assert_eq!(waiting.len(), 8);
+    assert!(matches!(refused, LogError::Busy { limit: 10_000, .. }), "{refused:?}");
+    assert!(refused.to_string().contains("log_queue_bytes"), "{refused}");
+    assert_eq!(log.stats().busy, 1);
+    hold.store(false, Ordering::SeqCst);
+    let offsets: Vec<u64> = waiting.into_iter().map(|p| p.wait_blocking().unwrap()[0].1).collect();
+    assert_eq!(offsets, (0..8).collect::<Vec<u64>>(), "every queued append is written, in order");
+    assert_eq!(log.append("t", vec![(0, record.into_bytes())]).unwrap().wait_blocking().unwrap(), vec![(0, 8)]);
+}

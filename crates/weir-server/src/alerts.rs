@@ -112,7 +112,8 @@ fn checks(alerts: &Alerts, status: &serde_json::Value, ledger_rate: Option<f64>)
 /// Every second, forever: samples every pipeline for the dashboard's
 /// charts and evaluates its alerts.
 pub async fn run(app: Arc<App>) {
-    let (tx, rx) = std::sync::mpsc::channel::<(String, serde_json::Value)>();
+    // Bounded: a webhook that is down cannot make notifications pile up without end.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(String, serde_json::Value)>(app.config.alert_queue);
     let delivery = Arc::clone(&app);
     std::thread::Builder::new().name("weir-alerts".into()).spawn(move || deliver(&delivery, &rx)).ok();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -124,7 +125,7 @@ pub async fn run(app: Arc<App>) {
     }
 }
 
-fn evaluate(app: &App, tx: &std::sync::mpsc::Sender<(String, serde_json::Value)>) {
+fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Value)>) {
     let now = weir_log::now_ms();
     for (name, p) in &app.pipelines {
         let status = status_json(app, name, p);
@@ -203,7 +204,13 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::Sender<(String, serde_json::Value)>
                 state.incidents.pop_front();
             }
             if let Some(url) = &webhook {
-                let _ = tx.send((url.clone(), note));
+                if let Err(std::sync::mpsc::TrySendError::Full((_, note))) = tx.try_send((url.clone(), note)) {
+                    app.alerts_dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    eprintln!(
+                        "weir: alert notification dropped: {} notifications wait for the webhook (weir.toml alert_queue): {note}",
+                        app.config.alert_queue
+                    );
+                }
             }
         }
     }

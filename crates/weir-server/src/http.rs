@@ -57,6 +57,8 @@ pub struct App {
     pub postgres: Option<Arc<PgReaders>>,
     /// Refused requests by their metric labels (status and reason or role).
     pub denied: Mutex<BTreeMap<String, u64>>,
+    /// Alert notifications dropped because `alert_queue` were waiting.
+    pub alerts_dropped: AtomicU64,
 }
 
 /// Connections to the Postgres destination for the HTTP side.
@@ -91,6 +93,7 @@ impl App {
             producers: BTreeMap::new(),
             postgres: None,
             denied: Mutex::default(),
+            alerts_dropped: AtomicU64::new(0),
         }
     }
 
@@ -126,18 +129,27 @@ impl App {
         self: &Arc<Self>,
         query: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, ApiError> {
+        self.write(move |c| query(c)).await
+    }
+
+    /// Runs `write` on a pooled connection, off the async threads.
+    pub(crate) async fn write<T: Send + 'static>(
+        self: &Arc<Self>,
+        write: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, ApiError> {
         let app = Arc::clone(self);
         let joined = tokio::task::spawn_blocking(move || {
-            let conn = match lock(&app.readers).pop() {
+            let mut conn = match lock(&app.readers).pop() {
                 Some(c) => c,
                 None => store::open(&app.db)?,
             };
-            let result = query(&conn);
+            let result = write(&mut conn);
             lock(&app.readers).push(conn);
             result
         })
         .await;
-        let failed = |e: String| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("reading results failed: {e}"));
+        let failed =
+            |e: String| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("the results database failed: {e}"));
         match joined {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(failed(e.to_string())),
@@ -510,6 +522,16 @@ async fn post_events(
             )
         }
     };
+    if events.len() > app.config.max_events_per_request {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the body has {} events, over max_events_per_request = {} in weir.toml; nothing was appended; send them in smaller requests",
+                events.len(),
+                app.config.max_events_per_request
+            ),
+        );
+    }
     let mut keys = Vec::with_capacity(events.len());
     let mut records = Vec::with_capacity(events.len());
     for (key, line) in events {
@@ -565,6 +587,11 @@ async fn post_events(
             r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             r
         }
+        Err(e @ LogError::Busy { .. }) => {
+            let mut r = error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            r
+        }
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
@@ -586,6 +613,13 @@ async fn read_events(
 ) -> Result<Response, ApiError> {
     if !caller.grant.may_read_raw(&topic) {
         return Err(forbidden(&app, &caller, &format!("read the events of topic {topic:?}")));
+    }
+    if app.producers.contains_key(&topic) {
+        // The topic's events are in Kafka, not in this server's log: an empty answer would be a lie.
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("topic {topic:?} is on Kafka, not on weir's embedded log; read its events with Kafka's tools"),
+        ));
     }
     let partition = param(&q, "partition", 0u32)?;
     let from = param(&q, "from", 0u64)?;
@@ -884,6 +918,18 @@ async fn metrics(State(app): State<Arc<App>>, caller: Option<Extension<Caller>>)
     m.counter("weir_log_records_appended_total", "Records appended and acknowledged by the log.", "", log.records);
     m.counter("weir_log_group_commits_total", "Group commits (one fsync per touched partition each).", "", log.commits);
     m.counter("weir_log_appends_refused_total", "Appends refused because a write or fsync failed.", "", log.refused);
+    m.counter(
+        "weir_alert_notifications_dropped_total",
+        "Alert notifications dropped because alert_queue notifications were waiting for the webhook.",
+        "",
+        app.alerts_dropped.load(Ordering::Relaxed),
+    );
+    m.counter(
+        "weir_log_appends_busy_total",
+        "Appends refused with 503 because the log writer's queue held log_queue_bytes.",
+        "",
+        log.busy,
+    );
     m.gauge("weir_log_healthy", "1 while the log accepts writes.", "", i64::from(app.log.unhealthy().is_none()));
     let durable = lock(&app.durable).clone();
     m.histogram("weir_ingest_durable_latency_seconds", "From a POST's arrival to its events fsynced.", "", &durable);
@@ -1102,10 +1148,26 @@ async fn set_paused(
     let action = if pause { "pause" } else { "resume" };
     let p = may_operate(&app, &caller, &name, action)?;
     let (why, for_whom) = why_and_for_whom(&body)?;
-    let was = p.paused.swap(pause, Ordering::SeqCst);
-    let detail = serde_json::json!({ "was_paused": was, "for": for_whom });
+    // The pause is a row in the pipeline's store, read by every checkpoint of every worker.
+    let pn = name.clone();
+    let was = if p.on_kafka {
+        app.pg_read(move |c, schema| {
+            if pause {
+                crate::pg::pause(c, schema, &pn)
+            } else {
+                crate::pg::resume(c, schema, &pn).map(|was| !was)
+            }
+        })
+        .await?
+    } else {
+        app.write(move |c| if pause { store::pause(c, &pn) } else { store::resume(c, &pn).map(|was| !was) }).await?
+    };
+    // `was` is whether it was already in the state asked for.
+    let was_paused = if pause { was } else { !was };
+    p.paused.store(pause, Ordering::SeqCst);
+    let detail = serde_json::json!({ "was_paused": was_paused, "for": for_whom });
     let seq = audited(&app, &caller, action, Some(name.clone()), detail, why).await?;
-    Ok(json(serde_json::json!({ "pipeline": name, "paused": pause, "was_paused": was, "audit": seq })))
+    Ok(json(serde_json::json!({ "pipeline": name, "paused": pause, "was_paused": was_paused, "audit": seq })))
 }
 
 async fn pause(
@@ -1154,7 +1216,7 @@ async fn annotate(
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    may_operate(&app, &caller, &name, "annotate")?;
+    let on_kafka = may_operate(&app, &caller, &name, "annotate")?.on_kafka;
     let usage = "the body must be JSON like {\"from\":\"2026-11-29T14:00:00Z\",\"to\":\"2026-11-29T15:00:00Z\",\"note\":\"...\"}";
     let a: NewAnnotation = serde_json::from_slice(&body).map_err(|e| bad(format!("{usage}: {e}")))?;
     let time = |v: &Option<String>, k: &str| {
@@ -1175,9 +1237,19 @@ async fn annotate(
         None => caller.grant.who(),
     };
     let (pn, n, w, origin, actor) = (name.clone(), note.clone(), who, caller.origin.clone(), caller.grant.who());
+    // Over Kafka the note is kept in Postgres, beside the rows every worker's readers annotate.
+    let in_pg = if on_kafka {
+        let (pn, n, w) = (pn.clone(), n.clone(), w.clone());
+        Some(app.pg_read(move |c, schema| crate::pg::add_annotation(c, schema, &pn, (from_ms, to_ms), &n, &w)).await?)
+    } else {
+        None
+    };
     let id = app
         .read(move |c| {
-            let id = store::add_annotation(c, &pn, (from_ms, to_ms), &n, &w)?;
+            let id = match in_pg {
+                Some(id) => id,
+                None => store::add_annotation(c, &pn, (from_ms, to_ms), &n, &w)?,
+            };
             let detail = serde_json::json!({ "annotation": id, "from": format_rfc3339_ms(from_ms), "to": format_rfc3339_ms(to_ms), "for": w });
             let entry = crate::audit::Entry {
                 who: &actor,
@@ -1199,8 +1271,12 @@ async fn list_annotations(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    may_read(&app, &caller, &name)?;
-    let notes = app.read(move |c| store::annotations(c, &name)).await?;
+    let on_kafka = may_read(&app, &caller, &name)?.on_kafka;
+    let notes = if on_kafka {
+        app.pg_read(move |c, schema| crate::pg::annotations(c, schema, &name)).await?
+    } else {
+        app.read(move |c| store::annotations(c, &name)).await?
+    };
     let rows = notes
         .iter()
         .map(|a| {
@@ -1240,10 +1316,18 @@ async fn replay(
                 .ok_or_else(|| bad(format!("from_time={t:?} is not an RFC 3339 time such as 2026-11-29T14:00:00Z")))?,
         ),
     };
-    *lock(&p.replay) = Some(crate::pipeline::Replay { from_offset: r.from_offset, from_time });
-    let detail =
-        serde_json::json!({ "from_offset": r.from_offset.unwrap_or(0), "from_time": r.from_time, "for": for_whom });
+    // A request in the pipeline's store: every worker applies it to the partitions it holds.
+    let asked = crate::pipeline::Replay { from_offset: r.from_offset, from_time };
+    let pn = name.clone();
+    let id = if p.on_kafka {
+        app.pg_read(move |c, schema| crate::pg::ask_replay(c, schema, &pn, asked)).await?
+    } else {
+        app.read(move |c| store::ask_replay(c, &pn, asked)).await?
+    };
+    let detail = serde_json::json!({
+        "replay": id, "from_offset": r.from_offset.unwrap_or(0), "from_time": r.from_time, "for": for_whom
+    });
     let seq = audited(&app, &caller, "replay", Some(name.clone()), detail, why).await?;
-    let body = serde_json::json!({ "pipeline": name, "replay": "started", "audit": seq }).to_string() + "\n";
+    let body = serde_json::json!({ "pipeline": name, "replay": "started", "id": id, "audit": seq }).to_string() + "\n";
     Ok((StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], body).into_response())
 }

@@ -6,9 +6,10 @@
 //! holds, so a partition's state moves with it:
 //!
 //! 1. **assigned** (the rebalance callback, inside `poll`): the worker
-//!    claims the partition in Postgres, which bumps its fencing generation,
-//!    restores its last checkpoint and reads on from its stored offset
-//!    (records below it, which Kafka may deliver again, are skipped);
+//!    claims the partition in Postgres, which gives it a new fencing
+//!    generation, restores its last checkpoint and has the consumer start
+//!    at its stored offset (Postgres, not Kafka's committed offset, says
+//!    where a partition resumes; records below it are skipped);
 //! 2. **reading**: records go to their partition's engine; every
 //!    `checkpoint_interval` (or `checkpoint_events`) each changed partition
 //!    is checkpointed in one Postgres transaction (rows, ledger, state,
@@ -19,6 +20,13 @@
 //!    is checkpointed, then dropped; a worker that lost a partition without
 //!    being told (paused too long, cut off) is refused by the fence and
 //!    drops it.
+//!
+//! Operator actions reach every worker through Postgres: a pause is a row
+//! that every checkpoint reads (see [`crate::pg`]), and a replay is a row
+//! that each worker applies to the partitions it holds, or takes when it
+//! claims one: the partition's state is rebuilt from the replay's offset
+//! (the consumer seeks there), and its rows are published above every
+//! revision published before.
 //!
 //! A record's partition and offset are its Kafka ones, in the ledger and in
 //! provenance. A contract can read the record's Kafka attributes as
@@ -37,15 +45,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use weir_contract::{Contract, KafkaConfig, PostgresConfig, ServerConfig};
 use weir_engine::{Engine, EventIn, Mode, Output};
 
 use crate::pg;
-use crate::pipeline::{lock, KafkaPartition, Status};
+use crate::pipeline::{lock, KafkaPartition, Replay, Status};
 
 /// The librdkafka settings of `kafka` (brokers first, then its `config`).
 pub fn client_config(brokers: &str, kafka: Option<&KafkaConfig>) -> ClientConfig {
@@ -87,6 +96,12 @@ struct Part {
     dirty: bool,
     end_offset: u64,
     last_timestamp_ms: Option<i64>,
+    /// The last replay applied to the partition (`replays.id`).
+    replayed: i64,
+    /// During a replay from an event time: rows of windows ending at or
+    /// before it stay as published, until the offset the partition ended at
+    /// when the replay started.
+    republish_after: Option<(i64, u64)>,
 }
 
 /// What the loop and the rebalance callbacks (which run inside `poll`, on
@@ -132,6 +147,8 @@ impl Shared {
                 dirty: false,
                 end_offset: claim.next_offset,
                 last_timestamp_ms: None,
+                replayed: claim.replayed,
+                republish_after: None,
             },
         );
         self.changed = true;
@@ -141,18 +158,34 @@ impl Shared {
     /// Checkpoints a partition; `Ok(false)` when the fence refused it (the
     /// partition is then dropped).
     fn checkpoint(&mut self, partition: u32) -> anyhow::Result<bool> {
+        self.write(partition, None)
+    }
+
+    /// A checkpoint, or with `replay` the first one of a replay (the stored
+    /// state is dropped and the replay marked applied).
+    fn write(&mut self, partition: u32, replay: Option<i64>) -> anyhow::Result<bool> {
         let Some(part) = self.parts.get_mut(&partition) else { return Ok(true) };
+        if let Some((after, until)) = part.republish_after {
+            part.out.rows.retain(|r| r.window_end.is_none_or(|end| end > after));
+            if part.next_offset >= until {
+                part.republish_after = None;
+            }
+        }
         let delta = part.engine.take_delta();
+        let c = &self.contract;
         let write = pg::PartitionWrite {
-            pipeline: &self.contract.pipeline.name,
+            pipeline: &c.pipeline.name,
             partition,
             generation: part.generation,
+            version: c.pipeline.version,
+            text_hash: c.text_hash,
             format: part.engine.format(),
             out: &part.out,
             delta,
             next_offset: part.next_offset,
             now_ms: weir_log::now_ms(),
             run: part.run,
+            replay,
         };
         match pg::checkpoint(&mut self.client, &self.schema, write) {
             Ok(()) => {
@@ -170,6 +203,39 @@ impl Shared {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Applies replay `id` to a partition this worker holds: what it counted
+    /// so far is checkpointed, then its state starts again from `from`
+    /// (with revisions above `floor`) in a checkpoint that drops the stored
+    /// state. Returns the offset to read from, `None` when the partition is
+    /// no longer this worker's.
+    fn replay(
+        &mut self,
+        partition: u32,
+        (id, r): (i64, Replay),
+        floor: u32,
+        (low, high): (u64, u64),
+    ) -> anyhow::Result<Option<u64>> {
+        if !self.checkpoint(partition)? {
+            return Ok(None);
+        }
+        let c = self.contract.clone();
+        let Some(part) = self.parts.get_mut(&partition) else { return Ok(None) };
+        let mut engine = Engine::new(&c, Mode::Stream, 1)?;
+        engine.read_one_partition();
+        engine.set_revision_floor(floor);
+        engine.track_changes();
+        part.engine = engine;
+        part.next_offset = r.from_offset.unwrap_or(0).max(low);
+        part.end_offset = high.max(part.next_offset);
+        part.republish_after = r.from_time.map(|t| (t, high));
+        part.replayed = id;
+        if !self.write(partition, Some(id))? {
+            return Ok(None);
+        }
+        eprintln!("weir: {} replays partition {partition} from offset {low}", c.pipeline.name);
+        Ok(self.parts.get(&partition).map(|p| p.next_offset))
     }
 
     fn release(&mut self, partition: u32) {
@@ -197,31 +263,59 @@ impl ClientContext for Ctx {
 }
 
 impl ConsumerContext for Ctx {
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(tpl) = rebalance {
-            let mut shared = lock(&self.shared);
-            for e in tpl.elements_for_topic(&self.topic) {
-                shared.release(e.partition() as u32);
-            }
-        }
-    }
-
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Assign(tpl) => {
+    /// Claims assigned partitions in Postgres before the consumer starts
+    /// them, at the offsets Postgres holds; checkpoints and drops revoked
+    /// ones before they go.
+    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let done = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let mut shared = lock(&self.shared);
-                for e in tpl.elements_for_topic(&self.topic) {
-                    let p = e.partition() as u32;
-                    if shared.parts.contains_key(&p) {
-                        continue;
+                let assigned: Vec<i32> = tpl.elements_for_topic(&self.topic).iter().map(|e| e.partition()).collect();
+                for p in assigned {
+                    if !shared.parts.contains_key(&(p as u32)) {
+                        if let Err(err) = shared.claim(p as u32) {
+                            shared.failed = Some(format!("taking partition {p}: {err:#}"));
+                        }
                     }
-                    if let Err(err) = shared.claim(p) {
-                        shared.failed = Some(format!("taking partition {p}: {err:#}"));
+                    if let Some(part) = shared.parts.get(&(p as u32)) {
+                        let at = if part.next_offset == 0 {
+                            Offset::Beginning
+                        } else {
+                            Offset::Offset(part.next_offset as i64)
+                        };
+                        if let Err(e) = tpl.set_partition_offset(&self.topic, p, at) {
+                            shared.failed = Some(format!("starting partition {p} at its checkpoint: {e}"));
+                        }
                     }
                 }
+                drop(shared);
+                if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                }
             }
-            Rebalance::Error(e) => eprintln!("weir: rebalance failed: {e}"),
-            Rebalance::Revoke(_) => {}
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                {
+                    let mut shared = lock(&self.shared);
+                    for e in tpl.elements_for_topic(&self.topic) {
+                        shared.release(e.partition() as u32);
+                    }
+                }
+                if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                }
+            }
+            other => {
+                eprintln!("weir: rebalance failed: {}", rdkafka::error::RDKafkaErrorCode::from(other));
+                Ok(())
+            }
+        };
+        if let Err(e) = done {
+            lock(&self.shared).failed = Some(format!("applying a rebalance: {e}"));
         }
     }
 }
@@ -236,6 +330,8 @@ pub struct KafkaRunner {
     pub worker: String,
     pub status: Arc<Mutex<Status>>,
     pub stop: Arc<AtomicBool>,
+    /// Whether the pipeline is paused, as Postgres last said (for status).
+    pub paused: Arc<AtomicBool>,
 }
 
 const READ_RECORDS: usize = 2_000;
@@ -285,6 +381,7 @@ impl KafkaRunner {
         let mut decorated = Vec::new();
         let mut last_checkpoint = Instant::now();
         let mut last_ends = Instant::now() - Duration::from_secs(10);
+        let mut commands_read = Instant::now() - interval;
         loop {
             let stopping = self.stop.load(Ordering::SeqCst);
             // Poll a batch first (the rebalance callbacks lock `shared` inside
@@ -354,6 +451,10 @@ impl KafkaRunner {
             if let Some(f) = failed {
                 anyhow::bail!(f);
             }
+            if commands_read.elapsed() >= interval {
+                self.apply_commands(&shared, &consumer, &topic)?;
+                commands_read = Instant::now();
+            }
             let due = last_checkpoint.elapsed() >= interval;
             let mut committed = TopicPartitionList::new();
             {
@@ -400,6 +501,32 @@ impl KafkaRunner {
                 return Ok(());
             }
         }
+    }
+
+    /// Reads the operator's actions from Postgres: the pause (for status;
+    /// the checkpoints read it themselves) and a replay the partitions this
+    /// worker holds have not applied yet.
+    fn apply_commands(&self, shared: &Mutex<Shared>, consumer: &BaseConsumer<Ctx>, topic: &str) -> anyhow::Result<()> {
+        let name = &self.contract.pipeline.name;
+        let mut sh = lock(shared);
+        let schema = sh.schema.clone();
+        self.paused.store(pg::is_paused(&mut sh.client, &schema, name)?, Ordering::SeqCst);
+        let Some((id, replay)) = pg::last_replay(&mut sh.client, &schema, name)? else { return Ok(()) };
+        let behind: Vec<u32> = sh.parts.iter().filter(|(_, p)| p.replayed < id).map(|(p, _)| *p).collect();
+        if behind.is_empty() {
+            return Ok(());
+        }
+        let floor = pg::max_revision(&mut sh.client, &schema, name)?;
+        for p in behind {
+            let (low, high) = consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(5))?;
+            let bounds = (low.max(0) as u64, high.max(0) as u64);
+            if let Some(from) = sh.replay(p, (id, replay), floor, bounds)? {
+                consumer.seek(topic, p as i32, Offset::Offset(from as i64), Duration::from_secs(5))?;
+            }
+        }
+        drop(sh);
+        lock(&self.status).replays += 1;
+        Ok(())
     }
 
     fn publish_status(&self, shared: &Mutex<Shared>, checkpoint_ms: Option<i64>) {

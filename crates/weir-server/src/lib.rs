@@ -150,7 +150,8 @@ pub async fn serve(
         Some((cert, key)) => Some(listen::tls_acceptor(cert, key)?),
         None => None,
     };
-    let (log, recovered) = Log::open(&opts.data.join("log"), opts.log_options.clone())?;
+    let log_options = LogOptions { queue_bytes: opts.config.log_queue_bytes, ..opts.log_options.clone() };
+    let (log, recovered) = Log::open(&opts.data.join("log"), log_options)?;
     for (topic, r) in &recovered {
         if r.torn_bytes > 0 {
             eprintln!(
@@ -261,7 +262,6 @@ pub async fn serve(
     for contract in opts.contracts {
         let status = Arc::new(Mutex::new(Status::default()));
         let paused = Arc::new(AtomicBool::new(false));
-        let replay = Arc::new(Mutex::new(None));
         let name = contract.pipeline.name.clone();
         if on_kafka(&contract) {
             let (Some((brokers, group)), Some(postgres)) =
@@ -278,9 +278,10 @@ pub async fn serve(
                 worker: worker.clone(),
                 status: Arc::clone(&status),
                 stop: Arc::clone(&stop),
+                paused: Arc::clone(&paused),
             };
             threads.push(std::thread::Builder::new().name(format!("weir-kafka-{name}")).spawn(move || runner.run())?);
-            pipelines.insert(name, Pipeline { contract, on_kafka: true, status, paused, replay });
+            pipelines.insert(name, Pipeline { contract, on_kafka: true, status, paused });
             continue;
         }
         let runner = Runner {
@@ -291,11 +292,10 @@ pub async fn serve(
             status: Arc::clone(&status),
             stop: Arc::clone(&stop),
             paused: Arc::clone(&paused),
-            replay: Arc::clone(&replay),
             runtime: tokio::runtime::Handle::current(),
         };
         threads.push(std::thread::Builder::new().name(format!("weir-pipeline-{name}")).spawn(move || runner.run())?);
-        pipelines.insert(name, Pipeline { contract, on_kafka: false, status, paused, replay });
+        pipelines.insert(name, Pipeline { contract, on_kafka: false, status, paused });
     }
     let mut app = http::App::new(log.clone(), Arc::clone(&config), pipelines, db.clone());
     app.producers = producers;
@@ -321,7 +321,7 @@ pub async fn serve(
         format!("cannot listen on {}: is another server using it? choose one with --listen", opts.listen)
     })?;
     on_listen(listener.local_addr()?);
-    let listener = listen::WeirListener::new(listener, tls)?;
+    let listener = listen::WeirListener::new(listener, tls, config.max_connections)?;
     let header_timeout = Duration::from_millis(config.header_timeout_ms as u64);
     listen::serve(listener, http::router(app), header_timeout, shutdown).await;
     retention.abort();

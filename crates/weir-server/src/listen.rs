@@ -17,7 +17,6 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::serve::Listener;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -42,19 +41,24 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Conn for T {}
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub SocketAddr);
 
+/// An accepted connection, with its place among `max_connections`.
+type Accepted = (Box<dyn Conn>, Peer, tokio::sync::OwnedSemaphorePermit);
+
 pub struct WeirListener {
-    accepted: mpsc::Receiver<(Box<dyn Conn>, Peer)>,
-    local: SocketAddr,
+    accepted: mpsc::Receiver<Accepted>,
 }
 
 impl WeirListener {
     /// Starts accepting on `tcp`; with `tls`, only connections that finish
-    /// a handshake reach the server.
-    pub fn new(tcp: TcpListener, tls: Option<TlsAcceptor>) -> std::io::Result<WeirListener> {
-        let local = tcp.local_addr()?;
+    /// a handshake reach the server. At most `max_connections` are open (a
+    /// TLS handshake counts): the next one waits in the kernel's backlog
+    /// until one closes.
+    pub fn new(tcp: TcpListener, tls: Option<TlsAcceptor>, max_connections: usize) -> std::io::Result<WeirListener> {
         let (tx, accepted) = mpsc::channel(256);
+        let places = Arc::new(tokio::sync::Semaphore::new(max_connections.max(1)));
         tokio::spawn(async move {
             loop {
+                let Ok(place) = Arc::clone(&places).acquire_owned().await else { return };
                 let (stream, addr) = match tcp.accept().await {
                     Ok(pair) => pair,
                     Err(e) => {
@@ -67,7 +71,7 @@ impl WeirListener {
                 let _ = stream.set_nodelay(true);
                 match &tls {
                     None => {
-                        if tx.send((Box::new(stream) as Box<dyn Conn>, Peer(addr))).await.is_err() {
+                        if tx.send((Box::new(stream) as Box<dyn Conn>, Peer(addr), place)).await.is_err() {
                             return;
                         }
                     }
@@ -76,31 +80,24 @@ impl WeirListener {
                         tokio::spawn(async move {
                             // A failed or slow handshake (a plain-HTTP client, a scanner) just closes.
                             if let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
-                                let _ = tx.send((Box::new(tls) as Box<dyn Conn>, Peer(addr))).await;
+                                let _ = tx.send((Box::new(tls) as Box<dyn Conn>, Peer(addr), place)).await;
                             }
                         });
                     }
                 }
             }
         });
-        Ok(WeirListener { accepted, local })
+        Ok(WeirListener { accepted })
     }
 }
 
-impl Listener for WeirListener {
-    type Io = Box<dyn Conn>;
-    type Addr = Peer;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+impl WeirListener {
+    async fn accept(&mut self) -> Accepted {
         match self.accepted.recv().await {
-            Some(pair) => pair,
+            Some(accepted) => accepted,
             // The accepting task ended: nothing will come.
             None => std::future::pending().await,
         }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(Peer(self.local))
     }
 }
 
@@ -117,7 +114,7 @@ pub async fn serve(
     let (open, open_rx) = tokio::sync::watch::channel(());
     tokio::pin!(shutdown);
     loop {
-        let (io, peer) = tokio::select! {
+        let (io, peer, place) = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
         };
@@ -138,7 +135,7 @@ pub async fn serve(
                     let _ = conn.await;
                 }
             }
-            drop(held);
+            drop((held, place));
         });
     }
     drop(listener);

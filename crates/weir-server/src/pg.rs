@@ -9,7 +9,8 @@
 //! |---|---|
 //! | `meta` | `schema_version` |
 //! | `pipelines` | per pipeline: contract version and hash, the next change and ledger `seq` |
-//! | `partitions` | per pipeline and partition: the fencing `generation`, the worker that holds it, the next Kafka offset to read, the engine header, the last checkpoint time |
+//! | `generations` | a sequence, never reset: every claim of a partition takes the next value as its fencing generation |
+//! | `partitions` | per pipeline and partition: the fencing `generation`, the worker that holds it and its contract (version and hash), the next Kafka offset to read, the engine header, the last checkpoint time, the last replay applied |
 //! | `state_windows` | per partition: the engine's open windows, by their hash |
 //! | `state_ids` | per partition: the ids each checkpoint remembered or forgot, one row per checkpoint in the engine's batch form (`Delta::ids`), deleted once all have expired |
 //! | `results` | the latest row of every key and window, with its revision |
@@ -17,15 +18,28 @@
 //! | `ledger` | every ledger entry in commit order (`seq` from 1 per pipeline), with its checkpoint's time (`at_ms`); `erased` once its payload and detail are erased for retention |
 //! | `sinks` | per pipeline and Kafka sink topic: the next `seq` to publish |
 //! | `runs` | every time a worker took a partition: contract version and hash, weir's version, the worker |
+//! | `pauses` | a paused pipeline: the first change `seq` not published |
+//! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
+//! | `replays` | replays an operator asked for; each partition's holder applies those above its `replayed` |
+//! | `annotations` | notes on a pipeline and an event-time range; rows whose window overlaps one carry its id |
 //!
 //! Invariants:
 //!
 //! - **A checkpoint is one transaction** holding one partition's rows,
 //!   ledger entries, changed state and next offset. It first locks the
-//!   partition's row and compares its `generation` with the one the worker
-//!   got when it claimed the partition; another worker's claim since then
-//!   bumped it, so a worker that lost its partition (a zombie) can never
-//!   commit ([`CheckpointError::Fenced`]).
+//!   partition's row and compares its `generation`, contract version and
+//!   hash with the ones the worker got when it claimed the partition.
+//!   Generations come from one sequence that is never reset (not even when
+//!   a contract change removes a pipeline's partitions), so another
+//!   worker's claim since then, of any contract, changed it, and a worker
+//!   that lost its partition (a zombie) can never commit
+//!   ([`CheckpointError::Fenced`]).
+//! - **Operator actions are rows, not messages**: a pause is a `pauses` row
+//!   written under the lock of the pipeline's `pipelines` row, and every
+//!   checkpoint that publishes rows takes that lock first and then reads
+//!   it, so rows of every worker past the pause point are held; a resume
+//!   moves the held rows to `results` in the same transaction that removes
+//!   the pause. A replay is a `replays` row that every worker reads.
 //! - **A row never goes back**: `results` is updated only by a higher
 //!   revision.
 //! - **`seq` is the commit order**: the pipeline's counters are taken under
@@ -37,8 +51,10 @@ use weir_engine::{Delta, Output, RowFormat};
 
 use crate::store::{id_bytes, id_from, sources_json, write_ledger, write_row, GLOBAL_START};
 
-/// Version 2 dates ledger entries (`at_ms`) and marks erased payloads.
-pub const SCHEMA_VERSION: i64 = 2;
+/// Version 2 dates ledger entries (`at_ms`) and marks erased payloads;
+/// version 3 adds the generation sequence, the claimant's contract on each
+/// partition, pauses, held rows, replays and annotations.
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Connects to `url` (`postgresql://user@host:port/db` or `host=... user=...`),
 /// with TLS as its libpq settings say (see [`crate::pg_tls`]).
@@ -53,9 +69,11 @@ CREATE TABLE IF NOT EXISTS {schema}.meta (key TEXT PRIMARY KEY, value TEXT NOT N
 CREATE TABLE IF NOT EXISTS {schema}.pipelines (
     name TEXT PRIMARY KEY, version INTEGER NOT NULL, text_hash TEXT NOT NULL,
     next_seq BIGINT NOT NULL DEFAULT 1, next_ledger BIGINT NOT NULL DEFAULT 1);
+CREATE SEQUENCE IF NOT EXISTS {schema}.generations;
 CREATE TABLE IF NOT EXISTS {schema}.partitions (
     pipeline TEXT NOT NULL, partition INTEGER NOT NULL, generation BIGINT NOT NULL, owner TEXT NOT NULL,
     next_offset BIGINT NOT NULL DEFAULT 0, header BYTEA, checkpoint_ms BIGINT,
+    version INTEGER NOT NULL DEFAULT 0, text_hash TEXT NOT NULL DEFAULT '', replayed BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (pipeline, partition));
 CREATE TABLE IF NOT EXISTS {schema}.state_windows (
     pipeline TEXT NOT NULL, partition INTEGER NOT NULL, id BYTEA NOT NULL, data BYTEA NOT NULL,
@@ -80,6 +98,16 @@ CREATE TABLE IF NOT EXISTS {schema}.sinks (
 CREATE TABLE IF NOT EXISTS {schema}.runs (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, partition INTEGER NOT NULL, version INTEGER NOT NULL,
     text_hash TEXT NOT NULL, weir_version TEXT NOT NULL, worker TEXT NOT NULL, started_ms BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS {schema}.pauses (pipeline TEXT PRIMARY KEY, from_seq BIGINT NOT NULL, at_ms BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS {schema}.held_results (
+    pipeline TEXT NOT NULL, key BYTEA NOT NULL, window_start BIGINT NOT NULL, window_end BIGINT,
+    status TEXT NOT NULL, revision BIGINT NOT NULL, row TEXT NOT NULL,
+    PRIMARY KEY (pipeline, key, window_start));
+CREATE TABLE IF NOT EXISTS {schema}.replays (
+    id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, from_offset BIGINT, from_time BIGINT, asked_ms BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS {schema}.annotations (
+    id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, from_ms BIGINT NOT NULL, to_ms BIGINT NOT NULL,
+    note TEXT NOT NULL, who TEXT NOT NULL, at_ms BIGINT NOT NULL);
 "
     )
 }
@@ -105,27 +133,46 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
     tx.execute("SELECT pg_advisory_xact_lock(hashtext('weir schema ' || $1))", &[&schema])?;
     tx.batch_execute(&schema_sql(schema))?;
     let found = tx.query_opt(&format!("SELECT value FROM {schema}.meta WHERE key = 'schema_version'"), &[])?;
-    match found.map(|r| r.get::<_, String>(0)) {
+    let mut version = match found.map(|r| r.get::<_, String>(0)) {
         None => {
             tx.execute(
                 &format!("INSERT INTO {schema}.meta (key, value) VALUES ('schema_version', $1)"),
                 &[&SCHEMA_VERSION.to_string()],
             )?;
+            SCHEMA_VERSION
         }
-        Some(v) if v == SCHEMA_VERSION.to_string() => {}
-        Some(v) if v == "1" => {
-            // Entries from before are dated now: retention counts from here.
-            let now = weir_log::now_ms();
-            tx.batch_execute(&format!(
-                "ALTER TABLE {schema}.ledger ADD COLUMN IF NOT EXISTS at_ms BIGINT NOT NULL DEFAULT {now};
-                 ALTER TABLE {schema}.ledger ADD COLUMN IF NOT EXISTS erased BOOLEAN NOT NULL DEFAULT false;
-                 UPDATE {schema}.meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema_version';"
-            ))?;
-        }
-        Some(v) => anyhow::bail!(
-            "the Postgres schema {schema} has weir schema version {v}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or another [postgres] schema"
-        ),
+        Some(v) => v.parse::<i64>().unwrap_or(i64::MAX),
+    };
+    if version == 1 {
+        // Entries from before are dated now: retention counts from here.
+        let now = weir_log::now_ms();
+        tx.batch_execute(&format!(
+            "ALTER TABLE {schema}.ledger ADD COLUMN IF NOT EXISTS at_ms BIGINT NOT NULL DEFAULT {now};
+             ALTER TABLE {schema}.ledger ADD COLUMN IF NOT EXISTS erased BOOLEAN NOT NULL DEFAULT false;"
+        ))?;
+        version = 2;
     }
+    if version == 2 {
+        // The sequence starts above every generation handed out before it.
+        tx.batch_execute(&format!(
+            "ALTER TABLE {schema}.partitions ADD COLUMN IF NOT EXISTS version INTEGER NOT NULL DEFAULT 0;
+             ALTER TABLE {schema}.partitions ADD COLUMN IF NOT EXISTS text_hash TEXT NOT NULL DEFAULT '';
+             ALTER TABLE {schema}.partitions ADD COLUMN IF NOT EXISTS replayed BIGINT NOT NULL DEFAULT 0;
+             SELECT setval('{schema}.generations', (SELECT coalesce(max(generation), 0) + 1 FROM {schema}.partitions), false);
+             UPDATE {schema}.partitions p SET version = l.version, text_hash = l.text_hash
+               FROM {schema}.pipelines l WHERE l.name = p.pipeline;"
+        ))?;
+        version = 3;
+    }
+    if version != SCHEMA_VERSION {
+        anyhow::bail!(
+            "the Postgres schema {schema} has weir schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or another [postgres] schema"
+        );
+    }
+    tx.execute(
+        &format!("UPDATE {schema}.meta SET value = $1 WHERE key = 'schema_version'"),
+        &[&SCHEMA_VERSION.to_string()],
+    )?;
     tx.batch_execute(&format!(
         "CREATE INDEX IF NOT EXISTS ledger_unerased ON {schema}.ledger (pipeline, at_ms) WHERE NOT erased;"
     ))?;
@@ -174,7 +221,19 @@ pub fn prepare_pipeline(
     )?;
     let same = found.as_ref().is_some_and(|r| r.get::<_, i32>(0) == version as i32 && r.get::<_, String>(1) == hash);
     if !same {
-        for table in ["partitions", "state_windows", "state_ids", "results", "changes", "ledger"] {
+        // The generation sequence is not reset: a worker of the old contract
+        // still holding a partition is fenced out by any new claim.
+        for table in [
+            "partitions",
+            "state_windows",
+            "state_ids",
+            "results",
+            "changes",
+            "ledger",
+            "pauses",
+            "held_results",
+            "replays",
+        ] {
             tx.execute(&format!("DELETE FROM {schema}.{table} WHERE pipeline = $1"), &[&pipeline])?;
         }
         tx.execute(&format!("DELETE FROM {schema}.pipelines WHERE name = $1"), &[&pipeline])?;
@@ -207,10 +266,14 @@ pub struct Claim {
     pub checkpoint: Option<PartitionCheckpoint>,
     /// The run its rows carry.
     pub run: i64,
+    /// The last replay (`replays.id`) applied to the partition, 0 for none.
+    pub replayed: i64,
 }
 
-/// Takes a partition for `worker`: bumps its generation (fencing out the
-/// previous holder) and reads its last checkpoint.
+/// Takes a partition for `worker`: gives it the next generation of the
+/// sequence (fencing out the previous holder) and reads its last
+/// checkpoint. Refused when the pipeline is registered with another
+/// contract than `(version, text_hash)`.
 pub fn claim(
     client: &mut Client,
     schema: &str,
@@ -220,19 +283,37 @@ pub fn claim(
     (version, text_hash): (u32, u64),
 ) -> anyhow::Result<Claim> {
     let p = partition as i32;
+    let hash = format!("{text_hash:016x}");
     let mut tx = client.transaction()?;
+    let registered = tx.query_opt(
+        &format!("SELECT version, text_hash FROM {schema}.pipelines WHERE name = $1 FOR SHARE"),
+        &[&pipeline],
+    )?;
+    let registered = registered.map(|r| (r.get::<_, i32>(0), r.get::<_, String>(1)));
+    if registered.as_ref() != Some(&(version as i32, hash.clone())) {
+        let now = match registered {
+            Some((v, h)) => format!("version {v} (contract hash {h})"),
+            None => "no contract".to_owned(),
+        };
+        anyhow::bail!(
+            "pipeline {pipeline} is registered in Postgres with {now}, not this worker's version {version} (contract hash {hash}); this worker stops claiming until it runs the registered contract"
+        );
+    }
     let row = tx.query_one(
         &format!(
-            "INSERT INTO {schema}.partitions (pipeline, partition, generation, owner) VALUES ($1, $2, 1, $3)
+            "INSERT INTO {schema}.partitions (pipeline, partition, generation, owner, version, text_hash)
+             VALUES ($1, $2, nextval('{schema}.generations'), $3, $4, $5)
              ON CONFLICT (pipeline, partition) DO UPDATE
-               SET generation = {schema}.partitions.generation + 1, owner = excluded.owner
-             RETURNING generation, next_offset, header"
+               SET generation = excluded.generation, owner = excluded.owner,
+                   version = excluded.version, text_hash = excluded.text_hash
+             RETURNING generation, next_offset, header, replayed"
         ),
-        &[&pipeline, &p, &worker],
+        &[&pipeline, &p, &worker, &(version as i32), &hash],
     )?;
     let generation: i64 = row.get(0);
     let next_offset = row.get::<_, i64>(1).max(0) as u64;
     let header: Option<Vec<u8>> = row.get(2);
+    let replayed: i64 = row.get(3);
     let checkpoint = match header {
         None => None,
         Some(header) => {
@@ -261,54 +342,59 @@ pub fn claim(
                 "INSERT INTO {schema}.runs (pipeline, partition, version, text_hash, weir_version, worker, started_ms)
                  VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id"
             ),
-            &[
-                &pipeline,
-                &p,
-                &(version as i32),
-                &format!("{text_hash:016x}"),
-                &env!("CARGO_PKG_VERSION"),
-                &worker,
-                &weir_log::now_ms(),
-            ],
+            &[&pipeline, &p, &(version as i32), &hash, &env!("CARGO_PKG_VERSION"), &worker, &weir_log::now_ms()],
         )?
         .get(0);
     tx.commit()?;
-    Ok(Claim { generation, next_offset, checkpoint, run })
+    Ok(Claim { generation, next_offset, checkpoint, run, replayed })
 }
 
 /// One partition's checkpoint.
 pub struct PartitionWrite<'a> {
     pub pipeline: &'a str,
     pub partition: u32,
+    /// The claim's generation and the worker's contract (version, hash):
+    /// the checkpoint commits only while the partition's are these.
     pub generation: i64,
+    pub version: u32,
+    pub text_hash: u64,
     pub format: &'a RowFormat,
     pub out: &'a Output,
     pub delta: Delta,
     pub next_offset: u64,
     pub now_ms: i64,
     pub run: i64,
+    /// A replay starts: the partition's stored windows and ids are dropped
+    /// first, and the replay (`replays.id`) is marked applied.
+    pub replay: Option<i64>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// Another worker claimed the partition since this one did.
     #[error(
-        "partition {partition} of {pipeline} was taken by another worker (generation {now}, ours {ours}); this worker's work on it since its last checkpoint is dropped"
+        "partition {partition} of {pipeline} was taken by another worker or contract (generation {now}, ours {ours}); this worker's work on it since its last checkpoint is dropped"
     )]
     Fenced { pipeline: String, partition: u32, ours: i64, now: i64 },
     #[error("the checkpoint could not be written to Postgres: {0}")]
     Db(#[from] postgres::Error),
 }
 
-/// Writes one partition's checkpoint in one transaction, refused when the
-/// worker's generation is no longer the partition's.
+/// Writes one partition's checkpoint in one transaction, refused unless the
+/// partition's generation, contract version and hash are still the
+/// worker's. Rows committed while the pipeline is paused go to the change
+/// stream past the pause point and to `held_results`.
 pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> Result<(), CheckpointError> {
     let p = w.partition as i32;
+    let hash = format!("{:016x}", w.text_hash);
     let mut tx = client.transaction()?;
     let now: i64 = tx
         .query_opt(
-            &format!("SELECT generation FROM {schema}.partitions WHERE pipeline = $1 AND partition = $2 FOR UPDATE"),
-            &[&w.pipeline, &p],
+            &format!(
+                "SELECT generation FROM {schema}.partitions WHERE pipeline = $1 AND partition = $2
+                   AND version = $3 AND text_hash = $4 FOR UPDATE"
+            ),
+            &[&w.pipeline, &p, &(w.version as i32), &hash],
         )?
         .map_or(0, |r| r.get(0));
     if now != w.generation {
@@ -321,7 +407,9 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
     }
     let (rows, entries) = (w.out.rows.len() as i64, w.out.ledger.len() as i64);
     let (mut seq, mut lseq) = (0i64, 0i64);
+    let mut paused = false;
     if rows > 0 || entries > 0 {
+        // Under the pipeline row's lock, which a pause takes too.
         let r = tx.query_one(
             &format!(
                 "UPDATE {schema}.pipelines SET next_seq = next_seq + $2, next_ledger = next_ledger + $3 WHERE name = $1
@@ -330,8 +418,17 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
             &[&w.pipeline, &rows, &entries],
         )?;
         (seq, lseq) = (r.get(0), r.get(1));
+        paused = tx.query_opt(&format!("SELECT 1 FROM {schema}.pauses WHERE pipeline = $1"), &[&w.pipeline])?.is_some();
     }
-    write_rows(&mut tx, schema, &w, seq)?;
+    if w.replay.is_some() {
+        for table in ["state_windows", "state_ids"] {
+            tx.execute(
+                &format!("DELETE FROM {schema}.{table} WHERE pipeline = $1 AND partition = $2"),
+                &[&w.pipeline, &p],
+            )?;
+        }
+    }
+    write_rows(&mut tx, schema, &w, seq, paused)?;
     if entries > 0 {
         let (mut seqs, mut reasons, mut texts) = (Vec::new(), Vec::new(), Vec::new());
         for entry in &w.out.ledger {
@@ -353,10 +450,11 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
     write_state(&mut tx, schema, &w)?;
     tx.execute(
         &format!(
-            "UPDATE {schema}.partitions SET next_offset = $3, header = $4, checkpoint_ms = $5
+            "UPDATE {schema}.partitions SET next_offset = $3, header = $4, checkpoint_ms = $5,
+                    replayed = greatest(replayed, $6)
              WHERE pipeline = $1 AND partition = $2"
         ),
-        &[&w.pipeline, &p, &(w.next_offset as i64), &w.delta.header, &w.now_ms],
+        &[&w.pipeline, &p, &(w.next_offset as i64), &w.delta.header, &w.now_ms, &w.replay.unwrap_or(0)],
     )?;
     tx.commit()?;
     Ok(())
@@ -367,6 +465,7 @@ fn write_rows(
     schema: &str,
     w: &PartitionWrite<'_>,
     first_seq: i64,
+    paused: bool,
 ) -> Result<(), postgres::Error> {
     if w.out.rows.is_empty() {
         return Ok(());
@@ -411,15 +510,16 @@ fn write_rows(
         revisions.push(i64::from(row.revision));
         rows.push(texts[i].as_str());
     }
+    let table = if paused { "held_results" } else { "results" };
     tx.execute(
         &format!(
-            "INSERT INTO {schema}.results (pipeline, key, window_start, window_end, status, revision, row)
+            "INSERT INTO {schema}.{table} (pipeline, key, window_start, window_end, status, revision, row)
              SELECT $1, k, s, e, st, rv, r
                FROM UNNEST($2::BYTEA[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::TEXT[]) AS t(k, s, e, st, rv, r)
              ON CONFLICT (pipeline, key, window_start) DO UPDATE
                SET window_end = excluded.window_end, status = excluded.status,
                    revision = excluded.revision, row = excluded.row
-               WHERE {schema}.results.revision < excluded.revision"
+               WHERE {schema}.{table}.revision < excluded.revision"
         ),
         &[&w.pipeline, &keys, &starts, &ends, &statuses, &revisions, &rows],
     )?;
@@ -500,7 +600,8 @@ pub fn results(
     args.push(Box::new(f.limit));
     sql.push_str(&format!(" ORDER BY window_start, key LIMIT ${}", args.len()));
     let params: Vec<&(dyn postgres::types::ToSql + Sync)> = args.iter().map(|a| a.as_ref()).collect();
-    Ok(client.query(&sql, &params)?.into_iter().map(|r| r.get(0)).collect())
+    let rows = client.query(&sql, &params)?.into_iter().map(|r| r.get(0)).collect();
+    annotate(client, schema, pipeline, rows)
 }
 
 /// The change stream from `since`, in commit order.
@@ -512,10 +613,14 @@ pub fn changes(
     limit: i64,
 ) -> Result<Vec<String>, postgres::Error> {
     let rows = client.query(
-        &format!("SELECT row FROM {schema}.changes WHERE pipeline = $1 AND seq >= $2 ORDER BY seq LIMIT $3"),
+        &format!(
+            "SELECT row FROM {schema}.changes WHERE pipeline = $1 AND seq >= $2 AND seq < {}
+             ORDER BY seq LIMIT $3",
+            published_below(schema)
+        ),
         &[&pipeline, &since, &limit],
     )?;
-    Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    annotate(client, schema, pipeline, rows.into_iter().map(|r| r.get(0)).collect())
 }
 
 pub fn ledger(
@@ -593,7 +698,8 @@ pub fn row_origin(
         &format!(
             "SELECT c.row, c.at_ms, c.sources, r.id, r.version, r.text_hash, r.weir_version, r.started_ms, r.worker, r.partition
                FROM {schema}.changes c LEFT JOIN {schema}.runs r ON r.id = c.run
-              WHERE c.pipeline = $1 AND c.seq = $2"
+              WHERE c.pipeline = $1 AND c.seq = $2 AND c.seq < {}",
+            published_below(schema)
         ),
         &[&pipeline, &seq],
     )?
@@ -656,7 +762,13 @@ pub fn latest_changes(
     pipeline: &str,
     limit: i64,
 ) -> Result<Vec<String>, postgres::Error> {
-    latest(client, &format!("SELECT row FROM {schema}.changes"), pipeline, limit)
+    let rows = latest(
+        client,
+        &format!("SELECT row FROM {schema}.changes WHERE seq < {} AND", published_below(schema)),
+        pipeline,
+        limit,
+    )?;
+    annotate(client, schema, pipeline, rows)
 }
 
 /// The newest `limit` ledger entries, newest first.
@@ -666,11 +778,173 @@ pub fn latest_ledger(
     pipeline: &str,
     limit: i64,
 ) -> Result<Vec<String>, postgres::Error> {
-    latest(client, &format!("SELECT entry FROM {schema}.ledger"), pipeline, limit)
+    latest(client, &format!("SELECT entry FROM {schema}.ledger WHERE"), pipeline, limit)
 }
 
 fn latest(client: &mut Client, select: &str, pipeline: &str, limit: i64) -> Result<Vec<String>, postgres::Error> {
-    let rows =
-        client.query(&format!("{select} WHERE pipeline = $1 ORDER BY seq DESC LIMIT $2"), &[&pipeline, &limit])?;
+    let rows = client.query(&format!("{select} pipeline = $1 ORDER BY seq DESC LIMIT $2"), &[&pipeline, &limit])?;
     Ok(rows.into_iter().map(|r| r.get(0)).collect())
+}
+
+/// The first change `seq` readers may not see yet: a pause's point, else
+/// none (SQL, with the pipeline as `$1`).
+fn published_below(schema: &str) -> String {
+    format!("coalesce((SELECT from_seq FROM {schema}.pauses WHERE pipeline = $1), 9223372036854775807)")
+}
+
+/// Pauses publishing: rows any worker commits from now on are held until
+/// [`resume`]. Returns whether it was paused already.
+pub fn pause(client: &mut Client, schema: &str, pipeline: &str) -> Result<bool, postgres::Error> {
+    let mut tx = client.transaction()?;
+    // The pipeline row's lock orders the pause with every checkpoint that publishes.
+    let next = tx
+        .query_opt(&format!("SELECT next_seq FROM {schema}.pipelines WHERE name = $1 FOR UPDATE"), &[&pipeline])?
+        .map_or(1, |r| r.get::<_, i64>(0));
+    let added = tx.execute(
+        &format!("INSERT INTO {schema}.pauses (pipeline, from_seq, at_ms) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING"),
+        &[&pipeline, &next, &weir_log::now_ms()],
+    )?;
+    tx.commit()?;
+    Ok(added == 0)
+}
+
+/// Resumes publishing: the held rows reach `results` (over lower revisions
+/// only) and the change stream past the pause point becomes readable, in
+/// one transaction. Returns whether it was paused.
+pub fn resume(client: &mut Client, schema: &str, pipeline: &str) -> Result<bool, postgres::Error> {
+    let mut tx = client.transaction()?;
+    tx.query_opt(&format!("SELECT 1 FROM {schema}.pipelines WHERE name = $1 FOR UPDATE"), &[&pipeline])?;
+    let removed = tx.execute(&format!("DELETE FROM {schema}.pauses WHERE pipeline = $1"), &[&pipeline])?;
+    if removed > 0 {
+        tx.execute(
+            &format!(
+                "INSERT INTO {schema}.results (pipeline, key, window_start, window_end, status, revision, row)
+                 SELECT pipeline, key, window_start, window_end, status, revision, row FROM {schema}.held_results
+                  WHERE pipeline = $1
+                 ON CONFLICT (pipeline, key, window_start) DO UPDATE
+                   SET window_end = excluded.window_end, status = excluded.status,
+                       revision = excluded.revision, row = excluded.row
+                   WHERE {schema}.results.revision < excluded.revision"
+            ),
+            &[&pipeline],
+        )?;
+        tx.execute(&format!("DELETE FROM {schema}.held_results WHERE pipeline = $1"), &[&pipeline])?;
+    }
+    tx.commit()?;
+    Ok(removed > 0)
+}
+
+pub fn is_paused(client: &mut Client, schema: &str, pipeline: &str) -> Result<bool, postgres::Error> {
+    Ok(client.query_opt(&format!("SELECT 1 FROM {schema}.pauses WHERE pipeline = $1"), &[&pipeline])?.is_some())
+}
+
+/// Asks every worker to replay the pipeline; returns the replay's id.
+pub fn ask_replay(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    replay: crate::pipeline::Replay,
+) -> Result<i64, postgres::Error> {
+    let from_offset = replay.from_offset.map(|o| o.min(i64::MAX as u64) as i64);
+    Ok(client
+        .query_one(
+            &format!(
+                "INSERT INTO {schema}.replays (pipeline, from_offset, from_time, asked_ms) VALUES ($1, $2, $3, $4)
+                 RETURNING id"
+            ),
+            &[&pipeline, &from_offset, &replay.from_time, &weir_log::now_ms()],
+        )?
+        .get(0))
+}
+
+/// The newest replay asked for the pipeline, with its id.
+pub fn last_replay(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+) -> Result<Option<(i64, crate::pipeline::Replay)>, postgres::Error> {
+    let row = client.query_opt(
+        &format!(
+            "SELECT id, from_offset, from_time FROM {schema}.replays WHERE pipeline = $1 ORDER BY id DESC LIMIT 1"
+        ),
+        &[&pipeline],
+    )?;
+    Ok(row.map(|r| {
+        let replay = crate::pipeline::Replay {
+            from_offset: r.get::<_, Option<i64>>(1).map(|o| o.max(0) as u64),
+            from_time: r.get(2),
+        };
+        (r.get(0), replay)
+    }))
+}
+
+/// The highest revision the pipeline has published (or holds while paused).
+pub fn max_revision(client: &mut Client, schema: &str, pipeline: &str) -> Result<u32, postgres::Error> {
+    let v: i64 = client
+        .query_one(
+            &format!(
+                "SELECT greatest(coalesce((SELECT max(revision) FROM {schema}.results WHERE pipeline = $1), 0),
+                                 coalesce((SELECT max(revision) FROM {schema}.held_results WHERE pipeline = $1), 0))"
+            ),
+            &[&pipeline],
+        )?
+        .get(0);
+    Ok(v.clamp(0, i64::from(u32::MAX)) as u32)
+}
+
+pub fn add_annotation(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    (from_ms, to_ms): (i64, i64),
+    note: &str,
+    who: &str,
+) -> Result<i64, postgres::Error> {
+    Ok(client
+        .query_one(
+            &format!(
+                "INSERT INTO {schema}.annotations (pipeline, from_ms, to_ms, note, who, at_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6) RETURNING id"
+            ),
+            &[&pipeline, &from_ms, &to_ms, &note, &who, &weir_log::now_ms()],
+        )?
+        .get(0))
+}
+
+pub fn annotations(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+) -> Result<Vec<crate::store::Annotation>, postgres::Error> {
+    let rows = client.query(
+        &format!(
+            "SELECT id, from_ms, to_ms, note, who, at_ms FROM {schema}.annotations WHERE pipeline = $1 ORDER BY id"
+        ),
+        &[&pipeline],
+    )?;
+    Ok(rows
+        .into_iter()
+        .map(|r| crate::store::Annotation {
+            id: r.get(0),
+            from_ms: r.get(1),
+            to_ms: r.get(2),
+            note: r.get(3),
+            who: r.get(4),
+            at_ms: r.get(5),
+        })
+        .collect())
+}
+
+/// `rows` with the ids of the annotations their windows overlap.
+fn annotate(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    rows: Vec<String>,
+) -> Result<Vec<String>, postgres::Error> {
+    if rows.is_empty() {
+        return Ok(rows);
+    }
+    let notes = annotations(client, schema, pipeline)?;
+    Ok(crate::store::with_annotations(&notes, rows))
 }

@@ -81,10 +81,10 @@ pub struct Pipeline {
     /// Reads Kafka, publishes to Postgres (else the embedded log and SQLite).
     pub on_kafka: bool,
     pub status: Arc<Mutex<Status>>,
-    /// Publishing paused by an operator (processing goes on).
+    /// Publishing paused by an operator (processing goes on), as the store
+    /// last said: the pause itself is a row in the store, which every
+    /// checkpoint reads.
     pub paused: Arc<AtomicBool>,
-    /// A replay an operator asked for, taken by the pipeline's next turn.
-    pub replay: Arc<Mutex<Option<Replay>>>,
 }
 
 /// Rebuild the state from the log, from this offset of every partition
@@ -105,7 +105,6 @@ pub struct Runner {
     pub status: Arc<Mutex<Status>>,
     pub stop: Arc<AtomicBool>,
     pub paused: Arc<AtomicBool>,
-    pub replay: Arc<Mutex<Option<Replay>>>,
     pub runtime: tokio::runtime::Handle,
 }
 
@@ -133,6 +132,7 @@ impl Runner {
         let partitions = self.log.partitions(&topic)?;
         let loaded = store::load(&mut self.conn, &c.pipeline.name, c.pipeline.version, c.text_hash)?;
         let mut offsets = vec![0u64; partitions as usize];
+        let mut replayed = loaded.as_ref().map_or(0, |cp| cp.replayed);
         let (mut engine, mut next_seq, mut next_ledger) = match loaded {
             Some(cp) => {
                 for (p, o) in cp.offsets {
@@ -147,11 +147,6 @@ impl Runner {
         };
         engine.track_changes();
         let mut run = store::start_run(&self.conn, &c.pipeline.name, c.pipeline.version, c.text_hash, why)?;
-        // A pause survives restarts; an operator's resume takes effect at the next checkpoint.
-        let mut published_paused = store::is_paused(&self.conn, &c.pipeline.name)?;
-        if published_paused {
-            self.paused.store(true, Ordering::SeqCst);
-        }
         let idle_after = Duration::from_millis(self.config.idle_timeout_ms.max(0) as u64);
         let interval = Duration::from_millis(self.config.checkpoint_interval_ms.max(1) as u64);
         let mut changes = self.log.subscribe(&topic)?;
@@ -161,14 +156,20 @@ impl Runner {
         let mut last_checkpoint = Instant::now();
         let mut since_checkpoint = 0u64;
         let mut dirty = false;
+        // Operator actions are read from the store (where the HTTP side wrote them) every interval.
+        let mut commands_read = Instant::now() - interval;
+        let mut replay: Option<(i64, Replay)> = None;
         // During a replay from an event time: rows of windows ending at or before it stay as published.
         // Until the replay has read what the log held when it started.
         let mut republish_after: Option<(i64, Vec<u64>)> = None;
         self.publish_status(&engine, &offsets, &idle, None);
         loop {
             let stopping = self.stop.load(Ordering::SeqCst);
-            // Cleared only once done, so a failure before then does not lose it.
-            let replay = *lock(&self.replay);
+            if commands_read.elapsed() >= interval {
+                self.paused.store(store::is_paused(&self.conn, &c.pipeline.name)?, Ordering::SeqCst);
+                replay = store::last_replay(&self.conn, &c.pipeline.name)?.filter(|(id, _)| *id > replayed);
+                commands_read = Instant::now();
+            }
             let mut read_any = false;
             for p in 0..partitions {
                 let i = p as usize;
@@ -203,10 +204,6 @@ impl Runner {
                     dirty = true;
                 }
             }
-            let paused = self.paused.load(Ordering::SeqCst);
-            if paused != published_paused {
-                dirty = true;
-            }
             let due = last_checkpoint.elapsed() >= interval || since_checkpoint >= self.config.checkpoint_events;
             if (dirty && (due || stopping)) || replay.is_some() {
                 let now = weir_log::now_ms();
@@ -218,8 +215,7 @@ impl Runner {
                     }
                 }
                 let seqs = (next_seq, next_ledger);
-                let (s, l) = self.checkpoint(&mut engine, &out, &offsets, seqs, (paused, false), run)?;
-                published_paused = paused;
+                let (s, l) = self.checkpoint(&mut engine, &out, &offsets, seqs, None, run)?;
                 lock(&self.status).checkpoint_duration.observe(started.elapsed().as_secs_f64());
                 (next_seq, next_ledger) = (s, l);
                 out.clear();
@@ -228,7 +224,7 @@ impl Runner {
                 last_checkpoint = Instant::now();
                 self.publish_status(&engine, &offsets, &idle, Some(now));
             }
-            if let Some(r) = replay {
+            if let Some((id, r)) = replay.take() {
                 // Everything so far is checkpointed; now start again from the log.
                 let floor = store::max_revision(&self.conn, &c.pipeline.name)?;
                 engine = Engine::new(c, Mode::Stream, partitions)?;
@@ -245,13 +241,9 @@ impl Runner {
                 let seqs = (next_seq, next_ledger);
                 run = store::start_run(&self.conn, &c.pipeline.name, c.pipeline.version, c.text_hash, "replay")?;
                 (next_seq, next_ledger) =
-                    self.checkpoint(&mut engine, &Output::default(), &offsets, seqs, (published_paused, true), run)?;
+                    self.checkpoint(&mut engine, &Output::default(), &offsets, seqs, Some(id), run)?;
+                replayed = id;
                 lock(&self.status).replays += 1;
-                let mut asked = lock(&self.replay);
-                if *asked == Some(r) {
-                    *asked = None;
-                }
-                drop(asked);
                 self.publish_status(&engine, &offsets, &idle, Some(now));
             }
             if stopping {
@@ -274,7 +266,7 @@ impl Runner {
         out: &Output,
         offsets: &[u64],
         (next_seq, next_ledger): (i64, i64),
-        (paused, reset): (bool, bool),
+        replay: Option<i64>,
         run: i64,
     ) -> anyhow::Result<(i64, i64)> {
         let c = &self.contract;
@@ -290,8 +282,7 @@ impl Runner {
             next_seq,
             next_ledger,
             now_ms: weir_log::now_ms(),
-            paused,
-            reset,
+            replay,
             run,
         };
         Ok(store::checkpoint(&mut self.conn, write)?)

@@ -7,16 +7,16 @@
 //! one, the engine's changed state, and the log offsets it consumed. After
 //! any crash the database holds some checkpoint whole, never a part.
 //!
-//! Schema version 4 (older ones are migrated in place: version 1's
+//! Schema version 5 (older ones are migrated in place: version 1's
 //! `changes` gains `at_ms`, `run` and `sources`, and `runs` is created;
 //! version 2's `audit` gains `origin` and its hash chain, and `tokens` is
 //! created; version 3's `ledger` gains `at_ms` and `erased`, its entries
-//! dated at the migration):
+//! dated at the migration; version 4's `pipelines` gains `replayed`):
 //!
 //! | table | holds |
 //! |---|---|
 //! | `meta` | `schema_version` |
-//! | `pipelines` | per pipeline: contract version and hash, engine header, next change and ledger sequence, last checkpoint time |
+//! | `pipelines` | per pipeline: contract version and hash, engine header, next change and ledger sequence, last checkpoint time, the last replay applied |
 //! | `offsets` | per pipeline and partition: the next log offset to read |
 //! | `state_windows` | the engine's open windows, by their hash |
 //! | `state_id_batches` | the ids each checkpoint remembered (or forgot, by a correction), one row per checkpoint in the engine's batch form (`Delta::ids`; 44 bytes an id without corrections), deleted once all have expired |
@@ -24,7 +24,8 @@
 //! | `changes` | every row in emission order (`seq` from 1), with the checkpoint's time, the run that made it and its sources (`[[partition, first offset, last offset, events], ...]`) |
 //! | `runs` | every start of a pipeline (at server start, after a failure, at a replay): contract version and hash, weir's version |
 //! | `ledger` | every ledger entry in order (`seq` from 1), with its checkpoint's time; `erased` once its payload and detail are erased for retention ([`erase_ledger_payloads`]) |
-//! | `pauses` | a paused pipeline: the first change `seq` not published |
+//! | `pauses` | a paused pipeline: the first change `seq` not published (written by the operator's action; every checkpoint reads it) |
+//! | `replays` | replays an operator asked for; the pipeline applies those above its `replayed` |
 //! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
 //! | `annotations` | notes on a pipeline and an event-time range; rows whose window overlaps one carry its id |
 //! | `sinks` | per pipeline and Kafka sink topic: the next `seq` to publish (table added without a version change: older builds ignore it) |
@@ -36,13 +37,14 @@ use std::path::Path;
 use rusqlite::{params, Connection, OptionalExtension};
 use weir_engine::{Delta, LedgerEntry, Output, Row, RowFormat};
 
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pipelines (
     name TEXT PRIMARY KEY, version INTEGER NOT NULL, text_hash TEXT NOT NULL, header BLOB NOT NULL,
-    next_seq INTEGER NOT NULL, next_ledger INTEGER NOT NULL, checkpoint_ms INTEGER NOT NULL);
+    next_seq INTEGER NOT NULL, next_ledger INTEGER NOT NULL, checkpoint_ms INTEGER NOT NULL,
+    replayed INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS offsets (
     pipeline TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
     PRIMARY KEY (pipeline, partition));
@@ -78,6 +80,9 @@ CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, who TEXT NOT NULL, action TEXT NOT NULL,
     pipeline TEXT, detail TEXT NOT NULL, why TEXT NOT NULL,
     origin TEXT NOT NULL DEFAULT '', prev_hash TEXT NOT NULL DEFAULT '', hash TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS replays (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, from_offset INTEGER, from_time INTEGER,
+    asked_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS sinks (pipeline TEXT NOT NULL, topic TEXT NOT NULL, next_seq INTEGER NOT NULL,
     PRIMARY KEY (pipeline, topic));
 CREATE TRIGGER IF NOT EXISTS audit_append_only_update BEFORE UPDATE ON audit
@@ -152,6 +157,15 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
         ))?;
         version = 4;
     }
+    if version == 4 {
+        // Replays became requests in the store (the table is created above).
+        let has = conn.prepare("SELECT 1 FROM pragma_table_info('pipelines') WHERE name = 'replayed'")?.exists([])?;
+        let add = if has { "" } else { "ALTER TABLE pipelines ADD COLUMN replayed INTEGER NOT NULL DEFAULT 0;" };
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {add} UPDATE meta SET value = '5' WHERE key = 'schema_version'; COMMIT;"
+        ))?;
+        version = 5;
+    }
     if version != SCHEMA_VERSION {
         anyhow::bail!(
             "the results database has schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or move weir.db aside to rebuild results from the log"
@@ -194,6 +208,8 @@ pub struct Checkpoint {
     pub offsets: Vec<(u32, u64)>,
     pub next_seq: i64,
     pub next_ledger: i64,
+    /// The last replay (`replays.id`) applied, 0 for none.
+    pub replayed: i64,
 }
 
 pub(crate) fn id_bytes(id: u128) -> [u8; 16] {
@@ -212,14 +228,15 @@ pub(crate) fn id_from(bytes: &[u8]) -> u128 {
 /// another contract is removed with everything the pipeline published: a
 /// changed contract starts again from the log (SPEC.md section 3).
 pub fn load(conn: &mut Connection, pipeline: &str, version: u32, text_hash: u64) -> anyhow::Result<Option<Checkpoint>> {
-    let found: Option<(i64, String, Vec<u8>, i64, i64)> = conn
+    type Found = (i64, String, Vec<u8>, i64, i64, i64);
+    let found: Option<Found> = conn
         .query_row(
-            "SELECT version, text_hash, header, next_seq, next_ledger FROM pipelines WHERE name = ?1",
+            "SELECT version, text_hash, header, next_seq, next_ledger, replayed FROM pipelines WHERE name = ?1",
             [pipeline],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
         )
         .optional()?;
-    let Some((v, hash, header, next_seq, next_ledger)) = found else { return Ok(None) };
+    let Some((v, hash, header, next_seq, next_ledger, replayed)) = found else { return Ok(None) };
     if v != i64::from(version) || hash != format!("{text_hash:016x}") {
         forget(conn, pipeline)?;
         return Ok(None);
@@ -239,15 +256,23 @@ pub fn load(conn: &mut Connection, pipeline: &str, version: u32, text_hash: u64)
     for row in rows {
         offsets.push(row?);
     }
-    Ok(Some(Checkpoint { header, windows, id_batches, offsets, next_seq, next_ledger }))
+    Ok(Some(Checkpoint { header, windows, id_batches, offsets, next_seq, next_ledger, replayed }))
 }
 
 /// Removes a pipeline's checkpoint and everything it published.
 pub fn forget(conn: &mut Connection, pipeline: &str) -> anyhow::Result<()> {
     let tx = conn.transaction()?;
-    for table in
-        ["offsets", "state_windows", "state_id_batches", "results", "changes", "ledger", "pauses", "held_results"]
-    {
+    for table in [
+        "offsets",
+        "state_windows",
+        "state_id_batches",
+        "results",
+        "changes",
+        "ledger",
+        "pauses",
+        "held_results",
+        "replays",
+    ] {
         tx.execute(&format!("DELETE FROM {table} WHERE pipeline = ?1"), [pipeline])?;
     }
     tx.execute("DELETE FROM pipelines WHERE name = ?1", [pipeline])?;
@@ -267,11 +292,9 @@ pub struct CheckpointWrite<'a> {
     pub next_seq: i64,
     pub next_ledger: i64,
     pub now_ms: i64,
-    /// Publishing is paused: rows go to the change stream past the pause
-    /// point (hidden from readers) and to `held_results`.
-    pub paused: bool,
-    /// A replay starts: the stored windows and ids are dropped first.
-    pub reset: bool,
+    /// A replay starts: the stored windows and ids are dropped first, and
+    /// the replay (`replays.id`) is marked applied.
+    pub replay: Option<i64>,
     /// The run (see [`start_run`]) the rows come from.
     pub run: i64,
 }
@@ -302,20 +325,14 @@ pub(crate) fn sources_json(row: &Row, out: &mut String) {
 pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Result<(i64, i64)> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let (mut seq, mut lseq) = (w.next_seq, w.next_ledger);
-    if w.paused {
-        tx.prepare_cached("INSERT OR IGNORE INTO pauses (pipeline, from_seq, at_ms) VALUES (?1, ?2, ?3)")?
-            .execute(params![w.pipeline, seq, w.now_ms])?;
-    } else if tx.prepare_cached("DELETE FROM pauses WHERE pipeline = ?1")?.execute([w.pipeline])? > 0 {
-        // Resumed: what was held is published with this checkpoint.
-        tx.prepare_cached("INSERT OR REPLACE INTO results SELECT * FROM held_results WHERE pipeline = ?1")?
-            .execute([w.pipeline])?;
-        tx.prepare_cached("DELETE FROM held_results WHERE pipeline = ?1")?.execute([w.pipeline])?;
-    }
-    if w.reset {
+    // Paused by an operator (see [`pause`]): rows go to the change stream
+    // past the pause point, hidden from readers, and to `held_results`.
+    let paused = tx.prepare_cached("SELECT 1 FROM pauses WHERE pipeline = ?1")?.exists([w.pipeline])?;
+    if w.replay.is_some() {
         tx.prepare_cached("DELETE FROM state_windows WHERE pipeline = ?1")?.execute([w.pipeline])?;
         tx.prepare_cached("DELETE FROM state_id_batches WHERE pipeline = ?1")?.execute([w.pipeline])?;
     }
-    let results_table = if w.paused { "held_results" } else { "results" };
+    let results_table = if paused { "held_results" } else { "results" };
     {
         let mut change = tx.prepare_cached(
             "INSERT INTO changes (pipeline, seq, row, at_ms, run, sources) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -388,8 +405,11 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
             offset.execute(params![w.pipeline, p as i64, *o as i64])?;
         }
         tx.prepare_cached(
-            "INSERT OR REPLACE INTO pipelines (name, version, text_hash, header, next_seq, next_ledger, checkpoint_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            "INSERT INTO pipelines (name, version, text_hash, header, next_seq, next_ledger, checkpoint_ms, replayed)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+             ON CONFLICT (name) DO UPDATE SET version = excluded.version, text_hash = excluded.text_hash,
+               header = excluded.header, next_seq = excluded.next_seq, next_ledger = excluded.next_ledger,
+               checkpoint_ms = excluded.checkpoint_ms, replayed = max(replayed, excluded.replayed)",
         )?
         .execute(params![
             w.pipeline,
@@ -398,7 +418,8 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
             w.delta.header,
             seq,
             lseq,
-            w.now_ms
+            w.now_ms,
+            w.replay.unwrap_or(0)
         ])?;
     }
     tx.commit()?;
@@ -492,6 +513,60 @@ pub fn ledger(
     rows.collect()
 }
 
+/// Pauses publishing: rows checkpointed from now on are held until
+/// [`resume`] (a pause survives restarts). Returns whether it was paused
+/// already.
+pub fn pause(conn: &mut Connection, pipeline: &str) -> rusqlite::Result<bool> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let next: i64 = tx
+        .query_row("SELECT next_seq FROM pipelines WHERE name = ?1", [pipeline], |r| r.get(0))
+        .optional()?
+        .unwrap_or(1);
+    let added = tx.execute(
+        "INSERT OR IGNORE INTO pauses (pipeline, from_seq, at_ms) VALUES (?1, ?2, ?3)",
+        params![pipeline, next, weir_log::now_ms()],
+    )?;
+    tx.commit()?;
+    Ok(added == 0)
+}
+
+/// Resumes publishing: the held rows reach `results` and the change stream
+/// past the pause point becomes readable, in one transaction. Returns
+/// whether it was paused.
+pub fn resume(conn: &mut Connection, pipeline: &str) -> rusqlite::Result<bool> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let removed = tx.execute("DELETE FROM pauses WHERE pipeline = ?1", [pipeline])?;
+    if removed > 0 {
+        tx.execute("INSERT OR REPLACE INTO results SELECT * FROM held_results WHERE pipeline = ?1", [pipeline])?;
+        tx.execute("DELETE FROM held_results WHERE pipeline = ?1", [pipeline])?;
+    }
+    tx.commit()?;
+    Ok(removed > 0)
+}
+
+/// Asks the pipeline to replay; returns the replay's id.
+pub fn ask_replay(conn: &Connection, pipeline: &str, replay: crate::pipeline::Replay) -> rusqlite::Result<i64> {
+    let from_offset = replay.from_offset.map(|o| o.min(i64::MAX as u64) as i64);
+    conn.execute(
+        "INSERT INTO replays (pipeline, from_offset, from_time, asked_ms) VALUES (?1, ?2, ?3, ?4)",
+        params![pipeline, from_offset, replay.from_time, weir_log::now_ms()],
+    )?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// The newest replay asked for the pipeline, with its id.
+pub fn last_replay(conn: &Connection, pipeline: &str) -> rusqlite::Result<Option<(i64, crate::pipeline::Replay)>> {
+    conn.prepare_cached("SELECT id, from_offset, from_time FROM replays WHERE pipeline = ?1 ORDER BY id DESC LIMIT 1")?
+        .query_row([pipeline], |r| {
+            let replay = crate::pipeline::Replay {
+                from_offset: r.get::<_, Option<i64>>(1)?.map(|o| o.max(0) as u64),
+                from_time: r.get(2)?,
+            };
+            Ok((r.get(0)?, replay))
+        })
+        .optional()
+}
+
 /// Whether the pipeline's publishing was paused (a pause survives restarts).
 pub fn is_paused(conn: &Connection, pipeline: &str) -> rusqlite::Result<bool> {
     conn.query_row("SELECT count(*) FROM pauses WHERE pipeline = ?1", [pipeline], |r| r.get::<_, i64>(0)).map(|n| n > 0)
@@ -548,12 +623,18 @@ fn row_time(row: &str, field: &str) -> Option<i64> {
 /// Adds `"annotations":[ids]` to each row whose window overlaps an
 /// annotation's range (a global window overlaps every range).
 fn annotate_rows(conn: &Connection, pipeline: &str, rows: Vec<String>) -> rusqlite::Result<Vec<String>> {
-    let notes = annotations(conn, pipeline)?;
-    if notes.is_empty() {
+    if rows.is_empty() {
         return Ok(rows);
     }
-    Ok(rows
-        .into_iter()
+    Ok(with_annotations(&annotations(conn, pipeline)?, rows))
+}
+
+/// `rows` with the ids of the `notes` their windows overlap.
+pub(crate) fn with_annotations(notes: &[Annotation], rows: Vec<String>) -> Vec<String> {
+    if notes.is_empty() {
+        return rows;
+    }
+    rows.into_iter()
         .map(|row| {
             let (start, end) = (row_time(&row, "window_start"), row_time(&row, "window_end"));
             let ids: Vec<String> = notes
@@ -569,7 +650,7 @@ fn annotate_rows(conn: &Connection, pipeline: &str, rows: Vec<String>) -> rusqli
                 _ => row,
             }
         })
-        .collect())
+        .collect()
 }
 
 /// The highest revision the pipeline has published (or holds while paused).

@@ -44,6 +44,7 @@ struct Server {
     url: String,
     dir: PathBuf,
     fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    hold: std::sync::Arc<std::sync::atomic::AtomicBool>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -60,7 +61,7 @@ impl Server {
         let contract = Contract::parse("paid.toml", contract).unwrap();
         let config = ServerConfig::parse("weir.toml", config).unwrap();
         let log_options = LogOptions::default();
-        let fail = log_options.fail_writes.clone();
+        let (fail, hold) = (log_options.fail_writes.clone(), log_options.hold_writes.clone());
         let opts = weir_server::ServeOptions {
             data: dir.clone(),
             contracts: vec![contract],
@@ -80,7 +81,7 @@ impl Server {
         });
         let addr = addr_rx.recv_timeout(Duration::from_secs(20)).unwrap();
         TOKENS.lock().unwrap_or_else(|e| e.into_inner()).push((addr.to_string(), tokens));
-        Server { url: format!("http://{addr}"), dir, fail, stop: Some(stop_tx), thread: Some(thread) }
+        Server { url: format!("http://{addr}"), dir, fail, hold, stop: Some(stop_tx), thread: Some(thread) }
     }
 }
 
@@ -233,6 +234,79 @@ fn a_failing_log_answers_503_appends_nothing_and_recovers() {
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["event"]["id"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(ids, vec!["p1", "p4"], "only acknowledged events are in the log, with no gap");
+}
+
+#[test]
+fn a_full_log_queue_answers_503_with_retry_after_and_too_many_events_413() {
+    let s = Server::start("busy", "log_queue_bytes = 1048576\nmax_events_per_request = 1000\n");
+    let url = format!("{}/v1/topics/payments/events", s.url);
+    // Past max_events_per_request: 413, nothing appended.
+    let many: Vec<String> = (0..1_001).map(|i| event(i, 1, 0, "1")).collect();
+    let (code, body) = post(&url, &many.join("\n"));
+    assert_eq!(code, 413, "{body}");
+    assert!(body.contains("max_events_per_request = 1000") && body.contains("nothing was appended"), "{body}");
+    assert_eq!(post(&url, &many[..1_000].join("\n")).0, 200, "at the limit is fine");
+
+    // The writer stalls: posts of about 100 KB wait in its queue until 1 MiB is
+    // waiting; the next ones are answered 503 with Retry-After at once.
+    s.hold.store(true, Ordering::SeqCst);
+    let posts: Vec<_> = (0..16u32)
+        .map(|n| {
+            let url = url.clone();
+            let body: Vec<String> = (0..700).map(|i| event(10_000 + n * 1_000 + i, n, 0, "1")).collect();
+            let body = body.join("\n");
+            std::thread::spawn(move || {
+                let mut r = authed(agent().post(&url), "POST", &url).send(&body).unwrap();
+                let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+                (n, r.status().as_u16(), retry, r.body_mut().read_to_string().unwrap())
+            })
+        })
+        .collect();
+    // Refusals come back at once, while the writer is still stalled.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut refused = Vec::new();
+    let mut waiting = Vec::new();
+    for p in posts {
+        if p.is_finished() {
+            let (n, code, retry, body) = p.join().unwrap();
+            assert_eq!(code, 503, "{body}");
+            assert_eq!(retry.as_deref(), Some("1"));
+            assert!(body.contains("log_queue_bytes"), "{body}");
+            refused.push(n);
+        } else {
+            waiting.push(p);
+        }
+    }
+    assert!(!refused.is_empty() && !waiting.is_empty(), "some wait, some are refused: {refused:?}");
+    s.hold.store(false, Ordering::SeqCst);
+    let mut accepted = Vec::new();
+    for p in waiting {
+        let (n, code, _, body) = p.join().unwrap();
+        if code == 200 {
+            accepted.push(n);
+        } else {
+            assert_eq!(code, 503, "{body}");
+            refused.push(n);
+        }
+    }
+    assert_eq!(accepted.len() + refused.len(), 16);
+    // Exactly the accepted posts are in the log.
+    let (_, body) = get(&format!("{url}?limit=100000"));
+    let mut senders: Vec<u32> = body
+        .lines()
+        .filter_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            let id = v["event"]["id"].as_str().unwrap()[1..].parse::<u32>().unwrap();
+            (id >= 10_000).then(|| (id - 10_000) / 1_000)
+        })
+        .collect();
+    senders.dedup();
+    senders.sort_unstable();
+    senders.dedup();
+    accepted.sort_unstable();
+    assert_eq!(senders, accepted, "only acknowledged posts were appended");
+    let (_, metrics) = get(&format!("{}/metrics", s.url));
+    assert!(metrics.contains(&format!("weir_log_appends_busy_total {}", refused.len())), "{metrics}");
 }
 
 /// Final rows of a batch over `lines`, by (key, window start): values as JSON.
@@ -961,4 +1035,29 @@ fn a_stalled_partition_grows_its_watermark_age_and_holds_the_pipelines() {
         pipeline >= stalled - 200.0,
         "the silent partition holds the pipeline's watermark: {pipeline} vs {stalled}"
     );
+}
+
+#[test]
+fn connections_past_max_connections_wait_until_one_closes() {
+    use std::io::{Read, Write};
+    let s = Server::start("connections", "max_connections = 4\nheader_timeout = \"1m\"\n");
+    let addr = s.url.trim_start_matches("http://").to_owned();
+    // Four silent connections take every place.
+    let mut silent: Vec<std::net::TcpStream> = (0..4).map(|_| std::net::TcpStream::connect(&addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let ask = |timeout: Duration| -> Option<String> {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        c.set_read_timeout(Some(timeout)).unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        match c.read_to_string(&mut answer) {
+            Ok(_) if !answer.is_empty() => Some(answer),
+            _ => None,
+        }
+    };
+    assert_eq!(ask(Duration::from_secs(1)), None, "a fifth connection is not served while four are open");
+    // One closes: the next is served.
+    drop(silent.pop());
+    let answer = ask(Duration::from_secs(10)).expect("served once a place is free");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }

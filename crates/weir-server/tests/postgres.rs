@@ -77,7 +77,7 @@ fn feed(engine: &mut Engine, partition: u32, first: u64, events: &[String]) -> O
     out
 }
 
-/// One checkpoint of `out` and the engine's changes.
+/// One checkpoint of `out` and the engine's changes, on partition 3.
 fn commit(
     client: &mut postgres::Client,
     schema: &str,
@@ -86,17 +86,34 @@ fn commit(
     (generation, run): (i64, i64),
     next_offset: u64,
 ) -> Result<(), pg::CheckpointError> {
+    let c = Contract::parse("paid.toml", CONTRACT).unwrap();
+    commit_as(client, schema, engine, out, (3, generation, run), next_offset, &c)
+}
+
+/// One checkpoint of a partition, as a worker of contract `c`.
+fn commit_as(
+    client: &mut postgres::Client,
+    schema: &str,
+    engine: &mut Engine,
+    out: &Output,
+    (partition, generation, run): (u32, i64, i64),
+    next_offset: u64,
+    c: &Contract,
+) -> Result<(), pg::CheckpointError> {
     let delta = engine.take_delta();
     let w = pg::PartitionWrite {
         pipeline: "paid",
-        partition: 3,
+        partition,
         generation,
+        version: c.pipeline.version,
+        text_hash: c.text_hash,
         format: engine.format(),
         out,
         delta,
         next_offset,
         now_ms: weir_log::now_ms(),
         run,
+        replay: None,
     };
     pg::checkpoint(client, schema, w)
 }
@@ -110,7 +127,7 @@ fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() 
 
     // Worker A takes partition 3 and checkpoints two events.
     let a = pg::claim(&mut s.client, &s.name, "paid", 3, "worker-a", identity).unwrap();
-    assert_eq!((a.generation, a.next_offset, a.checkpoint.is_none()), (1, 0, true));
+    assert_eq!((a.next_offset, a.checkpoint.is_none()), (0, true));
     let mut engine_a = Engine::new(&c, Mode::Stream, 1).unwrap();
     engine_a.track_changes();
     let out = feed(&mut engine_a, 3, 0, &[event(1, 1, 0, "1.00"), event(2, 1, 1, "2.00")]);
@@ -119,7 +136,8 @@ fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() 
     // Worker B takes it over (A is now a zombie) and restores A's checkpoint.
     let mut other = pg::connect(&url()).unwrap();
     let b = pg::claim(&mut other, &s.name, "paid", 3, "worker-b", identity).unwrap();
-    assert_eq!((b.generation, b.next_offset), (2, 2));
+    assert_eq!(b.next_offset, 2);
+    assert!(b.generation > a.generation);
     let cp = b.checkpoint.expect("B restores A's checkpoint");
     let mut engine_b = Engine::restore_parts(&c, &cp.header, cp.windows, cp.id_batches).unwrap();
     engine_b.track_changes();
@@ -127,7 +145,10 @@ fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() 
     // The zombie goes on and tries to commit: refused, nothing of it written.
     let out = feed(&mut engine_a, 3, 2, &[event(3, 1, 2, "4.00")]);
     let refused = commit(&mut s.client, &s.name, &mut engine_a, &out, (a.generation, a.run), 3).unwrap_err();
-    assert!(matches!(refused, pg::CheckpointError::Fenced { ours: 1, now: 2, .. }), "{refused}");
+    assert!(
+        matches!(refused, pg::CheckpointError::Fenced { ours, now, .. } if ours == a.generation && now == b.generation),
+        "{refused}"
+    );
     assert!(refused.to_string().contains("taken by another worker"), "{refused}");
     let changes = pg::changes(&mut s.client, &s.name, "paid", 1, 100).unwrap();
     assert_eq!(changes.len(), 2, "only A's first checkpoint: {changes:?}");
@@ -158,7 +179,7 @@ fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() 
     assert_eq!(results.len(), 1);
     assert!(results[0].contains("\"revision\":3") && results[0].contains("7.00"), "{results:?}");
     let parts = pg::partitions(&mut s.client, &s.name, "paid").unwrap();
-    assert_eq!(parts, [(3, 3, 2, "worker-b".to_owned())]);
+    assert_eq!(parts, [(3, 3, b.generation, "worker-b".to_owned())]);
 }
 
 #[test]
@@ -291,4 +312,119 @@ fn a_version_1_ledger_is_dated_and_its_payloads_erased_in_order() {
     assert!(parsed.get("payload").is_none() && !erased.contains("4242"), "{erased}");
     assert_eq!(parsed["detail"], weir_server::store::ERASED_DETAIL);
     client.batch_execute(&format!("DROP SCHEMA {name} CASCADE")).unwrap();
+}
+
+#[test]
+fn a_worker_of_the_old_contract_is_fenced_out_after_a_contract_change() {
+    let mut s = Schema::new("fence_contract");
+    let v1 = Contract::parse("paid.toml", CONTRACT).unwrap();
+    let v2 = Contract::parse("paid.toml", &CONTRACT.replace("version = 1", "version = 2")).unwrap();
+    pg::prepare_pipeline(&mut s.client, &s.name, "paid", 1, v1.text_hash).unwrap();
+    let a = pg::claim(&mut s.client, &s.name, "paid", 0, "worker-a", (1, v1.text_hash)).unwrap();
+    let mut engine_a = Engine::new(&v1, Mode::Stream, 1).unwrap();
+    engine_a.track_changes();
+
+    // The contract changes: the pipeline's partitions are removed, and B,
+    // running version 2, claims partition 0 again.
+    let mut other = pg::connect(&url()).unwrap();
+    pg::prepare_pipeline(&mut other, &s.name, "paid", 2, v2.text_hash).unwrap();
+    let b = pg::claim(&mut other, &s.name, "paid", 0, "worker-b", (2, v2.text_hash)).unwrap();
+    assert!(
+        b.generation > a.generation,
+        "generations are never handed out twice: {} then {}",
+        a.generation,
+        b.generation
+    );
+
+    // A, still on version 1 and holding its old generation, is refused.
+    let out = feed(&mut engine_a, 0, 0, &[event(1, 1, 0, "1.00")]);
+    let refused = commit_as(&mut s.client, &s.name, &mut engine_a, &out, (0, a.generation, a.run), 1, &v1).unwrap_err();
+    assert!(matches!(refused, pg::CheckpointError::Fenced { .. }), "{refused}");
+    // Even with B's generation, a checkpoint of another contract is refused.
+    let refused = commit_as(&mut s.client, &s.name, &mut engine_a, &out, (0, b.generation, a.run), 1, &v1).unwrap_err();
+    assert!(matches!(refused, pg::CheckpointError::Fenced { .. }), "{refused}");
+    // And A cannot claim a partition of the pipeline under version 1.
+    let claim = pg::claim(&mut s.client, &s.name, "paid", 1, "worker-a", (1, v1.text_hash)).unwrap_err().to_string();
+    assert!(claim.contains("version 2") && claim.contains("not this worker's version 1"), "{claim}");
+    assert!(pg::changes(&mut s.client, &s.name, "paid", 1, 100).unwrap().is_empty(), "nothing of A's was written");
+
+    // B commits.
+    let mut engine_b = Engine::new(&v2, Mode::Stream, 1).unwrap();
+    engine_b.track_changes();
+    let out = feed(&mut engine_b, 0, 0, &[event(1, 1, 0, "1.00")]);
+    commit_as(&mut other, &s.name, &mut engine_b, &out, (0, b.generation, b.run), 1, &v2).unwrap();
+    assert_eq!(pg::changes(&mut s.client, &s.name, "paid", 1, 100).unwrap().len(), 1);
+}
+
+#[test]
+fn a_pause_holds_the_rows_of_every_worker_and_a_resume_publishes_them() {
+    let mut s = Schema::new("pause");
+    let c = Contract::parse("paid.toml", CONTRACT).unwrap();
+    let identity = (c.pipeline.version, c.text_hash);
+    pg::prepare_pipeline(&mut s.client, &s.name, "paid", 1, c.text_hash).unwrap();
+    let mut other = pg::connect(&url()).unwrap();
+    // Two workers, a partition each.
+    let a = pg::claim(&mut s.client, &s.name, "paid", 0, "worker-a", identity).unwrap();
+    let b = pg::claim(&mut other, &s.name, "paid", 1, "worker-b", identity).unwrap();
+    let (mut ea, mut eb) = (Engine::new(&c, Mode::Stream, 1).unwrap(), Engine::new(&c, Mode::Stream, 1).unwrap());
+    ea.track_changes();
+    eb.track_changes();
+    let out = feed(&mut ea, 0, 0, &[event(1, 1, 0, "1.00")]);
+    commit_as(&mut s.client, &s.name, &mut ea, &out, (0, a.generation, a.run), 1, &c).unwrap();
+    let published = |client: &mut postgres::Client| {
+        let f = weir_server::store::ResultFilter { limit: 100, ..Default::default() };
+        let results = pg::results(client, &s.name, "paid", &f).unwrap();
+        (pg::changes(client, &s.name, "paid", 1, 100).unwrap().len(), results)
+    };
+    let mut reader = pg::connect(&url()).unwrap();
+    let (changes_before, results_before) = published(&mut reader);
+    assert_eq!(changes_before, 1);
+
+    assert!(!pg::pause(&mut reader, &s.name, "paid").unwrap(), "it was not paused");
+    assert!(pg::pause(&mut reader, &s.name, "paid").unwrap(), "pausing twice says it was paused");
+    assert!(pg::is_paused(&mut reader, &s.name, "paid").unwrap());
+    // Both workers go on committing; nothing of it is readable.
+    let out = feed(&mut ea, 0, 1, &[event(2, 1, 1, "2.00")]);
+    commit_as(&mut s.client, &s.name, &mut ea, &out, (0, a.generation, a.run), 2, &c).unwrap();
+    let out = feed(&mut eb, 1, 0, &[event(3, 2, 0, "5.00")]);
+    commit_as(&mut other, &s.name, &mut eb, &out, (1, b.generation, b.run), 1, &c).unwrap();
+    assert_eq!(published(&mut reader), (changes_before, results_before.clone()), "nothing published while paused");
+    // The sink and the dashboard read the same change stream.
+    assert!(pg::latest_changes(&mut reader, &s.name, "paid", 10).unwrap().len() == 1);
+
+    assert!(pg::resume(&mut reader, &s.name, "paid").unwrap(), "it was paused");
+    assert!(!pg::resume(&mut reader, &s.name, "paid").unwrap(), "resuming twice says it was not");
+    let (changes, results) = published(&mut reader);
+    assert_eq!(changes, 3, "every row held is published, in seq order");
+    assert_eq!(results.len(), 2);
+    assert!(results.iter().any(|r| r.contains("\"revision\":2") && r.contains("3.00")), "{results:?}");
+    assert!(results.iter().any(|r| r.contains("5.00")), "{results:?}");
+}
+
+#[test]
+fn a_version_2_schema_is_migrated_and_generations_go_on_above_the_old_ones() {
+    let mut s = Schema::new("migrate3");
+    let c = Contract::parse("paid.toml", CONTRACT).unwrap();
+    // Make the schema look like version 2 with a partition at generation 7.
+    s.client
+        .batch_execute(&format!(
+            "DROP SEQUENCE {0}.generations; DROP TABLE {0}.pauses, {0}.held_results, {0}.replays, {0}.annotations;
+             ALTER TABLE {0}.partitions DROP COLUMN version, DROP COLUMN text_hash, DROP COLUMN replayed;
+             UPDATE {0}.meta SET value = '2' WHERE key = 'schema_version';
+             INSERT INTO {0}.pipelines (name, version, text_hash) VALUES ('paid', 1, '{1:016x}');
+             INSERT INTO {0}.partitions (pipeline, partition, generation, owner) VALUES ('paid', 0, 7, 'old');",
+            s.name, c.text_hash
+        ))
+        .unwrap();
+    pg::migrate(&mut s.client, &s.name).unwrap();
+    let version: String = s
+        .client
+        .query_one(&format!("SELECT value FROM {}.meta WHERE key = 'schema_version'", s.name), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, pg::SCHEMA_VERSION.to_string());
+    let claim = pg::claim(&mut s.client, &s.name, "paid", 0, "new", (1, c.text_hash)).unwrap();
+    assert!(claim.generation > 7, "{}", claim.generation);
+    let other = pg::claim(&mut s.client, &s.name, "paid", 1, "new", (1, c.text_hash)).unwrap();
+    assert!(other.generation > claim.generation);
 }

@@ -10,7 +10,8 @@
 //! Postgres equal `weir batch` over every event produced, with no revision
 //! going back. The contract takes corrections (`on_conflict = "correct"`):
 //! the stream carries later versions of earlier payments, with another
-//! amount or void (a deletion).
+//! amount or void (a deletion). Pause, resume, replay and annotations
+//! asked of one worker act on every worker's partitions.
 
 mod common;
 
@@ -259,6 +260,12 @@ fn identity(v: &Value) -> (String, String, String) {
 /// The rows Postgres holds now, against `weir batch` over `lines`; and the
 /// change stream: `seq` 1.. in order, each window's revisions going up.
 fn check_against_batch(s: &Scratch, w: &Worker, lines: &[String]) {
+    check_against_batch_ledgered(s, w, lines, 1);
+}
+
+/// As [`check_against_batch`], with every event ledgered `times` times
+/// (a replay ledgers again what it reads again).
+fn check_against_batch_ledgered(s: &Scratch, w: &Worker, lines: &[String], times: usize) {
     let input = s.write("all.jsonl", &(lines.join("\n") + "\n"));
     let contract = s.write("paid.toml", CONTRACT);
     let out = s.path("batch.jsonl");
@@ -285,7 +292,7 @@ fn check_against_batch(s: &Scratch, w: &Worker, lines: &[String]) {
     let superseded = std::fs::read_to_string(&ledger).unwrap().matches("\"superseded\"").count();
     assert!(superseded > 0);
     let (_, body) = get(&format!("{}/v1/pipelines/paid/ledger?reason=superseded&limit=100000", w.base));
-    assert_eq!(body.lines().count(), superseded, "superseded versions in Postgres");
+    assert_eq!(body.lines().count(), superseded * times, "superseded versions in Postgres");
     let (_, body) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", w.base));
     let mut last: BTreeMap<(String, String), u64> = BTreeMap::new();
     for (i, l) in body.lines().enumerate() {
@@ -422,6 +429,124 @@ fn workers_share_partitions_survive_a_kill_fence_a_zombie_hand_over_and_restart_
     let (_, dashboard) = get(&format!("{}/v1/dashboard", a.base));
     let dashboard: Value = serde_json::from_str(&dashboard).unwrap();
     assert_eq!(dashboard["pipelines"][0]["rows"].as_array().map(Vec::len), Some(20), "the dashboard reads Postgres");
+}
+
+fn post(url: &str, body: &str) -> (u16, String) {
+    let mut r = authed(agent().post(url), "POST", url).header("content-type", "application/json").send(body).unwrap();
+    (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+}
+
+/// The rows `/results` and `/changes` of a worker show now.
+fn published(w: &Worker) -> (String, usize) {
+    let (_, results) = get(&format!("{}/v1/pipelines/paid/results", w.base));
+    let (_, changes) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", w.base));
+    (results, changes.lines().count())
+}
+
+/// Waits until `check` holds for a worker's status.
+fn wait_status(w: &Worker, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st = status(w);
+        if check(&st) {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "{what}: {st}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn operator_actions_reach_every_worker_through_postgres() {
+    let broker = Broker::start();
+    let schema = Schema::new("actions");
+    let s = Scratch::new("kafka-actions");
+    let (root_a, root_b) = (worker_root(&s, "a", &broker, &schema), worker_root(&s, "b", &broker, &schema));
+    let a = worker(&root_a);
+    wait_held(&[&a], &[4]);
+    let b = worker(&root_b);
+    wait_held(&[&a, &b], &[2, 2]);
+    let mut produced = events(0, 600);
+    produced_ok(produce(&s, &broker, &produced));
+    wait_caught_up(&[&a, &b], produced.len() as u64);
+    check_against_batch(&s, &a, &produced);
+
+    // Paused through A: both workers go on reading, and nothing either commits is readable, from either.
+    let (code, body) = post(&format!("{}/v1/pipelines/paid/pause", a.base), r#"{"why":"amounts look wrong"}"#);
+    assert_eq!(code, 200, "{body}");
+    wait_status(&b, "B sees the pause", |st| st["paused"] == true);
+    let before = published(&a);
+    assert_eq!(published(&b), before);
+    let more = events(600, 1_200);
+    produced_ok(produce(&s, &broker, &more));
+    produced.extend(more);
+    wait_caught_up(&[&a, &b], produced.len() as u64);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(published(&a), before, "nothing is published while paused (A's reader)");
+    assert_eq!(published(&b), before, "nothing is published while paused (B's reader)");
+
+    // Resumed through B: every held row of both workers is published.
+    let (code, body) = post(&format!("{}/v1/pipelines/paid/resume", b.base), r#"{"why":"checked"}"#);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"was_paused\":true"), "{body}");
+    wait_status(&a, "A sees the resume", |st| st["paused"] == false);
+    check_against_batch(&s, &a, &produced);
+    check_against_batch(&s, &b, &produced);
+
+    // An annotation made through A marks the rows B reads from Postgres.
+    let note = r#"{"from":"2025-11-29T00:00:00Z","to":"2025-11-29T00:05:00Z","note":"gateway incident","why":"x"}"#;
+    let (code, body) = post(&format!("{}/v1/pipelines/paid/annotations", a.base), note);
+    assert_eq!(code, 200, "{body}");
+    let id: Value = serde_json::from_str(&body).unwrap();
+    let (_, rows) = get(&format!("{}/v1/pipelines/paid/results", b.base));
+    let marked = rows.lines().filter(|l| l.contains(&format!("\"annotations\":[{}]", id["annotation"]))).count();
+    assert!(marked > 0 && marked < rows.lines().count(), "rows in the range are marked, others not: {marked}");
+    let (_, notes) = get(&format!("{}/v1/pipelines/paid/annotations", b.base));
+    assert!(notes.contains("gateway incident"), "{notes}");
+
+    // A replay asked through A rebuilds every partition, on both workers,
+    // and republishes every window above the revisions before.
+    let (_, results_before) = get(&format!("{}/v1/pipelines/paid/results", a.base));
+    let highest = results_before
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["revision"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let (code, body) = post(&format!("{}/v1/pipelines/paid/replay", a.base), r#"{"why":"rebuild after the fix"}"#);
+    assert_eq!(code, 202, "{body}");
+    for w in [&a, &b] {
+        wait_status(w, "the replay reached the worker", |st| st["replays"].as_u64() >= Some(1));
+    }
+    wait_caught_up(&[&a, &b], produced.len() as u64);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, rows) = get(&format!("{}/v1/pipelines/paid/results", a.base));
+        // (A window whose versions were all corrected away has no row to republish.)
+        let low = rows
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|v| v["events"] != 0)
+            .map(|v| v["revision"].as_u64().unwrap())
+            .min()
+            .unwrap();
+        if low > highest {
+            break;
+        }
+        assert!(Instant::now() < deadline, "every window republished above revision {highest}: lowest {low}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    check_against_batch_ledgered(&s, &b, &produced, 2);
+    // The embedded log's reader does not pretend to read Kafka.
+    let (code, body) = get(&format!("{}/v1/topics/payments/events", a.base));
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("on Kafka"), "{body}");
+    // Each action is in the audit log of the server it was asked of.
+    for (w, actions) in [(&a, &["pause", "annotate", "replay"][..]), (&b, &["resume"][..])] {
+        let (_, audit) = get(&format!("{}/v1/audit", w.base));
+        for action in actions {
+            assert!(audit.contains(&format!("\"action\":\"{action}\"")), "{action} audited: {audit}");
+        }
+    }
 }
 
 /// The records of `partition` from `first` to `last` (inclusive), read back from Kafka.
