@@ -51,14 +51,16 @@ url = "$pg"
 schema = "weir_bench_$1"
 TOML
 }
-status_sum() { # sum of next_offset over the workers' partitions, and of checkpoint seconds
+status_sum() { # sum of next_offset over the workers' partitions, and of checkpoint seconds; args: URL|TOKEN
     python3 - "$@" <<'PY'
 import json, sys, urllib.request
 offsets, seconds, count = 0, 0.0, 0
-for base in sys.argv[1:]:
-    s = json.load(urllib.request.urlopen(base + "/v1/pipelines/paid_revenue/status"))
+for arg in sys.argv[1:]:
+    base, token = arg.split("|")
+    get = lambda path: urllib.request.urlopen(urllib.request.Request(base + path, headers={"Authorization": "Bearer " + token}))
+    s = json.load(get("/v1/pipelines/paid_revenue/status"))
     offsets += sum(p["next_offset"] for p in s["partitions"])
-    for line in urllib.request.urlopen(base + "/metrics").read().decode().splitlines():
+    for line in get("/metrics").read().decode().splitlines():
         if line.startswith("weir_checkpoint_duration_seconds_sum"):
             seconds += float(line.rsplit(" ", 1)[1])
         if line.startswith("weir_checkpoint_duration_seconds_count"):
@@ -66,19 +68,20 @@ for base in sys.argv[1:]:
 print(offsets, seconds, count)
 PY
 }
-start_worker() { # $1: suffix, $2: worker number; sets $base and $pid
-    local p
+start_worker() { # $1: suffix, $2: worker number; sets $base (URL|reader token) and $pid
+    local p token
     p=$(port)
     config "$1" >"$dir/weir-$1.toml"
+    token=$("$weir" token create --data "$dir/data-$1-$2" --role reader --name bench --pipeline '*' 2>/dev/null)
     "$weir" serve --data "$dir/data-$1-$2" --contracts "$dir/contracts" --config "$dir/weir-$1.toml" \
         --listen "127.0.0.1:$p" >"$dir/worker-$1-$2.log" 2>&1 &
     pid=$!
     pids+=("$pid")
     for _ in $(seq 1 100); do
-        curl -sf "http://127.0.0.1:$p/v1/pipelines" >/dev/null 2>&1 && break
+        curl -sf -H "Authorization: Bearer $token" "http://127.0.0.1:$p/v1/pipelines" >/dev/null 2>&1 && break
         sleep 0.1
     done
-    base="http://127.0.0.1:$p"
+    base="http://127.0.0.1:$p|$token"
 }
 psql_run() { psql -q "$pg" -c "$1" >/dev/null 2>&1 || true; }
 

@@ -12,6 +12,7 @@
 //! log_queue_bytes = 268435456   # events waiting for the log's writer; past it a POST gets 503 and Retry-After
 //! max_connections = 1024        # open client connections; more wait in the listen backlog
 //! alert_queue = 1000            # alert notifications waiting for the webhook; past it they are counted as dropped
+//! pool_connections = 16         # connections each reader pool (SQLite, Postgres) opens at most
 //! header_timeout = "10s"        # a connection's request head must arrive within this (idle ones close too)
 //! body_timeout = "60s"          # a request's body must arrive whole within this
 //! alert_webhook = "http://..."  # where alerts go when a contract names no webhook
@@ -60,6 +61,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Alert notifications waiting for delivery.
     pub alert_queue: usize,
+    /// Connections each of the HTTP side's pools (SQLite, Postgres) holds at most.
+    pub pool_connections: u32,
     /// A client that has not sent a whole request head within this is
     /// disconnected; so is a kept-alive connection idle this long.
     pub header_timeout_ms: i64,
@@ -130,6 +133,7 @@ impl Default for ServerConfig {
             log_queue_bytes: 256 << 20,
             max_connections: 1024,
             alert_queue: 1000,
+            pool_connections: 16,
             ledger_payload_retention_ms: None,
             header_timeout_ms: 10_000,
             body_timeout_ms: 60_000,
@@ -152,6 +156,7 @@ const TOP_KEYS: &[&str] = &[
     "log_queue_bytes",
     "max_connections",
     "alert_queue",
+    "pool_connections",
     "header_timeout",
     "body_timeout",
     "alert_webhook",
@@ -208,6 +213,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
     let log_queue = r.whole(root, "weir.toml", "log_queue_bytes", 1 << 20, 1 << 40);
     let connections = r.whole(root, "weir.toml", "max_connections", 1, 1 << 20);
     let alert_queue = r.whole(root, "weir.toml", "alert_queue", 1, 1 << 20);
+    let pool = r.whole(root, "weir.toml", "pool_connections", 1, 1024);
     let alert_webhook = r.string(root, "weir.toml", "alert_webhook", false);
     let ledger_retention = r.duration(root, "weir.toml", "ledger_payload_retention");
     let header_timeout = r.duration(root, "weir.toml", "header_timeout");
@@ -281,6 +287,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         log_queue_bytes: log_queue?.map_or(defaults.log_queue_bytes, |v| v as usize),
         max_connections: connections?.map_or(defaults.max_connections, |v| v as usize),
         alert_queue: alert_queue?.map_or(defaults.alert_queue, |v| v as usize),
+        pool_connections: pool?.map_or(defaults.pool_connections, |v| v as u32),
         ledger_payload_retention_ms: ledger_retention?,
         header_timeout_ms: header_timeout?.unwrap_or(defaults.header_timeout_ms),
         body_timeout_ms: body_timeout?.unwrap_or(defaults.body_timeout_ms),

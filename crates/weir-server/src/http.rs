@@ -49,7 +49,7 @@ pub struct App {
     pub durable: Mutex<crate::histogram::Histogram>,
     /// The dashboard's charts.
     pub series: Mutex<crate::dashboard::Series>,
-    readers: Mutex<Vec<Connection>>,
+    readers: r2d2::Pool<crate::pool::Sqlite>,
     round_robin: AtomicU64,
     /// Producers for the topics Kafka pipelines read.
     pub producers: BTreeMap<String, rdkafka::producer::FutureProducer>,
@@ -64,12 +64,13 @@ pub struct App {
 /// Connections to the Postgres destination for the HTTP side.
 pub struct PgReaders {
     pub config: weir_contract::PostgresConfig,
-    clients: Mutex<Vec<postgres::Client>>,
+    clients: r2d2::Pool<crate::pool::Postgres>,
 }
 
 impl PgReaders {
-    pub fn new(config: weir_contract::PostgresConfig) -> PgReaders {
-        PgReaders { config, clients: Mutex::default() }
+    pub fn new(config: weir_contract::PostgresConfig, size: u32) -> PgReaders {
+        let clients = crate::pool::build(crate::pool::Postgres { url: config.url.clone() }, size);
+        PgReaders { config, clients }
     }
 }
 
@@ -80,6 +81,7 @@ impl App {
         pipelines: BTreeMap<String, Pipeline>,
         db: std::path::PathBuf,
     ) -> App {
+        let readers = crate::pool::build(crate::pool::Sqlite { path: db.clone() }, config.pool_connections);
         App {
             log,
             config,
@@ -88,7 +90,7 @@ impl App {
             alerts: Mutex::default(),
             durable: Mutex::default(),
             series: Mutex::default(),
-            readers: Mutex::new(Vec::new()),
+            readers,
             round_robin: AtomicU64::new(0),
             producers: BTreeMap::new(),
             postgres: None,
@@ -106,13 +108,8 @@ impl App {
             return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, "no [postgres] in weir.toml".into()));
         };
         let joined = tokio::task::spawn_blocking(move || {
-            let mut client = match lock(&pg.clients).pop() {
-                Some(c) if !c.is_closed() => c,
-                _ => crate::pg::connect(&pg.config.url).map_err(|e| e.to_string())?,
-            };
-            let result = query(&mut client, &pg.config.schema).map_err(|e| e.to_string());
-            lock(&pg.clients).push(client);
-            result
+            let mut client = pg.clients.get().map_err(|e| format!("no Postgres connection within 10 s: {e}"))?;
+            query(&mut client, &pg.config.schema).map_err(|e| e.to_string())
         })
         .await;
         let failed =
@@ -138,21 +135,23 @@ impl App {
         write: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, ApiError> {
         let app = Arc::clone(self);
-        let joined = tokio::task::spawn_blocking(move || {
-            let mut conn = match lock(&app.readers).pop() {
-                Some(c) => c,
-                None => store::open(&app.db)?,
-            };
-            let result = write(&mut conn);
-            lock(&app.readers).push(conn);
-            result
+        let joined = tokio::task::spawn_blocking(move || match app.readers.get() {
+            Ok(mut conn) => Ok(write(&mut conn)),
+            Err(e) => Err(e),
         })
         .await;
         let failed =
             |e: String| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("the results database failed: {e}"));
         match joined {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(failed(e.to_string())),
+            Ok(Ok(Ok(v))) => Ok(v),
+            Ok(Ok(Err(e))) => Err(failed(e.to_string())),
+            Ok(Err(busy)) => Err(ApiError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "every one of the {} connections to the results database stayed busy for 10 s ({busy}); try again, or raise pool_connections in weir.toml",
+                    self.config.pool_connections
+                ),
+            )),
             Err(e) => Err(failed(e.to_string())),
         }
     }

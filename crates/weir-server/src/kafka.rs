@@ -7,9 +7,8 @@
 //!
 //! 1. **assigned** (the rebalance callback, inside `poll`): the worker
 //!    claims the partition in Postgres, which gives it a new fencing
-//!    generation, restores its last checkpoint and has the consumer start
-//!    at its stored offset (Postgres, not Kafka's committed offset, says
-//!    where a partition resumes; records below it are skipped);
+//!    generation, restores its last checkpoint and reads on from its stored
+//!    offset (records below it, which Kafka may deliver again, are skipped);
 //! 2. **reading**: records go to their partition's engine; every
 //!    `checkpoint_interval` (or `checkpoint_events`) each changed partition
 //!    is checkpointed in one Postgres transaction (rows, ledger, state,
@@ -45,10 +44,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use weir_contract::{Contract, KafkaConfig, PostgresConfig, ServerConfig};
 use weir_engine::{Engine, EventIn, Mode, Output};
@@ -263,59 +261,31 @@ impl ClientContext for Ctx {
 }
 
 impl ConsumerContext for Ctx {
-    /// Claims assigned partitions in Postgres before the consumer starts
-    /// them, at the offsets Postgres holds; checkpoints and drops revoked
-    /// ones before they go.
-    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
-        let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
-        let done = match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let mut shared = lock(&self.shared);
+            for e in tpl.elements_for_topic(&self.topic) {
+                shared.release(e.partition() as u32);
+            }
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
                 let mut shared = lock(&self.shared);
-                let assigned: Vec<i32> = tpl.elements_for_topic(&self.topic).iter().map(|e| e.partition()).collect();
-                for p in assigned {
-                    if !shared.parts.contains_key(&(p as u32)) {
-                        if let Err(err) = shared.claim(p as u32) {
-                            shared.failed = Some(format!("taking partition {p}: {err:#}"));
-                        }
+                for e in tpl.elements_for_topic(&self.topic) {
+                    let p = e.partition() as u32;
+                    if shared.parts.contains_key(&p) {
+                        continue;
                     }
-                    if let Some(part) = shared.parts.get(&(p as u32)) {
-                        let at = if part.next_offset == 0 {
-                            Offset::Beginning
-                        } else {
-                            Offset::Offset(part.next_offset as i64)
-                        };
-                        if let Err(e) = tpl.set_partition_offset(&self.topic, p, at) {
-                            shared.failed = Some(format!("starting partition {p} at its checkpoint: {e}"));
-                        }
+                    if let Err(err) = shared.claim(p) {
+                        shared.failed = Some(format!("taking partition {p}: {err:#}"));
                     }
                 }
-                drop(shared);
-                if cooperative {
-                    consumer.incremental_assign(tpl)
-                } else {
-                    consumer.assign(tpl)
-                }
             }
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                {
-                    let mut shared = lock(&self.shared);
-                    for e in tpl.elements_for_topic(&self.topic) {
-                        shared.release(e.partition() as u32);
-                    }
-                }
-                if cooperative {
-                    consumer.incremental_unassign(tpl)
-                } else {
-                    consumer.unassign()
-                }
-            }
-            other => {
-                eprintln!("weir: rebalance failed: {}", rdkafka::error::RDKafkaErrorCode::from(other));
-                Ok(())
-            }
-        };
-        if let Err(e) = done {
-            lock(&self.shared).failed = Some(format!("applying a rebalance: {e}"));
+            Rebalance::Error(e) => eprintln!("weir: rebalance failed: {e}"),
+            Rebalance::Revoke(_) => {}
         }
     }
 }

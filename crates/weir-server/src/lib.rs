@@ -21,6 +21,7 @@ pub mod listen;
 pub mod pg;
 pub mod pg_tls;
 mod pipeline;
+mod pool;
 pub mod privacy;
 mod provenance;
 mod sink;
@@ -299,7 +300,7 @@ pub async fn serve(
     }
     let mut app = http::App::new(log.clone(), Arc::clone(&config), pipelines, db.clone());
     app.producers = producers;
-    app.postgres = config.postgres.clone().map(|pg| Arc::new(http::PgReaders::new(pg)));
+    app.postgres = config.postgres.clone().map(|pg| Arc::new(http::PgReaders::new(pg, config.pool_connections)));
     let app = Arc::new(app);
     let alerting = tokio::spawn(alerts::run(Arc::clone(&app)));
     // Ledger payloads past retention: the topic's (weir.toml), or weir.toml's
