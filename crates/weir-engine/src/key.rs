@@ -5,7 +5,7 @@
 //! A window's identity hashes the group key with the window start as the
 //! seed (`Engine::win_id`).
 
-use crate::output::write_str;
+use crate::text::write_str;
 
 pub(crate) fn push_field(tag: u8, text: &str, out: &mut Vec<u8>) {
     out.push(tag);

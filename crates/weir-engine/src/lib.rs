@@ -17,9 +17,11 @@ mod prefetch;
 mod rule;
 mod snapshot;
 mod table;
+mod text;
 pub mod time;
 
 pub use agg::OutValue;
 pub use engine::{Counters, Engine, EventIn, Mode, PlanError, WM_MAX, WM_MIN};
-pub use output::{write_str, LedgerEntry, Output, Reason, Row, RowFormat, Source, Sources, Status};
+pub use output::{LedgerEntry, Output, Reason, Row, RowFormat, Source, Sources, Status};
 pub use snapshot::{Delta, SnapshotError, SNAPSHOT_FORMAT};
+pub use text::write_str;

@@ -21,8 +21,8 @@ pub(crate) fn parse_decimal(text: &str) -> Option<Decimal> {
         let back = d.normalize().to_string();
         let mut want = Vec::new();
         let mut got = Vec::new();
-        crate::json::canonical_number(text, &mut want);
-        crate::json::canonical_number(&back, &mut got);
+        canonical_number(text, &mut want);
+        canonical_number(&back, &mut got);
         (want == got).then_some(d)
     }
 }
@@ -40,6 +40,78 @@ pub(crate) fn decimal_digits(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
         }
     }
     &buf[i..]
+}
+
+/// Writes a JSON number's value in one spelling: significant digits without
+/// leading or trailing zeros, then the power of ten (`12.50` -> `125e-1`).
+pub(crate) fn canonical_number(text: &str, out: &mut Vec<u8>) {
+    let b = text.as_bytes();
+    // Fast path: a plain decimal with a non-zero last fractional digit and a
+    // non-zero integer part (`86.24`, `-3.5`) is `8624e-2`, read off directly.
+    if let Some(dot) = b.iter().position(|&c| c == b'.') {
+        let frac = &b[dot + 1..];
+        let (negative, int) = match b[..dot].split_first() {
+            Some((b'-', rest)) => (true, rest),
+            _ => (false, &b[..dot]),
+        };
+        if frac.last().is_some_and(|&c| c != b'0' && c.is_ascii_digit())
+            && frac.iter().all(u8::is_ascii_digit)
+            && int.first().is_some_and(|&c| c != b'0')
+        {
+            if negative {
+                out.push(b'-');
+            }
+            out.extend_from_slice(int);
+            out.extend_from_slice(frac);
+            out.push(b'e');
+            push_i64(-(frac.len() as i64), out);
+            return;
+        }
+    }
+    canonical_number_slow(text, out);
+}
+
+fn canonical_number_slow(text: &str, out: &mut Vec<u8>) {
+    let (negative, body) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exponent) = match body.find(['e', 'E']) {
+        Some(at) => (&body[..at], body[at + 1..].parse::<i64>().unwrap_or(0)),
+        None => (body, 0),
+    };
+    let (int_part, frac_part) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let mark = out.len();
+    if negative {
+        out.push(b'-');
+    }
+    let digits_at = out.len();
+    for d in int_part.bytes().chain(frac_part.bytes()) {
+        if d != b'0' || out.len() > digits_at {
+            out.push(d);
+        }
+    }
+    let mut exp = exponent - frac_part.len() as i64;
+    while out.len() > digits_at && out.last() == Some(&b'0') {
+        out.pop();
+        exp += 1;
+    }
+    if out.len() == digits_at {
+        out.truncate(mark);
+        out.push(b'0');
+        return;
+    }
+    out.push(b'e');
+    push_i64(exp, out);
+}
+
+/// Appends an integer in decimal without the formatting machinery.
+fn push_i64(n: i64, out: &mut Vec<u8>) {
+    if n < 0 {
+        out.push(b'-');
+    }
+    let mut buf = [0u8; 20];
+    out.extend_from_slice(decimal_digits(n.unsigned_abs(), &mut buf));
 }
 
 /// `-?(0|[1-9][0-9]*)(.[0-9]+)?` with at most 28 digits, read directly.

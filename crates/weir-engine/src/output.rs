@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agg::OutValue;
 use crate::key;
+use crate::text::write_str;
 use crate::time::write_rfc3339_ms;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -318,26 +319,4 @@ fn write_time(t: Option<i64>, out: &mut String) {
         }
         None => out.push_str("null"),
     }
-}
-
-/// Writes `text` as a JSON string literal.
-pub fn write_str(text: &str, out: &mut String) {
-    out.push('"');
-    if !text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
-        out.push_str(text);
-        out.push('"');
-        return;
-    }
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }

@@ -204,7 +204,7 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Val
                 state.incidents.pop_front();
             }
             if let Some(url) = &webhook {
-                if let Err(std::sync::mpsc::TrySendError::Full((_, note))) = tx.try_send((url.clone(), note)) {
+                if let Some(note) = enqueue(tx, url, note) {
                     app.alerts_dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     eprintln!(
                         "weir: alert notification dropped: {} notifications wait for the webhook (weir.toml alert_queue): {note}",
@@ -213,6 +213,21 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Val
                 }
             }
         }
+    }
+}
+
+/// Queues a notification for the webhook without waiting; gives it back
+/// when the queue is full (or delivery stopped).
+fn enqueue(
+    tx: &std::sync::mpsc::SyncSender<(String, serde_json::Value)>,
+    url: &str,
+    note: serde_json::Value,
+) -> Option<serde_json::Value> {
+    match tx.try_send((url.to_owned(), note)) {
+        Ok(()) => None,
+        Err(
+            std::sync::mpsc::TrySendError::Full((_, note)) | std::sync::mpsc::TrySendError::Disconnected((_, note)),
+        ) => Some(note),
     }
 }
 
@@ -241,5 +256,26 @@ fn deliver(app: &App, rx: &std::sync::mpsc::Receiver<(String, serde_json::Value)
             std::thread::sleep(wait);
             wait = (wait * 2).min(Duration::from_secs(8));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_to_the_webhook_holds_at_most_alert_queue_notifications() {
+        // A webhook that does not answer: nothing is taken off the queue.
+        let (tx, rx) = std::sync::mpsc::sync_channel(3);
+        let notes: Vec<serde_json::Value> = (0..5).map(|i| serde_json::json!({ "n": i })).collect();
+        let given_back: Vec<Option<serde_json::Value>> =
+            notes.iter().map(|n| enqueue(&tx, "http://127.0.0.1:9/", n.clone())).collect();
+        assert_eq!(given_back[..3], [None, None, None], "three fit");
+        assert_eq!(given_back[3..], [Some(notes[3].clone()), Some(notes[4].clone())], "the rest are given back");
+        // Once one is delivered, there is room again, and order is kept.
+        assert_eq!(rx.recv().unwrap().1, notes[0]);
+        assert_eq!(enqueue(&tx, "http://127.0.0.1:9/", notes[3].clone()), None);
+        let queued: Vec<serde_json::Value> = (0..3).map(|_| rx.recv().unwrap().1).collect();
+        assert_eq!(queued, [notes[1].clone(), notes[2].clone(), notes[3].clone()]);
     }
 }
