@@ -1149,20 +1149,12 @@ async fn set_paused(
     let (why, for_whom) = why_and_for_whom(&body)?;
     // The pause is a row in the pipeline's store, read by every checkpoint of every worker.
     let pn = name.clone();
-    let was = if p.on_kafka {
-        app.pg_read(move |c, schema| {
-            if pause {
-                crate::pg::pause(c, schema, &pn)
-            } else {
-                crate::pg::resume(c, schema, &pn).map(|was| !was)
-            }
-        })
-        .await?
+    // Both answer whether it was paused before.
+    let was_paused = if p.on_kafka {
+        app.pg_read(move |c, s| if pause { crate::pg::pause(c, s, &pn) } else { crate::pg::resume(c, s, &pn) }).await?
     } else {
-        app.write(move |c| if pause { store::pause(c, &pn) } else { store::resume(c, &pn).map(|was| !was) }).await?
+        app.write(move |c| if pause { store::pause(c, &pn) } else { store::resume(c, &pn) }).await?
     };
-    // `was` is whether it was already in the state asked for.
-    let was_paused = if pause { was } else { !was };
     p.paused.store(pause, Ordering::SeqCst);
     let detail = serde_json::json!({ "was_paused": was_paused, "for": for_whom });
     let seq = audited(&app, &caller, action, Some(name.clone()), detail, why).await?;

@@ -225,15 +225,16 @@ impl Shared {
         engine.set_revision_floor(floor);
         engine.track_changes();
         part.engine = engine;
-        part.next_offset = r.from_offset.unwrap_or(0).max(low);
+        let from = r.from_offset.unwrap_or(0).max(low);
+        part.next_offset = from;
         part.end_offset = high.max(part.next_offset);
         part.republish_after = r.from_time.map(|t| (t, high));
         part.replayed = id;
         if !self.write(partition, Some(id))? {
             return Ok(None);
         }
-        eprintln!("weir: {} replays partition {partition} from offset {low}", c.pipeline.name);
-        Ok(self.parts.get(&partition).map(|p| p.next_offset))
+        eprintln!("weir: {} replays partition {partition} from offset {from}", c.pipeline.name);
+        Ok(Some(from))
     }
 
     fn release(&mut self, partition: u32) {
