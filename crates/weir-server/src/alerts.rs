@@ -20,7 +20,7 @@ use weir_contract::Alerts;
 use weir_engine::time::format_rfc3339_ms;
 
 use crate::http::{status_json, App};
-use crate::pipeline::lock;
+use weir_runtime::lock;
 
 /// One firing alert.
 #[derive(Debug, Clone)]

@@ -19,9 +19,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde_json::{json, Value};
 
-use crate::http::{forbidden, status_json, ApiError, App, Caller};
-use crate::pipeline::lock;
-use crate::store;
+use crate::http::{forbidden, status_json, stored, ApiError, App, Caller};
+use weir_runtime::lock;
 
 /// How long the charts look back.
 const WINDOW_MS: i64 = 15 * 60 * 1000;
@@ -90,7 +89,7 @@ fn parsed(lines: Vec<String>) -> Vec<Value> {
 
 /// Raw payloads (and the details quoting them) stay in the ledger endpoint, for raw-readers.
 fn without_payloads(entries: Vec<Value>, contract: &weir_contract::Contract) -> Vec<Value> {
-    entries.into_iter().map(|e| crate::privacy::published(e, contract)).collect()
+    entries.into_iter().map(|e| weir_runtime::privacy::published(e, contract)).collect()
 }
 
 /// What the caller's token may read: its pipelines, and the audit log for
@@ -101,54 +100,29 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
     if names.is_empty() && !g.is_admin() {
         return Err(forbidden(&app, &caller, "read the dashboard: it reads no pipeline"));
     }
-    let on_kafka: Vec<bool> = names.iter().map(|n| app.pipelines.get(n).is_some_and(|p| p.on_kafka)).collect();
     let admin = g.is_admin();
-    let stored = {
-        let names = names.clone();
-        app.read(move |c| {
-            let mut per = Vec::new();
-            for (name, on_kafka) in names.iter().zip(on_kafka) {
-                // A pipeline on Kafka has its rows and ledger in Postgres (read below).
-                let (rows, ledger) = if on_kafka {
-                    (Vec::new(), Vec::new())
-                } else {
-                    (
-                        parsed(store::latest_changes(c, name, LATEST_ROWS)?),
-                        parsed(store::latest_ledger(c, name, LATEST_LEDGER)?),
-                    )
-                };
-                let notes: Vec<Value> = store::annotations(c, name)?
-                    .into_iter()
-                    .map(|a| {
-                        json!({
-                            "id": a.id, "note": a.note, "who": a.who,
-                            "from": weir_engine::time::format_rfc3339_ms(a.from_ms),
-                            "to": weir_engine::time::format_rfc3339_ms(a.to_ms),
-                        })
-                    })
-                    .collect();
-                per.push((rows, ledger, notes));
-            }
-            let audit = if admin { Some(parsed(crate::audit::latest(c, LATEST_AUDIT)?)) } else { None };
-            Ok((per, audit))
-        })
-        .await?
-    };
-    let (per, audit) = stored;
+    let audit =
+        if admin { Some(parsed(app.read(|c| weir_store::audit::latest(c, LATEST_AUDIT)).await?)) } else { None };
     let mut pipelines = Vec::new();
-    for (name, (mut rows, mut ledger, notes)) in names.iter().zip(per) {
+    for name in &names {
         let Some(p) = app.pipelines.get(name) else { continue };
-        if p.on_kafka {
-            let n = name.clone();
-            (rows, ledger) = app
-                .pg_read(move |c, s| {
-                    Ok((
-                        parsed(crate::pg::latest_changes(c, s, &n, LATEST_ROWS)?),
-                        parsed(crate::pg::latest_ledger(c, s, &n, LATEST_LEDGER)?),
-                    ))
+        let n = name.clone();
+        let (rows, ledger, notes) = stored(p, move |s| {
+            let rows = parsed(s.latest_changes(&n, LATEST_ROWS)?);
+            let ledger = parsed(s.latest_ledger(&n, LATEST_LEDGER)?);
+            Ok((rows, ledger, s.annotations(&n)?))
+        })
+        .await?;
+        let notes: Vec<Value> = notes
+            .into_iter()
+            .map(|a| {
+                json!({
+                    "id": a.id, "note": a.note, "who": a.who,
+                    "from": weir_engine::time::format_rfc3339_ms(a.from_ms),
+                    "to": weir_engine::time::format_rfc3339_ms(a.to_ms),
                 })
-                .await?;
-        }
+            })
+            .collect();
         let ledger = without_payloads(ledger, &p.contract);
         let c = &p.contract.pipeline;
         pipelines.push(json!({

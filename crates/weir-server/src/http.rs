@@ -29,15 +29,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Extension;
 use axum::Router;
-use rusqlite::Connection;
 use weir_contract::ServerConfig;
 use weir_engine::time::format_rfc3339_ms;
 use weir_engine::Reason;
 use weir_log::{Log, LogError};
 
-use crate::auth::{self, Grant};
-use crate::pipeline::{lock, Pipeline};
-use crate::store;
+use weir_runtime::{lock, Pipeline};
+use weir_store::sqlite as store;
+use weir_store::tokens::{self as auth, Grant};
 
 pub struct App {
     pub log: Log,
@@ -46,32 +45,18 @@ pub struct App {
     pub db: std::path::PathBuf,
     pub alerts: Mutex<crate::alerts::AlertState>,
     /// From a POST's arrival to its events being durable.
-    pub durable: Mutex<crate::histogram::Histogram>,
+    pub durable: Mutex<weir_runtime::histogram::Histogram>,
     /// The dashboard's charts.
     pub series: Mutex<crate::dashboard::Series>,
-    readers: r2d2::Pool<crate::pool::Sqlite>,
+    /// `weir.db` through a pool: tokens, the audit log, and the embedded pipelines' rows.
+    pub sqlite: Arc<weir_store::SqliteStore>,
     round_robin: AtomicU64,
     /// Producers for the topics Kafka pipelines read.
     pub producers: BTreeMap<String, rdkafka::producer::FutureProducer>,
-    /// Readers of the Postgres destination, when a pipeline uses it.
-    pub postgres: Option<Arc<PgReaders>>,
     /// Refused requests by their metric labels (status and reason or role).
     pub denied: Mutex<BTreeMap<String, u64>>,
     /// Alert notifications dropped because `alert_queue` were waiting.
     pub alerts_dropped: AtomicU64,
-}
-
-/// Connections to the Postgres destination for the HTTP side.
-pub struct PgReaders {
-    pub config: weir_contract::PostgresConfig,
-    clients: r2d2::Pool<crate::pool::Postgres>,
-}
-
-impl PgReaders {
-    pub fn new(config: weir_contract::PostgresConfig, size: u32) -> PgReaders {
-        let clients = crate::pool::build(crate::pool::Postgres { url: config.url.clone() }, size);
-        PgReaders { config, clients }
-    }
 }
 
 impl App {
@@ -80,8 +65,8 @@ impl App {
         config: Arc<ServerConfig>,
         pipelines: BTreeMap<String, Pipeline>,
         db: std::path::PathBuf,
+        sqlite: Arc<weir_store::SqliteStore>,
     ) -> App {
-        let readers = crate::pool::build(crate::pool::Sqlite { path: db.clone() }, config.pool_connections);
         App {
             log,
             config,
@@ -90,71 +75,44 @@ impl App {
             alerts: Mutex::default(),
             durable: Mutex::default(),
             series: Mutex::default(),
-            readers,
+            sqlite,
             round_robin: AtomicU64::new(0),
             producers: BTreeMap::new(),
-            postgres: None,
             denied: Mutex::default(),
             alerts_dropped: AtomicU64::new(0),
         }
     }
 
-    /// Runs `query` on a pooled Postgres connection, off the async threads.
-    pub(crate) async fn pg_read<T: Send + 'static>(
-        self: &Arc<Self>,
-        query: impl FnOnce(&mut postgres::Client, &str) -> Result<T, postgres::Error> + Send + 'static,
-    ) -> Result<T, ApiError> {
-        let Some(pg) = self.postgres.clone() else {
-            return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, "no [postgres] in weir.toml".into()));
-        };
-        let joined = tokio::task::spawn_blocking(move || {
-            let mut client = pg.clients.get().map_err(|e| format!("no Postgres connection within 10 s: {e}"))?;
-            query(&mut client, &pg.config.schema).map_err(|e| e.to_string())
-        })
-        .await;
-        let failed =
-            |e: String| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("reading from Postgres failed: {e}"));
-        match joined {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(failed(e.to_string())),
-            Err(e) => Err(failed(e.to_string())),
-        }
-    }
-
-    /// Runs `query` on a pooled read connection, off the async threads.
+    /// Runs `query` on a pooled connection to `weir.db`, off the async threads.
     pub(crate) async fn read<T: Send + 'static>(
         self: &Arc<Self>,
-        query: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+        query: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, ApiError> {
-        self.write(move |c| query(c)).await
+        let sqlite = Arc::clone(&self.sqlite);
+        blocking(move || sqlite.with(|c| query(c))).await
     }
+}
 
-    /// Runs `write` on a pooled connection, off the async threads.
-    pub(crate) async fn write<T: Send + 'static>(
-        self: &Arc<Self>,
-        write: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
-    ) -> Result<T, ApiError> {
-        let app = Arc::clone(self);
-        let joined = tokio::task::spawn_blocking(move || match app.readers.get() {
-            Ok(mut conn) => Ok(write(&mut conn)),
-            Err(e) => Err(e),
-        })
-        .await;
-        let failed =
-            |e: String| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("the results database failed: {e}"));
-        match joined {
-            Ok(Ok(Ok(v))) => Ok(v),
-            Ok(Ok(Err(e))) => Err(failed(e.to_string())),
-            Ok(Err(busy)) => Err(ApiError(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "every one of the {} connections to the results database stayed busy for 10 s ({busy}); try again, or raise pool_connections in weir.toml",
-                    self.config.pool_connections
-                ),
-            )),
-            Err(e) => Err(failed(e.to_string())),
-        }
+/// Runs a store call off the async threads; a store error becomes 503 when
+/// trying again may help, else 500.
+pub(crate) async fn blocking<T: Send + 'static>(
+    call: impl FnOnce() -> weir_store::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) if e.is_transient() => Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+        Ok(Err(e)) => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+        Err(e) => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("a store call failed: {e}"))),
     }
+}
+
+/// Runs `call` on the pipeline's store (SQLite or Postgres), off the async threads.
+pub(crate) async fn stored<T: Send + 'static>(
+    p: &Pipeline,
+    call: impl FnOnce(&dyn weir_store::Store) -> weir_store::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    let store = Arc::clone(&p.store);
+    blocking(move || call(store.as_ref())).await
 }
 
 pub fn router(app: Arc<App>) -> Router {
@@ -325,7 +283,7 @@ async fn audited(
 ) -> Result<i64, ApiError> {
     let (who, origin) = (caller.grant.who(), caller.origin.clone());
     app.read(move |c| {
-        let entry = crate::audit::Entry {
+        let entry = weir_store::audit::Entry {
             who: &who,
             action,
             pipeline: pipeline.as_deref(),
@@ -333,7 +291,7 @@ async fn audited(
             why: &why,
             origin: &origin,
         };
-        crate::audit::append(c, &entry)
+        weir_store::audit::append(c, &entry)
     })
     .await
 }
@@ -547,7 +505,7 @@ async fn post_events(
     let count = records.len();
     let arrived = std::time::Instant::now();
     let answer = match kafka {
-        Some(producer) => match crate::kafka::produce(&producer, &topic, &records, &keys).await {
+        Some(producer) => match weir_runtime::kafka::produce(&producer, &topic, &records, &keys).await {
             Ok(offsets) => Ok(offsets),
             Err(e) => {
                 let mut r = error(StatusCode::SERVICE_UNAVAILABLE, e);
@@ -701,7 +659,7 @@ async fn results(
     Path(name): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let on_kafka = may_read(&app, &caller, &name)?.on_kafka;
+    let p = may_read(&app, &caller, &name)?;
     let time = |k: &str| -> Result<Option<i64>, ApiError> {
         let Some(v) = q.get(k) else { return Ok(None) };
         match weir_engine::time::parse_rfc3339_ms(v) {
@@ -716,10 +674,7 @@ async fn results(
         key: q.iter().filter_map(|(k, v)| Some((k.strip_prefix("key.")?.to_owned(), v.clone()))).collect(),
         limit: param(&q, "limit", 10_000i64)?,
     };
-    if on_kafka {
-        return Ok(joined(app.pg_read(move |c, s| crate::pg::results(c, s, &name, &filter)).await?));
-    }
-    Ok(joined(app.read(move |c| store::results(c, &name, &filter)).await?))
+    Ok(joined(stored(p, move |s| s.results(&name, &filter)).await?))
 }
 
 /// `{seq}` is the row's place in the change stream, as `/results` and
@@ -730,16 +685,12 @@ async fn provenance(
     Path((name, seq)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
-    let (contract, on_kafka) = (p.contract.clone(), p.on_kafka);
+    let contract = p.contract.clone();
     let Ok(seq) = seq.parse::<i64>() else {
         return Err(bad(format!("{seq:?} is not a row: use the \"seq\" of a row from /results or /changes")));
     };
     let pn = name.clone();
-    let origin = if on_kafka {
-        app.pg_read(move |c, s| crate::pg::row_origin(c, s, &pn, seq)).await?
-    } else {
-        app.read(move |c| store::row_origin(c, &pn, seq)).await?
-    };
+    let origin = stored(p, move |s| s.row_origin(&pn, seq)).await?;
     let Some(origin) = origin else {
         return Err(ApiError(StatusCode::NOT_FOUND, format!("pipeline {name:?} has published no row with seq {seq}")));
     };
@@ -753,13 +704,10 @@ async fn changes(
     Path(name): Path<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let on_kafka = may_read(&app, &caller, &name)?.on_kafka;
+    let p = may_read(&app, &caller, &name)?;
     let since = param(&q, "since", 1i64)?;
     let limit = param(&q, "limit", 10_000i64)?;
-    if on_kafka {
-        return Ok(joined(app.pg_read(move |c, s| crate::pg::changes(c, s, &name, since, limit)).await?));
-    }
-    Ok(joined(app.read(move |c| store::changes(c, &name, since, limit)).await?))
+    Ok(joined(stored(p, move |s| s.changes(&name, since, limit)).await?))
 }
 
 /// The ledger: with payloads for a raw-reader of the pipeline's topic (the
@@ -785,11 +733,7 @@ async fn ledger(
     let since = param(&q, "since", 1i64)?;
     let limit = param(&q, "limit", 10_000i64)?;
     let n = name.clone();
-    let entries = if p.on_kafka {
-        app.pg_read(move |c, s| crate::pg::ledger(c, s, &n, reason.as_deref(), since, limit)).await?
-    } else {
-        app.read(move |c| store::ledger(c, &n, reason.as_deref(), since, limit)).await?
-    };
+    let entries = stored(p, move |s| s.ledger(&n, reason.as_deref(), since, limit)).await?;
     if raw {
         let detail = serde_json::json!({ "ledger": name, "since": since, "limit": limit, "returned": entries.len() });
         audited(&app, &caller, "raw-read", Some(name), detail, why_of(&q)).await?;
@@ -798,7 +742,7 @@ async fn ledger(
     let published: Vec<String> = entries
         .iter()
         .filter_map(|e| serde_json::from_str(e).ok())
-        .map(|v| crate::privacy::published(v, &p.contract).to_string())
+        .map(|v| weir_runtime::privacy::published(v, &p.contract).to_string())
         .collect();
     Ok(joined(published))
 }
@@ -1090,7 +1034,7 @@ impl Metrics {
         self.add(name, "gauge", help, labels, value.to_string());
     }
 
-    fn histogram(&mut self, name: &str, help: &str, labels: &str, h: &crate::histogram::Histogram) {
+    fn histogram(&mut self, name: &str, help: &str, labels: &str, h: &weir_runtime::histogram::Histogram) {
         let family = self.families.entry(name.to_owned()).or_default();
         if self.described.insert(name.to_owned()) {
             family.push(format!("# HELP {name} {help}\n# TYPE {name} histogram"));
@@ -1150,11 +1094,7 @@ async fn set_paused(
     // The pause is a row in the pipeline's store, read by every checkpoint of every worker.
     let pn = name.clone();
     // Both answer whether it was paused before.
-    let was_paused = if p.on_kafka {
-        app.pg_read(move |c, s| if pause { crate::pg::pause(c, s, &pn) } else { crate::pg::resume(c, s, &pn) }).await?
-    } else {
-        app.write(move |c| if pause { store::pause(c, &pn) } else { store::resume(c, &pn) }).await?
-    };
+    let was_paused = stored(p, move |s| if pause { s.pause(&pn) } else { s.resume(&pn) }).await?;
     p.paused.store(pause, Ordering::SeqCst);
     let detail = serde_json::json!({ "was_paused": was_paused, "for": for_whom });
     let seq = audited(&app, &caller, action, Some(name.clone()), detail, why).await?;
@@ -1190,7 +1130,7 @@ async fn audit(
     }
     let since = param(&q, "since", 1i64)?;
     let limit = param(&q, "limit", 10_000i64)?;
-    Ok(joined(app.read(move |c| crate::audit::log(c, since, limit)).await?))
+    Ok(joined(app.read(move |c| weir_store::audit::log(c, since, limit)).await?))
 }
 
 #[derive(serde::Deserialize)]
@@ -1207,7 +1147,7 @@ async fn annotate(
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let on_kafka = may_operate(&app, &caller, &name, "annotate")?.on_kafka;
+    let p = may_operate(&app, &caller, &name, "annotate")?;
     let usage = "the body must be JSON like {\"from\":\"2026-11-29T14:00:00Z\",\"to\":\"2026-11-29T15:00:00Z\",\"note\":\"...\"}";
     let a: NewAnnotation = serde_json::from_slice(&body).map_err(|e| bad(format!("{usage}: {e}")))?;
     let time = |v: &Option<String>, k: &str| {
@@ -1228,21 +1168,14 @@ async fn annotate(
         None => caller.grant.who(),
     };
     let (pn, n, w, origin, actor) = (name.clone(), note.clone(), who, caller.origin.clone(), caller.grant.who());
-    // Over Kafka the note is kept in Postgres, beside the rows every worker's readers annotate.
-    let in_pg = if on_kafka {
+    // The note is kept beside the rows it marks (Postgres for a pipeline on Kafka); the audit entry in weir.db.
+    let id = {
         let (pn, n, w) = (pn.clone(), n.clone(), w.clone());
-        Some(app.pg_read(move |c, schema| crate::pg::add_annotation(c, schema, &pn, (from_ms, to_ms), &n, &w)).await?)
-    } else {
-        None
+        stored(p, move |s| s.add_annotation(&pn, (from_ms, to_ms), &n, &w)).await?
     };
-    let id = app
-        .read(move |c| {
-            let id = match in_pg {
-                Some(id) => id,
-                None => store::add_annotation(c, &pn, (from_ms, to_ms), &n, &w)?,
-            };
+    app.read(move |c| {
             let detail = serde_json::json!({ "annotation": id, "from": format_rfc3339_ms(from_ms), "to": format_rfc3339_ms(to_ms), "for": w });
-            let entry = crate::audit::Entry {
+            let entry = weir_store::audit::Entry {
                 who: &actor,
                 action: "annotate",
                 pipeline: Some(&pn),
@@ -1250,8 +1183,7 @@ async fn annotate(
                 why: &n,
                 origin: &origin,
             };
-            crate::audit::append(c, &entry)?;
-            Ok(id)
+            weir_store::audit::append(c, &entry)
         })
         .await?;
     Ok(json(serde_json::json!({ "pipeline": name, "annotation": id })))
@@ -1262,12 +1194,8 @@ async fn list_annotations(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    let on_kafka = may_read(&app, &caller, &name)?.on_kafka;
-    let notes = if on_kafka {
-        app.pg_read(move |c, schema| crate::pg::annotations(c, schema, &name)).await?
-    } else {
-        app.read(move |c| store::annotations(c, &name)).await?
-    };
+    let p = may_read(&app, &caller, &name)?;
+    let notes = stored(p, move |s| s.annotations(&name)).await?;
     let rows = notes
         .iter()
         .map(|a| {
@@ -1308,13 +1236,9 @@ async fn replay(
         ),
     };
     // A request in the pipeline's store: every worker applies it to the partitions it holds.
-    let asked = crate::pipeline::Replay { from_offset: r.from_offset, from_time };
+    let asked = weir_store::Replay { from_offset: r.from_offset, from_time };
     let pn = name.clone();
-    let id = if p.on_kafka {
-        app.pg_read(move |c, schema| crate::pg::ask_replay(c, schema, &pn, asked)).await?
-    } else {
-        app.read(move |c| store::ask_replay(c, &pn, asked)).await?
-    };
+    let id = stored(p, move |s| s.ask_replay(&pn, asked)).await?;
     let detail = serde_json::json!({
         "replay": id, "from_offset": r.from_offset.unwrap_or(0), "from_time": r.from_time, "for": for_whom
     });

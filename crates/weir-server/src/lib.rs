@@ -11,21 +11,10 @@
 //! Layout of `--data`: `log/` (the log's topics), `weir.db` (SQLite).
 
 mod alerts;
-pub mod audit;
-pub mod auth;
 mod dashboard;
-mod histogram;
 mod http;
-pub mod kafka;
 pub mod listen;
-pub mod pg;
-pub mod pg_tls;
-mod pipeline;
-mod pool;
-pub mod privacy;
 mod provenance;
-mod sink;
-pub mod store;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -37,9 +26,13 @@ use std::time::Duration;
 use anyhow::Context;
 use weir_contract::{Contract, ServerConfig};
 use weir_log::{Log, LogOptions};
+use weir_store::{audit, pg, sqlite as store};
 
 pub use http::status_json;
-use pipeline::{Pipeline, Runner, Status};
+use weir_runtime::embedded::{Runner, READ_RECORDS};
+use weir_runtime::{kafka, sink, Pipeline, Status};
+
+pub use weir_runtime::privacy;
 
 pub struct ServeOptions {
     pub data: PathBuf,
@@ -259,6 +252,11 @@ pub async fn serve(
         };
         threads.push(std::thread::Builder::new().name(format!("weir-sink-{name}")).spawn(move || runner.run())?);
     }
+    // One store per topology, each behind the same interface for readers and operators.
+    let sqlite = Arc::new(weir_store::SqliteStore::new(db.clone(), config.pool_connections));
+    let pg_store: Option<Arc<dyn weir_store::Store>> = config.postgres.as_ref().map(|pg| {
+        Arc::new(weir_store::PostgresStore::new(pg.url.clone(), pg.schema.clone(), config.pool_connections)) as _
+    });
     let mut pipelines = BTreeMap::new();
     for contract in opts.contracts {
         let status = Arc::new(Mutex::new(Status::default()));
@@ -282,9 +280,13 @@ pub async fn serve(
                 paused: Arc::clone(&paused),
             };
             threads.push(std::thread::Builder::new().name(format!("weir-kafka-{name}")).spawn(move || runner.run())?);
-            pipelines.insert(name, Pipeline { contract, on_kafka: true, status, paused });
+            let Some(store) = pg_store.clone() else {
+                anyhow::bail!("pipeline {name:?} reads Kafka: it needs [postgres]")
+            };
+            pipelines.insert(name, Pipeline { contract, on_kafka: true, status, paused, store });
             continue;
         }
+        let runtime = tokio::runtime::Handle::current();
         let runner = Runner {
             contract: contract.clone(),
             config: Arc::clone(&config),
@@ -293,14 +295,16 @@ pub async fn serve(
             status: Arc::clone(&status),
             stop: Arc::clone(&stop),
             paused: Arc::clone(&paused),
-            runtime: tokio::runtime::Handle::current(),
+            read_records: READ_RECORDS,
         };
-        threads.push(std::thread::Builder::new().name(format!("weir-pipeline-{name}")).spawn(move || runner.run())?);
-        pipelines.insert(name, Pipeline { contract, on_kafka: false, status, paused });
+        threads.push(
+            std::thread::Builder::new().name(format!("weir-pipeline-{name}")).spawn(move || runner.run(runtime))?,
+        );
+        let store: Arc<dyn weir_store::Store> = sqlite.clone();
+        pipelines.insert(name, Pipeline { contract, on_kafka: false, status, paused, store });
     }
-    let mut app = http::App::new(log.clone(), Arc::clone(&config), pipelines, db.clone());
+    let mut app = http::App::new(log.clone(), Arc::clone(&config), pipelines, db.clone(), sqlite);
     app.producers = producers;
-    app.postgres = config.postgres.clone().map(|pg| Arc::new(http::PgReaders::new(pg, config.pool_connections)));
     let app = Arc::new(app);
     let alerting = tokio::spawn(alerts::run(Arc::clone(&app)));
     // Ledger payloads past retention: the topic's (weir.toml), or weir.toml's

@@ -112,10 +112,10 @@ struct Tokens {
 }
 
 fn make_tokens(dir: &std::path::Path) -> Tokens {
-    use weir_server::auth::{create, NewToken, Role};
+    use weir_store::tokens::{create, NewToken, Role};
     std::fs::create_dir_all(dir).unwrap();
-    let conn = weir_server::store::open(&dir.join("weir.db")).unwrap();
-    weir_server::store::migrate(&conn).unwrap();
+    let conn = weir_store::sqlite::open(&dir.join("weir.db")).unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
     let all = vec!["*".to_owned()];
     let make = |role: Role, topics: &[String], pipelines: &[String]| {
         let new = NewToken {

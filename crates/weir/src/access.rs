@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use weir_server::auth::{self, NewToken, Role};
-use weir_server::store;
+use weir_store::sqlite as store;
+use weir_store::tokens::{self as auth, NewToken, Role};
 
 use crate::Failure;
 
@@ -37,21 +37,7 @@ fn open_read_only(data: &Path) -> Result<rusqlite::Connection, Failure> {
             db.display()
         )));
     }
-    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = rusqlite::Connection::open_with_flags(&db, flags)
-        .map_err(|e| Failure::run(anyhow::anyhow!("cannot open {}: {e}", db.display())))?;
-    let version: Option<String> = conn
-        .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
-        .map_err(|e| Failure::run(anyhow::anyhow!("{} is not a weir results database: {e}", db.display())))?;
-    if version.as_deref() != Some(&store::SCHEMA_VERSION.to_string()) {
-        return Err(Failure::usage(format!(
-            "{} has schema version {}; this weir reads version {}: start this weir's server on it once (it migrates), or use the weir that wrote it",
-            db.display(),
-            version.unwrap_or_default(),
-            store::SCHEMA_VERSION
-        )));
-    }
-    Ok(conn)
+    store::open_read_only(&db).map_err(|e| Failure::usage(format!("{e:#}")))
 }
 
 /// Who runs the command, for the audit log.
@@ -138,7 +124,7 @@ pub fn list(data: &Path) -> Result<(), Failure> {
 /// Exit 0 when the chain holds (and ends at `expect_head` if given), 1 where it breaks.
 pub fn verify(data: &Path, expect_head: Option<&str>) -> Result<(), Failure> {
     let conn = open_read_only(data)?;
-    match weir_server::audit::verify(&conn).map_err(|e| Failure::run(e.into()))? {
+    match weir_store::audit::verify(&conn).map_err(|e| Failure::run(e.into()))? {
         Ok(v) => {
             if let Some(h) = expect_head {
                 if h != v.head {

@@ -408,7 +408,7 @@ impl KafkaTarget {
             .enable_all()
             .build()
             .map_err(|e| Failure::run(anyhow::anyhow!("cannot start a runtime: {e}")))?;
-        let producer = weir_server::kafka::producer(brokers, None)
+        let producer = weir_runtime::kafka::producer(brokers, None)
             .map_err(|e| Failure::usage(format!("cannot make a Kafka producer for {brokers}: {e}")))?;
         Ok(KafkaTarget { producer, runtime, topic: topic.to_owned(), key: key.map(str::to_owned) })
     }
@@ -422,13 +422,13 @@ impl KafkaTarget {
             if line.trim().is_empty() {
                 continue;
             }
-            let key = weir_server::kafka::key_of_line(line, self.key.as_deref()).map_err(|e| {
+            let key = weir_runtime::kafka::key_of_line(line, self.key.as_deref()).map_err(|e| {
                 format!("line {} is not JSON ({e}); send one JSON value per line", first_line + i as u64)
             })?;
             records.push((0, line.as_bytes().to_vec()));
             keys.push(key);
         }
-        let sent = self.runtime.block_on(weir_server::kafka::produce(&self.producer, &self.topic, &records, &keys));
+        let sent = self.runtime.block_on(weir_runtime::kafka::produce(&self.producer, &self.topic, &records, &keys));
         match sent {
             Ok(_) => Ok(true),
             Err(why) => {

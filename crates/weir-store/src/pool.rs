@@ -22,7 +22,7 @@ impl r2d2::ManageConnection for Sqlite {
     type Error = rusqlite::Error;
 
     fn connect(&self) -> Result<rusqlite::Connection, rusqlite::Error> {
-        crate::store::open(&self.path)
+        crate::sqlite::open(&self.path)
     }
 
     fn is_valid(&self, conn: &mut rusqlite::Connection) -> Result<(), rusqlite::Error> {

@@ -49,7 +49,7 @@
 use postgres::{Client, Transaction};
 use weir_engine::{Delta, Output, RowFormat};
 
-use crate::store::{id_bytes, id_from, sources_json, write_ledger, write_row, GLOBAL_START};
+use crate::sqlite::{id_bytes, id_from, sources_json, write_ledger, write_row, GLOBAL_START};
 
 /// Version 2 dates ledger entries (`at_ms`) and marks erased payloads;
 /// version 3 adds the generation sequence, the claimant's contract on each
@@ -181,7 +181,7 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
 }
 
 /// Erases the payload and detail of `pipeline`'s ledger entries written
-/// before `before_ms` (the entries stay), as [`crate::store::erase_ledger_payloads`]
+/// before `before_ms` (the entries stay), as [`crate::sqlite::erase_ledger_payloads`]
 /// does in SQLite. The entry's text keeps its order: `detail` and `payload`
 /// are its last members, and a `,"detail":` with an unescaped quote cannot
 /// occur inside an earlier string. Returns how many entries were erased.
@@ -192,7 +192,7 @@ pub fn erase_ledger_payloads(
     before_ms: i64,
 ) -> Result<u64, postgres::Error> {
     let mut detail = String::new();
-    weir_engine::write_str(crate::store::ERASED_DETAIL, &mut detail);
+    weir_engine::write_str(crate::sqlite::ERASED_DETAIL, &mut detail);
     client.execute(
         &format!(
             "UPDATE {schema}.ledger
@@ -201,6 +201,13 @@ pub fn erase_ledger_payloads(
         ),
         &[&pipeline, &before_ms, &detail],
     )
+}
+
+/// Drops `schema` and everything in it (`weir demo --postgres` starts afresh).
+pub fn drop_schema(client: &mut Client, schema: &str) -> anyhow::Result<()> {
+    check_schema_name(schema).map_err(|e| anyhow::anyhow!(e))?;
+    client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))?;
+    Ok(())
 }
 
 /// Registers the pipeline's contract. A different contract (version or
@@ -570,12 +577,12 @@ fn write_state(tx: &mut Transaction<'_>, schema: &str, w: &PartitionWrite<'_>) -
     Ok(())
 }
 
-/// Filters for `GET .../results`, as [`crate::store::ResultFilter`].
+/// Filters for `GET .../results`, as [`crate::sqlite::ResultFilter`].
 pub fn results(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
-    f: &crate::store::ResultFilter,
+    f: &crate::sqlite::ResultFilter,
 ) -> Result<Vec<String>, postgres::Error> {
     let mut sql = format!("SELECT row FROM {schema}.results WHERE pipeline = $1");
     let mut args: Vec<Box<dyn postgres::types::ToSql + Sync>> = vec![Box::new(pipeline.to_owned())];
@@ -686,14 +693,14 @@ pub fn set_sink_position(
 }
 
 /// The published row `seq` with where it came from (see
-/// [`crate::store::row_origin`]); the run is the worker's claim of the
+/// [`crate::sqlite::row_origin`]); the run is the worker's claim of the
 /// row's partition.
 pub fn row_origin(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
     seq: i64,
-) -> Result<Option<crate::store::RowOrigin>, postgres::Error> {
+) -> Result<Option<crate::sqlite::RowOrigin>, postgres::Error> {
     let Some(found) = client.query_opt(
         &format!(
             "SELECT c.row, c.at_ms, c.sources, r.id, r.version, r.text_hash, r.weir_version, r.started_ms, r.worker, r.partition
@@ -709,7 +716,7 @@ pub fn row_origin(
     let text: String = found.get(0);
     let row: serde_json::Value = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
     let sources: String = found.get(2);
-    let run = found.get::<_, Option<i64>>(3).map(|id| crate::store::Run {
+    let run = found.get::<_, Option<i64>>(3).map(|id| crate::sqlite::Run {
         id,
         version: i64::from(found.get::<_, i32>(4)),
         text_hash: found.get(5),
@@ -745,7 +752,7 @@ pub fn row_origin(
         .into_iter()
         .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
         .collect();
-    Ok(Some(crate::store::RowOrigin {
+    Ok(Some(crate::sqlite::RowOrigin {
         row,
         at_ms: Some(found.get(1)),
         sources: serde_json::from_str(&sources).unwrap_or_default(),
@@ -843,7 +850,7 @@ pub fn ask_replay(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
-    replay: crate::pipeline::Replay,
+    replay: crate::Replay,
 ) -> Result<i64, postgres::Error> {
     let from_offset = replay.from_offset.map(|o| o.min(i64::MAX as u64) as i64);
     Ok(client
@@ -862,7 +869,7 @@ pub fn last_replay(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
-) -> Result<Option<(i64, crate::pipeline::Replay)>, postgres::Error> {
+) -> Result<Option<(i64, crate::Replay)>, postgres::Error> {
     let row = client.query_opt(
         &format!(
             "SELECT id, from_offset, from_time FROM {schema}.replays WHERE pipeline = $1 ORDER BY id DESC LIMIT 1"
@@ -870,10 +877,8 @@ pub fn last_replay(
         &[&pipeline],
     )?;
     Ok(row.map(|r| {
-        let replay = crate::pipeline::Replay {
-            from_offset: r.get::<_, Option<i64>>(1).map(|o| o.max(0) as u64),
-            from_time: r.get(2),
-        };
+        let replay =
+            crate::Replay { from_offset: r.get::<_, Option<i64>>(1).map(|o| o.max(0) as u64), from_time: r.get(2) };
         (r.get(0), replay)
     }))
 }
@@ -915,7 +920,7 @@ pub fn annotations(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
-) -> Result<Vec<crate::store::Annotation>, postgres::Error> {
+) -> Result<Vec<crate::sqlite::Annotation>, postgres::Error> {
     let rows = client.query(
         &format!(
             "SELECT id, from_ms, to_ms, note, who, at_ms FROM {schema}.annotations WHERE pipeline = $1 ORDER BY id"
@@ -924,7 +929,7 @@ pub fn annotations(
     )?;
     Ok(rows
         .into_iter()
-        .map(|r| crate::store::Annotation {
+        .map(|r| crate::sqlite::Annotation {
             id: r.get(0),
             from_ms: r.get(1),
             to_ms: r.get(2),
@@ -946,5 +951,5 @@ fn annotate(
         return Ok(rows);
     }
     let notes = annotations(client, schema, pipeline)?;
-    Ok(crate::store::with_annotations(&notes, rows))
+    Ok(crate::sqlite::with_annotations(&notes, rows))
 }

@@ -9,8 +9,8 @@
 //! takes effect on the next request, in every process sharing the data
 //! folder.
 
+use crate::digest::{hex, sha256_hex};
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
-use sha2::{Digest, Sha256};
 
 /// What a token may do; one role a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,19 +191,6 @@ CREATE TABLE IF NOT EXISTS tokens (
     topics TEXT NOT NULL, pipelines TEXT NOT NULL, created_ms INTEGER NOT NULL,
     expires_ms INTEGER, revoked_ms INTEGER);
 ";
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
 
 fn random_hex(n: usize) -> anyhow::Result<String> {
     let mut bytes = vec![0u8; n];

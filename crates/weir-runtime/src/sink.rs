@@ -20,7 +20,7 @@ use std::time::Duration;
 use rdkafka::producer::FutureProducer;
 use weir_contract::{Contract, PostgresConfig};
 
-use crate::store;
+use weir_store::sqlite as store;
 
 /// Where the change stream is read from.
 pub enum SinkStore {
@@ -50,14 +50,14 @@ impl Conn {
     fn position(&mut self, pipeline: &str, topic: &str) -> anyhow::Result<i64> {
         Ok(match self {
             Conn::Sqlite(c) => store::sink_position(c, pipeline, topic)?,
-            Conn::Postgres(c, schema) => crate::pg::sink_position(c, schema, pipeline, topic)?,
+            Conn::Postgres(c, schema) => weir_store::pg::sink_position(c, schema, pipeline, topic)?,
         })
     }
 
     fn set_position(&mut self, pipeline: &str, topic: &str, next: i64) -> anyhow::Result<()> {
         match self {
             Conn::Sqlite(c) => store::set_sink_position(c, pipeline, topic, next)?,
-            Conn::Postgres(c, schema) => crate::pg::set_sink_position(c, schema, pipeline, topic, next)?,
+            Conn::Postgres(c, schema) => weir_store::pg::set_sink_position(c, schema, pipeline, topic, next)?,
         }
         Ok(())
     }
@@ -67,8 +67,8 @@ impl Conn {
         let lines = match (self, ledger) {
             (Conn::Sqlite(c), false) => store::changes(c, pipeline, since, BATCH)?,
             (Conn::Sqlite(c), true) => store::ledger(c, pipeline, None, since, BATCH)?,
-            (Conn::Postgres(c, schema), false) => crate::pg::changes(c, schema, pipeline, since, BATCH)?,
-            (Conn::Postgres(c, schema), true) => crate::pg::ledger(c, schema, pipeline, None, since, BATCH)?,
+            (Conn::Postgres(c, schema), false) => weir_store::pg::changes(c, schema, pipeline, since, BATCH)?,
+            (Conn::Postgres(c, schema), true) => weir_store::pg::ledger(c, schema, pipeline, None, since, BATCH)?,
         };
         Ok(lines
             .into_iter()
@@ -99,7 +99,7 @@ impl SinkRunner {
         Ok(Some(match &self.store {
             SinkStore::Sqlite(path) => Conn::Sqlite(store::open(path)?),
             SinkStore::Postgres(pg) => {
-                let mut client = crate::pg::connect(&pg.url)?;
+                let mut client = weir_store::pg::connect(&pg.url)?;
                 let key = format!("weir sink {}", self.contract.pipeline.name);
                 let held: bool = client.query_one("SELECT pg_try_advisory_lock(hashtext($1))", &[&key])?.get(0);
                 if !held {

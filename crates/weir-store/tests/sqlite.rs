@@ -21,20 +21,20 @@ fn a_version_1_database_is_migrated_in_place() {
         )
         .unwrap();
     }
-    let conn = weir_server::store::open(&path).unwrap();
-    weir_server::store::migrate(&conn).unwrap();
+    let conn = weir_store::sqlite::open(&path).unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
     let version: String =
         conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0)).unwrap();
-    assert_eq!(version, weir_server::store::SCHEMA_VERSION.to_string());
+    assert_eq!(version, weir_store::sqlite::SCHEMA_VERSION.to_string());
     let kept: (String, Option<String>) =
         conn.query_row("SELECT row, sources FROM changes WHERE seq = 1", [], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
     assert_eq!(kept, ("{\"seq\":1}".to_owned(), None));
-    let run = weir_server::store::start_run(&conn, "paid", 1, 7, "test").unwrap();
+    let run = weir_store::sqlite::start_run(&conn, "paid", 1, 7, "test").unwrap();
     assert!(run >= 1);
     // Migrating again changes nothing; a newer version is refused with what to do.
-    weir_server::store::migrate(&conn).unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
     conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'", []).unwrap();
-    let refused = weir_server::store::migrate(&conn).unwrap_err().to_string();
+    let refused = weir_store::sqlite::migrate(&conn).unwrap_err().to_string();
     assert!(refused.contains("schema version 99") && refused.contains("move weir.db aside"), "{refused}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -61,13 +61,13 @@ fn a_version_2_audit_log_is_chained_when_migrated() {
         )
         .unwrap();
     }
-    let conn = weir_server::store::open(&path).unwrap();
-    weir_server::store::migrate(&conn).unwrap();
+    let conn = weir_store::sqlite::open(&path).unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
     // The old entries are chained in order, and new ones chain on.
-    let verified = weir_server::audit::verify(&conn).unwrap().unwrap();
+    let verified = weir_store::audit::verify(&conn).unwrap().unwrap();
     assert_eq!(verified.entries, 2);
     let detail = serde_json::json!({});
-    let entry = weir_server::audit::Entry {
+    let entry = weir_store::audit::Entry {
         who: "bob",
         action: "replay",
         pipeline: None,
@@ -75,8 +75,8 @@ fn a_version_2_audit_log_is_chained_when_migrated() {
         why: "x",
         origin: "test",
     };
-    assert_eq!(weir_server::audit::append(&conn, &entry).unwrap(), 3);
-    let verified = weir_server::audit::verify(&conn).unwrap().unwrap();
+    assert_eq!(weir_store::audit::append(&conn, &entry).unwrap(), 3);
+    let verified = weir_store::audit::verify(&conn).unwrap().unwrap();
     assert_eq!(verified.entries, 3);
     assert!(conn.execute("UPDATE audit SET why = 'x'", []).unwrap_err().to_string().contains("append-only"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -110,21 +110,21 @@ fn a_version_3_ledger_is_dated_and_its_payloads_can_be_erased_from_disk() {
         old.execute(insert, ["other", &serde_json::json!({"seq": 1, "payload": "{}"}).to_string()]).unwrap();
     }
     let before = weir_log::now_ms();
-    let conn = weir_server::store::open(&path).unwrap();
-    weir_server::store::migrate(&conn).unwrap();
+    let conn = weir_store::sqlite::open(&path).unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
     let (at, erased): (i64, i64) = conn
         .query_row("SELECT at_ms, erased FROM ledger WHERE pipeline = 'paid'", [], |r| Ok((r.get(0)?, r.get(1)?)))
         .unwrap();
     assert!(at >= before && erased == 0, "migrated entries are dated at the migration: {at}");
     // Nothing is older than the migration yet.
-    assert_eq!(weir_server::store::erase_ledger_payloads(&conn, "paid", before).unwrap(), 0);
-    assert_eq!(weir_server::store::erase_ledger_payloads(&conn, "paid", at + 1).unwrap(), 1);
-    assert_eq!(weir_server::store::erase_ledger_payloads(&conn, "paid", at + 1).unwrap(), 0, "erased once");
+    assert_eq!(weir_store::sqlite::erase_ledger_payloads(&conn, "paid", before).unwrap(), 0);
+    assert_eq!(weir_store::sqlite::erase_ledger_payloads(&conn, "paid", at + 1).unwrap(), 1);
+    assert_eq!(weir_store::sqlite::erase_ledger_payloads(&conn, "paid", at + 1).unwrap(), 0, "erased once");
     let entry: String = conn.query_row("SELECT entry FROM ledger WHERE pipeline = 'paid'", [], |r| r.get(0)).unwrap();
     let entry: serde_json::Value = serde_json::from_str(&entry).unwrap();
     assert_eq!(entry["reason"], "bad_type", "the entry stays: {entry}");
     assert!(entry.get("payload").is_none(), "{entry}");
-    assert_eq!(entry["detail"], weir_server::store::ERASED_DETAIL);
+    assert_eq!(entry["detail"], weir_store::sqlite::ERASED_DETAIL);
     let other: String = conn.query_row("SELECT entry FROM ledger WHERE pipeline = 'other'", [], |r| r.get(0)).unwrap();
     assert!(other.contains("payload"), "another pipeline's entries are its own retention's");
     drop(conn);

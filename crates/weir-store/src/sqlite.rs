@@ -2,7 +2,7 @@
 //! database (`DATA/weir.db`, WAL mode, `synchronous = FULL`), so a user can
 //! open it with `sqlite3`.
 //!
-//! Invariant: a checkpoint ([`Store::checkpoint`]) is one transaction
+//! Invariant: a checkpoint ([`checkpoint`]) is one transaction
 //! holding the rows and ledger entries a pipeline emitted since the last
 //! one, the engine's changed state, and the log offsets it consumed. After
 //! any crash the database holds some checkpoint whole, never a part.
@@ -30,7 +30,7 @@
 //! | `annotations` | notes on a pipeline and an event-time range; rows whose window overlaps one carry its id |
 //! | `sinks` | per pipeline and Kafka sink topic: the next `seq` to publish (table added without a version change: older builds ignore it) |
 //! | `audit` | token changes, operator actions, contract changes, replays and raw reads: who, when, what, why, from where; each entry's `hash` chains it to the one before (append-only: triggers refuse updates and deletes; see `audit.rs`) |
-//! | `tokens` | bearer tokens: id, role, what they name, expiry, revocation, and the SHA-256 of the secret (see `auth.rs`) |
+//! | `tokens` | bearer tokens: id, role, what they name, expiry, revocation, and the SHA-256 of the secret (see `tokens.rs`) |
 
 use std::path::Path;
 
@@ -104,6 +104,25 @@ pub fn open(path: &Path) -> rusqlite::Result<Connection> {
 
 /// A pipeline's writing connection: a page cache of up to 64 MiB, so the
 /// tables a checkpoint touches stay in memory.
+/// Opens `path` read-only and checks that it holds this weir's schema
+/// version (listing and verifying change nothing).
+pub fn open_read_only(path: &Path) -> anyhow::Result<Connection> {
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn =
+        Connection::open_with_flags(path, flags).map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+    let version: Option<String> = conn
+        .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
+        .map_err(|e| anyhow::anyhow!("{} is not a weir results database: {e}", path.display()))?;
+    if version.as_deref() != Some(&SCHEMA_VERSION.to_string()) {
+        anyhow::bail!(
+            "{} has schema version {}; this weir reads version {SCHEMA_VERSION}: start this weir's server on it once (it migrates), or use the weir that wrote it",
+            path.display(),
+            version.unwrap_or_default(),
+        );
+    }
+    Ok(conn)
+}
+
 pub fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
     let conn = open(path)?;
     conn.pragma_update(None, "cache_size", -65_536)?;
@@ -113,7 +132,7 @@ pub fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
 /// Creates the schema, or checks that the database's is this build's.
 pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
     conn.execute_batch(SCHEMA)?;
-    conn.execute_batch(crate::auth::SCHEMA)?;
+    conn.execute_batch(crate::tokens::SCHEMA)?;
     let found: Option<String> =
         conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0)).optional()?;
     let mut version = match found {
@@ -545,7 +564,7 @@ pub fn resume(conn: &mut Connection, pipeline: &str) -> rusqlite::Result<bool> {
 }
 
 /// Asks the pipeline to replay; returns the replay's id.
-pub fn ask_replay(conn: &Connection, pipeline: &str, replay: crate::pipeline::Replay) -> rusqlite::Result<i64> {
+pub fn ask_replay(conn: &Connection, pipeline: &str, replay: crate::Replay) -> rusqlite::Result<i64> {
     let from_offset = replay.from_offset.map(|o| o.min(i64::MAX as u64) as i64);
     conn.execute(
         "INSERT INTO replays (pipeline, from_offset, from_time, asked_ms) VALUES (?1, ?2, ?3, ?4)",
@@ -555,10 +574,10 @@ pub fn ask_replay(conn: &Connection, pipeline: &str, replay: crate::pipeline::Re
 }
 
 /// The newest replay asked for the pipeline, with its id.
-pub fn last_replay(conn: &Connection, pipeline: &str) -> rusqlite::Result<Option<(i64, crate::pipeline::Replay)>> {
+pub fn last_replay(conn: &Connection, pipeline: &str) -> rusqlite::Result<Option<(i64, crate::Replay)>> {
     conn.prepare_cached("SELECT id, from_offset, from_time FROM replays WHERE pipeline = ?1 ORDER BY id DESC LIMIT 1")?
         .query_row([pipeline], |r| {
-            let replay = crate::pipeline::Replay {
+            let replay = crate::Replay {
                 from_offset: r.get::<_, Option<i64>>(1)?.map(|o| o.max(0) as u64),
                 from_time: r.get(2)?,
             };

@@ -21,7 +21,7 @@
 //!    drops it.
 //!
 //! Operator actions reach every worker through Postgres: a pause is a row
-//! that every checkpoint reads (see [`crate::pg`]), and a replay is a row
+//! that every checkpoint reads (see [`weir_store::pg`]), and a replay is a row
 //! that each worker applies to the partitions it holds, or takes when it
 //! claims one: the partition's state is rebuilt from the replay's offset
 //! (the consumer seeks there), and its rows are published above every
@@ -51,8 +51,10 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use weir_contract::{Contract, KafkaConfig, PostgresConfig, ServerConfig};
 use weir_engine::{Engine, EventIn, Mode, Output};
 
-use crate::pg;
-use crate::pipeline::{lock, KafkaPartition, Replay, Status};
+use crate::status::{KafkaPartition, Status};
+use crate::{lock, KeepPublished};
+use weir_store::pg;
+use weir_store::Replay;
 
 /// The librdkafka settings of `kafka` (brokers first, then its `config`).
 pub fn client_config(brokers: &str, kafka: Option<&KafkaConfig>) -> ClientConfig {
@@ -96,10 +98,10 @@ struct Part {
     last_timestamp_ms: Option<i64>,
     /// The last replay applied to the partition (`replays.id`).
     replayed: i64,
-    /// During a replay from an event time: rows of windows ending at or
-    /// before it stay as published, until the offset the partition ended at
-    /// when the replay started.
-    republish_after: Option<(i64, u64)>,
+    /// During a replay from an event time: the rows left out (see
+    /// [`KeepPublished`]), until the offset the partition ended at when the
+    /// replay started.
+    republish_after: Option<(KeepPublished, u64)>,
 }
 
 /// What the loop and the rebalance callbacks (which run inside `poll`, on
@@ -163,8 +165,8 @@ impl Shared {
     /// state is dropped and the replay marked applied).
     fn write(&mut self, partition: u32, replay: Option<i64>) -> anyhow::Result<bool> {
         let Some(part) = self.parts.get_mut(&partition) else { return Ok(true) };
-        if let Some((after, until)) = part.republish_after {
-            part.out.rows.retain(|r| r.window_end.is_none_or(|end| end > after));
+        if let Some((keep, until)) = part.republish_after {
+            part.out.rows.retain(|r| !keep.keeps(r));
             if part.next_offset >= until {
                 part.republish_after = None;
             }
@@ -224,11 +226,11 @@ impl Shared {
         engine.read_one_partition();
         engine.set_revision_floor(floor);
         engine.track_changes();
-        part.engine = engine;
+        let replaced = std::mem::replace(&mut part.engine, engine);
         let from = r.from_offset.unwrap_or(0).max(low);
         part.next_offset = from;
         part.end_offset = high.max(part.next_offset);
-        part.republish_after = r.from_time.map(|t| (t, high));
+        part.republish_after = r.from_time.map(|t| (KeepPublished::new(&c, t, replaced.watermark()), high));
         part.replayed = id;
         if !self.write(partition, Some(id))? {
             return Ok(None);
@@ -314,7 +316,7 @@ impl KafkaRunner {
     pub fn run(mut self) {
         let name = self.contract.pipeline.name.clone();
         let (status, stop) = (Arc::clone(&self.status), Arc::clone(&self.stop));
-        crate::pipeline::supervise(&name, &status, &stop, |_| self.run_once());
+        crate::supervise(&name, &status, &stop, |_| self.run_once());
     }
 
     fn run_once(&mut self) -> anyhow::Result<()> {

@@ -13,7 +13,7 @@
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
-use crate::auth::sha256_hex;
+use crate::digest::sha256_hex;
 
 const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 

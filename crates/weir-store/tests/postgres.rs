@@ -6,7 +6,7 @@
 
 use weir_contract::Contract;
 use weir_engine::{Engine, EventIn, Mode, Output};
-use weir_server::pg;
+use weir_store::pg;
 
 const CONTRACT: &str = r#"
 [pipeline]
@@ -173,7 +173,7 @@ fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() 
         &mut s.client,
         &s.name,
         "paid",
-        &weir_server::store::ResultFilter { limit: 10, ..Default::default() },
+        &weir_store::sqlite::ResultFilter { limit: 10, ..Default::default() },
     )
     .unwrap();
     assert_eq!(results.len(), 1);
@@ -203,7 +203,7 @@ fn a_row_never_goes_back_to_a_lower_revision() {
         &mut s.client,
         &s.name,
         "paid",
-        &weir_server::store::ResultFilter { limit: 10, ..Default::default() },
+        &weir_store::sqlite::ResultFilter { limit: 10, ..Default::default() },
     )
     .unwrap();
     assert!(results[0].contains("\"revision\":3") && results[0].contains("7.00"), "{results:?}");
@@ -310,7 +310,7 @@ fn a_version_1_ledger_is_dated_and_its_payloads_erased_in_order() {
         .starts_with(r#"{"seq":1,"offset":7,"partition":0,"reason":"bad_type","event_id":"x,\"detail\":1","detail":"#));
     let parsed: serde_json::Value = serde_json::from_str(&erased).unwrap();
     assert!(parsed.get("payload").is_none() && !erased.contains("4242"), "{erased}");
-    assert_eq!(parsed["detail"], weir_server::store::ERASED_DETAIL);
+    assert_eq!(parsed["detail"], weir_store::sqlite::ERASED_DETAIL);
     client.batch_execute(&format!("DROP SCHEMA {name} CASCADE")).unwrap();
 }
 
@@ -372,7 +372,7 @@ fn a_pause_holds_the_rows_of_every_worker_and_a_resume_publishes_them() {
     let out = feed(&mut ea, 0, 0, &[event(1, 1, 0, "1.00")]);
     commit_as(&mut s.client, &s.name, &mut ea, &out, (0, a.generation, a.run), 1, &c).unwrap();
     let published = |client: &mut postgres::Client| {
-        let f = weir_server::store::ResultFilter { limit: 100, ..Default::default() };
+        let f = weir_store::sqlite::ResultFilter { limit: 100, ..Default::default() };
         let results = pg::results(client, &s.name, "paid", &f).unwrap();
         (pg::changes(client, &s.name, "paid", 1, 100).unwrap().len(), results)
     };

@@ -1,0 +1,631 @@
+//! A deterministic simulation of the embedded runner, in the spirit of
+//! TigerBeetle's VOPR and FoundationDB's simulator.
+//!
+//! One seed drives everything: a producer appending events (some resent,
+//! some held back by a stalled partition and then released as a burst), a
+//! simulated clock, the runner stepped by hand ([`Run::step`]), and the
+//! faults:
+//!
+//! - a crash between any two steps: after an append, after an engine step
+//!   (events read, not checkpointed), right after a checkpoint's commit;
+//! - a crash inside a commit, and a failed commit (SQLite's commit hook
+//!   turns the commit into a rollback), after which the runner restarts
+//!   from its last checkpoint as the restart loop does;
+//! - a torn log tail (bytes of a write that never finished) and the log
+//!   reopened, which cuts it;
+//! - stalled partitions, which go idle and later deliver a burst;
+//! - operator actions: pause, resume, replay from the start or from an
+//!   event time.
+//!
+//! After the run, with every partition's watermark past every window, it
+//! checks SPEC.md 7's promises:
+//!
+//! - the published rows equal a batch over the log;
+//! - the change stream's `seq` (and the ledger's) runs 1, 2, 3, ... with no
+//!   gap and never goes back;
+//! - no window's revision is published twice, and revisions only go up;
+//! - while paused, readers see nothing past the pause point.
+//!
+//! `WEIR_SIM_SEED=N` replays one seed exactly (a failure prints its seed);
+//! `WEIR_SIM_SECONDS` bounds how long the run draws new seeds (default 60).
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use weir_contract::{Contract, ServerConfig};
+use weir_engine::{Engine, EventIn, Mode, Output};
+use weir_log::{Log, LogOptions};
+use weir_runtime::embedded::{Run, Runner};
+use weir_runtime::{Clock, Status};
+use weir_store::sqlite as store;
+use weir_store::Replay;
+
+const CONTRACT: &str = r#"
+[pipeline]
+name = "sim"
+version = 1
+owner = "sim-owner"
+steward = "sim-steward"
+decision = "Amount per account per second"
+
+[source]
+topic = "events"
+event_time = "t"
+key = ["acct"]
+event_id = "id"
+where = 'kind == "pay"'
+max_delay = "500ms"
+
+[window]
+type = "tumbling"
+size = "1s"
+allowed_lateness = "5s"
+late = "revise"
+
+[dedup]
+horizon = "1m"
+
+[[aggregate]]
+name = "amount"
+fn = "sum"
+field = "amount"
+
+[[aggregate]]
+name = "payments"
+fn = "count"
+"#;
+
+const CONFIG: &str = r#"
+idle_timeout = "400ms"
+checkpoint_interval = "100ms"
+checkpoint_events = 300
+
+[topics.events]
+partitions = 3
+"#;
+
+const PARTITIONS: u32 = 3;
+/// Event time starts here (2026-12-01T00:00:00Z); the simulated wall clock too.
+const EPOCH_MS: i64 = 1_764_547_200_000;
+
+/// splitmix64: small, fast, and the same on every machine.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// Time that moves only when the simulation says.
+struct SimClock {
+    ms: Cell<u64>,
+}
+
+impl Clock for SimClock {
+    fn monotonic_ms(&self) -> u64 {
+        self.ms.get()
+    }
+
+    fn wall_ms(&self) -> i64 {
+        EPOCH_MS + self.ms.get() as i64
+    }
+}
+
+impl SimClock {
+    fn advance(&self, ms: u64) {
+        self.ms.set(self.ms.get() + ms);
+    }
+}
+
+/// What happened in one seed's run, for the failure message.
+#[derive(Default, Debug)]
+struct Tally {
+    appended: usize,
+    steps: usize,
+    checkpoints: usize,
+    crashes: usize,
+    crashes_after_commit: usize,
+    failed_commits: usize,
+    torn_tails: usize,
+    stalls: usize,
+    pauses: usize,
+    replays: usize,
+}
+
+/// The runner and its current run, or nothing between a crash and a restart.
+struct Live {
+    runner: Runner,
+    run: Option<Run>,
+    /// While set, the next commit on the runner's connection is rolled back.
+    fail_commit: Arc<AtomicBool>,
+}
+
+struct World {
+    dir: PathBuf,
+    contract: Contract,
+    config: Arc<ServerConfig>,
+    log: Log,
+    clock: SimClock,
+    rng: Rng,
+    live: Option<Live>,
+    tally: Tally,
+    read_records: usize,
+    /// Events of each partition held back while it is stalled, and until when.
+    stalled: Vec<Option<(u64, Vec<Vec<u8>>)>>,
+    /// Recent events, some of which are sent again.
+    recent: Vec<Vec<u8>>,
+    next_id: u64,
+    /// A replay asked while a pause is in force is checked at the end only.
+    paused: bool,
+}
+
+fn log_options() -> LogOptions {
+    LogOptions { segment_bytes: 16 * 1024, ..LogOptions::default() }
+}
+
+impl World {
+    fn new(seed: u64) -> World {
+        let dir = std::env::temp_dir().join(format!("weir-sim-{}-{seed}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let contract = Contract::parse("sim.toml", CONTRACT).unwrap();
+        let config = Arc::new(ServerConfig::parse("weir.toml", CONFIG).unwrap());
+        let (log, _) = Log::open(&dir.join("log"), log_options()).unwrap();
+        log.ensure_topic("events", PARTITIONS, None).unwrap();
+        let conn = store::open(&dir.join("weir.db")).unwrap();
+        store::migrate(&conn).unwrap();
+        let mut rng = Rng(seed);
+        let read_records = 1 + rng.below(40) as usize;
+        World {
+            dir,
+            contract,
+            config,
+            log,
+            clock: SimClock { ms: Cell::new(0) },
+            rng,
+            live: None,
+            tally: Tally::default(),
+            read_records,
+            stalled: vec![None; PARTITIONS as usize],
+            recent: Vec::new(),
+            next_id: 0,
+            paused: false,
+        }
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.join("weir.db")
+    }
+
+    /// Starts the runner from its last checkpoint, as a restarted server does.
+    fn start(&mut self, why: &str) {
+        let fail_commit = Arc::new(AtomicBool::new(false));
+        let conn = store::open_writer(&self.db()).unwrap();
+        let armed = Arc::clone(&fail_commit);
+        conn.commit_hook(Some(move || armed.swap(false, Ordering::SeqCst)));
+        let mut runner = Runner {
+            contract: self.contract.clone(),
+            config: Arc::clone(&self.config),
+            log: self.log.clone(),
+            conn,
+            status: Arc::new(Mutex::new(Status::default())),
+            stop: Arc::new(AtomicBool::new(false)),
+            paused: Arc::new(AtomicBool::new(false)),
+            read_records: self.read_records,
+        };
+        // A failed start (its run row's commit refused) is tried again at the next step.
+        let run = Run::start(&mut runner, &self.clock, why).ok();
+        self.live = Some(Live { runner, run, fail_commit });
+    }
+
+    /// Drops the runner and everything it held in memory.
+    fn crash(&mut self) {
+        self.live = None;
+        self.tally.crashes += 1;
+    }
+
+    /// One step of the runner; a failure drops the run, and the next step
+    /// starts again from the last checkpoint (the restart loop, without its
+    /// backoff).
+    fn step(&mut self, stopping: bool) -> bool {
+        let Some(live) = self.live.as_mut() else {
+            self.start("server start");
+            return false;
+        };
+        let Some(run) = live.run.as_mut() else {
+            match Run::start(&mut live.runner, &self.clock, "restart after a failure") {
+                Ok(run) => live.run = Some(run),
+                Err(_) => return false,
+            }
+            return false;
+        };
+        self.tally.steps += 1;
+        match run.step(&mut live.runner, &self.clock, stopping) {
+            Ok(step) => {
+                if step.checkpointed {
+                    self.tally.checkpoints += 1;
+                }
+                step.checkpointed
+            }
+            Err(_) => {
+                live.run = None;
+                false
+            }
+        }
+    }
+
+    fn event(&mut self, partition: u32) -> Vec<u8> {
+        let id = self.next_id;
+        self.next_id += 1;
+        // Disorder: up to 300 ms behind the clock.
+        let t = self.clock.wall_ms() - self.rng.below(300) as i64;
+        let acct = partition as u64 * 10 + self.rng.below(6);
+        let cents = self.rng.below(100_000);
+        format!(r#"{{"id":"e{id}","acct":"a{acct}","amount":{}.{:02},"kind":"pay","t":{t}}}"#, cents / 100, cents % 100)
+            .into_bytes()
+    }
+
+    /// Appends `records`, acknowledged once fsynced.
+    fn append(&mut self, records: Vec<(u32, Vec<u8>)>) {
+        if records.is_empty() {
+            return;
+        }
+        self.tally.appended += records.len();
+        self.log.append("events", records).unwrap().wait_blocking().unwrap();
+    }
+
+    fn produce(&mut self) {
+        let n = 1 + self.rng.below(12);
+        let mut batch = Vec::new();
+        for _ in 0..n {
+            let p = self.rng.below(PARTITIONS as u64) as u32;
+            let bytes = if !self.recent.is_empty() && self.rng.chance(8) {
+                // Sent again, as a producer retrying does (the same payload: a duplicate).
+                let i = self.rng.below(self.recent.len() as u64) as usize;
+                self.recent[i].clone()
+            } else {
+                let e = self.event(p);
+                self.recent.push(e.clone());
+                if self.recent.len() > 50 {
+                    self.recent.remove(0);
+                }
+                e
+            };
+            match &mut self.stalled[p as usize] {
+                Some((_, held)) => held.push(bytes),
+                None => batch.push((p, bytes)),
+            }
+        }
+        self.append(batch);
+    }
+
+    /// Releases the stalled partitions whose time is up, as a burst.
+    fn release(&mut self, all: bool) {
+        let now = self.clock.monotonic_ms();
+        for p in 0..PARTITIONS as usize {
+            let due = matches!(&self.stalled[p], Some((until, _)) if all || *until <= now);
+            if due {
+                let (_, held) = self.stalled[p].take().unwrap();
+                self.append(held.into_iter().map(|b| (p as u32, b)).collect());
+            }
+        }
+    }
+
+    /// A crash while a write to the log was under way: the process dies,
+    /// the last segment of a partition ends in bytes of a record never
+    /// acknowledged, and the reopened log cuts them.
+    fn torn_tail(&mut self) {
+        self.live = None;
+        let p = self.rng.below(PARTITIONS as u64);
+        let folder = self.dir.join("log").join("events").join(p.to_string());
+        let last = last_segment(&folder);
+        let mut garbage = vec![0u8; 1 + self.rng.below(60) as usize];
+        garbage.iter_mut().for_each(|b| *b = self.rng.next() as u8);
+        let mut bytes = std::fs::read(&last).unwrap();
+        bytes.extend_from_slice(&garbage);
+        std::fs::write(&last, bytes).unwrap();
+        let (log, recovered) = Log::open(&self.dir.join("log"), log_options()).unwrap();
+        let torn: u64 = recovered.iter().map(|(_, r)| r.torn_bytes).sum();
+        assert_eq!(torn, garbage.len() as u64, "the reopened log cuts exactly the torn bytes");
+        self.log = log;
+        self.tally.torn_tails += 1;
+        self.tally.crashes += 1;
+    }
+
+    fn with_db<T>(&self, f: impl FnOnce(&mut rusqlite::Connection) -> T) -> T {
+        let mut conn = store::open(&self.db()).unwrap();
+        f(&mut conn)
+    }
+
+    /// While paused, what readers are served ends before the pause point.
+    fn check_paused_reads(&self, seed: u64) {
+        self.with_db(|c| {
+            let from: Option<i64> =
+                c.query_row("SELECT from_seq FROM pauses WHERE pipeline = 'sim'", [], |r| r.get(0)).ok();
+            let Some(from) = from else { return };
+            let served = store::changes(c, "sim", 1, 1_000_000).unwrap();
+            for row in served {
+                let v: serde_json::Value = serde_json::from_str(&row).unwrap();
+                let seq = v["seq"].as_i64().unwrap();
+                assert!(seq < from, "seed {seed}: row {seq} served while paused from {from}");
+            }
+        });
+    }
+
+    fn act(&mut self, seed: u64) {
+        match self.rng.below(1000) {
+            0..=299 => self.produce(),
+            300..=499 => self.clock.advance(10 + self.rng.below(250)),
+            500..=849 => {
+                if self.step(false) && self.rng.chance(10) {
+                    // A crash right after a checkpoint's commit.
+                    self.crash();
+                    self.tally.crashes_after_commit += 1;
+                }
+            }
+            850..=879 => self.crash(),
+            880..=899 => {
+                // A failed commit; half the time the process dies inside it.
+                if let Some(live) = &self.live {
+                    live.fail_commit.store(true, Ordering::SeqCst);
+                    self.tally.failed_commits += 1;
+                    self.step(false);
+                    if self.rng.chance(50) {
+                        self.crash();
+                    }
+                }
+            }
+            900..=909 => self.torn_tail(),
+            910..=939 => {
+                let p = self.rng.below(PARTITIONS as u64) as usize;
+                if self.stalled[p].is_none() {
+                    let until = self.clock.monotonic_ms() + 500 + self.rng.below(1_500);
+                    self.stalled[p] = Some((until, Vec::new()));
+                    self.tally.stalls += 1;
+                }
+            }
+            940..=969 => {
+                let db = self.db();
+                let mut conn = store::open(&db).unwrap();
+                if self.paused {
+                    assert!(store::resume(&mut conn, "sim").unwrap(), "seed {seed}: a pause to resume");
+                } else {
+                    assert!(!store::pause(&mut conn, "sim").unwrap(), "seed {seed}: not paused yet");
+                    self.tally.pauses += 1;
+                }
+                self.paused = !self.paused;
+            }
+            970..=984 => {
+                let from_time = if self.rng.chance(50) {
+                    Some(EPOCH_MS + self.clock.monotonic_ms() as i64 - self.rng.below(5_000) as i64)
+                } else {
+                    None
+                };
+                self.with_db(|c| store::ask_replay(c, "sim", Replay { from_offset: None, from_time }).unwrap());
+                self.tally.replays += 1;
+            }
+            _ => {
+                for _ in 0..1 + self.rng.below(20) {
+                    self.step(false);
+                }
+            }
+        }
+        self.release(false);
+        self.check_paused_reads(seed);
+    }
+
+    /// Lets everything through: stalls released, a pause resumed, one
+    /// event an hour later on every partition (filtered by the contract's
+    /// rule, but moving the watermark past every window), and the runner
+    /// stepped until it has read the whole log and checkpointed.
+    fn settle(&mut self) {
+        self.release(true);
+        if self.paused {
+            self.with_db(|c| store::resume(c, "sim").unwrap());
+            self.paused = false;
+        }
+        let t = self.clock.wall_ms() + 3_600_000;
+        let flush: Vec<(u32, Vec<u8>)> = (0..PARTITIONS)
+            .map(|p| (p, format!(r#"{{"id":"flush-{p}","acct":"a0","amount":0,"kind":"flush","t":{t}}}"#).into_bytes()))
+            .collect();
+        self.append(flush);
+        let ends: Vec<u64> = self.log.bounds("events").unwrap().iter().map(|(_, end)| *end).collect();
+        let asked = self.with_db(|c| store::last_replay(c, "sim").unwrap().map_or(0, |(id, _)| id));
+        for _ in 0..100_000 {
+            self.clock.advance(50);
+            self.step(false);
+            let caught_up = self
+                .live
+                .as_ref()
+                .and_then(|l| l.run.as_ref())
+                .is_some_and(|r| r.offsets() == ends.as_slice() && r.replayed() == asked);
+            if caught_up {
+                break;
+            }
+        }
+        // A stop: the last checkpoint.
+        self.clock.advance(200);
+        self.step(true);
+        let stored: Vec<i64> = self.with_db(|c| {
+            let mut stmt =
+                c.prepare("SELECT next_offset FROM offsets WHERE pipeline = 'sim' ORDER BY partition").unwrap();
+            stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect()
+        });
+        let ends: Vec<i64> = ends.iter().map(|e| *e as i64).collect();
+        assert_eq!(stored, ends, "the last checkpoint holds the whole log");
+    }
+}
+
+fn last_segment(folder: &Path) -> PathBuf {
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(folder)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .collect();
+    segments.sort();
+    segments.pop().expect("a partition has a segment")
+}
+
+/// `(key, window_start)` -> `(values, events)` of every row `rows` holds.
+fn by_window(rows: impl IntoIterator<Item = serde_json::Value>) -> BTreeMap<String, (String, u64, String)> {
+    rows.into_iter()
+        .map(|v| {
+            let id = format!("{} {}", v["key"], v["window_start"]);
+            (id, (v["values"].to_string(), v["events"].as_u64().unwrap(), v["status"].as_str().unwrap().to_owned()))
+        })
+        .collect()
+}
+
+/// The batch over everything the log holds, partition by partition.
+fn batch(world: &World) -> BTreeMap<String, (String, u64, String)> {
+    let mut engine = Engine::new(&world.contract, Mode::Batch, PARTITIONS).unwrap();
+    let mut out = Output::default();
+    for p in 0..PARTITIONS {
+        let records = world.log.read("events", p, 0, usize::MAX, usize::MAX).unwrap();
+        for r in &records {
+            engine.process(EventIn { partition: p, offset: r.offset, bytes: &r.payload }, &mut out);
+        }
+    }
+    engine.finish(&mut out);
+    let mut text = String::new();
+    for row in &out.rows {
+        engine.format().write_row(row, &mut text);
+    }
+    by_window(text.lines().map(|l| serde_json::from_str(l).unwrap()))
+}
+
+fn check(world: &World, seed: u64) {
+    let fail = |what: String| panic!("seed {seed}: {what}\n{:?}\nreplay with WEIR_SIM_SEED={seed}", world.tally);
+    let (results, changes, ledger) = world.with_db(|c| {
+        let filter = store::ResultFilter { limit: i64::MAX, ..Default::default() };
+        let results: Vec<serde_json::Value> =
+            store::results(c, "sim", &filter).unwrap().iter().map(|r| serde_json::from_str(r).unwrap()).collect();
+        let mut stmt = c.prepare("SELECT seq, row FROM changes WHERE pipeline = 'sim' ORDER BY seq").unwrap();
+        let changes: Vec<(i64, serde_json::Value)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, serde_json::from_str(&r.get::<_, String>(1)?).unwrap())))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let mut stmt = c.prepare("SELECT seq FROM ledger WHERE pipeline = 'sim' ORDER BY seq").unwrap();
+        let ledger: Vec<i64> = stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+        (results, changes, ledger)
+    });
+    // The published rows equal the batch over the log.
+    let published = by_window(results);
+    let expected = batch(world);
+    if published != expected && std::env::var("WEIR_SIM_DEBUG").is_ok() {
+        for (seq, row) in &changes {
+            if row["key"]["acct"] == "a21" {
+                eprintln!("{seq} {row}");
+            }
+        }
+    }
+    if published != expected && std::env::var("WEIR_SIM_DEBUG").is_ok() {
+        world.with_db(|c| {
+            let mut stmt = c.prepare("SELECT entry FROM ledger WHERE pipeline = 'sim'").unwrap();
+            for e in stmt.query_map([], |r| r.get::<_, String>(0)).unwrap() {
+                let e = e.unwrap();
+                if !e.contains("\"duplicate\"") {
+                    eprintln!("ledger {e}");
+                }
+            }
+        });
+    }
+    if published != expected {
+        let missing: Vec<_> = expected.iter().filter(|(k, v)| published.get(*k) != Some(v)).take(3).collect();
+        let extra: Vec<_> = published.iter().filter(|(k, v)| expected.get(*k) != Some(v)).take(3).collect();
+        fail(format!(
+            "published rows differ from the batch over the log ({} vs {} windows); batch has {missing:?}, published {extra:?}",
+            published.len(),
+            expected.len()
+        ));
+    }
+    // seq: 1, 2, 3, ... with no gap, never back; the ledger's too.
+    let mut ordered: Vec<i64> = changes.iter().map(|(s, _)| *s).collect();
+    ordered.sort();
+    if ordered.iter().enumerate().any(|(i, s)| *s != i as i64 + 1) {
+        fail(format!("the change stream's seq has a gap or a repeat: {:?}", &ordered[..ordered.len().min(20)]));
+    }
+    if ledger.iter().enumerate().any(|(i, s)| *s != i as i64 + 1) {
+        fail("the ledger's seq has a gap or a repeat".into());
+    }
+    // No revision twice; revisions only go up along seq.
+    let mut by_seq = changes.clone();
+    by_seq.sort_by_key(|(s, _)| *s);
+    let mut last: BTreeMap<String, u64> = BTreeMap::new();
+    for (seq, row) in &by_seq {
+        let id = format!("{} {}", row["key"], row["window_start"]);
+        let revision = row["revision"].as_u64().unwrap();
+        if let Some(before) = last.insert(id.clone(), revision) {
+            if revision <= before {
+                fail(format!("window {id}: revision {revision} at seq {seq} after revision {before}"));
+            }
+        }
+    }
+}
+
+fn simulate(seed: u64) -> Tally {
+    let mut world = World::new(seed);
+    world.start("server start");
+    let actions = 400 + world.rng.below(400);
+    for _ in 0..actions {
+        world.act(seed);
+    }
+    world.settle();
+    check(&world, seed);
+    let World { dir, tally, .. } = world;
+    let _ = std::fs::remove_dir_all(dir);
+    tally
+}
+
+#[test]
+fn the_runner_survives_every_fault_the_simulation_injects() {
+    if let Some(seed) = std::env::var("WEIR_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
+        let tally = simulate(seed);
+        eprintln!("seed {seed}: {tally:?}");
+        return;
+    }
+    let seconds: u64 = std::env::var("WEIR_SIM_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let started = Instant::now();
+    // A new first seed each run, printed, so failures are found across runs and replayable.
+    let first =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000;
+    eprintln!("simulation: seeds from {first} for {seconds} s");
+    let mut total = Tally::default();
+    let mut seeds = 0u64;
+    while seeds == 0 || started.elapsed() < Duration::from_secs(seconds) {
+        let seed = first + seeds;
+        let t = simulate(seed);
+        total.appended += t.appended;
+        total.steps += t.steps;
+        total.checkpoints += t.checkpoints;
+        total.crashes += t.crashes;
+        total.crashes_after_commit += t.crashes_after_commit;
+        total.failed_commits += t.failed_commits;
+        total.torn_tails += t.torn_tails;
+        total.stalls += t.stalls;
+        total.pauses += t.pauses;
+        total.replays += t.replays;
+        seeds += 1;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!("simulation: {seeds} seeds in {secs:.1} s ({:.0} seeds a minute): {total:?}", seeds as f64 * 60.0 / secs);
+    assert!(total.crashes > 0 && total.failed_commits > 0 && total.torn_tails > 0 && total.replays > 0);
+}

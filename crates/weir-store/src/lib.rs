@@ -1,0 +1,230 @@
+//! Where weir keeps everything it publishes and everything it must
+//! remember: checkpoints with their fence, rows, the change stream, the
+//! ledger, runs, operator actions (pauses, replays, annotations), tokens and
+//! the audit log.
+//!
+//! Two implementations of one interface:
+//!
+//! | | the embedded topology | the Kafka topology |
+//! |---|---|---|
+//! | module | [`sqlite`] (`DATA/weir.db`) | [`pg`] (`[postgres] schema`) |
+//! | checkpoint | per pipeline, one transaction | per partition, one transaction, fenced by generation, version and hash |
+//! | readers and operator actions | [`Store`] over a [`pool`] | [`Store`] over a [`pool`] |
+//!
+//! Tokens and the audit log ([`tokens`], [`audit`]) are kept in the data
+//! folder's SQLite on both topologies.
+//!
+//! Nothing here knows HTTP, Kafka or the engine's internals: the runtime
+//! hands in the engine's output and delta, the HTTP side asks through
+//! [`Store`] and gets a [`StoreError`] it can map to a status.
+
+pub mod audit;
+mod digest;
+pub mod pg;
+pub mod pg_tls;
+pub mod pool;
+pub mod sqlite;
+pub mod tokens;
+
+use std::path::PathBuf;
+
+pub use sqlite::{Annotation, ResultFilter, RowOrigin, Run};
+
+/// Rebuild the state from the log, from this offset of every partition
+/// (its first kept record when `None` or older), and republish rows above
+/// the revisions published so far: every row, or with `from_time` only the
+/// rows of windows that end after it (the state is still rebuilt whole).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Replay {
+    pub from_offset: Option<u64>,
+    pub from_time: Option<i64>,
+}
+
+/// What went wrong in the store, by whose move it is.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Every pooled connection stayed in use for [`pool::WAIT`].
+    #[error(
+        "every one of the {size} connections to {what} stayed busy for 10 s; try again, or raise pool_connections in weir.toml"
+    )]
+    Busy { what: &'static str, size: u32 },
+    /// The database could not be reached.
+    #[error("cannot reach {what}: {message}")]
+    Unreachable { what: &'static str, message: String },
+    #[error("the results database failed: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("Postgres failed: {0}")]
+    Postgres(#[from] postgres::Error),
+}
+
+impl StoreError {
+    /// Whether trying again later may succeed (a full pool, a database
+    /// away), as opposed to a fault in the request or the data.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Busy { .. } | StoreError::Unreachable { .. } | StoreError::Postgres(_) => true,
+            StoreError::Sqlite(e) => matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            ),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// What a pipeline's readers and operators ask of the store, the same on
+/// both topologies. Calls block (run them off async threads); each takes a
+/// pooled connection for its duration.
+pub trait Store: Send + Sync {
+    /// Latest row per window, filtered (`GET .../results`).
+    fn results(&self, pipeline: &str, filter: &ResultFilter) -> Result<Vec<String>>;
+    /// The change stream from `since`, published rows only.
+    fn changes(&self, pipeline: &str, since: i64, limit: i64) -> Result<Vec<String>>;
+    /// Ledger entries from `since`, of one reason or all, as stored (with payloads).
+    fn ledger(&self, pipeline: &str, reason: Option<&str>, since: i64, limit: i64) -> Result<Vec<String>>;
+    /// The newest published rows, newest first.
+    fn latest_changes(&self, pipeline: &str, limit: i64) -> Result<Vec<String>>;
+    /// The newest ledger entries, newest first.
+    fn latest_ledger(&self, pipeline: &str, limit: i64) -> Result<Vec<String>>;
+    /// One published row with where it came from.
+    fn row_origin(&self, pipeline: &str, seq: i64) -> Result<Option<RowOrigin>>;
+    /// Holds publishing from the next checkpoint on; whether it was paused already.
+    fn pause(&self, pipeline: &str) -> Result<bool>;
+    /// Publishes what was held and stops holding; whether it was paused.
+    fn resume(&self, pipeline: &str) -> Result<bool>;
+    fn is_paused(&self, pipeline: &str) -> Result<bool>;
+    /// Asks every runner of the pipeline to replay; the replay's id.
+    fn ask_replay(&self, pipeline: &str, replay: Replay) -> Result<i64>;
+    /// A note on an event-time range; its id.
+    fn add_annotation(&self, pipeline: &str, range: (i64, i64), note: &str, who: &str) -> Result<i64>;
+    fn annotations(&self, pipeline: &str) -> Result<Vec<Annotation>>;
+}
+
+/// The embedded topology's store: `weir.db`, through a pool.
+pub struct SqliteStore {
+    pool: r2d2::Pool<pool::Sqlite>,
+    size: u32,
+}
+
+impl SqliteStore {
+    /// At most `size` connections (weir.toml `pool_connections`), opened when needed.
+    pub fn new(path: PathBuf, size: u32) -> SqliteStore {
+        SqliteStore { pool: pool::build(pool::Sqlite { path }, size), size }
+    }
+
+    /// Runs `f` on a pooled connection.
+    pub fn with<T>(&self, f: impl FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T>) -> Result<T> {
+        let mut conn =
+            self.pool.get().map_err(|_| StoreError::Busy { what: "the results database", size: self.size })?;
+        Ok(f(&mut conn)?)
+    }
+}
+
+impl Store for SqliteStore {
+    fn results(&self, pipeline: &str, filter: &ResultFilter) -> Result<Vec<String>> {
+        self.with(|c| sqlite::results(c, pipeline, filter))
+    }
+    fn changes(&self, pipeline: &str, since: i64, limit: i64) -> Result<Vec<String>> {
+        self.with(|c| sqlite::changes(c, pipeline, since, limit))
+    }
+    fn ledger(&self, pipeline: &str, reason: Option<&str>, since: i64, limit: i64) -> Result<Vec<String>> {
+        self.with(|c| sqlite::ledger(c, pipeline, reason, since, limit))
+    }
+    fn latest_changes(&self, pipeline: &str, limit: i64) -> Result<Vec<String>> {
+        self.with(|c| sqlite::latest_changes(c, pipeline, limit))
+    }
+    fn latest_ledger(&self, pipeline: &str, limit: i64) -> Result<Vec<String>> {
+        self.with(|c| sqlite::latest_ledger(c, pipeline, limit))
+    }
+    fn row_origin(&self, pipeline: &str, seq: i64) -> Result<Option<RowOrigin>> {
+        self.with(|c| sqlite::row_origin(c, pipeline, seq))
+    }
+    fn pause(&self, pipeline: &str) -> Result<bool> {
+        self.with(|c| sqlite::pause(c, pipeline))
+    }
+    fn resume(&self, pipeline: &str) -> Result<bool> {
+        self.with(|c| sqlite::resume(c, pipeline))
+    }
+    fn is_paused(&self, pipeline: &str) -> Result<bool> {
+        self.with(|c| sqlite::is_paused(c, pipeline))
+    }
+    fn ask_replay(&self, pipeline: &str, replay: Replay) -> Result<i64> {
+        self.with(|c| sqlite::ask_replay(c, pipeline, replay))
+    }
+    fn add_annotation(&self, pipeline: &str, range: (i64, i64), note: &str, who: &str) -> Result<i64> {
+        self.with(|c| sqlite::add_annotation(c, pipeline, range, note, who))
+    }
+    fn annotations(&self, pipeline: &str) -> Result<Vec<Annotation>> {
+        self.with(|c| sqlite::annotations(c, pipeline))
+    }
+}
+
+/// The Kafka topology's store: the `[postgres]` schema, through a pool.
+pub struct PostgresStore {
+    pool: r2d2::Pool<pool::Postgres>,
+    schema: String,
+    size: u32,
+}
+
+impl PostgresStore {
+    /// At most `size` clients (weir.toml `pool_connections`), opened when needed.
+    pub fn new(url: String, schema: String, size: u32) -> PostgresStore {
+        PostgresStore { pool: pool::build(pool::Postgres { url }, size), schema, size }
+    }
+
+    /// Runs `f` on a pooled client with the schema's name.
+    pub fn with<T>(
+        &self,
+        f: impl FnOnce(&mut postgres::Client, &str) -> std::result::Result<T, postgres::Error>,
+    ) -> Result<T> {
+        let mut client = self.pool.get().map_err(|e| {
+            let message = e.to_string();
+            if message.contains("timed out") {
+                StoreError::Busy { what: "Postgres", size: self.size }
+            } else {
+                StoreError::Unreachable { what: "Postgres", message }
+            }
+        })?;
+        Ok(f(&mut client, &self.schema)?)
+    }
+}
+
+impl Store for PostgresStore {
+    fn results(&self, pipeline: &str, filter: &ResultFilter) -> Result<Vec<String>> {
+        self.with(|c, s| pg::results(c, s, pipeline, filter))
+    }
+    fn changes(&self, pipeline: &str, since: i64, limit: i64) -> Result<Vec<String>> {
+        self.with(|c, s| pg::changes(c, s, pipeline, since, limit))
+    }
+    fn ledger(&self, pipeline: &str, reason: Option<&str>, since: i64, limit: i64) -> Result<Vec<String>> {
+        self.with(|c, s| pg::ledger(c, s, pipeline, reason, since, limit))
+    }
+    fn latest_changes(&self, pipeline: &str, limit: i64) -> Result<Vec<String>> {
+        self.with(|c, s| pg::latest_changes(c, s, pipeline, limit))
+    }
+    fn latest_ledger(&self, pipeline: &str, limit: i64) -> Result<Vec<String>> {
+        self.with(|c, s| pg::latest_ledger(c, s, pipeline, limit))
+    }
+    fn row_origin(&self, pipeline: &str, seq: i64) -> Result<Option<RowOrigin>> {
+        self.with(|c, s| pg::row_origin(c, s, pipeline, seq))
+    }
+    fn pause(&self, pipeline: &str) -> Result<bool> {
+        self.with(|c, s| pg::pause(c, s, pipeline))
+    }
+    fn resume(&self, pipeline: &str) -> Result<bool> {
+        self.with(|c, s| pg::resume(c, s, pipeline))
+    }
+    fn is_paused(&self, pipeline: &str) -> Result<bool> {
+        self.with(|c, s| pg::is_paused(c, s, pipeline))
+    }
+    fn ask_replay(&self, pipeline: &str, replay: Replay) -> Result<i64> {
+        self.with(|c, s| pg::ask_replay(c, s, pipeline, replay))
+    }
+    fn add_annotation(&self, pipeline: &str, range: (i64, i64), note: &str, who: &str) -> Result<i64> {
+        self.with(|c, s| pg::add_annotation(c, s, pipeline, range, note, who))
+    }
+    fn annotations(&self, pipeline: &str) -> Result<Vec<Annotation>> {
+        self.with(|c, s| pg::annotations(c, s, pipeline))
+    }
+}
