@@ -332,8 +332,9 @@ impl Run {
         (self.next_seq, self.next_ledger) =
             r.checkpoint(&mut self.engine, &Output::default(), &self.offsets, seqs, (Some(id), self.run, wall))?;
         self.replayed = id;
-        lock(&r.status).replays += 1;
+        // The status shows where the replay starts before it counts the replay.
         self.publish_status(r, Some(wall));
+        lock(&r.status).replays += 1;
         Ok(())
     }
 

@@ -498,6 +498,8 @@ impl KafkaRunner {
             }
         }
         drop(sh);
+        // The status shows where the replay starts before it counts the replay.
+        self.publish_status(shared, None);
         lock(&self.status).replays += 1;
         Ok(())
     }

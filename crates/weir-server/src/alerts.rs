@@ -12,36 +12,16 @@
 //! minus the append time of the oldest record not yet read;
 //! `max_ledger_rate` ledger entries per event read over the last minute.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use weir_contract::Alerts;
 use weir_engine::time::format_rfc3339_ms;
 
-use crate::http::{status_json, App};
+use crate::app::App;
+use crate::report::{report, Report};
+use crate::watch::Firing;
 use weir_runtime::lock;
-
-/// One firing alert.
-#[derive(Debug, Clone)]
-pub struct Firing {
-    pub alert: &'static str,
-    pub threshold: String,
-    pub observed: String,
-    pub since_ms: i64,
-}
-
-#[derive(Default)]
-pub struct AlertState {
-    /// Firing alerts by pipeline.
-    pub firing: BTreeMap<String, Vec<Firing>>,
-    /// Notifications sent and failed for good, for status and tests.
-    pub delivered: u64,
-    pub undelivered: u64,
-    history: BTreeMap<String, VecDeque<(Instant, u64, u64)>>,
-    /// The latest notifications, firing and resolved, newest last (for the dashboard).
-    pub incidents: VecDeque<serde_json::Value>,
-}
 
 /// How many notifications the dashboard's incident list keeps.
 const INCIDENTS_KEPT: usize = 200;
@@ -63,10 +43,9 @@ fn ratio(v: f64) -> String {
     format!("{v:.4}")
 }
 
-fn checks(alerts: &Alerts, status: &serde_json::Value, ledger_rate: Option<f64>) -> Vec<Check> {
+fn checks(alerts: &Alerts, status: &Report, ledger_rate: Option<f64>) -> Vec<Check> {
     let mut out = Vec::new();
-    let value = |k: &str| status[k].as_i64().map(|v| v as f64);
-    if let (Some(t), Some(v)) = (alerts.max_lag_ms, value("lag_ms")) {
+    if let (Some(t), v) = (alerts.max_lag_ms, status.lag_ms as f64) {
         out.push(Check {
             alert: "max_lag",
             observed: v,
@@ -77,7 +56,7 @@ fn checks(alerts: &Alerts, status: &serde_json::Value, ledger_rate: Option<f64>)
     }
     if let Some(t) = alerts.max_watermark_age_ms {
         // No watermark yet counts as infinitely old only once events were read.
-        let v = value("watermark_age_ms").or_else(|| (status["events"]["read"].as_u64() > Some(0)).then_some(f64::MAX));
+        let v = status.watermark_age_ms.map(|v| v as f64).or_else(|| (status.events.read > 0).then_some(f64::MAX));
         if let Some(v) = v {
             out.push(Check {
                 alert: "max_watermark_age",
@@ -88,7 +67,7 @@ fn checks(alerts: &Alerts, status: &serde_json::Value, ledger_rate: Option<f64>)
             });
         }
     }
-    if let (Some(t), Some(v)) = (alerts.max_oldest_unprocessed_ms, value("oldest_unprocessed_age_ms")) {
+    if let (Some(t), v) = (alerts.max_oldest_unprocessed_ms, status.oldest_unprocessed_age_ms as f64) {
         out.push(Check {
             alert: "max_oldest_unprocessed",
             observed: v,
@@ -128,13 +107,12 @@ pub async fn run(app: Arc<App>) {
 fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Value)>) {
     let now = weir_log::now_ms();
     for (name, p) in &app.pipelines {
-        let status = status_json(app, name, p);
-        crate::dashboard::record(app, name, &status);
+        let status = report(&app.log, &app.watch, name, p);
+        crate::watch::record(&app.watch, name, status.events.read, status.lag_records, status.watermark_age_ms);
         let Some(alerts) = &p.contract.alerts else { continue };
-        let read = status["events"]["read"].as_u64().unwrap_or(0);
-        let ledger: u64 = status["ledger"].as_object().map_or(0, |m| m.values().filter_map(|v| v.as_u64()).sum());
+        let (read, ledger) = (status.events.read, status.ledgered());
         let rate = {
-            let mut state = lock(&app.alerts);
+            let mut state = lock(&app.watch.alerts);
             let h = state.history.entry(name.clone()).or_default();
             h.push_back((Instant::now(), read, ledger));
             while h.len() > 2 && h.front().is_some_and(|(t, _, _)| t.elapsed() > Duration::from_secs(60)) {
@@ -147,7 +125,7 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Val
             }
         };
         let webhook = alerts.webhook.clone().or_else(|| app.config.alert_webhook.clone());
-        let mut state = lock(&app.alerts);
+        let mut state = lock(&app.watch.alerts);
         let firing = state.firing.entry(name.clone()).or_default();
         let mut notes = Vec::new();
         for c in checks(alerts, &status, rate) {
@@ -245,12 +223,12 @@ fn deliver(app: &App, rx: &std::sync::mpsc::Receiver<(String, serde_json::Value)
         loop {
             let sent = agent.post(&url).header("content-type", "application/json").send(&body);
             if matches!(&sent, Ok(r) if r.status().is_success()) {
-                lock(&app.alerts).delivered += 1;
+                lock(&app.watch.alerts).delivered += 1;
                 break;
             }
             if started.elapsed() > Duration::from_secs(60) {
                 eprintln!("weir: could not deliver an alert to {url} for a minute; it stays in status");
-                lock(&app.alerts).undelivered += 1;
+                lock(&app.watch.alerts).undelivered += 1;
                 break;
             }
             std::thread::sleep(wait);

@@ -10,7 +10,6 @@
 //! the server: incidents, the newest alert notifications and operator
 //! actions.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -19,65 +18,16 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde_json::{json, Value};
 
-use crate::http::{forbidden, status_json, stored, ApiError, App, Caller};
+use crate::app::{forbidden, stored, ApiError, App, Caller};
+use crate::report::report;
 use weir_runtime::lock;
 
 /// How long the charts look back.
-const WINDOW_MS: i64 = 15 * 60 * 1000;
 const LATEST_ROWS: i64 = 20;
 const LATEST_LEDGER: i64 = 10;
 const LATEST_AUDIT: i64 = 20;
 
 const PAGE: &str = include_str!("dashboard.html");
-
-#[derive(Debug, Clone, Copy)]
-struct Sample {
-    at_ms: i64,
-    read: u64,
-    lag_records: i64,
-    watermark_age_ms: Option<i64>,
-}
-
-/// Samples per pipeline, oldest first, 15 minutes of them.
-#[derive(Default)]
-pub struct Series {
-    by_pipeline: BTreeMap<String, VecDeque<Sample>>,
-}
-
-/// Adds one sample of a pipeline's status (called every second).
-pub fn record(app: &App, name: &str, status: &Value) {
-    let sample = Sample {
-        at_ms: weir_log::now_ms(),
-        read: status["events"]["read"].as_u64().unwrap_or(0),
-        lag_records: status["lag_records"].as_i64().unwrap_or(0),
-        watermark_age_ms: status["watermark_age_ms"].as_i64(),
-    };
-    let mut series = lock(&app.series);
-    let samples = series.by_pipeline.entry(name.to_owned()).or_default();
-    samples.push_back(sample);
-    while samples.front().is_some_and(|s| s.at_ms < sample.at_ms - WINDOW_MS) {
-        samples.pop_front();
-    }
-}
-
-/// `[[time ms, events per second, lag records, watermark age ms or null]]`;
-/// events per second from one sample to the next (a replay restarts the
-/// engine's count, which shows as no throughput for that second).
-fn chart(app: &App, name: &str) -> Value {
-    let series = lock(&app.series);
-    let Some(samples) = series.by_pipeline.get(name) else { return json!([]) };
-    let mut points = Vec::with_capacity(samples.len());
-    let mut previous: Option<Sample> = None;
-    for s in samples {
-        let rate = previous.map_or(0.0, |p| {
-            let seconds = (s.at_ms - p.at_ms).max(1) as f64 / 1e3;
-            s.read.saturating_sub(p.read) as f64 / seconds
-        });
-        points.push(json!([s.at_ms, rate.round(), s.lag_records, s.watermark_age_ms]));
-        previous = Some(*s);
-    }
-    Value::Array(points)
-}
 
 pub async fn page() -> Response {
     ([(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-store")], PAGE).into_response()
@@ -132,14 +82,14 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
             "steward": c.steward,
             "decision": c.decision,
             "topic": p.contract.source.topic,
-            "status": status_json(&app, name, p),
-            "chart": chart(&app, name),
+            "status": report(&app.log, &app.watch, name, p),
+            "chart": crate::watch::chart(&app.watch, name),
             "rows": rows,
             "ledger_latest": ledger,
             "annotations": notes,
         }));
     }
-    let alerts: Vec<Value> = lock(&app.alerts).incidents.iter().rev().take(50).cloned().collect();
+    let alerts: Vec<Value> = lock(&app.watch.alerts).incidents.iter().rev().take(50).cloned().collect();
     let body = json!({
         "now": weir_engine::time::format_rfc3339_ms(weir_log::now_ms()),
         "pipelines": pipelines,

@@ -10,11 +10,19 @@
 //!
 //! Layout of `--data`: `log/` (the log's topics), `weir.db` (SQLite).
 
+mod actions;
+mod admin;
 mod alerts;
+mod app;
 mod dashboard;
+mod events;
 mod http;
 pub mod listen;
+mod metrics;
+mod pipelines;
 mod provenance;
+mod report;
+mod watch;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -28,7 +36,6 @@ use weir_contract::{Contract, ServerConfig};
 use weir_log::{Log, LogOptions};
 use weir_store::{audit, pg, sqlite as store};
 
-pub use http::status_json;
 use weir_runtime::embedded::{Runner, READ_RECORDS};
 use weir_runtime::{kafka, sink, Pipeline, Status};
 
@@ -303,7 +310,7 @@ pub async fn serve(
         let store: Arc<dyn weir_store::Store> = sqlite.clone();
         pipelines.insert(name, Pipeline { contract, on_kafka: false, status, paused, store });
     }
-    let mut app = http::App::new(log.clone(), Arc::clone(&config), pipelines, db.clone(), sqlite);
+    let mut app = app::App::new(log.clone(), Arc::clone(&config), pipelines, sqlite);
     app.producers = producers;
     let app = Arc::new(app);
     let alerting = tokio::spawn(alerts::run(Arc::clone(&app)));

@@ -1,0 +1,184 @@
+//! Operator actions: pause, resume, replay and annotations. Each is written
+//! to the pipeline's store (read by every runner of the pipeline) before it
+//! is answered, and appended to the audit log with who, why and from where.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use weir_engine::time::format_rfc3339_ms;
+
+use crate::app::*;
+
+/// Why an operator acts (required; the audit log keeps it), and on whose
+/// behalf when the body names someone besides the token's holder.
+#[derive(serde::Deserialize)]
+struct Action {
+    who: Option<String>,
+    why: Option<String>,
+}
+
+pub(crate) fn why_and_for_whom(body: &Bytes) -> Result<(String, Option<String>), ApiError> {
+    let a: Action = serde_json::from_slice(body)
+        .map_err(|e| bad(format!("the body must be JSON like {{\"why\":\"...\"}}: {e}")))?;
+    match a.why.filter(|w| !w.trim().is_empty()) {
+        Some(why) => Ok((why, a.who.filter(|w| !w.trim().is_empty()))),
+        None => Err(bad("say why: {\"why\":\"...\"} (it is kept in the audit log with the token that acted)")),
+    }
+}
+
+pub(crate) async fn set_paused(
+    app: Arc<App>,
+    caller: Caller,
+    name: String,
+    body: Bytes,
+    pause: bool,
+) -> Result<Response, ApiError> {
+    let action = if pause { "pause" } else { "resume" };
+    let p = may_operate(&app, &caller, &name, action)?;
+    let (why, for_whom) = why_and_for_whom(&body)?;
+    // The pause is a row in the pipeline's store, read by every checkpoint of every worker.
+    let pn = name.clone();
+    // Both answer whether it was paused before.
+    let was_paused = stored(p, move |s| if pause { s.pause(&pn) } else { s.resume(&pn) }).await?;
+    p.paused.store(pause, Ordering::SeqCst);
+    let detail = serde_json::json!({ "was_paused": was_paused, "for": for_whom });
+    let seq = audited(&app, &caller, action, Some(name.clone()), detail, why).await?;
+    Ok(json(serde_json::json!({ "pipeline": name, "paused": pause, "was_paused": was_paused, "audit": seq })))
+}
+
+pub(crate) async fn pause(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    set_paused(app, caller, name, body, true).await
+}
+
+pub(crate) async fn resume(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    set_paused(app, caller, name, body, false).await
+}
+
+#[derive(serde::Deserialize)]
+struct NewAnnotation {
+    who: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    note: Option<String>,
+}
+
+pub(crate) async fn annotate(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let p = may_operate(&app, &caller, &name, "annotate")?;
+    let usage = "the body must be JSON like {\"from\":\"2026-11-29T14:00:00Z\",\"to\":\"2026-11-29T15:00:00Z\",\"note\":\"...\"}";
+    let a: NewAnnotation = serde_json::from_slice(&body).map_err(|e| bad(format!("{usage}: {e}")))?;
+    let time = |v: &Option<String>, k: &str| {
+        v.as_deref()
+            .and_then(weir_engine::time::parse_rfc3339_ms)
+            .ok_or_else(|| bad(format!("`{k}` must be an RFC 3339 time; {usage}")))
+    };
+    let (from_ms, to_ms) = (time(&a.from, "from")?, time(&a.to, "to")?);
+    if from_ms >= to_ms {
+        return Err(bad("`from` must be before `to`"));
+    }
+    let Some(note) = a.note.filter(|n| !n.trim().is_empty()) else {
+        return Err(bad(format!("say what the note is: {usage}")));
+    };
+    // The annotation names the token's holder (and whom it was for, if the body says).
+    let who = match a.who.filter(|w| !w.trim().is_empty()) {
+        Some(w) => format!("{w} via {}", caller.grant.who()),
+        None => caller.grant.who(),
+    };
+    let (pn, n, w, origin, actor) = (name.clone(), note.clone(), who, caller.origin.clone(), caller.grant.who());
+    // The note is kept beside the rows it marks (Postgres for a pipeline on Kafka); the audit entry in weir.db.
+    let id = {
+        let (pn, n, w) = (pn.clone(), n.clone(), w.clone());
+        stored(p, move |s| s.add_annotation(&pn, (from_ms, to_ms), &n, &w)).await?
+    };
+    app.read(move |c| {
+            let detail = serde_json::json!({ "annotation": id, "from": format_rfc3339_ms(from_ms), "to": format_rfc3339_ms(to_ms), "for": w });
+            let entry = weir_store::audit::Entry {
+                who: &actor,
+                action: "annotate",
+                pipeline: Some(&pn),
+                detail: &detail,
+                why: &n,
+                origin: &origin,
+            };
+            weir_store::audit::append(c, &entry)
+        })
+        .await?;
+    Ok(json(serde_json::json!({ "pipeline": name, "annotation": id })))
+}
+
+pub(crate) async fn list_annotations(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let notes = stored(p, move |s| s.annotations(&name)).await?;
+    let rows = notes
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "id": a.id, "from": format_rfc3339_ms(a.from_ms), "to": format_rfc3339_ms(a.to_ms),
+                "note": a.note, "who": a.who, "at": format_rfc3339_ms(a.at_ms),
+            })
+            .to_string()
+        })
+        .collect();
+    Ok(joined(rows))
+}
+
+#[derive(serde::Deserialize)]
+struct ReplayBody {
+    from_offset: Option<u64>,
+    from_time: Option<String>,
+}
+
+/// Rebuilds a pipeline's state from the log; rows are republished with
+/// revisions above every one published before (with `from_time`, only those
+/// of windows ending after it).
+pub(crate) async fn replay(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let p = may_operate(&app, &caller, &name, "replay")?;
+    let (why, for_whom) = why_and_for_whom(&body)?;
+    let r: ReplayBody = serde_json::from_slice(&body)
+        .map_err(|e| bad(format!("from_offset must be a whole number, from_time an RFC 3339 time: {e}")))?;
+    let from_time = match &r.from_time {
+        None => None,
+        Some(t) => Some(
+            weir_engine::time::parse_rfc3339_ms(t)
+                .ok_or_else(|| bad(format!("from_time={t:?} is not an RFC 3339 time such as 2026-11-29T14:00:00Z")))?,
+        ),
+    };
+    // A request in the pipeline's store: every worker applies it to the partitions it holds.
+    let asked = weir_store::Replay { from_offset: r.from_offset, from_time };
+    let pn = name.clone();
+    let id = stored(p, move |s| s.ask_replay(&pn, asked)).await?;
+    let detail = serde_json::json!({
+        "replay": id, "from_offset": r.from_offset.unwrap_or(0), "from_time": r.from_time, "for": for_whom
+    });
+    let seq = audited(&app, &caller, "replay", Some(name.clone()), detail, why).await?;
+    let body = serde_json::json!({ "pipeline": name, "replay": "started", "id": id, "audit": seq }).to_string() + "\n";
+    Ok((StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], body).into_response())
+}

@@ -1,0 +1,209 @@
+//! What every handler shares: the server's state ([`App`]), the caller of a
+//! request ([`Caller`]), refusals ([`ApiError`], [`forbidden`]), the store
+//! calls run off the async threads ([`stored`], [`App::read`]), the audit
+//! log, and the small response helpers.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use weir_contract::ServerConfig;
+use weir_log::Log;
+use weir_runtime::{lock, Pipeline};
+use weir_store::tokens::Grant;
+
+use crate::watch::Watch;
+
+pub struct App {
+    pub log: Log,
+    pub config: Arc<ServerConfig>,
+    pub pipelines: BTreeMap<String, Pipeline>,
+    /// What the alert loop observed: chart samples, firing alerts, notifications.
+    pub watch: Watch,
+    /// From a POST's arrival to its events being durable.
+    pub durable: Mutex<weir_runtime::histogram::Histogram>,
+    /// `weir.db` through a pool: tokens, the audit log, and the embedded pipelines' rows.
+    pub sqlite: Arc<weir_store::SqliteStore>,
+    pub(crate) round_robin: AtomicU64,
+    /// Producers for the topics Kafka pipelines read.
+    pub producers: BTreeMap<String, rdkafka::producer::FutureProducer>,
+    /// Refused requests by their metric labels (status and reason or role).
+    pub denied: Mutex<BTreeMap<String, u64>>,
+    /// Alert notifications dropped because `alert_queue` were waiting.
+    pub alerts_dropped: AtomicU64,
+}
+
+impl App {
+    pub fn new(
+        log: Log,
+        config: Arc<ServerConfig>,
+        pipelines: BTreeMap<String, Pipeline>,
+        sqlite: Arc<weir_store::SqliteStore>,
+    ) -> App {
+        App {
+            log,
+            config,
+            pipelines,
+            watch: Watch::default(),
+            durable: Mutex::default(),
+            sqlite,
+            round_robin: AtomicU64::new(0),
+            producers: BTreeMap::new(),
+            denied: Mutex::default(),
+            alerts_dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Runs `query` on a pooled connection to `weir.db`, off the async threads.
+    pub(crate) async fn read<T: Send + 'static>(
+        self: &Arc<Self>,
+        query: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let sqlite = Arc::clone(&self.sqlite);
+        blocking(move || sqlite.with(|c| query(c))).await
+    }
+}
+
+/// Runs a store call off the async threads; a store error becomes 503 when
+/// trying again may help, else 500.
+pub(crate) async fn blocking<T: Send + 'static>(
+    call: impl FnOnce() -> weir_store::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) if e.is_transient() => Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+        Ok(Err(e)) => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+        Err(e) => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("a store call failed: {e}"))),
+    }
+}
+
+/// Runs `call` on the pipeline's store (SQLite or Postgres), off the async threads.
+pub(crate) async fn stored<T: Send + 'static>(
+    p: &Pipeline,
+    call: impl FnOnce(&dyn weir_store::Store) -> weir_store::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    let store = Arc::clone(&p.store);
+    blocking(move || call(store.as_ref())).await
+}
+
+/// The caller of a request: its token's rights and where it came from.
+#[derive(Clone)]
+pub struct Caller {
+    pub grant: Grant,
+    /// The client's address, for the audit log.
+    pub origin: String,
+}
+
+impl App {
+    pub(crate) fn count_denied(&self, labels: String) {
+        *lock(&self.denied).entry(labels).or_insert(0) += 1;
+    }
+}
+
+/// A 403 naming what was refused and what the token may do; counted.
+pub(crate) fn forbidden(app: &App, caller: &Caller, what: &str) -> ApiError {
+    let g = &caller.grant;
+    app.count_denied(format!("status=\"403\",role=\"{}\"", g.role));
+    ApiError(
+        StatusCode::FORBIDDEN,
+        format!("token {} ({}) may not {what}; {}; ask an admin for a token that may", g.id, g.role, g.rights()),
+    )
+}
+
+/// Appends to the audit log; `who` is the caller's token.
+pub(crate) async fn audited(
+    app: &Arc<App>,
+    caller: &Caller,
+    action: &'static str,
+    pipeline: Option<String>,
+    detail: serde_json::Value,
+    why: String,
+) -> Result<i64, ApiError> {
+    let (who, origin) = (caller.grant.who(), caller.origin.clone());
+    app.read(move |c| {
+        let entry = weir_store::audit::Entry {
+            who: &who,
+            action,
+            pipeline: pipeline.as_deref(),
+            detail: &detail,
+            why: &why,
+            origin: &origin,
+        };
+        weir_store::audit::append(c, &entry)
+    })
+    .await
+}
+
+/// The pipeline, when the caller may read its published data.
+pub(crate) fn may_read<'a>(app: &'a App, caller: &Caller, name: &str) -> Result<&'a Pipeline, ApiError> {
+    let p = pipeline(app, name)?;
+    if caller.grant.may_read(name) {
+        Ok(p)
+    } else {
+        Err(forbidden(app, caller, &format!("read pipeline {name:?}")))
+    }
+}
+
+/// A refusal: its status and what to do about it.
+pub struct ApiError(pub StatusCode, pub String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error(self.0, self.1)
+    }
+}
+
+pub(crate) fn bad(message: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+pub(crate) fn error(code: StatusCode, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({ "error": message.into() }).to_string() + "\n";
+    (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+pub(crate) fn lines(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
+}
+
+pub(crate) fn json(value: serde_json::Value) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], value.to_string() + "\n").into_response()
+}
+
+pub(crate) fn param<T: std::str::FromStr>(q: &BTreeMap<String, String>, name: &str, default: T) -> Result<T, ApiError> {
+    match q.get(name) {
+        None => Ok(default),
+        Some(v) => v.parse().map_err(|_| bad(format!("query parameter {name}={v:?} is not a valid value"))),
+    }
+}
+
+pub(crate) fn pipeline<'a>(app: &'a App, name: &str) -> Result<&'a Pipeline, ApiError> {
+    app.pipelines.get(name).ok_or_else(|| {
+        let known: Vec<&String> = app.pipelines.keys().collect();
+        ApiError(StatusCode::NOT_FOUND, format!("no pipeline {name:?}; the pipelines are {known:?}"))
+    })
+}
+
+pub(crate) fn joined(rows: Vec<String>) -> Response {
+    let mut body = rows.join("\n");
+    if !body.is_empty() {
+        body.push('\n');
+    }
+    lines(body)
+}
+
+pub(crate) fn why_of(q: &BTreeMap<String, String>) -> String {
+    q.get("why").cloned().unwrap_or_else(|| "(not given: add ?why=...)".into())
+}
+
+/// The pipeline, when the caller may operate it.
+pub(crate) fn may_operate<'a>(app: &'a App, caller: &Caller, name: &str, what: &str) -> Result<&'a Pipeline, ApiError> {
+    let p = pipeline(app, name)?;
+    if caller.grant.may_operate(name) {
+        Ok(p)
+    } else {
+        Err(forbidden(app, caller, &format!("{what} pipeline {name:?}")))
+    }
+}

@@ -1,0 +1,173 @@
+//! A pipeline's published data and standing: the list of pipelines, the
+//! contract, `results`, `changes`, `ledger`, a row's provenance, `status`;
+//! read through the pipeline's [`weir_store::Store`], the same on both
+//! topologies.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use weir_engine::Reason;
+use weir_store::sqlite as store;
+use weir_store::tokens::{self as auth};
+
+use crate::app::*;
+
+/// The contract weir runs for a pipeline: its identity and who answers for it.
+pub(crate) async fn contract(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let c = &p.contract;
+    let body = serde_json::json!({
+        "pipeline": name,
+        "version": c.pipeline.version,
+        "text_hash": format!("{:016x}", c.text_hash),
+        "owner": c.pipeline.owner,
+        "steward": c.pipeline.steward,
+        "decision": c.pipeline.decision,
+        "topic": c.source.topic,
+        "key": c.source.key.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "event_time": c.source.event_time.to_string(),
+    });
+    Ok(json(body))
+}
+
+/// The pipelines the caller may read (a raw-reader: those reading its topics).
+pub(crate) async fn list_pipelines(State(app): State<Arc<App>>, Extension(caller): Extension<Caller>) -> Response {
+    let g = &caller.grant;
+    if g.role == auth::Role::Producer {
+        return forbidden(&app, &caller, "list pipelines").into_response();
+    }
+    let mut body = String::new();
+    for (name, p) in &app.pipelines {
+        let c = &p.contract;
+        if !g.may_read(name) && !g.may_read_raw(&c.source.topic) {
+            continue;
+        }
+        body.push_str(
+            &(serde_json::json!({
+                "name": name,
+                "version": c.pipeline.version,
+                "owner": c.pipeline.owner,
+                "steward": c.pipeline.steward,
+                "decision": c.pipeline.decision,
+                "topic": c.source.topic,
+            })
+            .to_string()
+                + "\n"),
+        );
+    }
+    lines(body)
+}
+
+pub(crate) async fn results(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let time = |k: &str| -> Result<Option<i64>, ApiError> {
+        let Some(v) = q.get(k) else { return Ok(None) };
+        match weir_engine::time::parse_rfc3339_ms(v) {
+            Some(ms) => Ok(Some(ms)),
+            None => Err(bad(format!("{k}={v:?} is not an RFC 3339 time such as 2026-11-29T14:00:00Z"))),
+        }
+    };
+    let filter = store::ResultFilter {
+        status: q.get("status").cloned(),
+        from_ms: time("from")?,
+        to_ms: time("to")?,
+        key: q.iter().filter_map(|(k, v)| Some((k.strip_prefix("key.")?.to_owned(), v.clone()))).collect(),
+        limit: param(&q, "limit", 10_000i64)?,
+    };
+    Ok(joined(stored(p, move |s| s.results(&name, &filter)).await?))
+}
+
+/// `{seq}` is the row's place in the change stream, as `/results` and
+/// `/changes` show it: one revision of one window.
+pub(crate) async fn provenance(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path((name, seq)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let contract = p.contract.clone();
+    let Ok(seq) = seq.parse::<i64>() else {
+        return Err(bad(format!("{seq:?} is not a row: use the \"seq\" of a row from /results or /changes")));
+    };
+    let pn = name.clone();
+    let origin = stored(p, move |s| s.row_origin(&pn, seq)).await?;
+    let Some(origin) = origin else {
+        return Err(ApiError(StatusCode::NOT_FOUND, format!("pipeline {name:?} has published no row with seq {seq}")));
+    };
+    let body = crate::provenance::document(&contract, seq, &origin).to_string() + "\n";
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+pub(crate) async fn changes(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let since = param(&q, "since", 1i64)?;
+    let limit = param(&q, "limit", 10_000i64)?;
+    Ok(joined(stored(p, move |s| s.changes(&name, since, limit)).await?))
+}
+
+/// The ledger: with payloads for a raw-reader of the pipeline's topic (the
+/// read is audited), without them for the pipeline's readers.
+pub(crate) async fn ledger(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let p = pipeline(&app, &name)?;
+    let raw = caller.grant.may_read_raw(&p.contract.source.topic);
+    if !raw && !caller.grant.may_read(&name) {
+        return Err(forbidden(&app, &caller, &format!("read the ledger of pipeline {name:?}")));
+    }
+    let reason = q.get("reason").cloned();
+    if let Some(r) = &reason {
+        if !Reason::ALL.iter().any(|x| x.as_str() == r) {
+            let all: Vec<&str> = Reason::ALL.iter().map(|x| x.as_str()).collect();
+            return Err(bad(format!("reason={r:?} is not a ledger reason; use one of {all:?}")));
+        }
+    }
+    let since = param(&q, "since", 1i64)?;
+    let limit = param(&q, "limit", 10_000i64)?;
+    let n = name.clone();
+    let entries = stored(p, move |s| s.ledger(&n, reason.as_deref(), since, limit)).await?;
+    if raw {
+        let detail = serde_json::json!({ "ledger": name, "since": since, "limit": limit, "returned": entries.len() });
+        audited(&app, &caller, "raw-read", Some(name), detail, why_of(&q)).await?;
+        return Ok(joined(entries));
+    }
+    let published: Vec<String> = entries
+        .iter()
+        .filter_map(|e| serde_json::from_str(e).ok())
+        .map(|v| weir_runtime::privacy::published(v, &p.contract).to_string())
+        .collect();
+    Ok(joined(published))
+}
+
+pub(crate) async fn status(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    Ok(json(
+        serde_json::to_value(crate::report::report(&app.log, &app.watch, &name, p))
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
+    ))
+}
