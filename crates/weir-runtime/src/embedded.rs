@@ -289,7 +289,9 @@ impl Run {
             self.out.clear();
             self.dirty = false;
             self.since_checkpoint = 0;
-            self.last_checkpoint = now;
+            // The interval runs from the end of a checkpoint, as before the step function: a checkpoint
+            // slower than the interval must not make every following step checkpoint.
+            self.last_checkpoint = clock.monotonic_ms();
             checkpointed = true;
             self.publish_status(r, Some(wall));
         }
