@@ -125,13 +125,15 @@ struct Shared {
 
 /// Records for one partition of one topic, in order.
 type Batch = Vec<(u32, Vec<u8>)>;
+/// An append's answer: each record's (partition, offset), or why not.
+type Appended = Result<Vec<(u32, u64)>, LogError>;
 
 struct Request {
     topic: Arc<Topic>,
     records: Batch,
     /// What it counts against the queue's bound.
     bytes: usize,
-    reply: tokio::sync::oneshot::Sender<Result<Vec<(u32, u64)>, LogError>>,
+    reply: tokio::sync::oneshot::Sender<Appended>,
 }
 
 /// The log. Cloning shares it.
@@ -142,7 +144,7 @@ pub struct Log {
 }
 
 /// An append waiting for its group commit.
-pub struct Pending(tokio::sync::oneshot::Receiver<Result<Vec<(u32, u64)>, LogError>>);
+pub struct Pending(tokio::sync::oneshot::Receiver<Appended>);
 
 impl Pending {
     /// Waits for the answer: each record's partition and offset, in order.
@@ -392,21 +394,31 @@ fn write_loop(shared: &Shared, rx: &mpsc::Receiver<Request>) {
         heal(shared, &mut last_probe);
         let bytes: usize = group.iter().map(|r| r.bytes).sum();
         let unhealthy = lock(&shared.unhealthy).clone();
-        if let Some(why) = unhealthy {
-            lock(&shared.stats).refused += group.len() as u64;
-            for req in group {
-                let _ = req.reply.send(Err(LogError::Unavailable(why.clone())));
-            }
-        } else {
-            commit(shared, group);
-        }
+        let answers = match unhealthy {
+            Some(why) => refuse(shared, group, &why),
+            None => commit(shared, group),
+        };
+        // The queue is freed before anyone hears back, so a caller that
+        // appends again on its answer finds the room its append left.
         shared.queued.fetch_sub(bytes, Ordering::SeqCst);
+        for (reply, answer) in answers {
+            let _ = reply.send(answer);
+        }
     }
 }
 
+/// Where an append's answer goes, and the answer.
+type Answer = (tokio::sync::oneshot::Sender<Appended>, Appended);
+
+fn refuse(shared: &Shared, group: Vec<Request>, why: &str) -> Vec<Answer> {
+    lock(&shared.stats).refused += group.len() as u64;
+    group.into_iter().map(|req| (req.reply, Err(LogError::Unavailable(why.to_string())))).collect()
+}
+
 /// One group commit: push, write and fsync every touched partition, then
-/// publish and answer; on any failure, cut everything back and refuse all.
-fn commit(shared: &Shared, group: Vec<Request>) {
+/// publish; on any failure, cut everything back and refuse all. Returns
+/// the answers, for the caller to send once the queue is freed.
+fn commit(shared: &Shared, group: Vec<Request>) -> Vec<Answer> {
     let now = now_ms();
     let mut answers = Vec::with_capacity(group.len());
     // Touched partitions, in a fixed order: (topic pointer, partition).
@@ -435,11 +447,7 @@ fn commit(shared: &Shared, group: Vec<Request>) {
             lock(&topic.partitions[*partition as usize]).discard_pending();
         }
         *lock(&shared.unhealthy) = Some(e.to_string());
-        lock(&shared.stats).refused += group.len() as u64;
-        for req in group {
-            let _ = req.reply.send(Err(LogError::Unavailable(e.to_string())));
-        }
-        return;
+        return refuse(shared, group, &e.to_string());
     }
     {
         let mut stats = lock(&shared.stats);
@@ -460,9 +468,7 @@ fn commit(shared: &Shared, group: Vec<Request>) {
             topic.changed.send_modify(|n| *n += 1);
         }
     }
-    for (req, offsets) in group.into_iter().zip(answers) {
-        let _ = req.reply.send(Ok(offsets));
-    }
+    group.into_iter().zip(answers).map(|(req, offsets)| (req.reply, Ok(offsets))).collect()
 }
 
 /// While unhealthy, at most once a second: probe every partition (cut back,
