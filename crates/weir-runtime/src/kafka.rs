@@ -1,31 +1,29 @@
-//! Pipelines over Kafka, with results and checkpoints in Postgres.
+//! Kafka as a source, with results and checkpoints in Postgres.
 //!
 //! Each `weir serve` worker joins the pipeline's consumer group; Kafka's
 //! group protocol decides which worker reads which partition (no
-//! coordinator of weir's own). A worker keeps one engine per partition it
-//! holds, so a partition's state moves with it:
+//! coordinator of weir's own). The runner ([`crate::runner`]) keeps one
+//! engine per partition the worker holds, so a partition's state moves
+//! with it:
 //!
-//! 1. **assigned** (the rebalance callback, inside `poll`): the worker
+//! 1. **assigned** (the rebalance callback, inside `poll`): the runner
 //!    claims the partition in Postgres, which gives it a new fencing
 //!    generation, restores its last checkpoint and reads on from its stored
 //!    offset (records below it, which Kafka may deliver again, are skipped);
-//! 2. **reading**: records go to their partition's engine; every
-//!    `checkpoint_interval` (or `checkpoint_events`) each changed partition
-//!    is checkpointed in one Postgres transaction (rows, ledger, state,
-//!    next offset), refused if another worker claimed it since; after the
-//!    commit the offset is also committed to Kafka, for tools that read
-//!    group lag;
+//! 2. **reading**: records go to their partition's engine; each changed
+//!    partition is checkpointed in one Postgres transaction (rows, ledger,
+//!    state, next offset), refused if another worker claimed it since;
+//!    after the commit the offset is also committed to Kafka, for tools that
+//!    read group lag;
 //! 3. **revoked** (the rebalance callback, before the partitions go): each
 //!    is checkpointed, then dropped; a worker that lost a partition without
 //!    being told (paused too long, cut off) is refused by the fence and
 //!    drops it.
 //!
-//! Operator actions reach every worker through Postgres: a pause is a row
-//! that every checkpoint reads (see [`weir_store::pg`]), and a replay is a row
-//! that each worker applies to the partitions it holds, or takes when it
-//! claims one: the partition's state is rebuilt from the replay's offset
-//! (the consumer seeks there), and its rows are published above every
-//! revision published before.
+//! Operator actions reach every worker through Postgres, as they reach the
+//! embedded runner through SQLite: a pause is a row that every checkpoint
+//! reads, and a replay is a row that each worker applies to the partitions
+//! it holds (the consumer seeks to the replay's offset).
 //!
 //! A record's partition and offset are its Kafka ones, in the ledger and in
 //! provenance. A contract can read the record's Kafka attributes as
@@ -33,14 +31,14 @@
 //! and `$kafka.headers.NAME` (see [`KafkaFields`]): they are added to the
 //! event as a `"$kafka"` member, so they are also in ledger payloads and
 //! in duplicate comparison (a record resent by a producer has another
-//! timestamp, so with `$kafka.timestamp` it is a `duplicate_conflict`). Windows close on their partition's watermark, so a topic
-//! must be partitioned by the contract's key (as a Kafka Streams
-//! aggregation requires): `weir produce` and the HTTP API use the topic's
-//! `key` field as the record key.
+//! timestamp, so with `$kafka.timestamp` it is a `duplicate_conflict`).
+//! Windows close on their partition's watermark, so a topic must be
+//! partitioned by the contract's key (as a Kafka Streams aggregation
+//! requires): `weir produce` and the HTTP API use the topic's `key` field
+//! as the record key.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -49,12 +47,9 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use weir_contract::{Contract, KafkaConfig, PostgresConfig, ServerConfig};
-use weir_engine::{Engine, EventIn, Mode, Output};
+use weir_store::PgCheckpoints;
 
-use crate::status::{KafkaPartition, Status};
-use crate::{lock, KeepPublished};
-use weir_store::pg;
-use weir_store::Replay;
+use crate::runner::{Batch, Connected, Holder, Source};
 
 /// The librdkafka settings of `kafka` (brokers first, then its `config`).
 pub fn client_config(brokers: &str, kafka: Option<&KafkaConfig>) -> ClientConfig {
@@ -84,174 +79,62 @@ pub fn source_of(contract: &Contract, config: &ServerConfig) -> Option<(String, 
     Some((brokers, group))
 }
 
-/// One partition this worker holds.
-struct Part {
-    engine: Engine,
-    out: Output,
-    generation: i64,
-    run: i64,
-    next_offset: u64,
-    /// Events since the last checkpoint.
-    since: u64,
-    dirty: bool,
-    end_offset: u64,
-    last_timestamp_ms: Option<i64>,
-    /// The last replay applied to the partition (`replays.id`).
-    replayed: i64,
-    /// During a replay from an event time: the rows left out (see
-    /// [`KeepPublished`]), until the offset the partition ended at when the
-    /// replay started.
-    republish_after: Option<(KeepPublished, u64)>,
+/// Kafka as a [`Source`]: one worker of the pipeline's consumer group,
+/// with an engine per partition it holds ([`weir_store::Scope::Partition`]).
+/// The group's rebalance callbacks tell the runner which partitions come
+/// and go (inside `poll`, so a revoked partition is checkpointed before it
+/// is handed over).
+pub struct KafkaSource {
+    name: String,
+    topic: String,
+    brokers: String,
+    group: String,
+    config: Arc<ServerConfig>,
+    fields: KafkaFields,
+    consumer: Option<BaseConsumer<Ctx>>,
+    decorated: Vec<u8>,
+    /// Each held partition's high watermark, as last fetched, and when.
+    ends: BTreeMap<u32, u64>,
+    ends_fetched: Option<Instant>,
 }
 
-/// What the loop and the rebalance callbacks (which run inside `poll`, on
-/// the loop's thread) share.
-struct Shared {
-    contract: Contract,
-    schema: String,
-    worker: String,
-    client: postgres::Client,
-    parts: BTreeMap<u32, Part>,
-    /// A failure inside a callback, for the loop to return.
-    failed: Option<String>,
-    /// Partitions dropped since the loop last looked, for Kafka offset commits.
-    changed: bool,
-    /// Checkpoints the fence refused since the loop last looked.
-    fenced: u64,
+impl KafkaSource {
+    pub fn new(contract: &Contract, config: Arc<ServerConfig>, brokers: &str, group: &str) -> KafkaSource {
+        KafkaSource {
+            name: contract.pipeline.name.clone(),
+            topic: contract.source.topic.clone(),
+            brokers: brokers.to_owned(),
+            group: group.to_owned(),
+            config,
+            fields: KafkaFields::of(contract),
+            consumer: None,
+            decorated: Vec::new(),
+            ends: BTreeMap::new(),
+            ends_fetched: None,
+        }
+    }
+
+    fn consumer(&self) -> anyhow::Result<&BaseConsumer<Ctx>> {
+        self.consumer.as_ref().ok_or_else(|| anyhow::anyhow!("the Kafka source of {} is not open", self.name))
+    }
 }
 
-impl Shared {
-    fn claim(&mut self, partition: u32) -> anyhow::Result<()> {
-        let c = &self.contract;
-        let identity = (c.pipeline.version, c.text_hash);
-        let claim = pg::claim(&mut self.client, &self.schema, &c.pipeline.name, partition, &self.worker, identity)?;
-        let mut engine = match claim.checkpoint {
-            Some(cp) => Engine::restore_parts(c, &cp.header, cp.windows, cp.id_batches)?,
-            None => Engine::new(c, Mode::Stream, 1)?,
-        };
-        engine.read_one_partition();
-        engine.track_changes();
-        eprintln!(
-            "weir: {} took partition {partition} (generation {}) from offset {}",
-            c.pipeline.name, claim.generation, claim.next_offset
-        );
-        self.parts.insert(
-            partition,
-            Part {
-                engine,
-                out: Output::default(),
-                generation: claim.generation,
-                run: claim.run,
-                next_offset: claim.next_offset,
-                since: 0,
-                dirty: false,
-                end_offset: claim.next_offset,
-                last_timestamp_ms: None,
-                replayed: claim.replayed,
-                republish_after: None,
-            },
-        );
-        self.changed = true;
-        Ok(())
-    }
-
-    /// Checkpoints a partition; `Ok(false)` when the fence refused it (the
-    /// partition is then dropped).
-    fn checkpoint(&mut self, partition: u32) -> anyhow::Result<bool> {
-        self.write(partition, None)
-    }
-
-    /// A checkpoint, or with `replay` the first one of a replay (the stored
-    /// state is dropped and the replay marked applied).
-    fn write(&mut self, partition: u32, replay: Option<i64>) -> anyhow::Result<bool> {
-        let Some(part) = self.parts.get_mut(&partition) else { return Ok(true) };
-        if let Some((keep, until)) = part.republish_after {
-            part.out.rows.retain(|r| !keep.keeps(r));
-            if part.next_offset >= until {
-                part.republish_after = None;
-            }
-        }
-        let delta = part.engine.take_delta();
-        let c = &self.contract;
-        let write = pg::PartitionWrite {
-            pipeline: &c.pipeline.name,
-            partition,
-            generation: part.generation,
-            version: c.pipeline.version,
-            text_hash: c.text_hash,
-            format: part.engine.format(),
-            out: &part.out,
-            delta,
-            next_offset: part.next_offset,
-            now_ms: weir_log::now_ms(),
-            run: part.run,
-            replay,
-        };
-        match pg::checkpoint(&mut self.client, &self.schema, write) {
-            Ok(()) => {
-                part.out.clear();
-                part.since = 0;
-                part.dirty = false;
-                Ok(true)
-            }
-            Err(e @ pg::CheckpointError::Fenced { .. }) => {
-                eprintln!("weir: {e}");
-                self.parts.remove(&partition);
-                self.changed = true;
-                self.fenced += 1;
-                Ok(false)
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Applies replay `id` to a partition this worker holds: what it counted
-    /// so far is checkpointed, then its state starts again from `from`
-    /// (with revisions above `floor`) in a checkpoint that drops the stored
-    /// state. Returns the offset to read from, `None` when the partition is
-    /// no longer this worker's.
-    fn replay(
-        &mut self,
-        partition: u32,
-        (id, r): (i64, Replay),
-        floor: u32,
-        (low, high): (u64, u64),
-    ) -> anyhow::Result<Option<u64>> {
-        if !self.checkpoint(partition)? {
-            return Ok(None);
-        }
-        let c = self.contract.clone();
-        let Some(part) = self.parts.get_mut(&partition) else { return Ok(None) };
-        let mut engine = Engine::new(&c, Mode::Stream, 1)?;
-        engine.read_one_partition();
-        engine.set_revision_floor(floor);
-        engine.track_changes();
-        let replaced = std::mem::replace(&mut part.engine, engine);
-        let from = r.from_offset.unwrap_or(0).max(low);
-        part.next_offset = from;
-        part.end_offset = high.max(part.next_offset);
-        part.republish_after = r.from_time.map(|t| (KeepPublished::new(&c, t, replaced.watermark()), high));
-        part.replayed = id;
-        if !self.write(partition, Some(id))? {
-            return Ok(None);
-        }
-        eprintln!("weir: {} replays partition {partition} from offset {from}", c.pipeline.name);
-        Ok(Some(from))
-    }
-
-    fn release(&mut self, partition: u32) {
-        if let Err(e) = self.checkpoint(partition) {
-            self.failed = Some(format!("checkpointing partition {partition} before handing it over: {e:#}"));
-        }
-        if self.parts.remove(&partition).is_some() {
-            eprintln!("weir: {} handed partition {partition} over", self.contract.pipeline.name);
-        }
-        self.changed = true;
-    }
+/// A run's source and checkpoints over Kafka and Postgres, as `worker`.
+pub fn connect(
+    contract: &Contract,
+    config: &Arc<ServerConfig>,
+    postgres: &PostgresConfig,
+    (brokers, group): (&str, &str),
+    worker: &str,
+) -> anyhow::Result<Connected> {
+    let client = weir_store::pg::connect(&postgres.url)?;
+    let checkpoints = PgCheckpoints::open(client, &postgres.schema, worker, contract)?;
+    let source = KafkaSource::new(contract, Arc::clone(config), brokers, group);
+    Ok((Box::new(source), Box::new(checkpoints)))
 }
 
 struct Ctx {
-    shared: Arc<Mutex<Shared>>,
+    holder: Arc<dyn Holder>,
     topic: String,
 }
 
@@ -266,26 +149,18 @@ impl ClientContext for Ctx {
 impl ConsumerContext for Ctx {
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
-            let mut shared = lock(&self.shared);
-            for e in tpl.elements_for_topic(&self.topic) {
-                shared.release(e.partition() as u32);
-            }
+            let partitions: Vec<u32> =
+                tpl.elements_for_topic(&self.topic).iter().map(|e| e.partition() as u32).collect();
+            self.holder.revoked(&partitions);
         }
     }
 
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
-                let mut shared = lock(&self.shared);
-                for e in tpl.elements_for_topic(&self.topic) {
-                    let p = e.partition() as u32;
-                    if shared.parts.contains_key(&p) {
-                        continue;
-                    }
-                    if let Err(err) = shared.claim(p) {
-                        shared.failed = Some(format!("taking partition {p}: {err:#}"));
-                    }
-                }
+                let partitions: Vec<u32> =
+                    tpl.elements_for_topic(&self.topic).iter().map(|e| e.partition() as u32).collect();
+                self.holder.assigned(&partitions);
             }
             Rebalance::Error(e) => eprintln!("weir: rebalance failed: {e}"),
             Rebalance::Revoke(_) => {}
@@ -293,48 +168,12 @@ impl ConsumerContext for Ctx {
     }
 }
 
-/// A pipeline reading a Kafka topic as one worker of its consumer group.
-pub struct KafkaRunner {
-    pub contract: Contract,
-    pub config: Arc<ServerConfig>,
-    pub postgres: PostgresConfig,
-    pub brokers: String,
-    pub group: String,
-    pub worker: String,
-    pub status: Arc<Mutex<Status>>,
-    pub stop: Arc<AtomicBool>,
-    /// Whether the pipeline is paused, as Postgres last said (for status).
-    pub paused: Arc<AtomicBool>,
-}
-
-const READ_RECORDS: usize = 2_000;
-
-impl KafkaRunner {
-    /// Runs until `stop` (then checkpoints every partition and leaves the
-    /// group); after a failure, starts again (a new consumer, which rejoins
-    /// the group and claims its partitions again) after a backoff.
-    pub fn run(mut self) {
-        let name = self.contract.pipeline.name.clone();
-        let (status, stop) = (Arc::clone(&self.status), Arc::clone(&self.stop));
-        crate::supervise(&name, &status, &stop, |_| self.run_once());
+impl Source for KafkaSource {
+    fn per_partition(&self) -> bool {
+        true
     }
 
-    fn run_once(&mut self) -> anyhow::Result<()> {
-        let c = self.contract.clone();
-        let topic = c.source.topic.clone();
-        let schema = self.postgres.schema.clone();
-        let mut client = pg::connect(&self.postgres.url)?;
-        pg::prepare_pipeline(&mut client, &schema, &c.pipeline.name, c.pipeline.version, c.text_hash)?;
-        let shared = Arc::new(Mutex::new(Shared {
-            contract: c.clone(),
-            schema,
-            worker: self.worker.clone(),
-            client,
-            parts: BTreeMap::new(),
-            failed: None,
-            changed: false,
-            fenced: 0,
-        }));
+    fn open(&mut self, holder: Arc<dyn Holder>) -> anyhow::Result<()> {
         let mut config = client_config(&self.brokers, self.config.kafka.as_ref());
         config
             .set("group.id", &self.group)
@@ -346,198 +185,75 @@ impl KafkaRunner {
             // checkpointed, dropped and restored when another one moves.
             config.set("partition.assignment.strategy", "cooperative-sticky");
         }
-        let ctx = Ctx { shared: Arc::clone(&shared), topic: topic.clone() };
-        let consumer: BaseConsumer<Ctx> = config.create_with_context(ctx)?;
-        consumer.subscribe(&[&topic])?;
-        let interval = Duration::from_millis(self.config.checkpoint_interval_ms.max(1) as u64);
-        let kafka_fields = KafkaFields::of(&c);
-        let mut decorated = Vec::new();
-        let mut last_checkpoint = Instant::now();
-        let mut last_ends = Instant::now() - Duration::from_secs(10);
-        let mut commands_read = Instant::now() - interval;
-        loop {
-            let stopping = self.stop.load(Ordering::SeqCst);
-            // Poll a batch first (the rebalance callbacks lock `shared` inside
-            // `poll`), then process it under one lock of each.
-            let mut batch = Vec::new();
-            while batch.len() < READ_RECORDS && !stopping {
-                let wait = if batch.is_empty() { Duration::from_millis(50) } else { Duration::ZERO };
-                match consumer.poll(wait) {
-                    None => break,
-                    Some(Ok(m)) => batch.push(m),
-                    Some(Err(e)) => {
-                        eprintln!("weir: {}: reading {topic}: {e}", c.pipeline.name);
-                        break;
-                    }
-                }
-            }
-            let now = weir_log::now_ms();
-            let (mut latencies, mut not_delivered) = (Vec::with_capacity(batch.len()), 0);
-            {
-                let mut sh = lock(&shared);
-                for m in &batch {
-                    let p = m.partition() as u32;
-                    let offset = m.offset().max(0) as u64;
-                    // Only the assignment callback claims: a record of a partition
-                    // handed over (fetched before the rebalance) is not this worker's.
-                    let Some(part) = sh.parts.get_mut(&p) else { continue };
-                    if offset < part.next_offset {
-                        continue; // counted before the last checkpoint
-                    }
-                    if offset > part.next_offset {
-                        // Offsets the broker did not deliver: removed by retention or
-                        // compaction, transaction markers, or a broker fault. Never silent.
-                        eprintln!(
-                            "weir: {}: partition {p}: the broker delivered offset {offset} after {}; offsets {}..{} were not delivered",
-                            c.pipeline.name,
-                            part.next_offset,
-                            part.next_offset,
-                            offset - 1
-                        );
-                        not_delivered += offset - part.next_offset;
-                    }
-                    let ts = m.timestamp().to_millis();
-                    let bytes = kafka_fields.decorate(m, m.payload().unwrap_or_default(), &mut decorated);
-                    part.engine.process(EventIn { partition: p, offset, bytes }, &mut part.out);
-                    part.next_offset = offset + 1;
-                    part.since += 1;
-                    part.dirty = true;
-                    part.last_timestamp_ms = ts;
-                    latencies.extend(ts.map(|t| now.saturating_sub(t).max(0) as f64 / 1e3));
-                }
-            }
-            drop(batch);
-            if !latencies.is_empty() || not_delivered > 0 {
-                let mut st = lock(&self.status);
-                st.offsets_not_delivered += not_delivered;
-                for l in latencies {
-                    st.processing.observe(l);
-                }
-            }
-            let (failed, fenced) = {
-                let mut sh = lock(&shared);
-                (sh.failed.take(), std::mem::take(&mut sh.fenced))
-            };
-            if fenced > 0 {
-                lock(&self.status).checkpoints_fenced += fenced;
-            }
-            if let Some(f) = failed {
-                anyhow::bail!(f);
-            }
-            if commands_read.elapsed() >= interval {
-                self.apply_commands(&shared, &consumer, &topic)?;
-                commands_read = Instant::now();
-            }
-            let due = last_checkpoint.elapsed() >= interval;
-            let mut committed = TopicPartitionList::new();
-            {
-                let mut sh = lock(&shared);
-                let ready: Vec<u32> = sh
-                    .parts
-                    .iter()
-                    .filter(|(_, part)| part.dirty && (due || stopping || part.since >= self.config.checkpoint_events))
-                    .map(|(p, _)| *p)
-                    .collect();
-                for p in ready {
-                    let started = Instant::now();
-                    if sh.checkpoint(p)? {
-                        lock(&self.status).checkpoint_duration.observe(started.elapsed().as_secs_f64());
-                        let next = sh.parts.get(&p).map_or(0, |part| part.next_offset);
-                        committed.add_partition_offset(&topic, p as i32, Offset::Offset(next as i64))?;
-                    }
-                }
-                if due {
-                    last_checkpoint = Instant::now();
-                }
-            }
-            if committed.count() > 0 {
-                // For tools that read the group's lag; Postgres holds the offsets weir resumes from.
-                if let Err(e) = consumer.commit(&committed, CommitMode::Async) {
-                    eprintln!("weir: {}: committing offsets to Kafka: {e}", c.pipeline.name);
-                }
-                self.publish_status(&shared, Some(weir_log::now_ms()));
-            }
-            if last_ends.elapsed() >= Duration::from_secs(1) {
-                let held: Vec<u32> = lock(&shared).parts.keys().copied().collect();
-                for p in held {
-                    if let Ok((_, high)) = consumer.fetch_watermarks(&topic, p as i32, Duration::from_secs(1)) {
-                        if let Some(part) = lock(&shared).parts.get_mut(&p) {
-                            part.end_offset = high.max(0) as u64;
-                        }
-                    }
-                }
-                last_ends = Instant::now();
-                self.publish_status(&shared, None);
-            }
-            if stopping {
-                consumer.unsubscribe();
-                return Ok(());
-            }
-        }
-    }
-
-    /// Reads the operator's actions from Postgres: the pause (for status;
-    /// the checkpoints read it themselves) and a replay the partitions this
-    /// worker holds have not applied yet.
-    fn apply_commands(&self, shared: &Mutex<Shared>, consumer: &BaseConsumer<Ctx>, topic: &str) -> anyhow::Result<()> {
-        let name = &self.contract.pipeline.name;
-        let mut sh = lock(shared);
-        let schema = sh.schema.clone();
-        self.paused.store(pg::is_paused(&mut sh.client, &schema, name)?, Ordering::SeqCst);
-        let Some((id, replay)) = pg::last_replay(&mut sh.client, &schema, name)? else { return Ok(()) };
-        let behind: Vec<u32> = sh.parts.iter().filter(|(_, p)| p.replayed < id).map(|(p, _)| *p).collect();
-        if behind.is_empty() {
-            return Ok(());
-        }
-        let floor = pg::max_revision(&mut sh.client, &schema, name)?;
-        for p in behind {
-            let (low, high) = consumer.fetch_watermarks(topic, p as i32, Duration::from_secs(5))?;
-            let bounds = (low.max(0) as u64, high.max(0) as u64);
-            if let Some(from) = sh.replay(p, (id, replay), floor, bounds)? {
-                consumer.seek(topic, p as i32, Offset::Offset(from as i64), Duration::from_secs(5))?;
-            }
-        }
-        drop(sh);
-        // The status shows where the replay starts before it counts the replay.
-        self.publish_status(shared, None);
-        lock(&self.status).replays += 1;
+        let consumer: BaseConsumer<Ctx> = config.create_with_context(Ctx { holder, topic: self.topic.clone() })?;
+        consumer.subscribe(&[&self.topic])?;
+        self.consumer = Some(consumer);
         Ok(())
     }
 
-    fn publish_status(&self, shared: &Mutex<Shared>, checkpoint_ms: Option<i64>) {
-        let sh = lock(shared);
-        let mut s = lock(&self.status);
-        let mut counters = weir_engine::Counters::default();
-        let mut parts = Vec::new();
-        let mut watermark: Option<i64> = None;
-        let (mut open, mut bytes) = (0, 0);
-        for (p, part) in &sh.parts {
-            counters.add(part.engine.counters());
-            let wm = part.engine.watermark();
-            watermark = match (watermark, wm) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            open += part.engine.open_windows();
-            bytes += part.engine.state_bytes();
-            parts.push(KafkaPartition {
-                partition: *p,
-                next_offset: part.next_offset,
-                end_offset: part.end_offset.max(part.next_offset),
-                generation: part.generation,
-                watermark: wm,
-                last_timestamp_ms: part.last_timestamp_ms,
-            });
+    fn read(&mut self, _next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> anyhow::Result<()> {
+        let Some(consumer) = self.consumer.as_ref() else { return Ok(()) };
+        while batch.len() < max {
+            let wait = if batch.is_empty() { wait } else { Duration::ZERO };
+            match consumer.poll(wait) {
+                None => break,
+                Some(Ok(m)) => {
+                    let bytes = self.fields.decorate(&m, m.payload().unwrap_or_default(), &mut self.decorated);
+                    batch.push(m.partition() as u32, m.offset().max(0) as u64, m.timestamp().to_millis(), bytes);
+                }
+                Some(Err(e)) => {
+                    eprintln!("weir: {}: reading {}: {e}", self.name, self.topic);
+                    break;
+                }
+            }
         }
-        s.watermark = watermark;
-        s.counters = counters;
-        s.open_windows = open;
-        s.state_bytes = bytes;
-        s.kafka = Some(parts);
-        if let Some(ms) = checkpoint_ms {
-            s.last_checkpoint_ms = ms;
-            s.checkpoints += 1;
-            s.failed = None;
+        Ok(())
+    }
+
+    fn ends(&mut self, partitions: &[u32]) -> anyhow::Result<Vec<(u32, u64)>> {
+        let stale = self.ends_fetched.is_none_or(|at| at.elapsed() >= Duration::from_secs(1));
+        if stale {
+            let consumer = self.consumer()?;
+            let mut ends = BTreeMap::new();
+            for &p in partitions {
+                if let Ok((_, high)) = consumer.fetch_watermarks(&self.topic, p as i32, Duration::from_secs(1)) {
+                    ends.insert(p, high.max(0) as u64);
+                }
+            }
+            self.ends = ends;
+            self.ends_fetched = Some(Instant::now());
+        }
+        Ok(partitions.iter().filter_map(|p| self.ends.get(p).map(|end| (*p, *end))).collect())
+    }
+
+    fn bounds(&mut self, partition: u32) -> anyhow::Result<(u64, u64)> {
+        let (low, high) = self.consumer()?.fetch_watermarks(&self.topic, partition as i32, Duration::from_secs(5))?;
+        Ok((low.max(0) as u64, high.max(0) as u64))
+    }
+
+    fn seek(&mut self, partition: u32, offset: u64) -> anyhow::Result<()> {
+        let topic = self.topic.clone();
+        self.consumer()?.seek(&topic, partition as i32, Offset::Offset(offset as i64), Duration::from_secs(5))?;
+        Ok(())
+    }
+
+    fn checkpointed(&mut self, offsets: &[(u32, u64)]) {
+        let Some(consumer) = self.consumer.as_ref() else { return };
+        let mut list = TopicPartitionList::new();
+        for (p, next) in offsets {
+            if list.add_partition_offset(&self.topic, *p as i32, Offset::Offset(*next as i64)).is_err() {
+                return;
+            }
+        }
+        // For tools that read the group's lag; Postgres holds the offsets weir resumes from.
+        if let Err(e) = consumer.commit(&list, CommitMode::Async) {
+            eprintln!("weir: {}: committing offsets to Kafka: {e}", self.name);
+        }
+    }
+
+    fn close(&mut self) {
+        if let Some(consumer) = self.consumer.take() {
+            consumer.unsubscribe();
         }
     }
 }

@@ -1,11 +1,11 @@
-//! weir's runtime: the pipeline runners over a source, their checkpoint
+//! weir's runtime: one pipeline runner over a source, its checkpoint
 //! protocol and restart loop, and the sink.
 //!
 //! ```text
-//!  embedded log ──> embedded::Runner (one engine, all partitions) ──┐  checkpoint per pipeline
-//!  Kafka ─────────> kafka::KafkaRunner (an engine per partition) ───┤  checkpoint per partition, fenced
-//!                                                                    v
-//!                       weir-store (SQLite or Postgres) <── operator actions, read every interval
+//!  embedded::LogSource (one engine reads every partition) ──┐
+//!  kafka::KafkaSource (an engine per partition held) ───────┴──> runner::Runner ──> weir-store Checkpoints
+//!                                                      (SqliteCheckpoints: per pipeline; PgCheckpoints: per partition, fenced)
+//!                                                      operator actions read from the store every interval
 //! ```
 //!
 //! A runner never answers anyone: the HTTP side writes operator actions to
@@ -17,6 +17,7 @@ pub mod embedded;
 pub mod histogram;
 pub mod kafka;
 pub mod privacy;
+pub mod runner;
 pub mod sink;
 pub mod status;
 

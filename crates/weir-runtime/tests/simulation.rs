@@ -39,10 +39,11 @@ use std::time::{Duration, Instant};
 use weir_contract::{Contract, ServerConfig};
 use weir_engine::{Engine, EventIn, Mode, Output};
 use weir_log::{Log, LogOptions};
-use weir_runtime::embedded::{Run, Runner};
+use weir_runtime::embedded::LogSource;
+use weir_runtime::runner::{Run, Runner};
 use weir_runtime::{Clock, Status};
 use weir_store::sqlite as store;
-use weir_store::Replay;
+use weir_store::{Replay, SqliteCheckpoints};
 
 const CONTRACT: &str = r#"
 [pipeline]
@@ -219,22 +220,28 @@ impl World {
     /// Starts the runner from its last checkpoint, as a restarted server does.
     fn start(&mut self, why: &str) {
         let fail_commit = Arc::new(AtomicBool::new(false));
-        let conn = store::open_writer(&self.db()).unwrap();
-        let armed = Arc::clone(&fail_commit);
-        conn.commit_hook(Some(move || armed.swap(false, Ordering::SeqCst)));
-        let mut runner = Runner {
+        let runner = Runner {
             contract: self.contract.clone(),
             config: Arc::clone(&self.config),
-            log: self.log.clone(),
-            conn,
             status: Arc::new(Mutex::new(Status::default())),
             stop: Arc::new(AtomicBool::new(false)),
             paused: Arc::new(AtomicBool::new(false)),
             read_records: self.read_records,
         };
+        let mut live = Live { runner, run: None, fail_commit };
         // A failed start (its run row's commit refused) is tried again at the next step.
-        let run = Run::start(&mut runner, &self.clock, why).ok();
-        self.live = Some(Live { runner, run, fail_commit });
+        live.run = self.open_run(&live, why).ok();
+        self.live = Some(live);
+    }
+
+    /// A run on a new connection whose commits the test can refuse, over the log.
+    fn open_run(&self, live: &Live, why: &str) -> anyhow::Result<Run> {
+        let conn = store::open_writer(&self.db())?;
+        let armed = Arc::clone(&live.fail_commit);
+        conn.commit_hook(Some(move || armed.swap(false, Ordering::SeqCst)));
+        let source = LogSource::new(self.log.clone(), "events", None);
+        let checkpoints = SqliteCheckpoints::new(conn, &self.contract);
+        Run::start(&live.runner, Box::new(source), Box::new(checkpoints), &self.clock, why)
     }
 
     /// Drops the runner and everything it held in memory.
@@ -247,19 +254,21 @@ impl World {
     /// starts again from the last checkpoint (the restart loop, without its
     /// backoff).
     fn step(&mut self, stopping: bool) -> bool {
-        let Some(live) = self.live.as_mut() else {
+        let Some(live) = self.live.as_ref() else {
             self.start("server start");
             return false;
         };
-        let Some(run) = live.run.as_mut() else {
-            match Run::start(&mut live.runner, &self.clock, "restart after a failure") {
-                Ok(run) => live.run = Some(run),
-                Err(_) => return false,
+        if live.run.is_none() {
+            let run = self.open_run(live, "restart after a failure").ok();
+            if let Some(live) = self.live.as_mut() {
+                live.run = run;
             }
             return false;
-        };
+        }
+        let Some(live) = self.live.as_mut() else { return false };
+        let Some(run) = live.run.as_mut() else { return false };
         self.tally.steps += 1;
-        match run.step(&mut live.runner, &self.clock, stopping) {
+        match run.step(&live.runner, &self.clock, stopping, Duration::ZERO) {
             Ok(step) => {
                 if step.checkpointed {
                     self.tally.checkpoints += 1;
@@ -457,11 +466,10 @@ impl World {
         for _ in 0..100_000 {
             self.clock.advance(50);
             self.step(false);
-            let caught_up = self
-                .live
-                .as_ref()
-                .and_then(|l| l.run.as_ref())
-                .is_some_and(|r| r.offsets() == ends.as_slice() && r.replayed() == asked);
+            let caught_up =
+                self.live.as_ref().and_then(|l| l.run.as_ref()).is_some_and(|r| {
+                    r.offsets().iter().map(|(_, o)| *o).eq(ends.iter().copied()) && r.replayed() == asked
+                });
             if caught_up {
                 break;
             }

@@ -36,7 +36,8 @@ use weir_contract::{Contract, ServerConfig};
 use weir_log::{Log, LogOptions};
 use weir_store::{audit, pg, sqlite as store};
 
-use weir_runtime::embedded::{Runner, READ_RECORDS};
+use weir_runtime::embedded;
+use weir_runtime::runner::{Runner, READ_RECORDS};
 use weir_runtime::{kafka, sink, Pipeline, Status};
 
 pub use weir_runtime::privacy;
@@ -275,18 +276,19 @@ pub async fn serve(
             else {
                 anyhow::bail!("pipeline {name:?} reads Kafka: it needs brokers and [postgres]");
             };
-            let runner = kafka::KafkaRunner {
+            let runner = Runner {
                 contract: contract.clone(),
                 config: Arc::clone(&config),
-                postgres,
-                brokers,
-                group,
-                worker: worker.clone(),
                 status: Arc::clone(&status),
                 stop: Arc::clone(&stop),
                 paused: Arc::clone(&paused),
+                read_records: READ_RECORDS,
             };
-            threads.push(std::thread::Builder::new().name(format!("weir-kafka-{name}")).spawn(move || runner.run())?);
+            let (c, cfg, worker) = (contract.clone(), Arc::clone(&config), worker.clone());
+            let connect = move || kafka::connect(&c, &cfg, &postgres, (&brokers, &group), &worker);
+            threads.push(
+                std::thread::Builder::new().name(format!("weir-kafka-{name}")).spawn(move || runner.run(connect))?,
+            );
             let Some(store) = pg_store.clone() else {
                 anyhow::bail!("pipeline {name:?} reads Kafka: it needs [postgres]")
             };
@@ -297,15 +299,17 @@ pub async fn serve(
         let runner = Runner {
             contract: contract.clone(),
             config: Arc::clone(&config),
-            log: log.clone(),
-            conn: store::open_writer(&db)?,
             status: Arc::clone(&status),
             stop: Arc::clone(&stop),
             paused: Arc::clone(&paused),
             read_records: READ_RECORDS,
         };
+        // The results database must open before the server starts; each run opens its own connection.
+        drop(store::open_writer(&db)?);
+        let (c, log, db) = (contract.clone(), log.clone(), db.clone());
+        let connect = move || embedded::connect(&c, &log, &db, Some(runtime.clone()));
         threads.push(
-            std::thread::Builder::new().name(format!("weir-pipeline-{name}")).spawn(move || runner.run(runtime))?,
+            std::thread::Builder::new().name(format!("weir-pipeline-{name}")).spawn(move || runner.run(connect))?,
         );
         let store: Arc<dyn weir_store::Store> = sqlite.clone();
         pipelines.insert(name, Pipeline { contract, on_kafka: false, status, paused, store });

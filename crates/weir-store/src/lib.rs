@@ -19,6 +19,7 @@
 //! [`Store`] and gets a [`StoreError`] it can map to a status.
 
 pub mod audit;
+pub mod checkpoint;
 mod digest;
 pub mod pg;
 pub mod pg_tls;
@@ -28,6 +29,7 @@ pub mod tokens;
 
 use std::path::PathBuf;
 
+pub use checkpoint::{CheckpointError, Checkpoints, Claimed, PgCheckpoints, Scope, SqliteCheckpoints};
 pub use sqlite::{Annotation, ResultFilter, RowOrigin, Run};
 
 /// Rebuild the state from the log, from this offset of every partition

@@ -343,17 +343,37 @@ pub fn claim(
             Some(PartitionCheckpoint { header, windows, id_batches })
         }
     };
-    let run: i64 = tx
-        .query_one(
-            &format!(
-                "INSERT INTO {schema}.runs (pipeline, partition, version, text_hash, weir_version, worker, started_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id"
-            ),
-            &[&pipeline, &p, &(version as i32), &hash, &env!("CARGO_PKG_VERSION"), &worker, &weir_log::now_ms()],
-        )?
-        .get(0);
+    let run = start_run(&mut tx, schema, pipeline, partition, worker, (version, text_hash))?;
     tx.commit()?;
     Ok(Claim { generation, next_offset, checkpoint, run, replayed })
+}
+
+/// Records a run of a partition by `worker` (a claim, a replay); the run's id, which its rows carry.
+pub fn start_run(
+    client: &mut impl postgres::GenericClient,
+    schema: &str,
+    pipeline: &str,
+    partition: u32,
+    worker: &str,
+    (version, text_hash): (u32, u64),
+) -> Result<i64, postgres::Error> {
+    let hash = format!("{text_hash:016x}");
+    let row = client.query_one(
+        &format!(
+            "INSERT INTO {schema}.runs (pipeline, partition, version, text_hash, weir_version, worker, started_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id"
+        ),
+        &[
+            &pipeline,
+            &(partition as i32),
+            &(version as i32),
+            &hash,
+            &env!("CARGO_PKG_VERSION"),
+            &worker,
+            &weir_log::now_ms(),
+        ],
+    )?;
+    Ok(row.get(0))
 }
 
 /// One partition's checkpoint.

@@ -246,7 +246,12 @@ pub(crate) fn id_from(bytes: &[u8]) -> u128 {
 /// version and text); `Ok(None)` when there is none. A checkpoint of
 /// another contract is removed with everything the pipeline published: a
 /// changed contract starts again from the log (SPEC.md section 3).
-pub fn load(conn: &mut Connection, pipeline: &str, version: u32, text_hash: u64) -> anyhow::Result<Option<Checkpoint>> {
+pub fn load(
+    conn: &mut Connection,
+    pipeline: &str,
+    version: u32,
+    text_hash: u64,
+) -> rusqlite::Result<Option<Checkpoint>> {
     type Found = (i64, String, Vec<u8>, i64, i64, i64);
     let found: Option<Found> = conn
         .query_row(
@@ -279,7 +284,7 @@ pub fn load(conn: &mut Connection, pipeline: &str, version: u32, text_hash: u64)
 }
 
 /// Removes a pipeline's checkpoint and everything it published.
-pub fn forget(conn: &mut Connection, pipeline: &str) -> anyhow::Result<()> {
+pub fn forget(conn: &mut Connection, pipeline: &str) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     for table in [
         "offsets",

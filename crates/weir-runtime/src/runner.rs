@@ -1,0 +1,746 @@
+//! The pipeline runner, one for both topologies: it reads a [`Source`]
+//! (the embedded log, [`crate::embedded::LogSource`], or Kafka,
+//! [`crate::kafka::KafkaSource`]), feeds the engines, and checkpoints
+//! through [`Checkpoints`] (SQLite or Postgres).
+//!
+//! The partitions an engine reads together are a [`Scope`]: every
+//! partition of the topic for the log (the pipeline's watermark is the
+//! lowest of its partitions'), one partition for Kafka (its state moves with
+//! it). The source says which partitions this worker holds, as they come and
+//! go ([`Holder`]); the runner claims each scope in the store, which fences
+//! out a previous holder where there is a fence, and restores its last
+//! checkpoint. Then each step ([`Run::step`]):
+//!
+//! 1. reads the operator's commands from the store every interval (a pause,
+//!    a replay);
+//! 2. makes a partition with unread records active before any record of
+//!    the step is processed, reads what the source has, and feeds each
+//!    record to its scope's engine (records below the checkpointed offset,
+//!    which a source may deliver again, are skipped; offsets it skipped are
+//!    counted, never silent);
+//! 3. marks a partition silent for `idle_timeout` idle (where an engine
+//!    reads several);
+//! 4. every `checkpoint_interval` (from the end of the last checkpoint), or
+//!    after `checkpoint_events` events, commits a checkpoint of each changed
+//!    scope: rows, ledger entries, the engine's changed state and the
+//!    offsets, in one transaction, refused by the fence if another worker
+//!    took the scope (the scope is then dropped);
+//! 5. applies a replay to each scope that has not applied it: what it
+//!    counted is checkpointed, then its state starts again from the
+//!    replay's offset, with revisions above every one published.
+//!
+//! Time is passed in as a [`Clock`], so the simulation test
+//! (`tests/simulation.rs`) drives the runner step by step, crashing it
+//! between any two steps. [`Runner::run`] calls the steps on the system
+//! clock under the restart loop ([`supervise`]): a failure drops every
+//! engine and starts again from the last checkpoints.
+//!
+//! Invariant: rows become visible only with the checkpoint that holds the
+//! state and offsets they came from, so after a crash the runner restores
+//! that checkpoint, reads on from its offsets and publishes exactly what an
+//! uninterrupted run publishes.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use weir_contract::{Contract, ServerConfig};
+use weir_engine::{Engine, EventIn, Mode, Output};
+use weir_store::checkpoint::{CheckpointError, Checkpoints, Scope, Write};
+use weir_store::Replay;
+
+use crate::status::{KafkaPartition, Status};
+use crate::{lock, supervise, Clock, KeepPublished, SystemClock};
+
+/// Records a source is asked for in one step, by default (the log reads
+/// this many from each partition).
+pub const READ_RECORDS: usize = 2_000;
+
+/// Where a runner reads records: the embedded log or Kafka.
+pub trait Source: Send {
+    /// Whether each partition has an engine and a checkpoint of its own
+    /// ([`Scope::Partition`]) or one engine reads them all ([`Scope::Topic`]).
+    fn per_partition(&self) -> bool;
+    /// Starts reading for a run. The source tells `holder` which partitions
+    /// this worker holds: at once, or as they come and go during [`Source::read`].
+    fn open(&mut self, holder: Arc<dyn Holder>) -> anyhow::Result<()>;
+    /// Reads what is there into `batch` (at most `max` records, or `max`
+    /// from each partition where the source reads them in turn), from
+    /// `next`, the runner's next offset per partition, where the source
+    /// keeps no position of its own; waits up to `wait` when nothing is there.
+    fn read(&mut self, next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> anyhow::Result<()>;
+    /// The end (one past the last record) of each of `partitions`, as the
+    /// source last learned it (it may ask the broker at most once a second).
+    fn ends(&mut self, partitions: &[u32]) -> anyhow::Result<Vec<(u32, u64)>>;
+    /// The first and end offset of a partition, asked now (a replay).
+    fn bounds(&mut self, partition: u32) -> anyhow::Result<(u64, u64)>;
+    /// Reads `partition` from `offset` on (a replay).
+    fn seek(&mut self, partition: u32, offset: u64) -> anyhow::Result<()>;
+    /// The offsets just checkpointed, for tools that read them where the
+    /// source keeps them (Kafka's group offsets); weir resumes from the store's.
+    fn checkpointed(&mut self, offsets: &[(u32, u64)]);
+    /// Stops reading (Kafka: leaves the group, handing partitions over).
+    fn close(&mut self);
+}
+
+/// What a source tells the runner as partitions come and go. Kafka's
+/// rebalance callbacks call it during [`Source::read`], so a partition is
+/// checkpointed before it is handed over.
+pub trait Holder: Send + Sync {
+    fn assigned(&self, partitions: &[u32]);
+    fn revoked(&self, partitions: &[u32]);
+}
+
+/// One record as read.
+#[derive(Debug, Clone, Copy)]
+pub struct Record {
+    pub partition: u32,
+    pub offset: u64,
+    /// When it was appended to the log, or Kafka's timestamp (epoch ms).
+    pub time_ms: Option<i64>,
+    start: usize,
+    end: usize,
+}
+
+/// Records read in one step, their payloads in one buffer.
+#[derive(Debug, Default)]
+pub struct Batch {
+    records: Vec<Record>,
+    bytes: Vec<u8>,
+}
+
+impl Batch {
+    pub fn push(&mut self, partition: u32, offset: u64, time_ms: Option<i64>, payload: &[u8]) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(payload);
+        self.records.push(Record { partition, offset, time_ms, start, end: self.bytes.len() });
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.records.clear();
+        self.bytes.clear();
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Record, &[u8])> {
+        self.records.iter().map(|r| (r, &self.bytes[r.start..r.end]))
+    }
+}
+
+/// A pipeline's runner: what stays the same across its runs.
+pub struct Runner {
+    pub contract: Contract,
+    pub config: Arc<ServerConfig>,
+    pub status: Arc<Mutex<Status>>,
+    pub stop: Arc<AtomicBool>,
+    /// Whether the pipeline is paused, as the store last said (for status).
+    pub paused: Arc<AtomicBool>,
+    /// Records asked of the source in one step.
+    pub read_records: usize,
+}
+
+/// A source and a store connection for one run.
+pub type Connected = (Box<dyn Source>, Box<dyn Checkpoints>);
+
+impl Runner {
+    /// Runs until `stop` is set (then checkpoints everything and closes the
+    /// source). Each run starts with `connect` (a new source and store
+    /// connection); a failure (the database locked or full, the source
+    /// unreadable) drops every engine and starts again from the last
+    /// checkpoints after a backoff of 0.5 s doubling to 30 s, as Flink's
+    /// restart strategy does: nothing was published past those checkpoints,
+    /// so nothing is lost or counted twice, and the lag shows the stall meanwhile.
+    pub fn run(self, mut connect: impl FnMut() -> anyhow::Result<Connected>) {
+        let name = self.contract.pipeline.name.clone();
+        let (status, stop) = (Arc::clone(&self.status), Arc::clone(&self.stop));
+        let clock = SystemClock::new();
+        supervise(&name, &status, &stop, |why| {
+            let (source, checkpoints) = connect()?;
+            let mut run = Run::start(&self, source, checkpoints, &clock, why)?;
+            let mut wait = Duration::ZERO;
+            loop {
+                let stopping = self.stop.load(Ordering::SeqCst);
+                let step = run.step(&self, &clock, stopping, wait);
+                // A failure drops the run: nothing more is committed, and the next run starts from the last checkpoints.
+                let step = step?;
+                if stopping {
+                    run.close();
+                    return Ok(());
+                }
+                // Caught up: the next read waits for records, a checkpoint to be due, or a stop.
+                wait = if step.read_any { Duration::ZERO } else { step.next_due.min(Duration::from_millis(100)) };
+            }
+        });
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Copy)]
+pub struct Step {
+    /// Records were read (so the next step may find more at once).
+    pub read_any: bool,
+    /// A checkpoint was committed.
+    pub checkpointed: bool,
+    /// A replay was applied.
+    pub replayed: bool,
+    /// How long until a checkpoint or a read of the commands is due.
+    pub next_due: Duration,
+}
+
+/// One partition of a scope, as the runner sees it.
+#[derive(Debug, Clone)]
+struct Part {
+    /// The next offset to read.
+    next: u64,
+    /// The source's end of the partition, as last learned.
+    end: u64,
+    idle: bool,
+    /// When it last had data, on the monotonic clock.
+    heard: u64,
+    /// The time of the last record read (Kafka's timestamp).
+    last_time_ms: Option<i64>,
+}
+
+/// A claimed scope: its engine and where it stands.
+struct Unit {
+    engine: Engine,
+    out: Output,
+    parts: BTreeMap<u32, Part>,
+    generation: i64,
+    run: i64,
+    /// The last replay applied.
+    replayed: i64,
+    /// Events since the last checkpoint.
+    since: u64,
+    dirty: bool,
+    /// During a replay from an event time: the rows left out (see
+    /// [`KeepPublished`]), until each partition has read what it held when
+    /// the replay started.
+    republish_after: Option<(KeepPublished, Vec<(u32, u64)>)>,
+}
+
+impl Unit {
+    fn offsets(&self) -> Vec<(u32, u64)> {
+        self.parts.iter().map(|(p, part)| (*p, part.next)).collect()
+    }
+}
+
+/// What a run's steps and the source's [`Holder`] calls share.
+struct Held {
+    contract: Contract,
+    checkpoints: Box<dyn Checkpoints>,
+    per_partition: bool,
+    units: BTreeMap<Scope, Unit>,
+    /// Why the run started, recorded with each claim.
+    why: String,
+    /// The monotonic clock at the last step.
+    now: u64,
+    /// A failure inside a [`Holder`] call, for the step to return.
+    failed: Option<String>,
+    /// Checkpoints the fence refused since the step last looked.
+    fenced: u64,
+    /// The run failed or was dropped: what the engines hold may be half
+    /// checkpointed, so nothing more is claimed or committed.
+    abandoned: bool,
+}
+
+impl Held {
+    fn scope_of(&self, partition: u32) -> Scope {
+        if self.per_partition {
+            Scope::Partition(partition)
+        } else {
+            Scope::Topic
+        }
+    }
+
+    fn new_engine(&self, partitions: u32) -> anyhow::Result<Engine> {
+        let mut engine = Engine::new(&self.contract, Mode::Stream, if self.per_partition { 1 } else { partitions })?;
+        if self.per_partition {
+            engine.read_one_partition();
+        }
+        Ok(engine)
+    }
+
+    /// Claims `scope` over `partitions` and restores its last checkpoint.
+    fn claim(&mut self, scope: Scope, partitions: &[u32]) -> anyhow::Result<()> {
+        let claimed = self.checkpoints.claim(scope, &self.why)?;
+        let c = &self.contract;
+        let mut engine = match claimed.state {
+            Some(s) => Engine::restore_parts(c, &s.header, s.windows, s.id_batches)?,
+            None => self.new_engine(partitions.len() as u32)?,
+        };
+        if self.per_partition {
+            engine.read_one_partition();
+        }
+        engine.track_changes();
+        let mut out = Output::default();
+        let mut parts = BTreeMap::new();
+        for &p in partitions {
+            let next = claimed.offsets.iter().find(|(q, _)| *q == p).map_or(0, |(_, o)| *o);
+            parts.insert(p, Part { next, end: next, idle: false, heard: self.now, last_time_ms: None });
+            if !self.per_partition {
+                // Every partition starts active, as the runner sees it, whatever the checkpoint held.
+                engine.set_partition_idle(p, false, &mut out);
+            }
+        }
+        if let Scope::Partition(p) = scope {
+            let from = parts.get(&p).map_or(0, |part| part.next);
+            eprintln!(
+                "weir: {} took partition {p} (generation {}) from offset {from}",
+                c.pipeline.name, claimed.generation
+            );
+        }
+        let unit = Unit {
+            engine,
+            out,
+            parts,
+            generation: claimed.generation,
+            run: claimed.run,
+            replayed: claimed.replayed,
+            since: 0,
+            dirty: false,
+            republish_after: None,
+        };
+        self.units.insert(scope, unit);
+        Ok(())
+    }
+
+    /// Commits a checkpoint of `scope`, or with `replay` the first one of a
+    /// replay; `Ok(false)` when the fence refused it (the scope is then dropped).
+    fn commit(&mut self, scope: Scope, replay: Option<i64>, now_ms: i64) -> anyhow::Result<bool> {
+        let Some(unit) = self.units.get_mut(&scope) else { return Ok(true) };
+        if let Some((keep, until)) = &unit.republish_after {
+            unit.out.rows.retain(|row| !keep.keeps(row));
+            let read_all = until.iter().all(|(p, u)| unit.parts.get(p).is_none_or(|part| part.next >= *u));
+            if read_all {
+                unit.republish_after = None;
+            }
+        }
+        let offsets = unit.offsets();
+        let delta = unit.engine.take_delta();
+        let write = Write {
+            scope,
+            generation: unit.generation,
+            format: unit.engine.format(),
+            out: &unit.out,
+            delta,
+            offsets: &offsets,
+            now_ms,
+            run: unit.run,
+            replay,
+        };
+        match self.checkpoints.commit(write) {
+            Ok(()) => {
+                unit.out.clear();
+                unit.since = 0;
+                unit.dirty = false;
+                Ok(true)
+            }
+            Err(e @ CheckpointError::Fenced { .. }) => {
+                eprintln!("weir: {e}");
+                self.units.remove(&scope);
+                self.fenced += 1;
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Applies replay `id` to `scope`: what it counted so far is
+    /// checkpointed, then its state starts again from the replay's offset
+    /// (with revisions above `floor`) in a checkpoint that drops the stored state.
+    fn replay(
+        &mut self,
+        scope: Scope,
+        (id, replay): (i64, Replay),
+        floor: u32,
+        source: &mut dyn Source,
+        now_ms: i64,
+    ) -> anyhow::Result<()> {
+        if !self.commit(scope, None, now_ms)? {
+            return Ok(());
+        }
+        let Some(partitions) = self.units.get(&scope).map(|u| u.parts.len() as u32) else { return Ok(()) };
+        let mut engine = self.new_engine(partitions)?;
+        engine.set_revision_floor(floor);
+        engine.track_changes();
+        let run = self.checkpoints.start_run(scope, "replay")?;
+        let (c, now) = (self.contract.clone(), self.now);
+        let Some(unit) = self.units.get_mut(&scope) else { return Ok(()) };
+        let replaced = std::mem::replace(&mut unit.engine, engine);
+        let mut until = Vec::new();
+        for (p, part) in unit.parts.iter_mut() {
+            let (low, high) = source.bounds(*p)?;
+            let from = replay.from_offset.unwrap_or(0).max(low);
+            source.seek(*p, from)?;
+            *part = Part { next: from, end: high.max(from), idle: false, heard: now, last_time_ms: None };
+            until.push((*p, high));
+        }
+        unit.republish_after = replay.from_time.map(|t| (KeepPublished::new(&c, t, replaced.watermark()), until));
+        unit.replayed = id;
+        unit.run = run;
+        if self.commit(scope, Some(id), now_ms)? {
+            let from: Vec<u64> =
+                self.units.get(&scope).map(|u| u.parts.values().map(|p| p.next).collect()).unwrap_or_default();
+            eprintln!("weir: {} replays {scope} from offsets {from:?}", c.pipeline.name);
+        }
+        Ok(())
+    }
+}
+
+/// The [`Holder`] a run hands its source.
+struct HeldRef(Arc<Mutex<Held>>);
+
+impl Holder for HeldRef {
+    fn assigned(&self, partitions: &[u32]) {
+        let mut held = lock(&self.0);
+        if held.abandoned {
+            return;
+        }
+        let mut scopes: BTreeMap<Scope, Vec<u32>> = BTreeMap::new();
+        for &p in partitions {
+            scopes.entry(held.scope_of(p)).or_default().push(p);
+        }
+        for (scope, partitions) in scopes {
+            if held.units.contains_key(&scope) {
+                continue;
+            }
+            if let Err(e) = held.claim(scope, &partitions) {
+                held.failed = Some(format!("taking {scope}: {e:#}"));
+            }
+        }
+    }
+
+    fn revoked(&self, partitions: &[u32]) {
+        let mut held = lock(&self.0);
+        let name = held.contract.pipeline.name.clone();
+        for &p in partitions {
+            let scope = held.scope_of(p);
+            if held.abandoned {
+                held.units.remove(&scope);
+                continue;
+            }
+            if let Err(e) = held.commit(scope, None, weir_log::now_ms()) {
+                held.failed = Some(format!("checkpointing {scope} before handing it over: {e:#}"));
+            }
+            if held.units.remove(&scope).is_some() {
+                eprintln!("weir: {name} handed {scope} over");
+            }
+        }
+    }
+}
+
+/// One run of a pipeline between a start (from the last checkpoints) and a
+/// stop or a crash. Dropping it without a stop is a crash: what it did
+/// since its last checkpoints is gone, and the next [`Run::start`]
+/// continues from them.
+pub struct Run {
+    source: Box<dyn Source>,
+    held: Arc<Mutex<Held>>,
+    batch: Batch,
+    last_checkpoint: u64,
+    /// Operator actions are read from the store (where the HTTP side wrote them) every interval.
+    commands_read: Option<u64>,
+    replay: Option<(i64, Replay)>,
+    status_published: u64,
+    idle_after: u64,
+    interval: u64,
+}
+
+impl Drop for Run {
+    /// A run dropped without [`Run::close`] (a failure, a crash) commits
+    /// nothing more: a source that hands partitions over as it goes only drops them.
+    fn drop(&mut self) {
+        lock(&self.held).abandoned = true;
+    }
+}
+
+impl Run {
+    /// Opens the source, claims what it holds now and restores it.
+    pub fn start(
+        r: &Runner,
+        mut source: Box<dyn Source>,
+        checkpoints: Box<dyn Checkpoints>,
+        clock: &dyn Clock,
+        why: &str,
+    ) -> anyhow::Result<Run> {
+        let now = clock.monotonic_ms();
+        let held = Arc::new(Mutex::new(Held {
+            contract: r.contract.clone(),
+            checkpoints,
+            per_partition: source.per_partition(),
+            units: BTreeMap::new(),
+            why: why.to_owned(),
+            now,
+            failed: None,
+            fenced: 0,
+            abandoned: false,
+        }));
+        source.open(Arc::new(HeldRef(Arc::clone(&held))))?;
+        if let Some(f) = lock(&held).failed.take() {
+            anyhow::bail!(f);
+        }
+        let run = Run {
+            source,
+            held,
+            batch: Batch::default(),
+            last_checkpoint: now,
+            commands_read: None,
+            replay: None,
+            status_published: now,
+            idle_after: r.config.idle_timeout_ms.max(0) as u64,
+            interval: r.config.checkpoint_interval_ms.max(1) as u64,
+        };
+        run.publish_status(r, None);
+        Ok(run)
+    }
+
+    /// One pass: read the operator commands when due, read what the source
+    /// has (waiting up to `wait` when nothing is there), mark silent
+    /// partitions idle, checkpoint when due (or `stopping`), and apply a replay.
+    pub fn step(&mut self, r: &Runner, clock: &dyn Clock, stopping: bool, wait: Duration) -> anyhow::Result<Step> {
+        let now = clock.monotonic_ms();
+        lock(&self.held).now = now;
+        if self.commands_read.is_none_or(|at| now.saturating_sub(at) >= self.interval) {
+            let mut held = lock(&self.held);
+            r.paused.store(held.checkpoints.is_paused()?, Ordering::SeqCst);
+            let oldest = held.units.values().map(|u| u.replayed).min();
+            self.replay = match oldest {
+                Some(oldest) => held.checkpoints.last_replay()?.filter(|(id, _)| *id > oldest),
+                None => None,
+            };
+            self.commands_read = Some(now);
+        }
+        // A partition with unread records is active before any record of this step is processed,
+        // so a burst after a silence holds the watermark back from the first record on.
+        let (held_partitions, next) = {
+            let held = lock(&self.held);
+            let next: Vec<(u32, u64)> = held.units.values().flat_map(Unit::offsets).collect();
+            (next.iter().map(|(p, _)| *p).collect::<Vec<u32>>(), next)
+        };
+        let ends = self.source.ends(&held_partitions)?;
+        {
+            let mut held = lock(&self.held);
+            for (p, end) in ends {
+                let scope = held.scope_of(p);
+                let Some(unit) = held.units.get_mut(&scope) else { continue };
+                let Some(part) = unit.parts.get_mut(&p) else { continue };
+                part.end = end;
+                if part.idle && end > part.next {
+                    part.idle = false;
+                    part.heard = now;
+                    unit.engine.set_partition_idle(p, false, &mut unit.out);
+                }
+            }
+        }
+        self.batch.clear();
+        self.source.read(&next, r.read_records.max(1), wait, &mut self.batch)?;
+        let read_any = !self.batch.is_empty();
+        let (now, wall) = (clock.monotonic_ms(), clock.wall_ms());
+        let mut not_delivered = 0;
+        {
+            let mut held = lock(&self.held);
+            let held = &mut *held;
+            let name = &held.contract.pipeline.name;
+            let mut latencies = Vec::with_capacity(self.batch.len());
+            for (rec, bytes) in self.batch.iter() {
+                let scope = if held.per_partition { Scope::Partition(rec.partition) } else { Scope::Topic };
+                // A record of a partition handed over (read before the hand-over) is not this worker's.
+                let Some(unit) = held.units.get_mut(&scope) else { continue };
+                let Some(part) = unit.parts.get_mut(&rec.partition) else { continue };
+                if rec.offset < part.next {
+                    continue; // counted before the last checkpoint
+                }
+                if rec.offset > part.next {
+                    // Offsets the source did not deliver: removed by retention or compaction,
+                    // transaction markers, or a broker fault. Never silent.
+                    eprintln!(
+                        "weir: {name}: partition {}: offset {} was delivered after {}; offsets {}..{} were not delivered",
+                        rec.partition,
+                        rec.offset,
+                        part.next,
+                        part.next,
+                        rec.offset - 1
+                    );
+                    not_delivered += rec.offset - part.next;
+                }
+                part.next = rec.offset + 1;
+                part.end = part.end.max(part.next);
+                part.heard = now;
+                part.last_time_ms = rec.time_ms.or(part.last_time_ms);
+                if part.idle {
+                    part.idle = false;
+                    unit.engine.set_partition_idle(rec.partition, false, &mut unit.out);
+                }
+                latencies.extend(rec.time_ms.map(|t| wall.saturating_sub(t).max(0) as f64 / 1e3));
+                unit.engine.process(EventIn { partition: rec.partition, offset: rec.offset, bytes }, &mut unit.out);
+                unit.since += 1;
+                unit.dirty = true;
+            }
+            if !latencies.is_empty() || not_delivered > 0 {
+                let mut s = lock(&r.status);
+                s.offsets_not_delivered += not_delivered;
+                for l in latencies {
+                    s.processing.observe(l);
+                }
+            }
+            if !held.per_partition {
+                // Idleness only matters where an engine reads several partitions.
+                for unit in held.units.values_mut() {
+                    for (p, part) in unit.parts.iter_mut() {
+                        if !part.idle && now.saturating_sub(part.heard) >= self.idle_after {
+                            part.idle = true;
+                            unit.engine.set_partition_idle(*p, true, &mut unit.out);
+                            unit.dirty = true;
+                        }
+                    }
+                }
+            }
+        }
+        self.take_failures(r)?;
+        let due = now.saturating_sub(self.last_checkpoint) >= self.interval;
+        let mut checkpointed = Vec::new();
+        {
+            let mut held = lock(&self.held);
+            let events = r.config.checkpoint_events;
+            let ready: Vec<Scope> = held
+                .units
+                .iter()
+                .filter(|(_, u)| u.dirty && (due || stopping || u.since >= events || self.replay.is_some()))
+                .map(|(s, _)| *s)
+                .collect();
+            for scope in ready {
+                let started = Instant::now();
+                if held.commit(scope, None, clock.wall_ms())? {
+                    lock(&r.status).checkpoint_duration.observe(started.elapsed().as_secs_f64());
+                    checkpointed.extend(held.units.get(&scope).map(Unit::offsets).unwrap_or_default());
+                }
+            }
+        }
+        let any_checkpoint = !checkpointed.is_empty();
+        if any_checkpoint {
+            self.source.checkpointed(&checkpointed);
+            // The interval runs from the end of a checkpoint: a checkpoint slower than the
+            // interval must not make every following step checkpoint.
+            self.last_checkpoint = clock.monotonic_ms();
+        }
+        let mut replayed = false;
+        if let Some((id, replay)) = self.replay.take() {
+            let mut held = lock(&self.held);
+            let behind: Vec<Scope> = held.units.iter().filter(|(_, u)| u.replayed < id).map(|(s, _)| *s).collect();
+            if !behind.is_empty() {
+                let floor = held.checkpoints.max_revision()?;
+                for scope in behind {
+                    held.replay(scope, (id, replay), floor, self.source.as_mut(), clock.wall_ms())?;
+                }
+                replayed = true;
+            }
+        }
+        self.take_failures(r)?;
+        let now = clock.monotonic_ms();
+        if any_checkpoint || replayed || now.saturating_sub(self.status_published) >= 1_000 {
+            self.publish_status(r, any_checkpoint.then(|| clock.wall_ms()));
+            self.status_published = now;
+        }
+        if replayed {
+            // The status shows where the replay starts before it counts the replay.
+            lock(&r.status).replays += 1;
+        }
+        let dirty = lock(&self.held).units.values().any(|u| u.dirty);
+        let next_due =
+            if dirty { self.interval.saturating_sub(now.saturating_sub(self.last_checkpoint)) } else { self.interval };
+        Ok(Step { read_any, checkpointed: any_checkpoint, replayed, next_due: Duration::from_millis(next_due) })
+    }
+
+    /// A failure in a [`Holder`] call, and the checkpoints fenced there.
+    fn take_failures(&self, r: &Runner) -> anyhow::Result<()> {
+        let (failed, fenced) = {
+            let mut held = lock(&self.held);
+            (held.failed.take(), std::mem::take(&mut held.fenced))
+        };
+        if fenced > 0 {
+            lock(&r.status).checkpoints_fenced += fenced;
+        }
+        match failed {
+            Some(f) => anyhow::bail!(f),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops reading: the source leaves (Kafka hands its partitions over,
+    /// each checkpointed first by the [`Holder`]).
+    pub fn close(&mut self) {
+        self.source.close();
+    }
+
+    /// The next offset to read, per partition this run holds.
+    pub fn offsets(&self) -> Vec<(u32, u64)> {
+        lock(&self.held).units.values().flat_map(Unit::offsets).collect()
+    }
+
+    /// The oldest replay applied by the scopes this run holds.
+    pub fn replayed(&self) -> i64 {
+        lock(&self.held).units.values().map(|u| u.replayed).min().unwrap_or(0)
+    }
+
+    /// The watermark of the topic's engine (the lowest of the engines' where each reads a partition).
+    pub fn watermark(&self) -> Option<i64> {
+        let held = lock(&self.held);
+        held.units.values().filter_map(|u| u.engine.watermark()).min()
+    }
+
+    fn publish_status(&self, r: &Runner, checkpoint_ms: Option<i64>) {
+        let held = lock(&self.held);
+        let mut s = lock(&r.status);
+        let mut counters = weir_engine::Counters::default();
+        let mut watermark: Option<i64> = None;
+        let (mut open, mut bytes) = (0, 0);
+        let mut parts = Vec::new();
+        for (scope, unit) in &held.units {
+            let e = &unit.engine;
+            counters.add(e.counters());
+            let wm = e.watermark();
+            watermark = match (watermark, wm) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            open += e.open_windows();
+            bytes += e.state_bytes();
+            match scope {
+                Scope::Topic => {
+                    s.partition_watermarks = e.partition_watermarks();
+                    s.offsets = unit.parts.values().map(|p| p.next).collect();
+                    s.idle = unit.parts.values().map(|p| p.idle).collect();
+                }
+                Scope::Partition(p) => parts.push(KafkaPartition {
+                    partition: *p,
+                    next_offset: unit.parts.get(p).map_or(0, |part| part.next),
+                    end_offset: unit.parts.get(p).map_or(0, |part| part.end.max(part.next)),
+                    generation: unit.generation,
+                    watermark: wm,
+                    last_timestamp_ms: unit.parts.get(p).and_then(|part| part.last_time_ms),
+                }),
+            }
+        }
+        s.watermark = watermark;
+        s.counters = counters;
+        s.open_windows = open;
+        s.state_bytes = bytes;
+        if held.per_partition {
+            s.kafka = Some(parts);
+        }
+        if let Some(ms) = checkpoint_ms {
+            s.last_checkpoint_ms = ms;
+            s.checkpoints += 1;
+            s.failed = None;
+        }
+    }
+}
