@@ -2,6 +2,11 @@
 //! the topic ([`weir_store::Scope::Topic`]), each from the runner's next
 //! offset, up to a number of records from each partition in turn; a
 //! caught-up read waits for the log to say the topic grew.
+//!
+//! [`LogSource::engine_per_partition`] reads it the way Kafka is read, an
+//! engine and a checkpoint per partition, so the runner can checkpoint the
+//! log into Postgres (the simulation test drives the fenced Postgres
+//! checkpoints this way, deterministically).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,11 +38,18 @@ pub struct LogSource {
     /// To wait for the topic to grow; `None` never waits (a test stepping by hand).
     runtime: Option<tokio::runtime::Handle>,
     changes: Option<tokio::sync::watch::Receiver<u64>>,
+    per_partition: bool,
 }
 
 impl LogSource {
     pub fn new(log: Log, topic: &str, runtime: Option<tokio::runtime::Handle>) -> LogSource {
-        LogSource { log, topic: topic.to_owned(), runtime, changes: None }
+        LogSource { log, topic: topic.to_owned(), runtime, changes: None, per_partition: false }
+    }
+
+    /// An engine and a checkpoint per partition ([`weir_store::Scope::Partition`]), as over Kafka.
+    pub fn engine_per_partition(mut self) -> LogSource {
+        self.per_partition = true;
+        self
     }
 
     fn read_once(&self, next: &[(u32, u64)], max: usize, batch: &mut Batch) -> anyhow::Result<()> {
@@ -52,7 +64,7 @@ impl LogSource {
 
 impl Source for LogSource {
     fn per_partition(&self) -> bool {
-        false
+        self.per_partition
     }
 
     fn open(&mut self, holder: Arc<dyn Holder>) -> anyhow::Result<()> {

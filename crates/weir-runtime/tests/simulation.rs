@@ -1,16 +1,23 @@
-//! A deterministic simulation of the embedded runner, in the spirit of
-//! TigerBeetle's VOPR and FoundationDB's simulator.
+//! A deterministic simulation of the runner, in the spirit of
+//! TigerBeetle's VOPR and FoundationDB's simulator, on both stores: SQLite
+//! (one engine for the topic) and Postgres (an engine and a fenced
+//! checkpoint per partition, as over Kafka; the machine's Postgres,
+//! `WEIR_TEST_POSTGRES`).
 //!
-//! One seed drives everything: a producer appending events (some resent,
-//! some held back by a stalled partition and then released as a burst), a
-//! simulated clock, the runner stepped by hand ([`Run::step`]), and the
-//! faults:
+//! One seed drives everything: a producer appending events to the embedded
+//! log (some resent, some held back by a stalled partition and then
+//! released as a burst), a simulated clock, the runner stepped by hand
+//! ([`Run::step`]), and the faults:
 //!
 //! - a crash between any two steps: after an append, after an engine step
 //!   (events read, not checkpointed), right after a checkpoint's commit;
 //! - a crash inside a commit, and a failed commit (SQLite's commit hook
-//!   turns the commit into a rollback), after which the runner restarts
-//!   from its last checkpoint as the restart loop does;
+//!   turns the commit into a rollback; on Postgres the commit is refused
+//!   before it is sent), after which the runner restarts from its last
+//!   checkpoint as the restart loop does;
+//! - on Postgres, a zombie: a run that goes on stepping after a new run
+//!   has claimed its partitions (a worker paused past its session), whose
+//!   commits the fence must refuse;
 //! - a torn log tail (bytes of a write that never finished) and the log
 //!   reopened, which cuts it;
 //! - stalled partitions, which go idle and later deliver a burst;
@@ -42,8 +49,9 @@ use weir_log::{Log, LogOptions};
 use weir_runtime::embedded::LogSource;
 use weir_runtime::runner::{Run, Runner};
 use weir_runtime::{Clock, Status};
+use weir_store::checkpoint::{self, Checkpoints, Claimed, Scope, Write};
 use weir_store::sqlite as store;
-use weir_store::{Replay, SqliteCheckpoints};
+use weir_store::{pg, PgCheckpoints, PostgresStore, Replay, SqliteCheckpoints, SqliteStore, Store, StoreError};
 
 const CONTRACT: &str = r#"
 [pipeline]
@@ -148,6 +156,9 @@ struct Tally {
     stalls: usize,
     pauses: usize,
     replays: usize,
+    zombies: usize,
+    /// Commits of a zombie the fence refused.
+    fenced: usize,
 }
 
 /// The runner and its current run, or nothing between a crash and a restart.
@@ -171,11 +182,165 @@ struct World {
     /// Events of each partition held back while it is stalled, and until when.
     stalled: Vec<Option<(u64, Vec<Vec<u8>>)>>,
     /// Recent events, some of which are sent again.
-    recent: Vec<Vec<u8>>,
+    recent: Vec<(u32, Vec<u8>)>,
     next_id: u64,
     /// A replay asked while a pause is in force is checked at the end only.
     paused: bool,
     seed: u64,
+    backend: Backend,
+    /// Readers and operators, as the HTTP side reaches them.
+    store: Box<dyn Store>,
+}
+
+/// Where the runner checkpoints.
+enum Backend {
+    Sqlite(PathBuf),
+    /// A schema of its own in the machine's Postgres, and a client for the checks.
+    Postgres {
+        url: String,
+        schema: String,
+        client: std::cell::RefCell<Box<postgres::Client>>,
+    },
+}
+
+fn postgres_url() -> String {
+    std::env::var("WEIR_TEST_POSTGRES").unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=test".into())
+}
+
+impl Backend {
+    fn open(kind: Kind, dir: &Path, seed: u64) -> Backend {
+        match kind {
+            Kind::Sqlite => {
+                let db = dir.join("weir.db");
+                let conn = store::open(&db).unwrap();
+                store::migrate(&conn).unwrap();
+                Backend::Sqlite(db)
+            }
+            Kind::Postgres => {
+                let (url, schema) = (postgres_url(), format!("weir_sim_{}_{seed}", std::process::id()));
+                let mut client = pg::connect(&url).unwrap();
+                pg::drop_schema(&mut client, &schema).unwrap();
+                pg::migrate(&mut client, &schema).unwrap();
+                Backend::Postgres { url, schema, client: std::cell::RefCell::new(Box::new(client)) }
+            }
+        }
+    }
+
+    fn store(&self) -> Box<dyn Store> {
+        match self {
+            Backend::Sqlite(db) => Box::new(SqliteStore::new(db.clone(), 2)),
+            Backend::Postgres { url, schema, .. } => Box::new(PostgresStore::new(url.clone(), schema.clone(), 2)),
+        }
+    }
+
+    /// A run's checkpoints, on a new connection whose next commit fails while `fail` is set.
+    fn checkpoints(&self, contract: &Contract, fail: &Arc<AtomicBool>) -> anyhow::Result<Box<dyn Checkpoints>> {
+        Ok(match self {
+            Backend::Sqlite(db) => {
+                let conn = store::open_writer(db)?;
+                let armed = Arc::clone(fail);
+                // The commit is turned into a rollback inside SQLite.
+                conn.commit_hook(Some(move || armed.swap(false, Ordering::SeqCst)));
+                Box::new(SqliteCheckpoints::new(conn, contract))
+            }
+            Backend::Postgres { url, schema, .. } => {
+                let client = pg::connect(url)?;
+                let inner = PgCheckpoints::open(client, schema, "sim-worker", contract)?;
+                Box::new(Refusing { inner, fail: Arc::clone(fail) })
+            }
+        })
+    }
+
+    fn per_partition(&self) -> bool {
+        matches!(self, Backend::Postgres { .. })
+    }
+
+    /// Integers a query gives, in order (`{s}` is the schema's prefix).
+    fn numbers(&self, sql: &str) -> Vec<i64> {
+        match self {
+            Backend::Sqlite(db) => {
+                let conn = store::open(db).unwrap();
+                let mut stmt = conn.prepare(&sql.replace("{s}", "")).unwrap();
+                stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect()
+            }
+            Backend::Postgres { schema, client, .. } => {
+                let rows = client.borrow_mut().query(&sql.replace("{s}", &format!("{schema}.")), &[]).unwrap();
+                rows.iter().map(|r| r.get::<_, i64>(0)).collect()
+            }
+        }
+    }
+
+    /// Every change stored, hidden or not: `(seq, row)`.
+    fn changes(&self) -> Vec<(i64, serde_json::Value)> {
+        let sql = "SELECT seq, row FROM {s}changes WHERE pipeline = 'sim' ORDER BY seq";
+        let rows: Vec<(i64, String)> = match self {
+            Backend::Sqlite(db) => {
+                let conn = store::open(db).unwrap();
+                let mut stmt = conn.prepare(&sql.replace("{s}", "")).unwrap();
+                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().map(Result::unwrap).collect()
+            }
+            Backend::Postgres { schema, client, .. } => {
+                let rows = client.borrow_mut().query(&sql.replace("{s}", &format!("{schema}.")), &[]).unwrap();
+                rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+            }
+        };
+        rows.into_iter().map(|(seq, row)| (seq, serde_json::from_str(&row).unwrap())).collect()
+    }
+
+    /// The next offset stored per partition.
+    fn stored_offsets(&self) -> Vec<i64> {
+        match self {
+            Backend::Sqlite(_) => {
+                self.numbers("SELECT next_offset FROM offsets WHERE pipeline = 'sim' ORDER BY partition")
+            }
+            Backend::Postgres { .. } => {
+                self.numbers("SELECT next_offset FROM {s}partitions WHERE pipeline = 'sim' ORDER BY partition")
+            }
+        }
+    }
+
+    fn close(&self) {
+        if let Backend::Postgres { schema, client, .. } = self {
+            let _ = pg::drop_schema(&mut client.borrow_mut(), schema);
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Sqlite,
+    Postgres,
+}
+
+/// Postgres checkpoints whose next commit is refused before it is sent while `fail` is set.
+struct Refusing {
+    inner: PgCheckpoints,
+    fail: Arc<AtomicBool>,
+}
+
+impl Checkpoints for Refusing {
+    fn claim(&mut self, scope: Scope, why: &str) -> checkpoint::Result<Claimed> {
+        self.inner.claim(scope, why)
+    }
+    fn commit(&mut self, write: Write<'_>) -> checkpoint::Result<()> {
+        if self.fail.swap(false, Ordering::SeqCst) {
+            let message = "the simulation refused this commit".to_owned();
+            return Err(StoreError::Unreachable { what: "Postgres", message }.into());
+        }
+        self.inner.commit(write)
+    }
+    fn start_run(&mut self, scope: Scope, why: &str) -> checkpoint::Result<i64> {
+        self.inner.start_run(scope, why)
+    }
+    fn is_paused(&mut self) -> checkpoint::Result<bool> {
+        self.inner.is_paused()
+    }
+    fn last_replay(&mut self) -> checkpoint::Result<Option<(i64, Replay)>> {
+        self.inner.last_replay()
+    }
+    fn max_revision(&mut self) -> checkpoint::Result<u32> {
+        self.inner.max_revision()
+    }
 }
 
 fn log_options() -> LogOptions {
@@ -183,7 +348,7 @@ fn log_options() -> LogOptions {
 }
 
 impl World {
-    fn new(seed: u64) -> World {
+    fn new(kind: Kind, seed: u64) -> World {
         let dir = std::env::temp_dir().join(format!("weir-sim-{}-{seed}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -191,8 +356,8 @@ impl World {
         let config = Arc::new(ServerConfig::parse("weir.toml", CONFIG).unwrap());
         let (log, _) = Log::open(&dir.join("log"), log_options()).unwrap();
         log.ensure_topic("events", PARTITIONS, None).unwrap();
-        let conn = store::open(&dir.join("weir.db")).unwrap();
-        store::migrate(&conn).unwrap();
+        let backend = Backend::open(kind, &dir, seed);
+        let store = backend.store();
         let mut rng = Rng(seed);
         let read_records = 1 + rng.below(40) as usize;
         World {
@@ -210,11 +375,9 @@ impl World {
             next_id: 0,
             paused: false,
             seed,
+            backend,
+            store,
         }
-    }
-
-    fn db(&self) -> PathBuf {
-        self.dir.join("weir.db")
     }
 
     /// Starts the runner from its last checkpoint, as a restarted server does.
@@ -236,12 +399,38 @@ impl World {
 
     /// A run on a new connection whose commits the test can refuse, over the log.
     fn open_run(&self, live: &Live, why: &str) -> anyhow::Result<Run> {
-        let conn = store::open_writer(&self.db())?;
-        let armed = Arc::clone(&live.fail_commit);
-        conn.commit_hook(Some(move || armed.swap(false, Ordering::SeqCst)));
-        let source = LogSource::new(self.log.clone(), "events", None);
-        let checkpoints = SqliteCheckpoints::new(conn, &self.contract);
-        Run::start(&live.runner, Box::new(source), Box::new(checkpoints), &self.clock, why)
+        let checkpoints = self.backend.checkpoints(&self.contract, &live.fail_commit)?;
+        let mut source = LogSource::new(self.log.clone(), "events", None);
+        if self.backend.per_partition() {
+            source = source.engine_per_partition();
+        }
+        Run::start(&live.runner, Box::new(source), checkpoints, &self.clock, why)
+    }
+
+    /// A zombie: the current run goes on stepping after a new run claimed
+    /// its partitions (a worker paused past its session); the fence must
+    /// refuse its commits, so it publishes nothing.
+    fn zombie(&mut self) {
+        let Some(mut live) = self.live.take() else { return };
+        let Some(mut zombie) = live.run.take() else {
+            self.live = Some(live);
+            return;
+        };
+        self.tally.zombies += 1;
+        live.run = self.open_run(&live, "a new holder").ok();
+        let before = live.runner.status.lock().unwrap().checkpoints_fenced;
+        self.produce();
+        let steps = 1 + self.rng.below(5);
+        for i in 0..steps {
+            self.clock.advance(self.rng.below(150));
+            // Its last step stops, which commits whatever it holds.
+            if zombie.step(&live.runner, &self.clock, i + 1 == steps, Duration::ZERO).is_err() {
+                break;
+            }
+        }
+        let fenced = live.runner.status.lock().unwrap().checkpoints_fenced - before;
+        self.tally.fenced += fenced as usize;
+        self.live = Some(live);
     }
 
     /// Drops the runner and everything it held in memory.
@@ -307,17 +496,19 @@ impl World {
         let mut batch = Vec::new();
         for _ in 0..n {
             let p = self.rng.below(PARTITIONS as u64) as u32;
-            let bytes = if !self.recent.is_empty() && self.rng.chance(8) {
-                // Sent again, as a producer retrying does (the same payload: a duplicate).
+            let (p, bytes) = if !self.recent.is_empty() && self.rng.chance(8) {
+                // Sent again, as a producer retrying does (the same payload: a duplicate). With an
+                // engine per partition it goes where the first went, as a Kafka producer's key sends it.
                 let i = self.rng.below(self.recent.len() as u64) as usize;
-                self.recent[i].clone()
+                let (first, bytes) = self.recent[i].clone();
+                (if self.backend.per_partition() { first } else { p }, bytes)
             } else {
                 let e = self.event(p);
-                self.recent.push(e.clone());
+                self.recent.push((p, e.clone()));
                 if self.recent.len() > 50 {
                     self.recent.remove(0);
                 }
-                e
+                (p, e)
             };
             match &mut self.stalled[p as usize] {
                 Some((_, held)) => held.push(bytes),
@@ -360,24 +551,17 @@ impl World {
         self.tally.crashes += 1;
     }
 
-    fn with_db<T>(&self, f: impl FnOnce(&mut rusqlite::Connection) -> T) -> T {
-        let mut conn = store::open(&self.db()).unwrap();
-        f(&mut conn)
-    }
-
     /// While paused, what readers are served ends before the pause point.
     fn check_paused_reads(&self, seed: u64) {
-        self.with_db(|c| {
-            let from: Option<i64> =
-                c.query_row("SELECT from_seq FROM pauses WHERE pipeline = 'sim'", [], |r| r.get(0)).ok();
-            let Some(from) = from else { return };
-            let served = store::changes(c, "sim", 1, 1_000_000).unwrap();
-            for row in served {
-                let v: serde_json::Value = serde_json::from_str(&row).unwrap();
-                let seq = v["seq"].as_i64().unwrap();
-                assert!(seq < from, "seed {seed}: row {seq} served while paused from {from}");
-            }
-        });
+        let Some(from) = self.backend.numbers("SELECT from_seq FROM {s}pauses WHERE pipeline = 'sim'").first().copied()
+        else {
+            return;
+        };
+        for row in self.store.changes("sim", 1, 1_000_000).unwrap() {
+            let v: serde_json::Value = serde_json::from_str(&row).unwrap();
+            let seq = v["seq"].as_i64().unwrap();
+            assert!(seq < from, "seed {seed}: row {seq} served while paused from {from}");
+        }
     }
 
     fn act(&mut self, seed: u64) {
@@ -413,12 +597,10 @@ impl World {
                 }
             }
             940..=969 => {
-                let db = self.db();
-                let mut conn = store::open(&db).unwrap();
                 if self.paused {
-                    assert!(store::resume(&mut conn, "sim").unwrap(), "seed {seed}: a pause to resume");
+                    assert!(self.store.resume("sim").unwrap(), "seed {seed}: a pause to resume");
                 } else {
-                    assert!(!store::pause(&mut conn, "sim").unwrap(), "seed {seed}: not paused yet");
+                    assert!(!self.store.pause("sim").unwrap(), "seed {seed}: not paused yet");
                     self.tally.pauses += 1;
                 }
                 self.paused = !self.paused;
@@ -429,9 +611,10 @@ impl World {
                 } else {
                     None
                 };
-                self.with_db(|c| store::ask_replay(c, "sim", Replay { from_offset: None, from_time }).unwrap());
+                self.store.ask_replay("sim", Replay { from_offset: None, from_time }).unwrap();
                 self.tally.replays += 1;
             }
+            985..=989 if self.backend.per_partition() => self.zombie(),
             _ => {
                 for _ in 0..1 + self.rng.below(20) {
                     self.step(false);
@@ -453,7 +636,7 @@ impl World {
         }
         self.release(true);
         if self.paused {
-            self.with_db(|c| store::resume(c, "sim").unwrap());
+            self.store.resume("sim").unwrap();
             self.paused = false;
         }
         let t = self.clock.wall_ms() + 3_600_000;
@@ -462,7 +645,7 @@ impl World {
             .collect();
         self.append(flush);
         let ends: Vec<u64> = self.log.bounds("events").unwrap().iter().map(|(_, end)| *end).collect();
-        let asked = self.with_db(|c| store::last_replay(c, "sim").unwrap().map_or(0, |(id, _)| id));
+        let asked = self.backend.numbers("SELECT coalesce(max(id), 0) FROM {s}replays WHERE pipeline = 'sim'")[0];
         for _ in 0..100_000 {
             self.clock.advance(50);
             self.step(false);
@@ -477,11 +660,7 @@ impl World {
         // A stop: the last checkpoint.
         self.clock.advance(200);
         self.step(true);
-        let stored: Vec<i64> = self.with_db(|c| {
-            let mut stmt =
-                c.prepare("SELECT next_offset FROM offsets WHERE pipeline = 'sim' ORDER BY partition").unwrap();
-            stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect()
-        });
+        let stored = self.backend.stored_offsets();
         let ends: Vec<i64> = ends.iter().map(|e| *e as i64).collect();
         assert_eq!(stored, ends, "seed {}: the last checkpoint holds the whole log", self.seed);
     }
@@ -527,41 +706,14 @@ fn batch(world: &World) -> BTreeMap<String, (String, u64, String)> {
 
 fn check(world: &World, seed: u64) {
     let fail = |what: String| panic!("seed {seed}: {what}\n{:?}\nreplay with WEIR_SIM_SEED={seed}", world.tally);
-    let (results, changes, ledger) = world.with_db(|c| {
-        let filter = store::ResultFilter { limit: i64::MAX, ..Default::default() };
-        let results: Vec<serde_json::Value> =
-            store::results(c, "sim", &filter).unwrap().iter().map(|r| serde_json::from_str(r).unwrap()).collect();
-        let mut stmt = c.prepare("SELECT seq, row FROM changes WHERE pipeline = 'sim' ORDER BY seq").unwrap();
-        let changes: Vec<(i64, serde_json::Value)> = stmt
-            .query_map([], |r| Ok((r.get(0)?, serde_json::from_str(&r.get::<_, String>(1)?).unwrap())))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        let mut stmt = c.prepare("SELECT seq FROM ledger WHERE pipeline = 'sim' ORDER BY seq").unwrap();
-        let ledger: Vec<i64> = stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
-        (results, changes, ledger)
-    });
+    let filter = store::ResultFilter { limit: i64::MAX, ..Default::default() };
+    let results: Vec<serde_json::Value> =
+        world.store.results("sim", &filter).unwrap().iter().map(|r| serde_json::from_str(r).unwrap()).collect();
+    let changes = world.backend.changes();
+    let ledger = world.backend.numbers("SELECT seq FROM {s}ledger WHERE pipeline = 'sim' ORDER BY seq");
     // The published rows equal the batch over the log.
     let published = by_window(results);
     let expected = batch(world);
-    if published != expected && std::env::var("WEIR_SIM_DEBUG").is_ok() {
-        for (seq, row) in &changes {
-            if row["key"]["acct"] == "a21" {
-                eprintln!("{seq} {row}");
-            }
-        }
-    }
-    if published != expected && std::env::var("WEIR_SIM_DEBUG").is_ok() {
-        world.with_db(|c| {
-            let mut stmt = c.prepare("SELECT entry FROM ledger WHERE pipeline = 'sim'").unwrap();
-            for e in stmt.query_map([], |r| r.get::<_, String>(0)).unwrap() {
-                let e = e.unwrap();
-                if !e.contains("\"duplicate\"") {
-                    eprintln!("ledger {e}");
-                }
-            }
-        });
-    }
     if published != expected {
         let missing: Vec<_> = expected.iter().filter(|(k, v)| published.get(*k) != Some(v)).take(3).collect();
         let extra: Vec<_> = published.iter().filter(|(k, v)| expected.get(*k) != Some(v)).take(3).collect();
@@ -595,8 +747,8 @@ fn check(world: &World, seed: u64) {
     }
 }
 
-fn simulate(seed: u64) -> Tally {
-    let mut world = World::new(seed);
+fn simulate(kind: Kind, seed: u64) -> Tally {
+    let mut world = World::new(kind, seed);
     world.start("server start");
     let actions = 400 + world.rng.below(400);
     for _ in 0..actions {
@@ -604,29 +756,31 @@ fn simulate(seed: u64) -> Tally {
     }
     world.settle();
     check(&world, seed);
+    world.live = None;
+    world.backend.close();
     let World { dir, tally, .. } = world;
     let _ = std::fs::remove_dir_all(dir);
     tally
 }
 
-#[test]
-fn the_runner_survives_every_fault_the_simulation_injects() {
+/// Seeds for `WEIR_SIM_SECONDS` (else `default_seconds`), or the one `WEIR_SIM_SEED`.
+fn simulate_for(kind: Kind, default_seconds: u64) {
     if let Some(seed) = std::env::var("WEIR_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
-        let tally = simulate(seed);
-        eprintln!("seed {seed}: {tally:?}");
+        let tally = simulate(kind, seed);
+        eprintln!("{kind:?} seed {seed}: {tally:?}");
         return;
     }
-    let seconds: u64 = std::env::var("WEIR_SIM_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let seconds: u64 = std::env::var("WEIR_SIM_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(default_seconds);
     let started = Instant::now();
     // A new first seed each run, printed, so failures are found across runs and replayable.
     let first =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000;
-    eprintln!("simulation: seeds from {first} for {seconds} s");
+    eprintln!("simulation on {kind:?}: seeds from {first} for {seconds} s");
     let mut total = Tally::default();
     let mut seeds = 0u64;
     while seeds == 0 || started.elapsed() < Duration::from_secs(seconds) {
         let seed = first + seeds;
-        let t = simulate(seed);
+        let t = simulate(kind, seed);
         total.appended += t.appended;
         total.steps += t.steps;
         total.checkpoints += t.checkpoints;
@@ -637,9 +791,27 @@ fn the_runner_survives_every_fault_the_simulation_injects() {
         total.stalls += t.stalls;
         total.pauses += t.pauses;
         total.replays += t.replays;
+        total.zombies += t.zombies;
+        total.fenced += t.fenced;
         seeds += 1;
     }
     let secs = started.elapsed().as_secs_f64();
-    eprintln!("simulation: {seeds} seeds in {secs:.1} s ({:.0} seeds a minute): {total:?}", seeds as f64 * 60.0 / secs);
+    eprintln!(
+        "simulation on {kind:?}: {seeds} seeds in {secs:.1} s ({:.0} seeds a minute): {total:?}",
+        seeds as f64 * 60.0 / secs
+    );
     assert!(total.crashes > 0 && total.failed_commits > 0 && total.torn_tails > 0 && total.replays > 0);
+    if matches!(kind, Kind::Postgres) {
+        assert!(total.zombies > 0 && total.fenced > 0, "no zombie was simulated, or none was fenced");
+    }
+}
+
+#[test]
+fn the_runner_survives_every_fault_the_simulation_injects() {
+    simulate_for(Kind::Sqlite, 60);
+}
+
+#[test]
+fn the_runner_survives_every_fault_the_simulation_injects_on_postgres_with_a_fence() {
+    simulate_for(Kind::Postgres, 40);
 }
