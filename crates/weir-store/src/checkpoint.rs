@@ -277,12 +277,10 @@ impl Checkpoints for PgCheckpoints {
                     Ok(db) => CheckpointError::from(db),
                     Err(other) => CheckpointError::Contract(format!("{other:#}")),
                 })?;
-        let state =
-            claim.checkpoint.map(|cp| State { header: cp.header, windows: cp.windows, id_batches: cp.id_batches });
         Ok(Claimed {
             generation: claim.generation,
             offsets: vec![(p, claim.next_offset)],
-            state,
+            state: claim.checkpoint,
             run: claim.run,
             replayed: claim.replayed,
         })
@@ -306,13 +304,7 @@ impl Checkpoints for PgCheckpoints {
             run: w.run,
             replay: w.replay,
         };
-        match pg::checkpoint(&mut self.client, &self.schema, write) {
-            Ok(()) => Ok(()),
-            Err(pg::CheckpointError::Fenced { pipeline, partition, ours, now }) => {
-                Err(CheckpointError::Fenced { pipeline, scope: Scope::Partition(partition), ours, now })
-            }
-            Err(pg::CheckpointError::Db(e)) => Err(e.into()),
-        }
+        pg::checkpoint(&mut self.client, &self.schema, write)
     }
 
     fn start_run(&mut self, scope: Scope, _why: &str) -> Result<i64> {

@@ -49,6 +49,7 @@
 use postgres::{Client, Transaction};
 use weir_engine::{Delta, Output, RowFormat};
 
+use crate::checkpoint::{CheckpointError, Scope, State};
 use crate::sqlite::{id_bytes, id_from, sources_json, write_ledger, write_row, GLOBAL_START};
 
 /// Version 2 dates ledger entries (`at_ms`) and marks erased payloads;
@@ -253,15 +254,6 @@ pub fn prepare_pipeline(
     Ok(())
 }
 
-/// A partition's last checkpoint.
-#[derive(Debug, Default)]
-pub struct PartitionCheckpoint {
-    pub header: Vec<u8>,
-    pub windows: Vec<(u128, Vec<u8>)>,
-    /// The engine's id batches, in the order written (`Delta::ids`).
-    pub id_batches: Vec<Vec<u8>>,
-}
-
 /// What a worker gets when it takes a partition.
 #[derive(Debug)]
 pub struct Claim {
@@ -270,7 +262,7 @@ pub struct Claim {
     /// The next offset to read (0 when the partition was never checkpointed).
     pub next_offset: u64,
     /// `None` when the partition was never checkpointed.
-    pub checkpoint: Option<PartitionCheckpoint>,
+    pub checkpoint: Option<State>,
     /// The run its rows carry.
     pub run: i64,
     /// The last replay (`replays.id`) applied to the partition, 0 for none.
@@ -340,7 +332,7 @@ pub fn claim(
                 .into_iter()
                 .map(|r| r.get::<_, Vec<u8>>(0))
                 .collect();
-            Some(PartitionCheckpoint { header, windows, id_batches })
+            Some(State { header, windows, id_batches })
         }
     };
     let run = start_run(&mut tx, schema, pipeline, partition, worker, (version, text_hash))?;
@@ -396,17 +388,6 @@ pub struct PartitionWrite<'a> {
     pub replay: Option<i64>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    /// Another worker claimed the partition since this one did.
-    #[error(
-        "partition {partition} of {pipeline} was taken by another worker or contract (generation {now}, ours {ours}); this worker's work on it since its last checkpoint is dropped"
-    )]
-    Fenced { pipeline: String, partition: u32, ours: i64, now: i64 },
-    #[error("the checkpoint could not be written to Postgres: {0}")]
-    Db(#[from] postgres::Error),
-}
-
 /// Writes one partition's checkpoint in one transaction, refused unless the
 /// partition's generation, contract version and hash are still the
 /// worker's. Rows committed while the pipeline is paused go to the change
@@ -427,7 +408,7 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
     if now != w.generation {
         return Err(CheckpointError::Fenced {
             pipeline: w.pipeline.to_owned(),
-            partition: w.partition,
+            scope: Scope::Partition(w.partition),
             ours: w.generation,
             now,
         });

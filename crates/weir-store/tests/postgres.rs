@@ -85,7 +85,7 @@ fn commit(
     out: &Output,
     (generation, run): (i64, i64),
     next_offset: u64,
-) -> Result<(), pg::CheckpointError> {
+) -> Result<(), weir_store::CheckpointError> {
     let c = Contract::parse("paid.toml", CONTRACT).unwrap();
     commit_as(client, schema, engine, out, (3, generation, run), next_offset, &c)
 }
@@ -99,7 +99,7 @@ fn commit_as(
     (partition, generation, run): (u32, i64, i64),
     next_offset: u64,
     c: &Contract,
-) -> Result<(), pg::CheckpointError> {
+) -> Result<(), weir_store::CheckpointError> {
     let delta = engine.take_delta();
     let w = pg::PartitionWrite {
         pipeline: "paid",
@@ -146,7 +146,7 @@ fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() 
     let out = feed(&mut engine_a, 3, 2, &[event(3, 1, 2, "4.00")]);
     let refused = commit(&mut s.client, &s.name, &mut engine_a, &out, (a.generation, a.run), 3).unwrap_err();
     assert!(
-        matches!(refused, pg::CheckpointError::Fenced { ours, now, .. } if ours == a.generation && now == b.generation),
+        matches!(refused, weir_store::CheckpointError::Fenced { ours, now, .. } if ours == a.generation && now == b.generation),
         "{refused}"
     );
     assert!(refused.to_string().contains("taken by another worker"), "{refused}");
@@ -339,10 +339,10 @@ fn a_worker_of_the_old_contract_is_fenced_out_after_a_contract_change() {
     // A, still on version 1 and holding its old generation, is refused.
     let out = feed(&mut engine_a, 0, 0, &[event(1, 1, 0, "1.00")]);
     let refused = commit_as(&mut s.client, &s.name, &mut engine_a, &out, (0, a.generation, a.run), 1, &v1).unwrap_err();
-    assert!(matches!(refused, pg::CheckpointError::Fenced { .. }), "{refused}");
+    assert!(matches!(refused, weir_store::CheckpointError::Fenced { .. }), "{refused}");
     // Even with B's generation, a checkpoint of another contract is refused.
     let refused = commit_as(&mut s.client, &s.name, &mut engine_a, &out, (0, b.generation, a.run), 1, &v1).unwrap_err();
-    assert!(matches!(refused, pg::CheckpointError::Fenced { .. }), "{refused}");
+    assert!(matches!(refused, weir_store::CheckpointError::Fenced { .. }), "{refused}");
     // And A cannot claim a partition of the pipeline under version 1.
     let claim = pg::claim(&mut s.client, &s.name, "paid", 1, "worker-a", (1, v1.text_hash)).unwrap_err().to_string();
     assert!(claim.contains("version 2") && claim.contains("not this worker's version 1"), "{claim}");
