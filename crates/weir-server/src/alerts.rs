@@ -23,9 +23,6 @@ use crate::report::{report, Report};
 use crate::watch::Firing;
 use weir_runtime::lock;
 
-/// How many notifications the dashboard's incident list keeps.
-const INCIDENTS_KEPT: usize = 200;
-
 struct Check {
     alert: &'static str,
     /// Observed and threshold, comparable.
@@ -176,10 +173,11 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Val
             );
             notes.push(note);
         }
+        drop(state);
         for note in notes {
-            state.incidents.push_back(note.clone());
-            if state.incidents.len() > INCIDENTS_KEPT {
-                state.incidents.pop_front();
+            // Kept in the pipeline's store, so the incident list outlives a restart.
+            if let Err(e) = p.store.record_incident(name, now, &note.to_string()) {
+                eprintln!("weir: alert notification not kept in the store ({e}): {note}");
             }
             if let Some(url) = &webhook {
                 if let Some(note) = enqueue(tx, url, note) {

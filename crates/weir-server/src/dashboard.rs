@@ -6,9 +6,10 @@
 //! owner, steward and decision; its status (as `/status`); the last 15
 //! minutes of throughput, lag and watermark age, sampled every second by the
 //! alert loop; the newest published rows; ledger counts by reason and the
-//! newest entries (without payloads); firing alerts; annotations. And for
-//! the server: incidents, the newest alert notifications and operator
-//! actions.
+//! newest entries (without payloads); firing alerts; annotations. And
+//! incidents: the newest alert notifications of the pipelines the caller
+//! may read (kept in each pipeline's store, so they outlive a restart) and,
+//! for an admin, the newest operator actions.
 
 use std::sync::Arc;
 
@@ -20,12 +21,12 @@ use serde_json::{json, Value};
 
 use crate::app::{forbidden, stored, ApiError, App, Caller};
 use crate::report::report;
-use weir_runtime::lock;
 
 /// How long the charts look back.
 const LATEST_ROWS: i64 = 20;
 const LATEST_LEDGER: i64 = 10;
 const LATEST_AUDIT: i64 = 20;
+const LATEST_INCIDENTS: i64 = 50;
 
 const PAGE: &str = include_str!("dashboard.html");
 
@@ -54,15 +55,18 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
     let audit =
         if admin { Some(parsed(app.read(|c| weir_store::audit::latest(c, LATEST_AUDIT)).await?)) } else { None };
     let mut pipelines = Vec::new();
+    // The alert notifications of the pipelines the caller may read, from their stores.
+    let mut incidents = Vec::new();
     for name in &names {
         let Some(p) = app.pipelines.get(name) else { continue };
         let n = name.clone();
-        let (rows, ledger, notes) = stored(p, move |s| {
+        let (rows, ledger, notes, kept) = stored(p, move |s| {
             let rows = parsed(s.latest_changes(&n, LATEST_ROWS)?);
             let ledger = parsed(s.latest_ledger(&n, LATEST_LEDGER)?);
-            Ok((rows, ledger, s.annotations(&n)?))
+            Ok((rows, ledger, s.annotations(&n)?, s.incidents(&n, LATEST_INCIDENTS)?))
         })
         .await?;
+        incidents.extend(kept);
         let notes: Vec<Value> = notes
             .into_iter()
             .map(|a| {
@@ -89,7 +93,12 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
             "annotations": notes,
         }));
     }
-    let alerts: Vec<Value> = lock(&app.watch.alerts).incidents.iter().rev().take(50).cloned().collect();
+    incidents.sort_by_key(|i| std::cmp::Reverse(i.at_ms));
+    let alerts: Vec<Value> = incidents
+        .iter()
+        .take(LATEST_INCIDENTS as usize)
+        .filter_map(|i| serde_json::from_str(&i.notification).ok())
+        .collect();
     let body = json!({
         "now": weir_engine::time::format_rfc3339_ms(weir_log::now_ms()),
         "pipelines": pipelines,

@@ -1,7 +1,7 @@
 //! What the alert loop observes every second and the status, alerts and
-//! dashboard read back: 15 minutes of samples per pipeline for the charts,
-//! the firing alerts, and the newest notifications (a leaf: it uses no other
-//! module of the server).
+//! dashboard read back: 15 minutes of samples per pipeline for the charts
+//! and the firing alerts (a leaf: it uses no other module of the server).
+//! The notifications themselves are kept in each pipeline's store.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
@@ -36,8 +36,6 @@ pub struct AlertState {
     pub delivered: u64,
     pub undelivered: u64,
     pub(crate) history: BTreeMap<String, VecDeque<(Instant, u64, u64)>>,
-    /// The latest notifications, firing and resolved, newest last (for the dashboard).
-    pub incidents: VecDeque<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -57,6 +57,22 @@ impl Server {
     fn start_with(name: &str, contract: &str, config: &str) -> Server {
         let dir = std::env::temp_dir().join(format!("weir-server-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
+        Server::start_in(dir, contract, config)
+    }
+
+    /// Stops the server and starts another on the same data folder.
+    fn restart(mut self, contract: &str, config: &str) -> Server {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let dir = std::mem::take(&mut self.dir);
+        Server::start_in(dir, contract, config)
+    }
+
+    fn start_in(dir: PathBuf, contract: &str, config: &str) -> Server {
         let tokens = make_tokens(&dir);
         let contract = Contract::parse("paid.toml", contract).unwrap();
         let config = ServerConfig::parse("weir.toml", config).unwrap();
@@ -93,7 +109,9 @@ impl Drop for Server {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -492,6 +510,16 @@ fn an_alert_fires_with_its_fields_reaches_the_webhook_and_resolves() {
     let status: serde_json::Value =
         serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", s.url)).1).unwrap();
     assert_eq!(status["alerts"], serde_json::json!([]), "{status}");
+    // The incident is kept in the store: after a restart the dashboard still lists both notifications.
+    let s = s.restart(&contract, "");
+    let dashboard: serde_json::Value = serde_json::from_str(&get(&format!("{}/v1/dashboard", s.url)).1).unwrap();
+    let kept: Vec<(&str, &str)> = dashboard["incidents"]["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["status"].as_str().unwrap_or(""), n["alert"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(kept, vec![("resolved", "max_watermark_age"), ("firing", "max_watermark_age")], "{dashboard}");
 }
 
 fn post_json(url: &str, body: &str) -> (u16, String) {

@@ -30,7 +30,7 @@ pub mod tokens;
 use std::path::PathBuf;
 
 pub use checkpoint::{CheckpointError, Checkpoints, Claimed, PgCheckpoints, Scope, SqliteCheckpoints};
-pub use sqlite::{Annotation, ResultFilter, RowOrigin, Run};
+pub use sqlite::{Annotation, Incident, ResultFilter, RowOrigin, Run};
 
 /// Rebuild the state from the log, from this offset of every partition
 /// (its first kept record when `None` or older), and republish rows above
@@ -101,6 +101,10 @@ pub trait Store: Send + Sync {
     /// A note on an event-time range; its id.
     fn add_annotation(&self, pipeline: &str, range: (i64, i64), note: &str, who: &str) -> Result<i64>;
     fn annotations(&self, pipeline: &str) -> Result<Vec<Annotation>>;
+    /// Keeps an alert notification (firing or resolved), so incidents outlive a restart; its id.
+    fn record_incident(&self, pipeline: &str, at_ms: i64, notification: &str) -> Result<i64>;
+    /// The newest alert notifications, newest first.
+    fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<Incident>>;
 }
 
 /// The embedded topology's store: `weir.db`, through a pool.
@@ -159,6 +163,12 @@ impl Store for SqliteStore {
     }
     fn annotations(&self, pipeline: &str) -> Result<Vec<Annotation>> {
         self.with(|c| sqlite::annotations(c, pipeline))
+    }
+    fn record_incident(&self, pipeline: &str, at_ms: i64, notification: &str) -> Result<i64> {
+        self.with(|c| sqlite::record_incident(c, pipeline, at_ms, notification))
+    }
+    fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<Incident>> {
+        self.with(|c| sqlite::incidents(c, pipeline, limit))
     }
 }
 
@@ -228,5 +238,11 @@ impl Store for PostgresStore {
     }
     fn annotations(&self, pipeline: &str) -> Result<Vec<Annotation>> {
         self.with(|c, s| pg::annotations(c, s, pipeline))
+    }
+    fn record_incident(&self, pipeline: &str, at_ms: i64, notification: &str) -> Result<i64> {
+        self.with(|c, s| pg::record_incident(c, s, pipeline, at_ms, notification))
+    }
+    fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<Incident>> {
+        self.with(|c, s| pg::incidents(c, s, pipeline, limit))
     }
 }

@@ -22,6 +22,7 @@
 //! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
 //! | `replays` | replays an operator asked for; each partition's holder applies those above its `replayed` |
 //! | `annotations` | notes on a pipeline and an event-time range; rows whose window overlaps one carry its id |
+//! | `incidents` | every alert notification (firing, resolved) of a pipeline, with its time |
 //!
 //! Invariants:
 //!
@@ -106,6 +107,9 @@ CREATE TABLE IF NOT EXISTS {schema}.held_results (
     PRIMARY KEY (pipeline, key, window_start));
 CREATE TABLE IF NOT EXISTS {schema}.replays (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, from_offset BIGINT, from_time BIGINT, asked_ms BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS {schema}.incidents (
+    id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, at_ms BIGINT NOT NULL, notification TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS incidents_by_pipeline ON {schema}.incidents (pipeline, id);
 CREATE TABLE IF NOT EXISTS {schema}.annotations (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, from_ms BIGINT NOT NULL, to_ms BIGINT NOT NULL,
     note TEXT NOT NULL, who TEXT NOT NULL, at_ms BIGINT NOT NULL);
@@ -939,6 +943,35 @@ pub fn annotations(
             at_ms: r.get(5),
         })
         .collect())
+}
+
+/// Keeps an alert notification of `pipeline`, as [`crate::sqlite::record_incident`].
+pub fn record_incident(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    at_ms: i64,
+    notification: &str,
+) -> Result<i64, postgres::Error> {
+    let row = client.query_one(
+        &format!("INSERT INTO {schema}.incidents (pipeline, at_ms, notification) VALUES ($1, $2, $3) RETURNING id"),
+        &[&pipeline, &at_ms, &notification],
+    )?;
+    Ok(row.get(0))
+}
+
+/// The newest alert notifications of `pipeline`, newest first.
+pub fn incidents(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    limit: i64,
+) -> Result<Vec<crate::sqlite::Incident>, postgres::Error> {
+    let rows = client.query(
+        &format!("SELECT at_ms, notification FROM {schema}.incidents WHERE pipeline = $1 ORDER BY id DESC LIMIT $2"),
+        &[&pipeline, &limit],
+    )?;
+    Ok(rows.into_iter().map(|r| crate::sqlite::Incident { at_ms: r.get(0), notification: r.get(1) }).collect())
 }
 
 /// `rows` with the ids of the annotations their windows overlap.

@@ -85,6 +85,10 @@ CREATE TABLE IF NOT EXISTS replays (
     asked_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS sinks (pipeline TEXT NOT NULL, topic TEXT NOT NULL, next_seq INTEGER NOT NULL,
     PRIMARY KEY (pipeline, topic));
+CREATE TABLE IF NOT EXISTS incidents (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, at_ms INTEGER NOT NULL,
+    notification TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS incidents_by_pipeline ON incidents (pipeline, id);
 CREATE TRIGGER IF NOT EXISTS audit_append_only_update BEFORE UPDATE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS audit_append_only_delete BEFORE DELETE ON audit
@@ -786,6 +790,29 @@ pub fn latest_ledger(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite:
     let mut stmt = conn.prepare_cached("SELECT entry FROM ledger WHERE pipeline = ?1 ORDER BY seq DESC LIMIT ?2")?;
     let rows = stmt.query_map(params![pipeline, limit], |r| r.get::<_, String>(0))?;
     rows.collect()
+}
+
+/// Keeps an alert notification (firing or resolved) of `pipeline`.
+pub fn record_incident(conn: &Connection, pipeline: &str, at_ms: i64, notification: &str) -> rusqlite::Result<i64> {
+    conn.prepare_cached("INSERT INTO incidents (pipeline, at_ms, notification) VALUES (?1, ?2, ?3)")?
+        .execute(params![pipeline, at_ms, notification])?;
+    Ok(conn.last_insert_rowid())
+}
+
+/// The newest alert notifications of `pipeline`, newest first.
+pub fn incidents(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite::Result<Vec<Incident>> {
+    let mut stmt =
+        conn.prepare_cached("SELECT at_ms, notification FROM incidents WHERE pipeline = ?1 ORDER BY id DESC LIMIT ?2")?;
+    let rows =
+        stmt.query_map(params![pipeline, limit], |r| Ok(Incident { at_ms: r.get(0)?, notification: r.get(1)? }))?;
+    rows.collect()
+}
+
+/// An alert notification as kept: when, and its JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Incident {
+    pub at_ms: i64,
+    pub notification: String,
 }
 
 /// The next `seq` a `[sink]` publishes to `topic` (1 at first).
