@@ -18,6 +18,7 @@
 //! alert_webhook = "http://..."  # where alerts go when a contract names no webhook
 //! ledger_payload_retention = "30d" # ledger payloads (and details) are erased after this, or after
 //!                               # the topic's retention when that is shorter
+//! superseded_retention = "30d"  # a superseded contract version stays readable this long, then is removed
 //!
 //! [topics.payments]
 //! partitions = 4
@@ -71,6 +72,9 @@ pub struct ServerConfig {
     /// Ledger payloads and details older than this are erased (the
     /// entries stay); a topic's shorter `retention` applies too.
     pub ledger_payload_retention_ms: Option<i64>,
+    /// How long a superseded contract version (SPEC.md 8) stays readable
+    /// after it was superseded; then its rows, changes and ledger are removed.
+    pub superseded_retention_ms: i64,
     /// Where alerts go when a contract's `[alerts]` names no webhook.
     pub alert_webhook: Option<String>,
     pub topics: BTreeMap<String, TopicConfig>,
@@ -135,6 +139,7 @@ impl Default for ServerConfig {
             alert_queue: 1000,
             pool_connections: 16,
             ledger_payload_retention_ms: None,
+            superseded_retention_ms: 30 * 24 * 3_600_000,
             header_timeout_ms: 10_000,
             body_timeout_ms: 60_000,
             alert_webhook: None,
@@ -161,6 +166,7 @@ const TOP_KEYS: &[&str] = &[
     "body_timeout",
     "alert_webhook",
     "ledger_payload_retention",
+    "superseded_retention",
     "topics",
     "kafka",
     "postgres",
@@ -216,6 +222,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
     let pool = r.whole(root, "weir.toml", "pool_connections", 1, 1024);
     let alert_webhook = r.string(root, "weir.toml", "alert_webhook", false);
     let ledger_retention = r.duration(root, "weir.toml", "ledger_payload_retention");
+    let superseded_retention = r.duration(root, "weir.toml", "superseded_retention");
     let header_timeout = r.duration(root, "weir.toml", "header_timeout");
     let body_timeout = r.duration(root, "weir.toml", "body_timeout");
     for (key, value) in [("header_timeout", &header_timeout), ("body_timeout", &body_timeout)] {
@@ -289,6 +296,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         alert_queue: alert_queue?.map_or(defaults.alert_queue, |v| v as usize),
         pool_connections: pool?.map_or(defaults.pool_connections, |v| v as u32),
         ledger_payload_retention_ms: ledger_retention?,
+        superseded_retention_ms: superseded_retention?.unwrap_or(defaults.superseded_retention_ms),
         header_timeout_ms: header_timeout?.unwrap_or(defaults.header_timeout_ms),
         body_timeout_ms: body_timeout?.unwrap_or(defaults.body_timeout_ms),
         alert_webhook,

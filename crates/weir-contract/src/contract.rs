@@ -27,9 +27,24 @@ pub struct Contract {
     pub personal: Vec<FieldPath>,
     /// `[limits]`: what one event and one pipeline may hold.
     pub limits: Limits,
-    /// FNV-1a hash of the contract's text: names this exact contract in
-    /// snapshots and provenance.
+    /// FNV-1a hash of the parsed contract (its canonical form: tables and
+    /// keys in order, values as parsed, without comments or layout): names
+    /// this exact contract in snapshots, checkpoints and provenance, so a
+    /// fixed typo in a comment is not a change.
     pub text_hash: u64,
+    /// The contract as written, kept with its version so that a server can
+    /// run this version again from its store.
+    pub text: String,
+}
+
+/// `[pipeline] promote`: how a candidate version becomes live (SPEC.md 8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Promote {
+    /// By an operator (`weir promote`).
+    #[default]
+    Manual,
+    /// As soon as the candidate's watermark reaches the live version's.
+    Auto,
 }
 
 /// `[sink]`: every published row also goes to a Kafka topic, at least
@@ -104,6 +119,10 @@ pub struct Pipeline {
     pub owner: String,
     pub steward: String,
     pub decision: String,
+    /// `[pipeline] start`: where a new version's build starts reading, in
+    /// epoch milliseconds; `None` for `"earliest"` (the default).
+    pub start_ms: Option<i64>,
+    pub promote: Promote,
 }
 
 #[derive(Debug, Clone)]
@@ -284,7 +303,7 @@ impl fmt::Display for ContractErrors {
     }
 }
 
-const PIPELINE_KEYS: &[&str] = &["name", "version", "owner", "steward", "decision"];
+const PIPELINE_KEYS: &[&str] = &["name", "version", "owner", "steward", "decision", "start", "promote"];
 const SOURCE_KEYS: &[&str] = &[
     "topic",
     "event_time",
@@ -329,7 +348,11 @@ impl Contract {
             }
         };
         let mut reader = Reader { file, text, errors: Vec::new() };
-        let contract = reader.contract(doc.as_table());
+        let mut contract = reader.contract(doc.as_table());
+        if let Some(c) = &mut contract {
+            c.text_hash = canonical_hash(doc.as_table());
+            c.text = text.to_owned();
+        }
         match contract {
             Some(contract) if reader.errors.is_empty() => Ok(contract),
             _ => {
@@ -338,6 +361,12 @@ impl Contract {
                 Err(ContractErrors(errors))
             }
         }
+    }
+
+    /// The FNV-1a hash of the contract's bytes: how stores and snapshots
+    /// written before contracts were hashed as parsed name a contract.
+    pub fn bytes_hash(&self) -> u64 {
+        fnv1a(&self.text)
     }
 
     /// A short human summary: key, windows, lateness policy, duplicates, owner, decision.
@@ -439,6 +468,69 @@ fn fnv1a(text: &str) -> u64 {
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     hash
+}
+
+/// The hash of a parsed TOML document in a canonical form: every table's
+/// keys in order, every value as parsed (so `'a'` and `"a"`, `1_000` and
+/// `1000` are the same), comments, whitespace and layout left out.
+fn canonical_hash(table: &Table) -> u64 {
+    let mut out = String::new();
+    canonical_table(table.iter().map(|(k, v)| (k, Some(v), None)), &mut out);
+    fnv1a(&out)
+}
+
+fn canonical_table<'a>(
+    entries: impl Iterator<Item = (&'a str, Option<&'a Item>, Option<&'a Value>)>,
+    out: &mut String,
+) {
+    let mut entries: Vec<_> = entries.collect();
+    entries.sort_by_key(|e| e.0);
+    out.push('{');
+    for (key, item, value) in entries {
+        out.push_str(&format!("{key:?}="));
+        match (item, value) {
+            (Some(item), _) => canonical_item(item, out),
+            (None, Some(value)) => canonical_value(value, out),
+            (None, None) => {}
+        }
+        out.push(';');
+    }
+    out.push('}');
+}
+
+fn canonical_item(item: &Item, out: &mut String) {
+    match item {
+        Item::None => out.push_str("none"),
+        Item::Value(v) => canonical_value(v, out),
+        Item::Table(t) => canonical_table(t.iter().map(|(k, v)| (k, Some(v), None)), out),
+        Item::ArrayOfTables(a) => {
+            out.push('[');
+            for t in a.iter() {
+                canonical_table(t.iter().map(|(k, v)| (k, Some(v), None)), out);
+                out.push(',');
+            }
+            out.push(']');
+        }
+    }
+}
+
+fn canonical_value(value: &Value, out: &mut String) {
+    match value {
+        Value::String(s) => out.push_str(&format!("{:?}", s.value())),
+        Value::Integer(i) => out.push_str(&i.value().to_string()),
+        Value::Float(f) => out.push_str(&format!("{:?}", f.value())),
+        Value::Boolean(b) => out.push_str(&b.value().to_string()),
+        Value::Datetime(d) => out.push_str(&d.value().to_string()),
+        Value::Array(a) => {
+            out.push('[');
+            for v in a.iter() {
+                canonical_value(v, out);
+                out.push(',');
+            }
+            out.push(']');
+        }
+        Value::InlineTable(t) => canonical_table(t.iter().map(|(k, v)| (k, None, Some(v))), out),
+    }
 }
 
 pub(crate) struct Reader<'a> {
@@ -559,7 +651,8 @@ impl Reader<'_> {
             sink,
             personal,
             limits,
-            text_hash: fnv1a(self.text),
+            text_hash: 0, // set by `Contract::parse` from the whole document
+            text: String::new(),
         })
     }
 
@@ -825,7 +918,42 @@ impl Reader<'_> {
         let owner = self.nonempty(t, "pipeline", "owner");
         let steward = self.nonempty(t, "pipeline", "steward");
         let decision = self.nonempty(t, "pipeline", "decision");
-        Some(Pipeline { name: name?, version: version?, owner: owner?, steward: steward?, decision: decision? })
+        let start_ms = match self.string(t, "pipeline", "start", false) {
+            None => None,
+            Some(s) if s == "earliest" => None,
+            Some(s) => {
+                match chrono::DateTime::parse_from_rfc3339(&s) {
+                    Ok(at) => Some(at.timestamp_millis()),
+                    Err(e) => {
+                        let span = t.get("start").and_then(Item::span);
+                        self.error(
+                        span,
+                        "pipeline.start",
+                        format!("`{s}` is not \"earliest\" or an RFC 3339 time ({e}); write e.g. \"2026-11-01T00:00:00Z\""),
+                    );
+                        None
+                    }
+                }
+            }
+        };
+        let promote = match self.string(t, "pipeline", "promote", false).as_deref() {
+            None | Some("manual") => Promote::Manual,
+            Some("auto") => Promote::Auto,
+            Some(other) => {
+                let span = t.get("promote").and_then(Item::span);
+                self.error(span, "pipeline.promote", format!("`{other}` is not \"manual\" or \"auto\""));
+                Promote::Manual
+            }
+        };
+        Some(Pipeline {
+            name: name?,
+            version: version?,
+            owner: owner?,
+            steward: steward?,
+            decision: decision?,
+            start_ms,
+            promote,
+        })
     }
 
     fn source(&mut self, t: &Table) -> Option<Source> {

@@ -20,6 +20,9 @@ pub(crate) struct Plan {
     pub name: String,
     pub version: u32,
     pub text_hash: u64,
+    /// The hash of the contract's bytes, by which snapshots written before
+    /// contracts were hashed as parsed name it.
+    pub bytes_hash: u64,
     /// Top-level names every path below starts from.
     pub names: Names,
     pub time_path: FieldRef,
@@ -86,6 +89,7 @@ impl Plan {
             name: contract.pipeline.name.clone(),
             version: contract.pipeline.version,
             text_hash: contract.text_hash,
+            bytes_hash: contract.bytes_hash(),
             time_path,
             time_name: source.event_time.to_string(),
             time_format: source.event_time_format.clone(),

@@ -338,7 +338,8 @@ fn decode(contract: &Contract, bytes: &[u8]) -> Result<Decoded, SnapshotError> {
         _ => return Err(SnapshotError::Format { found }),
     };
     let plan = Plan::compile(contract).map_err(PlanError)?;
-    if image.pipeline != plan.name || image.version != plan.version || image.text_hash != plan.text_hash {
+    let same_text = image.text_hash == plan.text_hash || image.text_hash == plan.bytes_hash;
+    if image.pipeline != plan.name || image.version != plan.version || !same_text {
         return Err(SnapshotError::Contract {
             found: identity(&image.pipeline, image.version, image.text_hash),
             expected: identity(&plan.name, plan.version, plan.text_hash),

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-pub use status::{KafkaPartition, Pipeline, Status};
+pub use status::{KafkaPartition, Pipeline, PipelineVersion, Status};
 pub use weir_store::Replay;
 
 /// During a replay from an event time, which rebuilt rows are left out: a

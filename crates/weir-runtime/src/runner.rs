@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 use weir_contract::{Contract, ServerConfig};
 use weir_engine::{Engine, EventIn, Mode, Output};
 use weir_store::checkpoint::{CheckpointError, Checkpoints, Scope, Write};
-use weir_store::Replay;
+use weir_store::{Replay, VersionState};
 
 use crate::status::{KafkaPartition, Status};
 use crate::{lock, supervise, Clock, KeepPublished, SystemClock};
@@ -162,8 +162,12 @@ impl Runner {
         let name = self.contract.pipeline.name.clone();
         let (status, stop) = (Arc::clone(&self.status), Arc::clone(&self.stop));
         let clock = SystemClock::new();
-        supervise(&name, &status, &stop, |why| {
-            let (source, checkpoints) = connect()?;
+        supervise(&name, &status, &stop, |why| loop {
+            let (source, mut checkpoints) = connect()?;
+            // A superseded version holds nothing (no state, no partitions) until it runs again.
+            if !self.wait_until_it_runs(checkpoints.as_mut())? {
+                return Ok(());
+            }
             let mut run = Run::start(&self, source, checkpoints, &clock, why)?;
             let mut wait = Duration::ZERO;
             loop {
@@ -175,10 +179,31 @@ impl Runner {
                     run.close();
                     return Ok(());
                 }
+                if !step.runs {
+                    run.close();
+                    break;
+                }
                 // Caught up: the next read waits for records, a checkpoint to be due, or a stop.
                 wait = if step.read_any { Duration::ZERO } else { step.next_due.min(Duration::from_millis(100)) };
             }
         });
+    }
+
+    /// Waits while the contract's version is superseded (or no longer
+    /// stored), reading its state every checkpoint interval; `false` on a stop.
+    fn wait_until_it_runs(&self, checkpoints: &mut dyn Checkpoints) -> anyhow::Result<bool> {
+        let every = Duration::from_millis(self.config.checkpoint_interval_ms.max(1) as u64);
+        loop {
+            let state = checkpoints.version_state()?;
+            lock(&self.status).version_state = state;
+            if state.is_some_and(VersionState::runs) {
+                return Ok(true);
+            }
+            if self.stop.load(Ordering::SeqCst) {
+                return Ok(false);
+            }
+            std::thread::sleep(every);
+        }
     }
 }
 
@@ -193,6 +218,9 @@ pub struct Step {
     pub replayed: bool,
     /// How long until a checkpoint or a read of the commands is due.
     pub next_due: Duration,
+    /// The version still runs (it is live or a candidate); when not, the
+    /// step checkpointed everything, as at a stop, and the run should close.
+    pub runs: bool,
 }
 
 /// One partition of a scope, as the runner sees it.
@@ -207,6 +235,10 @@ struct Part {
     heard: u64,
     /// The time of the last record read (Kafka's timestamp).
     last_time_ms: Option<i64>,
+    /// A new version's `[pipeline] start`: records appended before it are
+    /// not its input, until the first one at or after it (as Kafka's
+    /// offsets for a time: the earliest offset whose time is at or after it).
+    from_time: Option<i64>,
 }
 
 /// A claimed scope: its engine and where it stands.
@@ -273,6 +305,7 @@ impl Held {
     fn claim(&mut self, scope: Scope, partitions: &[u32]) -> anyhow::Result<()> {
         let claimed = self.checkpoints.claim(scope, &self.why)?;
         let c = &self.contract;
+        let from_time = if claimed.state.is_none() { c.pipeline.start_ms } else { None };
         let mut engine = match claimed.state {
             Some(s) => Engine::restore_parts(c, &s.header, s.windows, s.id_batches)?,
             None => self.new_engine(partitions.len() as u32)?,
@@ -285,7 +318,7 @@ impl Held {
         let mut parts = BTreeMap::new();
         for &p in partitions {
             let next = claimed.offsets.iter().find(|(q, _)| *q == p).map_or(0, |(_, o)| *o);
-            parts.insert(p, Part { next, end: next, idle: false, heard: self.now, last_time_ms: None });
+            parts.insert(p, Part { next, end: next, idle: false, heard: self.now, last_time_ms: None, from_time });
             if !self.per_partition {
                 // Every partition starts active, as the runner sees it, whatever the checkpoint held.
                 engine.set_partition_idle(p, false, &mut out);
@@ -381,7 +414,9 @@ impl Held {
             let (low, high) = source.bounds(*p)?;
             let from = replay.from_offset.unwrap_or(0).max(low);
             source.seek(*p, from)?;
-            *part = Part { next: from, end: high.max(from), idle: false, heard: now, last_time_ms: None };
+            // Records before the version's start are not its input in a replay either.
+            let from_time = c.pipeline.start_ms;
+            *part = Part { next: from, end: high.max(from), idle: false, heard: now, last_time_ms: None, from_time };
             until.push((*p, high));
         }
         unit.republish_after = replay.from_time.map(|t| (KeepPublished::new(&c, t, replaced.watermark()), until));
@@ -450,6 +485,8 @@ pub struct Run {
     /// Operator actions are read from the store (where the HTTP side wrote them) every interval.
     commands_read: Option<u64>,
     replay: Option<(i64, Replay)>,
+    /// Whether this version runs (live or candidate), as the store last said.
+    reading: bool,
     status_published: u64,
     idle_after: u64,
     interval: u64,
@@ -495,6 +532,7 @@ impl Run {
             last_checkpoint: now,
             commands_read: None,
             replay: None,
+            reading: true,
             status_published: now,
             idle_after: r.config.idle_timeout_ms.max(0) as u64,
             interval: r.config.checkpoint_interval_ms.max(1) as u64,
@@ -512,6 +550,9 @@ impl Run {
         if self.commands_read.is_none_or(|at| now.saturating_sub(at) >= self.interval) {
             let mut held = lock(&self.held);
             r.paused.store(held.checkpoints.is_paused()?, Ordering::SeqCst);
+            let state = held.checkpoints.version_state()?;
+            lock(&r.status).version_state = state;
+            self.reading = state.is_some_and(VersionState::runs);
             let oldest = held.units.values().map(|u| u.replayed).min();
             self.replay = match oldest {
                 Some(oldest) => held.checkpoints.last_replay()?.filter(|(id, _)| *id > oldest),
@@ -519,6 +560,8 @@ impl Run {
             };
             self.commands_read = Some(now);
         }
+        // A version superseded since the last read checkpoints what it has, as at a stop.
+        let stopping = stopping || !self.reading;
         // A partition with unread records is active before any record of this step is processed,
         // so a burst after a silence holds the watermark back from the first record on.
         let (held_partitions, next) = {
@@ -576,6 +619,10 @@ impl Run {
                 part.end = part.end.max(part.next);
                 part.heard = now;
                 part.last_time_ms = rec.time_ms.or(part.last_time_ms);
+                if part.from_time.is_some_and(|from| rec.time_ms.is_some_and(|t| t < from)) {
+                    continue; // before this version's start
+                }
+                part.from_time = None;
                 if part.idle {
                     part.idle = false;
                     unit.engine.set_partition_idle(rec.partition, false, &mut unit.out);
@@ -657,7 +704,13 @@ impl Run {
         let dirty = lock(&self.held).units.values().any(|u| u.dirty);
         let next_due =
             if dirty { self.interval.saturating_sub(now.saturating_sub(self.last_checkpoint)) } else { self.interval };
-        Ok(Step { read_any, checkpointed: any_checkpoint, replayed, next_due: Duration::from_millis(next_due) })
+        Ok(Step {
+            read_any,
+            checkpointed: any_checkpoint,
+            replayed,
+            next_due: Duration::from_millis(next_due),
+            runs: self.reading,
+        })
     }
 
     /// A failure in a [`Holder`] call, and the checkpoints fenced there.

@@ -2,9 +2,13 @@
 //! ledger entries) also go to Kafka topics, for consumers that subscribe
 //! instead of polling `/changes`.
 //!
-//! The publisher reads the change stream from the store, in `seq` order,
-//! produces each row (record key: `{"key":...,"window_start":...}`, value:
-//! the row with its `seq` and `revision`), waits until Kafka acknowledges
+//! The publisher reads the pipeline's change stream from the store, in
+//! `seq` order: every version's rows and the `version` entries of promotes
+//! and rollbacks (SPEC.md 8). `seq` is shared by the versions and never
+//! goes back, so one position per sink topic covers every version and no
+//! row of any version is skipped. It produces each row (record key:
+//! `{"version":...,"key":...,"window_start":...}`, value: the row with its
+//! `seq`, `version` and `revision`), waits until Kafka acknowledges
 //! all of them, then records the next `seq` in the store (`sinks` table).
 //! Delivery is **at least once**: a publisher that stops between Kafka's
 //! acknowledgement and that record produces those rows again when it
@@ -65,10 +69,10 @@ impl Conn {
     fn read(&mut self, contract: &weir_contract::Contract, ledger: bool, since: i64) -> anyhow::Result<Lines> {
         let pipeline = &contract.pipeline.name;
         let lines = match (self, ledger) {
-            (Conn::Sqlite(c), false) => store::changes(c, pipeline, since, BATCH)?,
-            (Conn::Sqlite(c), true) => store::ledger(c, pipeline, None, since, BATCH)?,
-            (Conn::Postgres(c, schema), false) => weir_store::pg::changes(c, schema, pipeline, since, BATCH)?,
-            (Conn::Postgres(c, schema), true) => weir_store::pg::ledger(c, schema, pipeline, None, since, BATCH)?,
+            (Conn::Sqlite(c), false) => store::changes(c, pipeline, None, since, BATCH)?,
+            (Conn::Sqlite(c), true) => store::ledger(c, pipeline, None, None, since, BATCH)?,
+            (Conn::Postgres(c, schema), false) => weir_store::pg::changes(c, schema, pipeline, None, since, BATCH)?,
+            (Conn::Postgres(c, schema), true) => weir_store::pg::ledger(c, schema, pipeline, None, None, since, BATCH)?,
         };
         Ok(lines
             .into_iter()
@@ -144,12 +148,16 @@ impl SinkRunner {
     }
 }
 
-/// `{"key":...,"window_start":...}` of a row, or the ledger entry's
-/// partition and offset, as the record key's JSON text.
+/// `{"version":...,"key":...,"window_start":...}` of a row (versions of
+/// one window are different records), `{"type":"version","to":...}` of a
+/// promote or rollback, or the ledger entry's version, partition and
+/// offset, as the record key's JSON text.
 fn record_key(v: &serde_json::Value, ledger: bool) -> String {
     if ledger {
-        serde_json::json!({ "partition": v["partition"], "offset": v["offset"] }).to_string()
+        serde_json::json!({ "version": v["version"], "partition": v["partition"], "offset": v["offset"] }).to_string()
+    } else if v["type"] == "version" {
+        serde_json::json!({ "type": "version", "to": v["to"] }).to_string()
     } else {
-        serde_json::json!({ "key": v["key"], "window_start": v["window_start"] }).to_string()
+        serde_json::json!({ "version": v["version"], "key": v["key"], "window_start": v["window_start"] }).to_string()
     }
 }

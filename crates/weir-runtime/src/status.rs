@@ -2,6 +2,7 @@
 //! for `/status`, `/metrics`, the dashboard and alerts) and the handle the
 //! HTTP side keeps of it ([`Pipeline`]).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
@@ -40,6 +41,9 @@ pub struct Status {
     /// Over Kafka: checkpoints the Postgres fence refused, because another
     /// worker had taken the partition over (this worker was a zombie).
     pub checkpoints_fenced: u64,
+    /// Where this contract's version stands, as the store last said
+    /// (`None` before the first read, or once the version was removed).
+    pub version_state: Option<weir_store::VersionState>,
 }
 
 /// One Kafka partition a worker holds.
@@ -56,15 +60,57 @@ pub struct KafkaPartition {
     pub last_timestamp_ms: Option<i64>,
 }
 
-pub struct Pipeline {
+/// One version of a pipeline as this server runs it: its contract and what its runner shows.
+pub struct PipelineVersion {
     pub contract: Contract,
+    pub status: Arc<Mutex<Status>>,
+}
+
+/// The handle the HTTP side keeps of a pipeline: every version this server
+/// runs (the live one, a candidate, superseded ones a rollback may bring
+/// back), by number.
+pub struct Pipeline {
+    /// Never empty.
+    pub versions: BTreeMap<u32, PipelineVersion>,
     /// Reads Kafka, publishes to Postgres (else the embedded log and SQLite).
     pub on_kafka: bool,
-    pub status: Arc<Mutex<Status>>,
     /// Publishing paused by an operator (processing goes on), as the store
     /// last said: the pause itself is a row in the store, which every
     /// checkpoint reads.
     pub paused: Arc<AtomicBool>,
     /// Where its rows are read and operator actions written (SQLite or Postgres).
     pub store: Arc<dyn weir_store::Store>,
+    /// Why this pipeline does not run: its contract file was refused (a
+    /// change without a version bump, a start older than the retained input).
+    pub refused: Option<String>,
+}
+
+impl Pipeline {
+    /// The live version, as its runner last read it from the store (a
+    /// promote or rollback here sets it at once; one on another worker is
+    /// seen within a checkpoint interval), else the newest.
+    pub fn live(&self) -> (u32, &PipelineVersion) {
+        let live = self
+            .versions
+            .iter()
+            .rev()
+            .find(|(_, v)| crate::lock(&v.status).version_state == Some(weir_store::VersionState::Live));
+        match live.or_else(|| self.versions.iter().next_back()) {
+            Some((n, v)) => (*n, v),
+            None => unreachable!("a pipeline has at least one version"),
+        }
+    }
+
+    /// The live version's contract.
+    pub fn contract(&self) -> &Contract {
+        &self.live().1.contract
+    }
+
+    /// `version`, or the live one.
+    pub fn version(&self, version: Option<u32>) -> Option<(u32, &PipelineVersion)> {
+        match version {
+            None => Some(self.live()),
+            Some(n) => self.versions.get(&n).map(|v| (n, v)),
+        }
+    }
 }

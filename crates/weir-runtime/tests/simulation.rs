@@ -51,7 +51,10 @@ use weir_runtime::runner::{Run, Runner};
 use weir_runtime::{Clock, Status};
 use weir_store::checkpoint::{self, Checkpoints, Claimed, Scope, Write};
 use weir_store::sqlite as store;
-use weir_store::{pg, PgCheckpoints, PostgresStore, Replay, SqliteCheckpoints, SqliteStore, Store, StoreError};
+use weir_store::{
+    pg, FileContract, PgCheckpoints, PostgresStore, Replay, SqliteCheckpoints, SqliteStore, Store, StoreError,
+    VersionState,
+};
 
 const CONTRACT: &str = r#"
 [pipeline]
@@ -341,6 +344,9 @@ impl Checkpoints for Refusing {
     fn max_revision(&mut self) -> checkpoint::Result<u32> {
         self.inner.max_revision()
     }
+    fn version_state(&mut self) -> checkpoint::Result<Option<VersionState>> {
+        self.inner.version_state()
+    }
 }
 
 fn log_options() -> LogOptions {
@@ -358,6 +364,14 @@ impl World {
         log.ensure_topic("events", PARTITIONS, None).unwrap();
         let backend = Backend::open(kind, &dir, seed);
         let store = backend.store();
+        // The contract's version is stored (live), as a server does at its start.
+        let file = FileContract {
+            version: contract.pipeline.version,
+            hash: contract.text_hash,
+            bytes_hash: contract.bytes_hash(),
+            text: &contract.text,
+        };
+        store.register_version("sim", file, "simulation").unwrap();
         let mut rng = Rng(seed);
         let read_records = 1 + rng.below(40) as usize;
         World {
@@ -557,7 +571,7 @@ impl World {
         else {
             return;
         };
-        for row in self.store.changes("sim", 1, 1_000_000).unwrap() {
+        for row in self.store.changes("sim", None, 1, 1_000_000).unwrap() {
             let v: serde_json::Value = serde_json::from_str(&row).unwrap();
             let seq = v["seq"].as_i64().unwrap();
             assert!(seq < from, "seed {seed}: row {seq} served while paused from {from}");
@@ -611,7 +625,7 @@ impl World {
                 } else {
                     None
                 };
-                self.store.ask_replay("sim", Replay { from_offset: None, from_time }).unwrap();
+                self.store.ask_replay("sim", 1, Replay { from_offset: None, from_time }).unwrap();
                 self.tally.replays += 1;
             }
             985..=989 if self.backend.per_partition() => self.zombie(),
@@ -708,7 +722,7 @@ fn check(world: &World, seed: u64) {
     let fail = |what: String| panic!("seed {seed}: {what}\n{:?}\nreplay with WEIR_SIM_SEED={seed}", world.tally);
     let filter = store::ResultFilter { limit: i64::MAX, ..Default::default() };
     let results: Vec<serde_json::Value> =
-        world.store.results("sim", &filter).unwrap().iter().map(|r| serde_json::from_str(r).unwrap()).collect();
+        world.store.results("sim", 1, &filter).unwrap().iter().map(|r| serde_json::from_str(r).unwrap()).collect();
     let changes = world.backend.changes();
     let ledger = world.backend.numbers("SELECT seq FROM {s}ledger WHERE pipeline = 'sim' ORDER BY seq");
     // The published rows equal the batch over the log.

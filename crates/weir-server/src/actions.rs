@@ -2,6 +2,7 @@
 //! to the pipeline's store (read by every runner of the pipeline) before it
 //! is answered, and appended to the audit log with who, why and from where.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -162,6 +163,7 @@ pub(crate) async fn replay(
 ) -> Result<Response, ApiError> {
     let p = may_operate(&app, &caller, &name, "replay")?;
     let (why, for_whom) = why_and_for_whom(&body)?;
+    let version = read_version(p, &name, &BTreeMap::new()).await?;
     let r: ReplayBody = serde_json::from_slice(&body)
         .map_err(|e| bad(format!("from_offset must be a whole number, from_time an RFC 3339 time: {e}")))?;
     let from_time = match &r.from_time {
@@ -174,11 +176,74 @@ pub(crate) async fn replay(
     // A request in the pipeline's store: every worker applies it to the partitions it holds.
     let asked = weir_store::Replay { from_offset: r.from_offset, from_time };
     let pn = name.clone();
-    let id = stored(p, move |s| s.ask_replay(&pn, asked)).await?;
+    let id = stored(p, move |s| s.ask_replay(&pn, version, asked)).await?;
     let detail = serde_json::json!({
-        "replay": id, "from_offset": r.from_offset.unwrap_or(0), "from_time": r.from_time, "for": for_whom
+        "replay": id, "version": version, "from_offset": r.from_offset.unwrap_or(0), "from_time": r.from_time, "for": for_whom
     });
     let seq = audited(&app, &caller, "replay", Some(name.clone()), detail, why).await?;
     let body = serde_json::json!({ "pipeline": name, "replay": "started", "id": id, "audit": seq }).to_string() + "\n";
     Ok((StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+#[derive(serde::Deserialize)]
+struct PromoteBody {
+    version: Option<u32>,
+}
+
+/// Makes a version live (a candidate, or a superseded one): readers'
+/// default switches to it, and the change stream gets a `version` entry.
+pub(crate) async fn promote(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    may_operate(&app, &caller, &name, "promote")?;
+    let (why, for_whom) = why_and_for_whom(&body)?;
+    let asked: PromoteBody = serde_json::from_slice(&body)
+        .map_err(|e| bad(format!("the body must be JSON like {{\"version\":2,\"why\":\"...\"}}: {e}")))?;
+    let Some(version) = asked.version else {
+        return Err(bad("say which version: {\"version\":2,\"why\":\"...\"}"));
+    };
+    switch(app, caller, name, Some(version), (why, for_whom)).await
+}
+
+/// Makes the version the live one replaced live again.
+pub(crate) async fn rollback(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    may_operate(&app, &caller, &name, "rollback")?;
+    let why = why_and_for_whom(&body)?;
+    switch(app, caller, name, None, why).await
+}
+
+async fn switch(
+    app: Arc<App>,
+    caller: Caller,
+    name: String,
+    promote: Option<u32>,
+    (why, for_whom): (String, Option<String>),
+) -> Result<Response, ApiError> {
+    let p = pipeline(&app, &name)?;
+    let action = if promote.is_some() { "promote" } else { "rollback" };
+    let (pn, who, w) = (name.clone(), caller.grant.who(), why.clone());
+    let switched = stored(p, move |s| s.switch_version(&pn, promote, &who, &w)).await?;
+    let (switch, seq) = switched.map_err(|e| {
+        let code = match e {
+            weir_store::SwitchError::Unknown { .. } => StatusCode::NOT_FOUND,
+            _ => StatusCode::CONFLICT,
+        };
+        ApiError(code, e.to_string())
+    })?;
+    // This server's readers and reports follow at once; other workers within a checkpoint interval.
+    crate::versions::switched(p, switch);
+    let detail = serde_json::json!({ "from": switch.from, "to": switch.to, "seq": seq, "for": for_whom });
+    let audit = audited(&app, &caller, action, Some(name.clone()), detail, why).await?;
+    crate::versions::notify(&app, &name, action, switch).await;
+    Ok(json(serde_json::json!({
+        "pipeline": name, "from": switch.from, "to": switch.to, "seq": seq, "audit": audit
+    })))
 }

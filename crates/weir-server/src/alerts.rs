@@ -103,10 +103,24 @@ pub async fn run(app: Arc<App>) {
 
 fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Value)>) {
     let now = weir_log::now_ms();
+    // Versions: candidates that caught up, automatic promotes, and the notifications of both.
+    for (name, note) in crate::versions::check(app) {
+        let Some(p) = app.pipelines.get(&name) else { continue };
+        if let Err(e) = p.store.record_incident(&name, now, &note.to_string()) {
+            eprintln!("weir: version notification not kept in the store ({e}): {note}");
+        }
+        let webhook = p.contract().alerts.as_ref().and_then(|a| a.webhook.clone());
+        if let Some(url) = webhook.or_else(|| app.config.alert_webhook.clone()) {
+            if let Some(note) = enqueue(tx, &url, note) {
+                app.alerts_dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                eprintln!("weir: version notification dropped: the webhook queue is full: {note}");
+            }
+        }
+    }
     for (name, p) in &app.pipelines {
         let status = report(&app.log, &app.watch, name, p);
         crate::watch::record(&app.watch, name, status.events.read, status.lag_records, status.watermark_age_ms);
-        let Some(alerts) = &p.contract.alerts else { continue };
+        let Some(alerts) = &p.contract().alerts else { continue };
         let (read, ledger) = (status.events.read, status.ledgered());
         let rate = {
             let mut state = lock(&app.watch.alerts);
@@ -150,7 +164,7 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Val
             if what == "resolved" {
                 firing.remove(i);
             }
-            let c2 = &p.contract.pipeline;
+            let c2 = &p.contract().pipeline;
             let note = serde_json::json!({
                 "status": what,
                 "alert": c.alert,

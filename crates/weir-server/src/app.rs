@@ -33,6 +33,8 @@ pub struct App {
     pub denied: Mutex<BTreeMap<String, u64>>,
     /// Alert notifications dropped because `alert_queue` were waiting.
     pub alerts_dropped: AtomicU64,
+    /// Candidates announced, and version notifications waiting to be sent.
+    pub versions: Mutex<crate::versions::VersionWatch>,
 }
 
 impl App {
@@ -53,6 +55,7 @@ impl App {
             producers: BTreeMap::new(),
             denied: Mutex::default(),
             alerts_dropped: AtomicU64::new(0),
+            versions: Mutex::new(crate::versions::VersionWatch::default()),
         }
     }
 
@@ -176,6 +179,28 @@ pub(crate) fn param<T: std::str::FromStr>(q: &BTreeMap<String, String>, name: &s
     match q.get(name) {
         None => Ok(default),
         Some(v) => v.parse().map_err(|_| bad(format!("query parameter {name}={v:?} is not a valid value"))),
+    }
+}
+
+/// The version a read names with `?version=N` (a stored one), or the
+/// live one (as the store says now, so a promote on any worker counts at once).
+pub(crate) async fn read_version(p: &Pipeline, name: &str, q: &BTreeMap<String, String>) -> Result<u32, ApiError> {
+    let listed = || format!("GET /v1/pipelines/{name}/versions lists them");
+    let asked = match q.get("version") {
+        None => None,
+        Some(v) => {
+            Some(v.parse::<u32>().map_err(|_| bad(format!("version={v:?} is not a version number; {}", listed())))?)
+        }
+    };
+    let n = name.to_owned();
+    let versions = stored(p, move |s| s.versions(&n)).await?;
+    match asked {
+        Some(v) if versions.iter().any(|x| x.version == v) || p.versions.contains_key(&v) => Ok(v),
+        Some(v) => Err(ApiError(StatusCode::NOT_FOUND, format!("pipeline {name:?} has no version {v}; {}", listed()))),
+        None => Ok(versions
+            .iter()
+            .find(|x| x.state == weir_store::VersionState::Live)
+            .map_or_else(|| p.live().0, |x| x.version)),
     }
 }
 

@@ -60,12 +60,29 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
     for name in &names {
         let Some(p) = app.pipelines.get(name) else { continue };
         let n = name.clone();
-        let (rows, ledger, notes, kept) = stored(p, move |s| {
-            let rows = parsed(s.latest_changes(&n, LATEST_ROWS)?);
-            let ledger = parsed(s.latest_ledger(&n, LATEST_LEDGER)?);
-            Ok((rows, ledger, s.annotations(&n)?, s.incidents(&n, LATEST_INCIDENTS)?))
+        let (live, _) = p.live();
+        let (rows, ledger, notes, kept, versions) = stored(p, move |s| {
+            let rows = parsed(s.latest_changes(&n, live, LATEST_ROWS)?);
+            let ledger = parsed(s.latest_ledger(&n, live, LATEST_LEDGER)?);
+            Ok((rows, ledger, s.annotations(&n)?, s.incidents(&n, LATEST_INCIDENTS)?, s.versions(&n)?))
         })
         .await?;
+        let time = |ms: Option<i64>| ms.map(weir_engine::time::format_rfc3339_ms);
+        let versions: Vec<Value> = versions
+            .iter()
+            .map(|v| {
+                let watermark = p
+                    .versions
+                    .get(&v.version)
+                    .and_then(|run| weir_runtime::lock(&run.status).watermark)
+                    .map(weir_engine::time::format_rfc3339_ms);
+                json!({
+                    "version": v.version, "state": v.state, "contract_hash": v.contract_hash,
+                    "started": time(Some(v.started_ms)), "started_by": v.started_by,
+                    "promoted": time(v.promoted_ms), "promoted_by": v.promoted_by, "watermark": watermark,
+                })
+            })
+            .collect();
         incidents.extend(kept);
         let notes: Vec<Value> = notes
             .into_iter()
@@ -77,15 +94,16 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
                 })
             })
             .collect();
-        let ledger = without_payloads(ledger, &p.contract);
-        let c = &p.contract.pipeline;
+        let ledger = without_payloads(ledger, p.contract());
+        let c = &p.contract().pipeline;
         pipelines.push(json!({
             "name": name,
-            "version": c.version,
+            "version": live,
+            "versions": versions,
             "owner": c.owner,
             "steward": c.steward,
             "decision": c.decision,
-            "topic": p.contract.source.topic,
+            "topic": p.contract().source.topic,
             "status": report(&app.log, &app.watch, name, p),
             "chart": crate::watch::chart(&app.watch, name),
             "rows": rows,

@@ -53,6 +53,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/pipelines/{name}/resume", axum::routing::post(actions::resume))
         .route("/v1/pipelines/{name}/annotations", get(actions::list_annotations).post(actions::annotate))
         .route("/v1/pipelines/{name}/replay", axum::routing::post(actions::replay))
+        .route("/v1/pipelines/{name}/versions", get(pipelines::versions))
+        .route("/v1/pipelines/{name}/diff", get(pipelines::diff))
+        .route("/v1/pipelines/{name}/promote", axum::routing::post(actions::promote))
+        .route("/v1/pipelines/{name}/rollback", axum::routing::post(actions::rollback))
         .route("/v1/audit", get(admin::audit))
         .route("/metrics", get(metrics::metrics))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
@@ -153,8 +157,14 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
         not_ready.push(format!("the log cannot write: {why}"));
     }
     for (name, p) in &app.pipelines {
-        if let Some(f) = &lock(&p.status).failed {
-            not_ready.push(format!("pipeline {name} is failing: {f}"));
+        if let Some(why) = &p.refused {
+            not_ready.push(format!("pipeline {name} does not run: {why}"));
+            continue;
+        }
+        for (version, v) in &p.versions {
+            if let Some(f) = &lock(&v.status).failed {
+                not_ready.push(format!("pipeline {name} version {version} is failing: {f}"));
+            }
         }
     }
     if not_ready.is_empty() {

@@ -15,6 +15,7 @@ mod admin;
 mod alerts;
 mod app;
 mod dashboard;
+mod diff;
 mod events;
 mod http;
 pub mod listen;
@@ -22,6 +23,7 @@ mod metrics;
 mod pipelines;
 mod provenance;
 mod report;
+mod versions;
 mod watch;
 
 use std::collections::BTreeMap;
@@ -38,7 +40,8 @@ use weir_store::{audit, pg, sqlite as store};
 
 use weir_runtime::embedded;
 use weir_runtime::runner::{Runner, READ_RECORDS};
-use weir_runtime::{kafka, sink, Pipeline, Status};
+use weir_runtime::{kafka, lock, sink, Pipeline, PipelineVersion, Status};
+use weir_store::{FileContract, Registration, VersionState};
 
 pub use weir_runtime::privacy;
 
@@ -97,6 +100,13 @@ pub fn load_contracts(dir: &Path) -> Result<Vec<Contract>, String> {
     Ok(contracts)
 }
 
+/// Each pipeline's store, by name.
+type Stores = Vec<(String, Arc<dyn weir_store::Store>)>;
+
+/// The versions a server runs of a pipeline (each with its stored state),
+/// and why its contract file was refused, if it was.
+type Registered = (Vec<(Contract, VersionState)>, Option<String>);
+
 /// Deletes what is past retention, for real: log segments older than their
 /// topic's retention, and the payloads and details of ledger entries older
 /// than their pipeline's period (`erase`: pipeline, period, on Kafka, whose
@@ -107,14 +117,29 @@ async fn retain(
     db: std::path::PathBuf,
     postgres: Option<weir_contract::PostgresConfig>,
     erase: Vec<(String, i64, bool)>,
+    superseded: (i64, Stores),
 ) {
-    let shortest = erase.iter().map(|e| e.1).min().unwrap_or(i64::MAX);
+    let shortest = erase.iter().map(|e| e.1).chain([superseded.0]).min().unwrap_or(i64::MAX);
     let every = Duration::from_millis((shortest / 4).clamp(100, 60_000) as u64);
     loop {
         tokio::time::sleep(every).await;
         let (log, db, postgres, erase) = (log.clone(), db.clone(), postgres.clone(), erase.clone());
+        let superseded = superseded.clone();
         let swept = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
             let now = weir_log::now_ms();
+            // Superseded versions past `superseded_retention` are removed with what they published.
+            for (pipeline, store) in &superseded.1 {
+                for v in store.versions(pipeline)? {
+                    let expired = v.superseded_ms.is_some_and(|at| now.saturating_sub(at) > superseded.0);
+                    if v.state == VersionState::Superseded && expired {
+                        store.forget_version(pipeline, v.version)?;
+                        eprintln!(
+                            "weir: {pipeline}: version {} removed, superseded longer than superseded_retention",
+                            v.version
+                        );
+                    }
+                }
+            }
             log.enforce_retention(now)?;
             let (on_kafka, embedded): (Vec<_>, Vec<_>) = erase.into_iter().partition(|e| e.2);
             if !embedded.is_empty() {
@@ -136,6 +161,82 @@ async fn retain(
             eprintln!("weir: retention: {e:#}");
         }
     }
+}
+
+/// The earliest append time from which the log still holds `topic`'s
+/// input whole, when retention removed older records (`None`: nothing was
+/// removed, every start is served).
+fn input_kept_from(log: &Log, topic: &str) -> anyhow::Result<Option<i64>> {
+    let mut kept_from = None;
+    for (p, (first, end)) in log.bounds(topic)?.into_iter().enumerate() {
+        if first == 0 || first >= end {
+            continue;
+        }
+        if let Some(r) = log.read(topic, p as u32, first, 1, 1)?.first() {
+            kept_from = Some(kept_from.map_or(r.append_ms, |k: i64| k.max(r.append_ms)));
+        }
+    }
+    Ok(kept_from)
+}
+
+/// Registers a contract file's version in its pipeline's store and gives
+/// the versions to run (each from its stored contract; the live one, a
+/// candidate, superseded ones a rollback may bring back), or why the file
+/// is refused (then the stored versions are only read).
+fn register_versions(
+    store: &dyn weir_store::Store,
+    file: &Contract,
+    input_kept_from: Option<i64>,
+    who: &str,
+) -> anyhow::Result<Registered> {
+    let name = &file.pipeline.name;
+    let stored = store.versions(name)?;
+    let is_new = !stored.iter().any(|v| v.version == file.pipeline.version);
+    let too_early = match (file.pipeline.start_ms, input_kept_from) {
+        (Some(start), Some(kept)) if is_new && start < kept => Some(format!(
+            "pipeline {name}: version {} starts at {}, but the log keeps the input whole only from {} (retention removed older records); set [pipeline] start to that time or later",
+            file.pipeline.version,
+            weir_engine::time::format_rfc3339_ms(start),
+            weir_engine::time::format_rfc3339_ms(kept),
+        )),
+        _ => None,
+    };
+    let refused = match too_early {
+        Some(why) => Some(why),
+        None => {
+            let identity = FileContract {
+                version: file.pipeline.version,
+                hash: file.text_hash,
+                bytes_hash: file.bytes_hash(),
+                text: &file.text,
+            };
+            match store.register_version(name, identity, who)? {
+                Registration::Refused(why) => Some(why),
+                Registration::New { .. } | Registration::Known | Registration::Adopt => None,
+            }
+        }
+    };
+    let mut versions = Vec::new();
+    for v in store.versions(name)? {
+        let contract = if v.version == file.pipeline.version && refused.is_none() {
+            file.clone()
+        } else if v.contract.is_empty() {
+            continue; // stored before versions kept their contract: readable, not runnable
+        } else {
+            match Contract::parse(&format!("{name} version {} (stored)", v.version), &v.contract) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("weir: pipeline {name}: version {} cannot run again: {e}", v.version);
+                    continue;
+                }
+            }
+        };
+        versions.push((contract, v.state));
+    }
+    if versions.is_empty() {
+        versions.push((file.clone(), VersionState::Live));
+    }
+    Ok((versions, refused))
 }
 
 /// Runs the server until `shutdown` completes, then stops every pipeline
@@ -175,7 +276,6 @@ pub async fn serve(
     let conn = store::open(&db).with_context(|| format!("cannot open {}", db.display()))?;
     store::migrate(&conn)?;
     let origin = format!("weir serve (process {}) reading its contracts folder", std::process::id());
-    audit::record_contracts(&conn, &opts.contracts, &origin)?;
     drop(conn);
 
     // Pipelines over Kafka publish to Postgres, shared by the workers.
@@ -266,16 +366,34 @@ pub async fn serve(
         Arc::new(weir_store::PostgresStore::new(pg.url.clone(), pg.schema.clone(), config.pool_connections)) as _
     });
     let mut pipelines = BTreeMap::new();
-    for contract in opts.contracts {
-        let status = Arc::new(Mutex::new(Status::default()));
+    let mut accepted = Vec::new();
+    for file in opts.contracts {
+        let name = file.pipeline.name.clone();
+        let kafka = on_kafka(&file);
+        let store: Arc<dyn weir_store::Store> = match (kafka, &pg_store) {
+            (false, _) => sqlite.clone(),
+            (true, Some(store)) => Arc::clone(store),
+            (true, None) => anyhow::bail!("pipeline {name:?} reads Kafka: it needs [postgres]"),
+        };
+        // Each contract file registers its version (SPEC.md 8): a pipeline's
+        // first is live, a later one a candidate built beside it.
+        let kept_from = if kafka { None } else { input_kept_from(&log, &file.source.topic)? };
+        let (s, f, who) = (Arc::clone(&store), file.clone(), origin.clone());
+        let (versions, refused) =
+            tokio::task::spawn_blocking(move || register_versions(s.as_ref(), &f, kept_from, &who)).await??;
+        if let Some(why) = &refused {
+            eprintln!("weir: {why}; pipeline {name} does not run, the others do");
+        }
         let paused = Arc::new(AtomicBool::new(false));
-        let name = contract.pipeline.name.clone();
-        if on_kafka(&contract) {
-            let (Some((brokers, group)), Some(postgres)) =
-                (kafka::source_of(&contract, &config), config.postgres.clone())
-            else {
-                anyhow::bail!("pipeline {name:?} reads Kafka: it needs brokers and [postgres]");
-            };
+        let mut running = BTreeMap::new();
+        for (contract, state) in versions {
+            let version = contract.pipeline.version;
+            let status = Arc::new(Mutex::new(Status { version_state: Some(state), ..Status::default() }));
+            if let Some(why) = &refused {
+                lock(&status).failed = Some(why.clone());
+                running.insert(version, PipelineVersion { contract, status });
+                continue;
+            }
             let runner = Runner {
                 contract: contract.clone(),
                 config: Arc::clone(&config),
@@ -284,36 +402,32 @@ pub async fn serve(
                 paused: Arc::clone(&paused),
                 read_records: READ_RECORDS,
             };
-            let (c, cfg, worker) = (contract.clone(), Arc::clone(&config), worker.clone());
-            let connect = move || kafka::connect(&c, &cfg, &postgres, (&brokers, &group), &worker);
-            threads.push(
-                std::thread::Builder::new().name(format!("weir-kafka-{name}")).spawn(move || runner.run(connect))?,
-            );
-            let Some(store) = pg_store.clone() else {
-                anyhow::bail!("pipeline {name:?} reads Kafka: it needs [postgres]")
-            };
-            pipelines.insert(name, Pipeline { contract, on_kafka: true, status, paused, store });
-            continue;
+            let thread = std::thread::Builder::new().name(format!("weir-{name}-v{version}"));
+            if kafka {
+                let (Some((brokers, group)), Some(postgres)) =
+                    (kafka::source_of(&contract, &config), config.postgres.clone())
+                else {
+                    anyhow::bail!("pipeline {name:?} reads Kafka: it needs brokers and [postgres]");
+                };
+                let (c, cfg, worker) = (contract.clone(), Arc::clone(&config), worker.clone());
+                let connect = move || kafka::connect(&c, &cfg, &postgres, (&brokers, &group), &worker);
+                threads.push(thread.spawn(move || runner.run(connect))?);
+            } else {
+                // The results database must open before the server starts; each run opens its own connection.
+                drop(store::open_writer(&db)?);
+                let runtime = tokio::runtime::Handle::current();
+                let (c, log, db) = (contract.clone(), log.clone(), db.clone());
+                let connect = move || embedded::connect(&c, &log, &db, Some(runtime.clone()));
+                threads.push(thread.spawn(move || runner.run(connect))?);
+            }
+            running.insert(version, PipelineVersion { contract, status });
         }
-        let runtime = tokio::runtime::Handle::current();
-        let runner = Runner {
-            contract: contract.clone(),
-            config: Arc::clone(&config),
-            status: Arc::clone(&status),
-            stop: Arc::clone(&stop),
-            paused: Arc::clone(&paused),
-            read_records: READ_RECORDS,
-        };
-        // The results database must open before the server starts; each run opens its own connection.
-        drop(store::open_writer(&db)?);
-        let (c, log, db) = (contract.clone(), log.clone(), db.clone());
-        let connect = move || embedded::connect(&c, &log, &db, Some(runtime.clone()));
-        threads.push(
-            std::thread::Builder::new().name(format!("weir-pipeline-{name}")).spawn(move || runner.run(connect))?,
-        );
-        let store: Arc<dyn weir_store::Store> = sqlite.clone();
-        pipelines.insert(name, Pipeline { contract, on_kafka: false, status, paused, store });
+        if refused.is_none() {
+            accepted.push(file);
+        }
+        pipelines.insert(name, Pipeline { versions: running, on_kafka: kafka, paused, store, refused });
     }
+    audit::record_contracts(&store::open(&db)?, &accepted, &origin)?;
     let mut app = app::App::new(log.clone(), Arc::clone(&config), pipelines, sqlite);
     app.producers = producers;
     let app = Arc::new(app);
@@ -324,7 +438,7 @@ pub async fn serve(
         .pipelines
         .iter()
         .filter_map(|(name, p)| {
-            let topic = config.topic(&p.contract.source.topic).retention_ms;
+            let topic = config.topic(&p.contract().source.topic).retention_ms;
             let keep = match (topic, config.ledger_payload_retention_ms) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -332,19 +446,27 @@ pub async fn serve(
             keep.map(|ms| (name.clone(), ms, p.on_kafka))
         })
         .collect();
-    let retention = tokio::spawn(retain(log.clone(), db.clone(), config.postgres.clone(), erase));
+    let stores = app.pipelines.iter().map(|(name, p)| (name.clone(), Arc::clone(&p.store))).collect();
+    let superseded = (config.superseded_retention_ms, stores);
+    let retention = tokio::spawn(retain(log.clone(), db.clone(), config.postgres.clone(), erase, superseded));
     let listener = tokio::net::TcpListener::bind(&opts.listen).await.with_context(|| {
         format!("cannot listen on {}: is another server using it? choose one with --listen", opts.listen)
     })?;
     on_listen(listener.local_addr()?);
     let listener = listen::WeirListener::new(listener, tls, config.max_connections)?;
     let header_timeout = Duration::from_millis(config.header_timeout_ms as u64);
+    let kept = (Arc::clone(&app), pg_store);
     listen::serve(listener, http::router(app), header_timeout, shutdown).await;
     retention.abort();
     alerting.abort();
+    let _ = retention.await;
+    let _ = alerting.await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     for t in threads {
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
     }
+    // A pooled Postgres client closes by blocking on its connection: the
+    // last references to the stores are dropped on a blocking thread.
+    let _ = tokio::task::spawn_blocking(move || drop(kept)).await;
     Ok(())
 }

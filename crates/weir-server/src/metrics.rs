@@ -163,7 +163,7 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>, caller: Option<Extensio
     );
     for (name, p) in &app.pipelines {
         let s = report(&app.log, &app.watch, name, p);
-        let base = vec![label("pipeline", name), label("messaging_destination_name", &p.contract.source.topic)];
+        let base = vec![label("pipeline", name), label("messaging_destination_name", &p.contract().source.topic)];
         let with = |k: &str, v: &str| {
             let mut l = base.clone();
             l.push(label(k, v));

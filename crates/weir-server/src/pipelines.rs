@@ -23,7 +23,7 @@ pub(crate) async fn contract(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
-    let c = &p.contract;
+    let c = p.contract();
     let body = serde_json::json!({
         "pipeline": name,
         "version": c.pipeline.version,
@@ -46,7 +46,7 @@ pub(crate) async fn list_pipelines(State(app): State<Arc<App>>, Extension(caller
     }
     let mut body = String::new();
     for (name, p) in &app.pipelines {
-        let c = &p.contract;
+        let c = p.contract();
         if !g.may_read(name) && !g.may_read_raw(&c.source.topic) {
             continue;
         }
@@ -73,6 +73,7 @@ pub(crate) async fn results(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
+    let version = read_version(p, &name, &q).await?;
     let time = |k: &str| -> Result<Option<i64>, ApiError> {
         let Some(v) = q.get(k) else { return Ok(None) };
         match weir_engine::time::parse_rfc3339_ms(v) {
@@ -87,7 +88,7 @@ pub(crate) async fn results(
         key: q.iter().filter_map(|(k, v)| Some((k.strip_prefix("key.")?.to_owned(), v.clone()))).collect(),
         limit: param(&q, "limit", 10_000i64)?,
     };
-    Ok(joined(stored(p, move |s| s.results(&name, &filter)).await?))
+    Ok(joined(stored(p, move |s| s.results(&name, version, &filter)).await?))
 }
 
 /// `{seq}` is the row's place in the change stream, as `/results` and
@@ -98,7 +99,6 @@ pub(crate) async fn provenance(
     Path((name, seq)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
-    let contract = p.contract.clone();
     let Ok(seq) = seq.parse::<i64>() else {
         return Err(bad(format!("{seq:?} is not a row: use the \"seq\" of a row from /results or /changes")));
     };
@@ -107,7 +107,10 @@ pub(crate) async fn provenance(
     let Some(origin) = origin else {
         return Err(ApiError(StatusCode::NOT_FOUND, format!("pipeline {name:?} has published no row with seq {seq}")));
     };
-    let body = crate::provenance::document(&contract, seq, &origin).to_string() + "\n";
+    // The row names its version; the document names that version's contract.
+    let version = origin.row["version"].as_u64().and_then(|v| u32::try_from(v).ok());
+    let contract = version.and_then(|v| p.versions.get(&v)).map_or_else(|| p.contract(), |v| &v.contract);
+    let body = crate::provenance::document(contract, seq, &origin).to_string() + "\n";
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
@@ -120,7 +123,13 @@ pub(crate) async fn changes(
     let p = may_read(&app, &caller, &name)?;
     let since = param(&q, "since", 1i64)?;
     let limit = param(&q, "limit", 10_000i64)?;
-    Ok(joined(stored(p, move |s| s.changes(&name, since, limit)).await?))
+    // Without `version`: the pipeline's whole change stream, every version's
+    // rows and the promotes and rollbacks between them, in `seq` order.
+    let version = match q.contains_key("version") {
+        true => Some(read_version(p, &name, &q).await?),
+        false => None,
+    };
+    Ok(joined(stored(p, move |s| s.changes(&name, version, since, limit)).await?))
 }
 
 /// The ledger: with payloads for a raw-reader of the pipeline's topic (the
@@ -132,7 +141,7 @@ pub(crate) async fn ledger(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let p = pipeline(&app, &name)?;
-    let raw = caller.grant.may_read_raw(&p.contract.source.topic);
+    let raw = caller.grant.may_read_raw(&p.contract().source.topic);
     if !raw && !caller.grant.may_read(&name) {
         return Err(forbidden(&app, &caller, &format!("read the ledger of pipeline {name:?}")));
     }
@@ -145,17 +154,20 @@ pub(crate) async fn ledger(
     }
     let since = param(&q, "since", 1i64)?;
     let limit = param(&q, "limit", 10_000i64)?;
+    let version = read_version(p, &name, &q).await?;
     let n = name.clone();
-    let entries = stored(p, move |s| s.ledger(&n, reason.as_deref(), since, limit)).await?;
+    let entries = stored(p, move |s| s.ledger(&n, version, reason.as_deref(), since, limit)).await?;
     if raw {
-        let detail = serde_json::json!({ "ledger": name, "since": since, "limit": limit, "returned": entries.len() });
+        let detail = serde_json::json!({
+            "ledger": name, "version": version, "since": since, "limit": limit, "returned": entries.len()
+        });
         audited(&app, &caller, "raw-read", Some(name), detail, why_of(&q)).await?;
         return Ok(joined(entries));
     }
     let published: Vec<String> = entries
         .iter()
         .filter_map(|e| serde_json::from_str(e).ok())
-        .map(|v| weir_runtime::privacy::published(v, &p.contract).to_string())
+        .map(|v| weir_runtime::privacy::published(v, p.contract()).to_string())
         .collect();
     Ok(joined(published))
 }
@@ -164,10 +176,89 @@ pub(crate) async fn status(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
+    let version = read_version(p, &name, &q).await?;
+    let Some(v) = p.version(Some(version)) else {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("version {version} of {name:?} is stored but not run by this server (its contract was stored before versions were kept); its rows stay readable"),
+        ));
+    };
     Ok(json(
-        serde_json::to_value(crate::report::report(&app.log, &app.watch, &name, p))
+        serde_json::to_value(crate::report::report_version(&app.log, &app.watch, &name, p, v))
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
     ))
+}
+
+/// Every stored version of the pipeline: its state, contract hash, when it
+/// was started and promoted and by whom (SPEC.md 8).
+pub(crate) async fn versions(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let n = name.clone();
+    let stored_versions = stored(p, move |s| s.versions(&n)).await?;
+    let time = |ms: Option<i64>| ms.map(weir_engine::time::format_rfc3339_ms);
+    let body: Vec<String> = stored_versions
+        .iter()
+        .map(|v| {
+            serde_json::json!({
+                "pipeline": name,
+                "version": v.version,
+                "state": v.state,
+                "contract_hash": v.contract_hash,
+                "started": time(Some(v.started_ms)),
+                "started_by": v.started_by,
+                "promoted": time(v.promoted_ms),
+                "promoted_by": v.promoted_by,
+                "superseded": time(v.superseded_ms),
+                "replaced": v.replaced,
+                "runs_here": p.versions.contains_key(&v.version),
+            })
+            .to_string()
+        })
+        .collect();
+    Ok(joined(body))
+}
+
+/// Two versions compared on the windows both cover (`?a=&b=`, default: the
+/// live version and the newest other one).
+pub(crate) async fn diff(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let version = |k: &str| -> Result<Option<u32>, ApiError> {
+        q.get(k).map(|v| v.parse::<u32>().map_err(|_| bad(format!("{k}={v:?} is not a version number")))).transpose()
+    };
+    let (a, b) = (version("a")?, version("b")?);
+    let n = name.clone();
+    let stored_versions = stored(p, move |s| s.versions(&n)).await?;
+    let live = stored_versions.iter().find(|v| v.state == weir_store::VersionState::Live).map(|v| v.version);
+    let newest_other = stored_versions.iter().rev().map(|v| v.version).find(|v| Some(*v) != live);
+    let (Some(a), Some(b)) = (a.or(live), b.or(newest_other)) else {
+        return Err(ApiError(StatusCode::CONFLICT, format!("pipeline {name:?} has one version: nothing to compare")));
+    };
+    for v in [a, b] {
+        if !stored_versions.iter().any(|x| x.version == v) {
+            return Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("pipeline {name:?} has no version {v}; GET /v1/pipelines/{name}/versions lists them"),
+            ));
+        }
+    }
+    let app2 = Arc::clone(&app);
+    let n = name.clone();
+    let report = blocking(move || match app2.pipelines.get(&n) {
+        Some(p) => crate::versions::diff(p, &n, a, b),
+        None => Ok(serde_json::Value::Null),
+    })
+    .await?;
+    Ok(json(report))
 }

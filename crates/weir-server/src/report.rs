@@ -11,7 +11,8 @@ use weir_engine::time::format_rfc3339_ms;
 use weir_engine::Reason;
 use weir_log::Log;
 use weir_runtime::histogram::Histogram;
-use weir_runtime::{lock, Pipeline};
+use weir_runtime::{lock, Pipeline, PipelineVersion};
+use weir_store::VersionState;
 
 use crate::watch::Watch;
 
@@ -19,6 +20,8 @@ use crate::watch::Watch;
 pub struct Report {
     pub pipeline: String,
     pub version: u32,
+    /// `candidate`, `live` or `superseded`, as the version's runner last read it.
+    pub version_state: Option<&'static str>,
     pub watermark: Option<String>,
     pub watermark_age_ms: Option<i64>,
     pub lag_records: u64,
@@ -101,11 +104,22 @@ impl Report {
     }
 }
 
-/// The pipeline's report now.
+/// The pipeline's report now: its live version's.
 pub fn report(log: &Log, watch: &Watch, name: &str, p: &Pipeline) -> Report {
-    let s = lock(&p.status).clone();
+    report_version(log, watch, name, p, p.live())
+}
+
+/// The report of one version of the pipeline now.
+pub fn report_version(
+    log: &Log,
+    watch: &Watch,
+    name: &str,
+    p: &Pipeline,
+    (version, v): (u32, &PipelineVersion),
+) -> Report {
+    let s = lock(&v.status).clone();
     let now = weir_log::now_ms();
-    let topic = &p.contract.source.topic;
+    let topic = &v.contract.source.topic;
     let bounds = if s.kafka.is_some() { Vec::new() } else { log.bounds(topic).unwrap_or_default() };
     let mut partitions = Vec::new();
     let (mut lag, mut oldest, mut lag_ms) = (0u64, None::<i64>, 0i64);
@@ -170,7 +184,8 @@ pub fn report(log: &Log, watch: &Watch, name: &str, p: &Pipeline) -> Report {
     });
     Report {
         pipeline: name.to_owned(),
-        version: p.contract.pipeline.version,
+        version,
+        version_state: s.version_state.map(VersionState::as_str),
         watermark: s.watermark.map(format_rfc3339_ms),
         watermark_age_ms: s.watermark.map(|w| now.saturating_sub(w)),
         lag_records: lag,
@@ -184,7 +199,7 @@ pub fn report(log: &Log, watch: &Watch, name: &str, p: &Pipeline) -> Report {
         state_bytes: s.state_bytes,
         last_checkpoint: (s.last_checkpoint_ms > 0).then(|| format_rfc3339_ms(s.last_checkpoint_ms)),
         checkpoint_age_ms: (s.last_checkpoint_ms > 0).then(|| now.saturating_sub(s.last_checkpoint_ms)),
-        failed: s.failed,
+        failed: p.refused.clone().or(s.failed),
         paused: p.paused.load(Ordering::SeqCst),
         replays: s.replays,
         restarts: s.restarts,

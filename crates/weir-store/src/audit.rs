@@ -237,7 +237,10 @@ pub fn record_contracts(
         let (action, why) = match &last {
             None => ("contract-add", "a contract weir had not run before"),
             Some(d) if d["version"] == c.pipeline.version && d["text_hash"] == hash.as_str() => continue,
-            Some(_) => ("contract-change", "the contract's file changed: the pipeline starts again from the log"),
+            Some(_) => (
+                "contract-change",
+                "the contract's file names another version: it is built beside the stored ones (SPEC.md 8)",
+            ),
         };
         let mut detail = serde_json::json!({ "version": c.pipeline.version, "text_hash": hash });
         if let Some(d) = last {

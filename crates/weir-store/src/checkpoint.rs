@@ -16,6 +16,7 @@ use rusqlite::Connection;
 use weir_contract::Contract;
 use weir_engine::{Delta, Output, RowFormat};
 
+use crate::versions::VersionState;
 use crate::{pg, sqlite, Replay, StoreError};
 
 /// The partitions that share one engine and one checkpoint.
@@ -124,6 +125,9 @@ pub trait Checkpoints: Send {
     fn last_replay(&mut self) -> Result<Option<(i64, Replay)>>;
     /// The highest revision published (or held while paused).
     fn max_revision(&mut self) -> Result<u32>;
+    /// Where this contract's version stands (`None`: no longer stored); a
+    /// superseded version's runner reads nothing.
+    fn version_state(&mut self) -> Result<Option<VersionState>>;
 }
 
 /// The contract's identity as stored: name, version and text hash.
@@ -144,17 +148,15 @@ impl Identity {
     }
 }
 
-/// Checkpoints in `weir.db`: one per pipeline, of the whole topic.
+/// Checkpoints in `weir.db`: one per pipeline version, of the whole topic.
 pub struct SqliteCheckpoints {
     conn: Connection,
     id: Identity,
-    next_seq: i64,
-    next_ledger: i64,
 }
 
 impl SqliteCheckpoints {
     pub fn new(conn: Connection, contract: &Contract) -> SqliteCheckpoints {
-        SqliteCheckpoints { conn, id: Identity::of(contract), next_seq: 1, next_ledger: 1 }
+        SqliteCheckpoints { conn, id: Identity::of(contract) }
     }
 
     /// The connection, for what is not a checkpoint (tests look into it).
@@ -174,18 +176,14 @@ impl Checkpoints for SqliteCheckpoints {
     fn claim(&mut self, scope: Scope, why: &str) -> Result<Claimed> {
         Self::topic_only(scope)?;
         let id = &self.id;
-        let loaded = sqlite::load(&mut self.conn, &id.pipeline, id.version, id.text_hash)?;
+        let loaded = sqlite::load(&mut self.conn, &id.pipeline, id.version)?;
         let run = sqlite::start_run(&self.conn, &id.pipeline, id.version, id.text_hash, why)?;
         Ok(match loaded {
             Some(cp) => {
-                (self.next_seq, self.next_ledger) = (cp.next_seq, cp.next_ledger);
                 let state = State { header: cp.header, windows: cp.windows, id_batches: cp.id_batches };
                 Claimed { generation: 0, offsets: cp.offsets, state: Some(state), run, replayed: cp.replayed }
             }
-            None => {
-                (self.next_seq, self.next_ledger) = (1, 1);
-                Claimed { generation: 0, offsets: Vec::new(), state: None, run, replayed: 0 }
-            }
+            None => Claimed { generation: 0, offsets: Vec::new(), state: None, run, replayed: 0 },
         })
     }
 
@@ -208,14 +206,11 @@ impl Checkpoints for SqliteCheckpoints {
             out: w.out,
             delta: w.delta,
             offsets: &offsets,
-            next_seq: self.next_seq,
-            next_ledger: self.next_ledger,
             now_ms: w.now_ms,
             replay: w.replay,
             run: w.run,
         };
-        (self.next_seq, self.next_ledger) = sqlite::checkpoint(&mut self.conn, write)?;
-        Ok(())
+        Ok(sqlite::checkpoint(&mut self.conn, write)?)
     }
 
     fn start_run(&mut self, scope: Scope, why: &str) -> Result<i64> {
@@ -229,11 +224,15 @@ impl Checkpoints for SqliteCheckpoints {
     }
 
     fn last_replay(&mut self) -> Result<Option<(i64, Replay)>> {
-        Ok(sqlite::last_replay(&self.conn, &self.id.pipeline)?)
+        Ok(sqlite::last_replay(&self.conn, &self.id.pipeline, self.id.version)?)
     }
 
     fn max_revision(&mut self) -> Result<u32> {
-        Ok(sqlite::max_revision(&self.conn, &self.id.pipeline)?)
+        Ok(sqlite::max_revision(&self.conn, &self.id.pipeline, self.id.version)?)
+    }
+
+    fn version_state(&mut self) -> Result<Option<VersionState>> {
+        Ok(sqlite::version_state(&self.conn, &self.id.pipeline, self.id.version)?)
     }
 }
 
@@ -246,16 +245,15 @@ pub struct PgCheckpoints {
 }
 
 impl PgCheckpoints {
-    /// Registers the contract (another version or text than the stored one
-    /// starts the pipeline again, see [`pg::prepare_pipeline`]) as `worker`.
+    /// Checkpoints of `contract`'s version as `worker` (the version is
+    /// registered by the server at its start, [`pg::register_version`]).
     pub fn open(
-        mut client: postgres::Client,
+        client: postgres::Client,
         schema: &str,
         worker: &str,
         contract: &Contract,
     ) -> anyhow::Result<PgCheckpoints> {
         let id = Identity::of(contract);
-        pg::prepare_pipeline(&mut client, schema, &id.pipeline, id.version, id.text_hash)?;
         Ok(PgCheckpoints { client, schema: schema.to_owned(), worker: worker.to_owned(), id })
     }
 
@@ -318,10 +316,14 @@ impl Checkpoints for PgCheckpoints {
     }
 
     fn last_replay(&mut self) -> Result<Option<(i64, Replay)>> {
-        Ok(pg::last_replay(&mut self.client, &self.schema, &self.id.pipeline)?)
+        Ok(pg::last_replay(&mut self.client, &self.schema, &self.id.pipeline, self.id.version)?)
     }
 
     fn max_revision(&mut self) -> Result<u32> {
-        Ok(pg::max_revision(&mut self.client, &self.schema, &self.id.pipeline)?)
+        Ok(pg::max_revision(&mut self.client, &self.schema, &self.id.pipeline, self.id.version)?)
+    }
+
+    fn version_state(&mut self) -> Result<Option<VersionState>> {
+        Ok(pg::version_state(&mut self.client, &self.schema, &self.id.pipeline, self.id.version)?)
     }
 }

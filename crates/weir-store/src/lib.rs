@@ -26,11 +26,13 @@ pub mod pg_tls;
 pub mod pool;
 pub mod sqlite;
 pub mod tokens;
+pub mod versions;
 
 use std::path::PathBuf;
 
 pub use checkpoint::{CheckpointError, Checkpoints, Claimed, PgCheckpoints, Scope, SqliteCheckpoints};
 pub use sqlite::{Annotation, Incident, ResultFilter, RowOrigin, Run};
+pub use versions::{FileContract, Registration, Switch, SwitchError, Version, VersionState};
 
 /// Rebuild the state from the log, from this offset of every partition
 /// (its first kept record when `None` or older), and republish rows above
@@ -79,16 +81,19 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// both topologies. Calls block (run them off async threads); each takes a
 /// pooled connection for its duration.
 pub trait Store: Send + Sync {
-    /// Latest row per window, filtered (`GET .../results`).
-    fn results(&self, pipeline: &str, filter: &ResultFilter) -> Result<Vec<String>>;
-    /// The change stream from `since`, published rows only.
-    fn changes(&self, pipeline: &str, since: i64, limit: i64) -> Result<Vec<String>>;
-    /// Ledger entries from `since`, of one reason or all, as stored (with payloads).
-    fn ledger(&self, pipeline: &str, reason: Option<&str>, since: i64, limit: i64) -> Result<Vec<String>>;
-    /// The newest published rows, newest first.
-    fn latest_changes(&self, pipeline: &str, limit: i64) -> Result<Vec<String>>;
-    /// The newest ledger entries, newest first.
-    fn latest_ledger(&self, pipeline: &str, limit: i64) -> Result<Vec<String>>;
+    /// Latest row per window of a version, filtered (`GET .../results`).
+    fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<Vec<String>>;
+    /// The change stream from `since`, published entries only: every
+    /// version's rows and the `version` entries, or one version's rows and
+    /// the `version` entries.
+    fn changes(&self, pipeline: &str, version: Option<u32>, since: i64, limit: i64) -> Result<Vec<String>>;
+    /// A version's ledger entries from `since`, of one reason or all, as stored (with payloads).
+    fn ledger(&self, pipeline: &str, version: u32, reason: Option<&str>, since: i64, limit: i64)
+        -> Result<Vec<String>>;
+    /// A version's newest published rows, newest first.
+    fn latest_changes(&self, pipeline: &str, version: u32, limit: i64) -> Result<Vec<String>>;
+    /// A version's newest ledger entries, newest first.
+    fn latest_ledger(&self, pipeline: &str, version: u32, limit: i64) -> Result<Vec<String>>;
     /// One published row with where it came from.
     fn row_origin(&self, pipeline: &str, seq: i64) -> Result<Option<RowOrigin>>;
     /// Holds publishing from the next checkpoint on; whether it was paused already.
@@ -96,8 +101,25 @@ pub trait Store: Send + Sync {
     /// Publishes what was held and stops holding; whether it was paused.
     fn resume(&self, pipeline: &str) -> Result<bool>;
     fn is_paused(&self, pipeline: &str) -> Result<bool>;
-    /// Asks every runner of the pipeline to replay; the replay's id.
-    fn ask_replay(&self, pipeline: &str, replay: Replay) -> Result<i64>;
+    /// Asks every runner of a version of the pipeline to replay; the replay's id.
+    fn ask_replay(&self, pipeline: &str, version: u32, replay: Replay) -> Result<i64>;
+    /// Every stored version, oldest first.
+    fn versions(&self, pipeline: &str) -> Result<Vec<Version>>;
+    /// The live version (what readers get by default).
+    fn live_version(&self, pipeline: &str) -> Result<Option<u32>>;
+    /// Stores a contract file's version, or says why it is refused.
+    fn register_version(&self, pipeline: &str, file: FileContract<'_>, who: &str) -> Result<Registration>;
+    /// A promote (`Some(version)`) or a rollback (`None`) with its change
+    /// stream entry: the switch and the entry's `seq`, or why not.
+    fn switch_version(
+        &self,
+        pipeline: &str,
+        promote: Option<u32>,
+        who: &str,
+        why: &str,
+    ) -> Result<std::result::Result<(Switch, i64), SwitchError>>;
+    /// Removes a version and everything it published (retention).
+    fn forget_version(&self, pipeline: &str, version: u32) -> Result<()>;
     /// A note on an event-time range; its id.
     fn add_annotation(&self, pipeline: &str, range: (i64, i64), note: &str, who: &str) -> Result<i64>;
     fn annotations(&self, pipeline: &str) -> Result<Vec<Annotation>>;
@@ -128,20 +150,27 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
-    fn results(&self, pipeline: &str, filter: &ResultFilter) -> Result<Vec<String>> {
-        self.with(|c| sqlite::results(c, pipeline, filter))
+    fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<Vec<String>> {
+        self.with(|c| sqlite::results(c, pipeline, version, filter))
     }
-    fn changes(&self, pipeline: &str, since: i64, limit: i64) -> Result<Vec<String>> {
-        self.with(|c| sqlite::changes(c, pipeline, since, limit))
+    fn changes(&self, pipeline: &str, version: Option<u32>, since: i64, limit: i64) -> Result<Vec<String>> {
+        self.with(|c| sqlite::changes(c, pipeline, version, since, limit))
     }
-    fn ledger(&self, pipeline: &str, reason: Option<&str>, since: i64, limit: i64) -> Result<Vec<String>> {
-        self.with(|c| sqlite::ledger(c, pipeline, reason, since, limit))
+    fn ledger(
+        &self,
+        pipeline: &str,
+        version: u32,
+        reason: Option<&str>,
+        since: i64,
+        limit: i64,
+    ) -> Result<Vec<String>> {
+        self.with(|c| sqlite::ledger(c, pipeline, Some(version), reason, since, limit))
     }
-    fn latest_changes(&self, pipeline: &str, limit: i64) -> Result<Vec<String>> {
-        self.with(|c| sqlite::latest_changes(c, pipeline, limit))
+    fn latest_changes(&self, pipeline: &str, version: u32, limit: i64) -> Result<Vec<String>> {
+        self.with(|c| sqlite::latest_changes(c, pipeline, version, limit))
     }
-    fn latest_ledger(&self, pipeline: &str, limit: i64) -> Result<Vec<String>> {
-        self.with(|c| sqlite::latest_ledger(c, pipeline, limit))
+    fn latest_ledger(&self, pipeline: &str, version: u32, limit: i64) -> Result<Vec<String>> {
+        self.with(|c| sqlite::latest_ledger(c, pipeline, version, limit))
     }
     fn row_origin(&self, pipeline: &str, seq: i64) -> Result<Option<RowOrigin>> {
         self.with(|c| sqlite::row_origin(c, pipeline, seq))
@@ -155,8 +184,29 @@ impl Store for SqliteStore {
     fn is_paused(&self, pipeline: &str) -> Result<bool> {
         self.with(|c| sqlite::is_paused(c, pipeline))
     }
-    fn ask_replay(&self, pipeline: &str, replay: Replay) -> Result<i64> {
-        self.with(|c| sqlite::ask_replay(c, pipeline, replay))
+    fn ask_replay(&self, pipeline: &str, version: u32, replay: Replay) -> Result<i64> {
+        self.with(|c| sqlite::ask_replay(c, pipeline, version, replay))
+    }
+    fn versions(&self, pipeline: &str) -> Result<Vec<Version>> {
+        self.with(|c| sqlite::versions(c, pipeline))
+    }
+    fn live_version(&self, pipeline: &str) -> Result<Option<u32>> {
+        self.with(|c| sqlite::live_version(c, pipeline))
+    }
+    fn register_version(&self, pipeline: &str, file: FileContract<'_>, who: &str) -> Result<Registration> {
+        self.with(|c| sqlite::register_version(c, pipeline, file, who))
+    }
+    fn switch_version(
+        &self,
+        pipeline: &str,
+        promote: Option<u32>,
+        who: &str,
+        why: &str,
+    ) -> Result<std::result::Result<(Switch, i64), SwitchError>> {
+        self.with(|c| sqlite::switch_version(c, pipeline, promote, who, why))
+    }
+    fn forget_version(&self, pipeline: &str, version: u32) -> Result<()> {
+        self.with(|c| sqlite::forget_version(c, pipeline, version))
     }
     fn add_annotation(&self, pipeline: &str, range: (i64, i64), note: &str, who: &str) -> Result<i64> {
         self.with(|c| sqlite::add_annotation(c, pipeline, range, note, who))
@@ -203,20 +253,27 @@ impl PostgresStore {
 }
 
 impl Store for PostgresStore {
-    fn results(&self, pipeline: &str, filter: &ResultFilter) -> Result<Vec<String>> {
-        self.with(|c, s| pg::results(c, s, pipeline, filter))
+    fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<Vec<String>> {
+        self.with(|c, s| pg::results(c, s, pipeline, version, filter))
     }
-    fn changes(&self, pipeline: &str, since: i64, limit: i64) -> Result<Vec<String>> {
-        self.with(|c, s| pg::changes(c, s, pipeline, since, limit))
+    fn changes(&self, pipeline: &str, version: Option<u32>, since: i64, limit: i64) -> Result<Vec<String>> {
+        self.with(|c, s| pg::changes(c, s, pipeline, version, since, limit))
     }
-    fn ledger(&self, pipeline: &str, reason: Option<&str>, since: i64, limit: i64) -> Result<Vec<String>> {
-        self.with(|c, s| pg::ledger(c, s, pipeline, reason, since, limit))
+    fn ledger(
+        &self,
+        pipeline: &str,
+        version: u32,
+        reason: Option<&str>,
+        since: i64,
+        limit: i64,
+    ) -> Result<Vec<String>> {
+        self.with(|c, s| pg::ledger(c, s, pipeline, Some(version), reason, since, limit))
     }
-    fn latest_changes(&self, pipeline: &str, limit: i64) -> Result<Vec<String>> {
-        self.with(|c, s| pg::latest_changes(c, s, pipeline, limit))
+    fn latest_changes(&self, pipeline: &str, version: u32, limit: i64) -> Result<Vec<String>> {
+        self.with(|c, s| pg::latest_changes(c, s, pipeline, version, limit))
     }
-    fn latest_ledger(&self, pipeline: &str, limit: i64) -> Result<Vec<String>> {
-        self.with(|c, s| pg::latest_ledger(c, s, pipeline, limit))
+    fn latest_ledger(&self, pipeline: &str, version: u32, limit: i64) -> Result<Vec<String>> {
+        self.with(|c, s| pg::latest_ledger(c, s, pipeline, version, limit))
     }
     fn row_origin(&self, pipeline: &str, seq: i64) -> Result<Option<RowOrigin>> {
         self.with(|c, s| pg::row_origin(c, s, pipeline, seq))
@@ -230,8 +287,29 @@ impl Store for PostgresStore {
     fn is_paused(&self, pipeline: &str) -> Result<bool> {
         self.with(|c, s| pg::is_paused(c, s, pipeline))
     }
-    fn ask_replay(&self, pipeline: &str, replay: Replay) -> Result<i64> {
-        self.with(|c, s| pg::ask_replay(c, s, pipeline, replay))
+    fn ask_replay(&self, pipeline: &str, version: u32, replay: Replay) -> Result<i64> {
+        self.with(|c, s| pg::ask_replay(c, s, pipeline, version, replay))
+    }
+    fn versions(&self, pipeline: &str) -> Result<Vec<Version>> {
+        self.with(|c, s| pg::versions(c, s, pipeline))
+    }
+    fn live_version(&self, pipeline: &str) -> Result<Option<u32>> {
+        self.with(|c, s| pg::live_version(c, s, pipeline))
+    }
+    fn register_version(&self, pipeline: &str, file: FileContract<'_>, who: &str) -> Result<Registration> {
+        self.with(|c, s| pg::register_version(c, s, pipeline, file, who))
+    }
+    fn switch_version(
+        &self,
+        pipeline: &str,
+        promote: Option<u32>,
+        who: &str,
+        why: &str,
+    ) -> Result<std::result::Result<(Switch, i64), SwitchError>> {
+        self.with(|c, s| pg::switch_version(c, s, pipeline, promote, who, why))
+    }
+    fn forget_version(&self, pipeline: &str, version: u32) -> Result<()> {
+        self.with(|c, s| pg::forget_version(c, s, pipeline, version))
     }
     fn add_annotation(&self, pipeline: &str, range: (i64, i64), note: &str, who: &str) -> Result<i64> {
         self.with(|c, s| pg::add_annotation(c, s, pipeline, range, note, who))

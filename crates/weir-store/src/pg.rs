@@ -8,9 +8,10 @@
 //! | table | holds |
 //! |---|---|
 //! | `meta` | `schema_version` |
-//! | `pipelines` | per pipeline: contract version and hash, the next change and ledger `seq` |
+//! | `pipelines` | per pipeline: the next change and ledger `seq` (shared by its versions); its row's lock orders every publishing checkpoint, pause and promote |
+//! | `versions` | per pipeline and contract version: its state, contract text and hash, who started and promoted it (SPEC.md 8) |
 //! | `generations` | a sequence, never reset: every claim of a partition takes the next value as its fencing generation |
-//! | `partitions` | per pipeline and partition: the fencing `generation`, the worker that holds it and its contract (version and hash), the next Kafka offset to read, the engine header, the last checkpoint time, the last replay applied |
+//! | `partitions` | per pipeline, contract version and partition: the fencing `generation`, the worker that holds it and its contract (version and hash), the next Kafka offset to read, the engine header, the last checkpoint time, the last replay applied |
 //! | `state_windows` | per partition: the engine's open windows, by their hash |
 //! | `state_ids` | per partition: the ids each checkpoint remembered or forgot, one row per checkpoint in the engine's batch form (`Delta::ids`), deleted once all have expired |
 //! | `results` | the latest row of every key and window, with its revision |
@@ -52,11 +53,14 @@ use weir_engine::{Delta, Output, RowFormat};
 
 use crate::checkpoint::{CheckpointError, Scope, State};
 use crate::sqlite::{id_bytes, id_from, sources_json, write_ledger, write_row, GLOBAL_START};
+use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError, Version, VersionState};
 
 /// Version 2 dates ledger entries (`at_ms`) and marks erased payloads;
 /// version 3 adds the generation sequence, the claimant's contract on each
 /// partition, pauses, held rows, replays and annotations.
-pub const SCHEMA_VERSION: i64 = 3;
+/// version 4 keys a pipeline's tables by contract version too and adds
+/// `versions` (SPEC.md 8).
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Connects to `url` (`postgresql://user@host:port/db` or `host=... user=...`),
 /// with TLS as its libpq settings say (see [`crate::pg_tls`]).
@@ -72,29 +76,34 @@ CREATE TABLE IF NOT EXISTS {schema}.pipelines (
     name TEXT PRIMARY KEY, version INTEGER NOT NULL, text_hash TEXT NOT NULL,
     next_seq BIGINT NOT NULL DEFAULT 1, next_ledger BIGINT NOT NULL DEFAULT 1);
 CREATE SEQUENCE IF NOT EXISTS {schema}.generations;
+CREATE TABLE IF NOT EXISTS {schema}.versions (
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL, contract_hash TEXT NOT NULL,
+    contract TEXT NOT NULL, started_ms BIGINT NOT NULL, started_by TEXT NOT NULL,
+    promoted_ms BIGINT, promoted_by TEXT, superseded_ms BIGINT, replaced INTEGER,
+    PRIMARY KEY (pipeline, version));
 CREATE TABLE IF NOT EXISTS {schema}.partitions (
     pipeline TEXT NOT NULL, partition INTEGER NOT NULL, generation BIGINT NOT NULL, owner TEXT NOT NULL,
     next_offset BIGINT NOT NULL DEFAULT 0, header BYTEA, checkpoint_ms BIGINT,
     version INTEGER NOT NULL DEFAULT 0, text_hash TEXT NOT NULL DEFAULT '', replayed BIGINT NOT NULL DEFAULT 0,
-    PRIMARY KEY (pipeline, partition));
+    PRIMARY KEY (pipeline, version, partition));
 CREATE TABLE IF NOT EXISTS {schema}.state_windows (
-    pipeline TEXT NOT NULL, partition INTEGER NOT NULL, id BYTEA NOT NULL, data BYTEA NOT NULL,
-    PRIMARY KEY (pipeline, partition, id));
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0, partition INTEGER NOT NULL, id BYTEA NOT NULL,
+    data BYTEA NOT NULL, PRIMARY KEY (pipeline, version, partition, id));
 CREATE TABLE IF NOT EXISTS {schema}.state_ids (
-    pipeline TEXT NOT NULL, partition INTEGER NOT NULL, seq BIGSERIAL, max_expires BIGINT NOT NULL, data BYTEA NOT NULL,
-    PRIMARY KEY (pipeline, partition, seq));
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0, partition INTEGER NOT NULL, seq BIGSERIAL,
+    max_expires BIGINT NOT NULL, data BYTEA NOT NULL, PRIMARY KEY (pipeline, version, partition, seq));
 CREATE TABLE IF NOT EXISTS {schema}.results (
-    pipeline TEXT NOT NULL, key BYTEA NOT NULL, window_start BIGINT NOT NULL, window_end BIGINT,
-    status TEXT NOT NULL, revision BIGINT NOT NULL, row TEXT NOT NULL,
-    PRIMARY KEY (pipeline, key, window_start));
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0, key BYTEA NOT NULL, window_start BIGINT NOT NULL,
+    window_end BIGINT, status TEXT NOT NULL, revision BIGINT NOT NULL, row TEXT NOT NULL,
+    PRIMARY KEY (pipeline, version, key, window_start));
 CREATE TABLE IF NOT EXISTS {schema}.changes (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, row TEXT NOT NULL,
-    at_ms BIGINT NOT NULL, run BIGINT NOT NULL, sources TEXT NOT NULL, PRIMARY KEY (pipeline, seq));
+    at_ms BIGINT NOT NULL, run BIGINT NOT NULL, sources TEXT NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0, kind TEXT NOT NULL DEFAULT 'row', PRIMARY KEY (pipeline, seq));
 CREATE TABLE IF NOT EXISTS {schema}.ledger (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
-    at_ms BIGINT NOT NULL DEFAULT 0, erased BOOLEAN NOT NULL DEFAULT false,
+    at_ms BIGINT NOT NULL DEFAULT 0, erased BOOLEAN NOT NULL DEFAULT false, version INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (pipeline, seq));
-CREATE INDEX IF NOT EXISTS ledger_reason ON {schema}.ledger (pipeline, reason, seq);
 CREATE TABLE IF NOT EXISTS {schema}.sinks (
     pipeline TEXT NOT NULL, topic TEXT NOT NULL, next_seq BIGINT NOT NULL, PRIMARY KEY (pipeline, topic));
 CREATE TABLE IF NOT EXISTS {schema}.runs (
@@ -102,11 +111,12 @@ CREATE TABLE IF NOT EXISTS {schema}.runs (
     text_hash TEXT NOT NULL, weir_version TEXT NOT NULL, worker TEXT NOT NULL, started_ms BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS {schema}.pauses (pipeline TEXT PRIMARY KEY, from_seq BIGINT NOT NULL, at_ms BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS {schema}.held_results (
-    pipeline TEXT NOT NULL, key BYTEA NOT NULL, window_start BIGINT NOT NULL, window_end BIGINT,
-    status TEXT NOT NULL, revision BIGINT NOT NULL, row TEXT NOT NULL,
-    PRIMARY KEY (pipeline, key, window_start));
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0, key BYTEA NOT NULL, window_start BIGINT NOT NULL,
+    window_end BIGINT, status TEXT NOT NULL, revision BIGINT NOT NULL, row TEXT NOT NULL,
+    PRIMARY KEY (pipeline, version, key, window_start));
 CREATE TABLE IF NOT EXISTS {schema}.replays (
-    id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, from_offset BIGINT, from_time BIGINT, asked_ms BIGINT NOT NULL);
+    id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, from_offset BIGINT, from_time BIGINT, asked_ms BIGINT NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS {schema}.incidents (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, at_ms BIGINT NOT NULL, notification TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS incidents_by_pipeline ON {schema}.incidents (pipeline, id);
@@ -169,6 +179,38 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
         ))?;
         version = 3;
     }
+    if version == 3 {
+        // Each pipeline's data belongs to the version its registration names.
+        let mut sql = String::new();
+        for (table, key) in [
+            ("partitions", "pipeline, version, partition"),
+            ("state_windows", "pipeline, version, partition, id"),
+            ("state_ids", "pipeline, version, partition, seq"),
+            ("results", "pipeline, version, key, window_start"),
+            ("held_results", "pipeline, version, key, window_start"),
+            ("changes", ""),
+            ("ledger", ""),
+            ("replays", ""),
+        ] {
+            sql.push_str(&format!(
+                "ALTER TABLE {schema}.{table} ADD COLUMN IF NOT EXISTS version INTEGER NOT NULL DEFAULT 0;
+                 UPDATE {schema}.{table} t SET version = l.version FROM {schema}.pipelines l WHERE l.name = t.pipeline;"
+            ));
+            if !key.is_empty() {
+                sql.push_str(&format!(
+                    "ALTER TABLE {schema}.{table} DROP CONSTRAINT IF EXISTS {table}_pkey, ADD PRIMARY KEY ({key});"
+                ));
+            }
+        }
+        sql.push_str(&format!(
+            "ALTER TABLE {schema}.changes ADD COLUMN IF NOT EXISTS kind TEXT NOT NULL DEFAULT 'row';
+             INSERT INTO {schema}.versions (pipeline, version, state, contract_hash, contract, started_ms, started_by)
+               SELECT name, version, 'live', text_hash, '', 0, 'a schema from before versions' FROM {schema}.pipelines
+             ON CONFLICT DO NOTHING;"
+        ));
+        tx.batch_execute(&sql)?;
+        version = 4;
+    }
     if version != SCHEMA_VERSION {
         anyhow::bail!(
             "the Postgres schema {schema} has weir schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or another [postgres] schema"
@@ -179,7 +221,10 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
         &[&SCHEMA_VERSION.to_string()],
     )?;
     tx.batch_execute(&format!(
-        "CREATE INDEX IF NOT EXISTS ledger_unerased ON {schema}.ledger (pipeline, at_ms) WHERE NOT erased;"
+        "CREATE INDEX IF NOT EXISTS ledger_unerased ON {schema}.ledger (pipeline, at_ms) WHERE NOT erased;
+         DROP INDEX IF EXISTS {schema}.ledger_reason;
+         CREATE INDEX IF NOT EXISTS ledger_by_version ON {schema}.ledger (pipeline, version, reason, seq);
+         CREATE INDEX IF NOT EXISTS changes_by_version ON {schema}.changes (pipeline, version, seq);"
     ))?;
     tx.commit()?;
     Ok(())
@@ -215,45 +260,188 @@ pub fn drop_schema(client: &mut Client, schema: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Registers the pipeline's contract. A different contract (version or
-/// text) than the stored one starts again from the log: its checkpoints and
-/// everything it published are removed (SPEC.md section 3), as with SQLite.
-pub fn prepare_pipeline(
+fn version_of(r: &postgres::Row) -> Version {
+    Version {
+        version: r.get::<_, i32>(0) as u32,
+        state: VersionState::parse(r.get(1)),
+        contract_hash: r.get(2),
+        contract: r.get(3),
+        started_ms: r.get(4),
+        started_by: r.get(5),
+        promoted_ms: r.get(6),
+        promoted_by: r.get(7),
+        superseded_ms: r.get(8),
+        replaced: r.get::<_, Option<i32>>(9).map(|v| v as u32),
+    }
+}
+
+/// Every stored version of `pipeline`, oldest first.
+pub fn versions(
+    client: &mut impl postgres::GenericClient,
+    schema: &str,
+    pipeline: &str,
+) -> Result<Vec<Version>, postgres::Error> {
+    let rows = client.query(
+        &format!(
+            "SELECT version, state, contract_hash, contract, started_ms, started_by, promoted_ms, promoted_by,
+                    superseded_ms, replaced
+             FROM {schema}.versions WHERE pipeline = $1 ORDER BY version"
+        ),
+        &[&pipeline],
+    )?;
+    Ok(rows.iter().map(version_of).collect())
+}
+
+pub fn live_version(client: &mut Client, schema: &str, pipeline: &str) -> Result<Option<u32>, postgres::Error> {
+    let row = client.query_opt(
+        &format!("SELECT version FROM {schema}.versions WHERE pipeline = $1 AND state = 'live'"),
+        &[&pipeline],
+    )?;
+    Ok(row.map(|r| r.get::<_, i32>(0) as u32))
+}
+
+pub fn version_state(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
     version: u32,
-    text_hash: u64,
-) -> anyhow::Result<()> {
-    let hash = format!("{text_hash:016x}");
+) -> Result<Option<VersionState>, postgres::Error> {
+    let row = client.query_opt(
+        &format!("SELECT state FROM {schema}.versions WHERE pipeline = $1 AND version = $2"),
+        &[&pipeline, &(version as i32)],
+    )?;
+    Ok(row.map(|r| VersionState::parse(r.get(0))))
+}
+
+/// Registers a contract file's version of `pipeline`, as
+/// [`crate::sqlite::register_version`] does, under the lock of the
+/// pipeline's row (so workers starting together decide one after another).
+pub fn register_version(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    file: FileContract<'_>,
+    who: &str,
+) -> Result<Registration, postgres::Error> {
     let mut tx = client.transaction()?;
-    let found = tx.query_opt(
-        &format!("SELECT version, text_hash FROM {schema}.pipelines WHERE name = $1 FOR UPDATE"),
+    tx.execute(
+        &format!(
+            "INSERT INTO {schema}.pipelines (name, version, text_hash) VALUES ($1, 0, '') ON CONFLICT (name) DO NOTHING"
+        ),
         &[&pipeline],
     )?;
-    let same = found.as_ref().is_some_and(|r| r.get::<_, i32>(0) == version as i32 && r.get::<_, String>(1) == hash);
-    if !same {
-        // The generation sequence is not reset: a worker of the old contract
-        // still holding a partition is fenced out by any new claim.
-        for table in [
-            "partitions",
-            "state_windows",
-            "state_ids",
-            "results",
-            "changes",
-            "ledger",
-            "pauses",
-            "held_results",
-            "replays",
-        ] {
-            tx.execute(&format!("DELETE FROM {schema}.{table} WHERE pipeline = $1"), &[&pipeline])?;
+    tx.query_one(&format!("SELECT 1 FROM {schema}.pipelines WHERE name = $1 FOR UPDATE"), &[&pipeline])?;
+    let stored = versions(&mut tx, schema, pipeline)?;
+    let decision = crate::versions::register(pipeline, &stored, file);
+    let now = weir_log::now_ms();
+    let v = file.version as i32;
+    match &decision {
+        Registration::Known | Registration::Refused(_) => {}
+        Registration::Adopt => {
+            tx.execute(
+                &format!(
+                    "UPDATE {schema}.versions SET contract = $3, contract_hash = $4 WHERE pipeline = $1 AND version = $2"
+                ),
+                &[&pipeline, &v, &file.text, &hash_text(file.hash)],
+            )?;
         }
-        tx.execute(&format!("DELETE FROM {schema}.pipelines WHERE name = $1"), &[&pipeline])?;
+        Registration::New { state, supersedes } => {
+            for old in supersedes {
+                tx.execute(
+                    &format!(
+                        "UPDATE {schema}.versions SET state = 'superseded', superseded_ms = $3
+                         WHERE pipeline = $1 AND version = $2"
+                    ),
+                    &[&pipeline, &(*old as i32), &now],
+                )?;
+            }
+            tx.execute(
+                &format!(
+                    "INSERT INTO {schema}.versions (pipeline, version, state, contract_hash, contract, started_ms, started_by)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                ),
+                &[&pipeline, &v, &state.as_str(), &hash_text(file.hash), &file.text, &now, &who],
+            )?;
+        }
+    }
+    tx.commit()?;
+    Ok(decision)
+}
+
+/// A promote (`Some(version)`) or a rollback (`None`), as
+/// [`crate::sqlite::switch_version`]: one transaction under the pipeline
+/// row's lock, which orders its `version` entry among the checkpoints' rows.
+pub fn switch_version(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    promote: Option<u32>,
+    who: &str,
+    why: &str,
+) -> Result<Result<(Switch, i64), SwitchError>, postgres::Error> {
+    let mut tx = client.transaction()?;
+    let locked =
+        tx.query_opt(&format!("SELECT next_seq FROM {schema}.pipelines WHERE name = $1 FOR UPDATE"), &[&pipeline])?;
+    let stored = versions(&mut tx, schema, pipeline)?;
+    let decided = match promote {
+        Some(v) => crate::versions::promote(pipeline, &stored, v),
+        None => crate::versions::rollback(pipeline, &stored),
+    };
+    let (switch, Some(locked)) = (
+        match decided {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        },
+        locked,
+    ) else {
+        return Ok(Err(SwitchError::NoLive { pipeline: pipeline.to_owned() }));
+    };
+    let seq: i64 = locked.get(0);
+    let now = weir_log::now_ms();
+    if let Some(from) = switch.from {
         tx.execute(
-            &format!("INSERT INTO {schema}.pipelines (name, version, text_hash) VALUES ($1, $2, $3)"),
-            &[&pipeline, &(version as i32), &hash],
+            &format!(
+                "UPDATE {schema}.versions SET state = 'superseded', superseded_ms = $3 WHERE pipeline = $1 AND version = $2"
+            ),
+            &[&pipeline, &(from as i32), &now],
         )?;
     }
+    let replaced = if promote.is_some() { switch.from.map(|v| v as i32) } else { None };
+    tx.execute(
+        &format!(
+            "UPDATE {schema}.versions SET state = 'live', promoted_ms = $3, promoted_by = $4, superseded_ms = NULL,
+                    replaced = coalesce($5, replaced)
+             WHERE pipeline = $1 AND version = $2"
+        ),
+        &[&pipeline, &(switch.to as i32), &now, &who, &replaced],
+    )?;
+    let entry = crate::versions::with_seq(seq, &crate::versions::marker(pipeline, switch, now, why, who));
+    tx.execute(
+        &format!(
+            "INSERT INTO {schema}.changes (pipeline, seq, partition, row, at_ms, run, sources, version, kind)
+             VALUES ($1, $2, -1, $3, $4, 0, '[]', $5, 'version')"
+        ),
+        &[&pipeline, &seq, &entry, &now, &(switch.to as i32)],
+    )?;
+    tx.execute(&format!("UPDATE {schema}.pipelines SET next_seq = next_seq + 1 WHERE name = $1"), &[&pipeline])?;
+    tx.commit()?;
+    Ok(Ok((switch, seq)))
+}
+
+/// Removes one version of a pipeline (a superseded version past its
+/// retention): its partitions' checkpoints, rows, change stream entries and ledger.
+pub fn forget_version(client: &mut Client, schema: &str, pipeline: &str, version: u32) -> Result<(), postgres::Error> {
+    let v = version as i32;
+    let mut tx = client.transaction()?;
+    for table in
+        ["partitions", "state_windows", "state_ids", "results", "held_results", "ledger", "replays", "versions"]
+    {
+        tx.execute(&format!("DELETE FROM {schema}.{table} WHERE pipeline = $1 AND version = $2"), &[&pipeline, &v])?;
+    }
+    tx.execute(
+        &format!("DELETE FROM {schema}.changes WHERE pipeline = $1 AND version = $2 AND kind = 'row'"),
+        &[&pipeline, &v],
+    )?;
     tx.commit()?;
     Ok(())
 }
@@ -288,30 +476,30 @@ pub fn claim(
     let p = partition as i32;
     let hash = format!("{text_hash:016x}");
     let mut tx = client.transaction()?;
+    let v = version as i32;
     let registered = tx.query_opt(
-        &format!("SELECT version, text_hash FROM {schema}.pipelines WHERE name = $1 FOR SHARE"),
-        &[&pipeline],
+        &format!("SELECT contract_hash FROM {schema}.versions WHERE pipeline = $1 AND version = $2 FOR SHARE"),
+        &[&pipeline, &v],
     )?;
-    let registered = registered.map(|r| (r.get::<_, i32>(0), r.get::<_, String>(1)));
-    if registered.as_ref() != Some(&(version as i32, hash.clone())) {
+    let registered: Option<String> = registered.map(|r| r.get(0));
+    if registered.as_ref() != Some(&hash) {
         let now = match registered {
-            Some((v, h)) => format!("version {v} (contract hash {h})"),
+            Some(h) => format!("contract hash {h}"),
             None => "no contract".to_owned(),
         };
         anyhow::bail!(
-            "pipeline {pipeline} is registered in Postgres with {now}, not this worker's version {version} (contract hash {hash}); this worker stops claiming until it runs the registered contract"
+            "version {version} of pipeline {pipeline} is registered in Postgres with {now}, not this worker's contract hash {hash}; this worker stops claiming until it runs the registered contract"
         );
     }
     let row = tx.query_one(
         &format!(
             "INSERT INTO {schema}.partitions (pipeline, partition, generation, owner, version, text_hash)
              VALUES ($1, $2, nextval('{schema}.generations'), $3, $4, $5)
-             ON CONFLICT (pipeline, partition) DO UPDATE
-               SET generation = excluded.generation, owner = excluded.owner,
-                   version = excluded.version, text_hash = excluded.text_hash
+             ON CONFLICT (pipeline, version, partition) DO UPDATE
+               SET generation = excluded.generation, owner = excluded.owner, text_hash = excluded.text_hash
              RETURNING generation, next_offset, header, replayed"
         ),
-        &[&pipeline, &p, &worker, &(version as i32), &hash],
+        &[&pipeline, &p, &worker, &v, &hash],
     )?;
     let generation: i64 = row.get(0);
     let next_offset = row.get::<_, i64>(1).max(0) as u64;
@@ -322,16 +510,20 @@ pub fn claim(
         Some(header) => {
             let windows = tx
                 .query(
-                    &format!("SELECT id, data FROM {schema}.state_windows WHERE pipeline = $1 AND partition = $2"),
-                    &[&pipeline, &p],
+                    &format!(
+                        "SELECT id, data FROM {schema}.state_windows WHERE pipeline = $1 AND version = $3 AND partition = $2"
+                    ),
+                    &[&pipeline, &p, &v],
                 )?
                 .into_iter()
                 .map(|r| (id_from(r.get::<_, &[u8]>(0)), r.get::<_, Vec<u8>>(1)))
                 .collect();
             let id_batches = tx
                 .query(
-                    &format!("SELECT data FROM {schema}.state_ids WHERE pipeline = $1 AND partition = $2 ORDER BY seq"),
-                    &[&pipeline, &p],
+                    &format!(
+                        "SELECT data FROM {schema}.state_ids WHERE pipeline = $1 AND version = $3 AND partition = $2 ORDER BY seq"
+                    ),
+                    &[&pipeline, &p, &v],
                 )?
                 .into_iter()
                 .map(|r| r.get::<_, Vec<u8>>(0))
@@ -397,7 +589,7 @@ pub struct PartitionWrite<'a> {
 /// worker's. Rows committed while the pipeline is paused go to the change
 /// stream past the pause point and to `held_results`.
 pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> Result<(), CheckpointError> {
-    let p = w.partition as i32;
+    let (p, v) = (w.partition as i32, w.version as i32);
     let hash = format!("{:016x}", w.text_hash);
     let mut tx = client.transaction()?;
     let now: i64 = tx
@@ -406,7 +598,7 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
                 "SELECT generation FROM {schema}.partitions WHERE pipeline = $1 AND partition = $2
                    AND version = $3 AND text_hash = $4 FOR UPDATE"
             ),
-            &[&w.pipeline, &p, &(w.version as i32), &hash],
+            &[&w.pipeline, &p, &v, &hash],
         )?
         .map_or(0, |r| r.get(0));
     if now != w.generation {
@@ -435,8 +627,8 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
     if w.replay.is_some() {
         for table in ["state_windows", "state_ids"] {
             tx.execute(
-                &format!("DELETE FROM {schema}.{table} WHERE pipeline = $1 AND partition = $2"),
-                &[&w.pipeline, &p],
+                &format!("DELETE FROM {schema}.{table} WHERE pipeline = $1 AND version = $3 AND partition = $2"),
+                &[&w.pipeline, &p, &v],
             )?;
         }
     }
@@ -445,7 +637,7 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
         let (mut seqs, mut reasons, mut texts) = (Vec::new(), Vec::new(), Vec::new());
         for entry in &w.out.ledger {
             let mut text = String::new();
-            write_ledger(w.format, entry, lseq, &mut text);
+            write_ledger(w.format, entry, lseq, w.version, &mut text);
             seqs.push(lseq);
             reasons.push(entry.reason.as_str());
             texts.push(text);
@@ -453,10 +645,10 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
         }
         tx.execute(
             &format!(
-                "INSERT INTO {schema}.ledger (pipeline, seq, partition, reason, entry, at_ms)
-                 SELECT $1, s, $2, r, e, $6 FROM UNNEST($3::BIGINT[], $4::TEXT[], $5::TEXT[]) AS t(s, r, e)"
+                "INSERT INTO {schema}.ledger (pipeline, seq, partition, reason, entry, at_ms, version)
+                 SELECT $1, s, $2, r, e, $6, $7 FROM UNNEST($3::BIGINT[], $4::TEXT[], $5::TEXT[]) AS t(s, r, e)"
             ),
-            &[&w.pipeline, &p, &seqs, &reasons, &texts, &w.now_ms],
+            &[&w.pipeline, &p, &seqs, &reasons, &texts, &w.now_ms, &v],
         )?;
     }
     write_state(&mut tx, schema, &w)?;
@@ -464,9 +656,9 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
         &format!(
             "UPDATE {schema}.partitions SET next_offset = $3, header = $4, checkpoint_ms = $5,
                     replayed = greatest(replayed, $6)
-             WHERE pipeline = $1 AND partition = $2"
+             WHERE pipeline = $1 AND partition = $2 AND version = $7"
         ),
-        &[&w.pipeline, &p, &(w.next_offset as i64), &w.delta.header, &w.now_ms, &w.replay.unwrap_or(0)],
+        &[&w.pipeline, &p, &(w.next_offset as i64), &w.delta.header, &w.now_ms, &w.replay.unwrap_or(0), &v],
     )?;
     tx.commit()?;
     Ok(())
@@ -482,7 +674,7 @@ fn write_rows(
     if w.out.rows.is_empty() {
         return Ok(());
     }
-    let p = w.partition as i32;
+    let (p, v) = (w.partition as i32, w.version as i32);
     let mut seqs = Vec::with_capacity(w.out.rows.len());
     let mut texts = Vec::with_capacity(w.out.rows.len());
     let mut sources = Vec::with_capacity(w.out.rows.len());
@@ -498,10 +690,10 @@ fn write_rows(
     }
     tx.execute(
         &format!(
-            "INSERT INTO {schema}.changes (pipeline, seq, partition, row, at_ms, run, sources)
-             SELECT $1, s, $2, r, $3, $4, src FROM UNNEST($5::BIGINT[], $6::TEXT[], $7::TEXT[]) AS t(s, r, src)"
+            "INSERT INTO {schema}.changes (pipeline, seq, partition, row, at_ms, run, sources, version)
+             SELECT $1, s, $2, r, $3, $4, src, $8 FROM UNNEST($5::BIGINT[], $6::TEXT[], $7::TEXT[]) AS t(s, r, src)"
         ),
-        &[&w.pipeline, &p, &w.now_ms, &w.run, &seqs, &texts, &sources],
+        &[&w.pipeline, &p, &w.now_ms, &w.run, &seqs, &texts, &sources, &v],
     )?;
     // Only each window's last row of the checkpoint goes to `results`, and
     // only over a lower revision.
@@ -525,21 +717,21 @@ fn write_rows(
     let table = if paused { "held_results" } else { "results" };
     tx.execute(
         &format!(
-            "INSERT INTO {schema}.{table} (pipeline, key, window_start, window_end, status, revision, row)
-             SELECT $1, k, s, e, st, rv, r
+            "INSERT INTO {schema}.{table} (pipeline, version, key, window_start, window_end, status, revision, row)
+             SELECT $1, $8, k, s, e, st, rv, r
                FROM UNNEST($2::BYTEA[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::TEXT[]) AS t(k, s, e, st, rv, r)
-             ON CONFLICT (pipeline, key, window_start) DO UPDATE
+             ON CONFLICT (pipeline, version, key, window_start) DO UPDATE
                SET window_end = excluded.window_end, status = excluded.status,
                    revision = excluded.revision, row = excluded.row
                WHERE {schema}.{table}.revision < excluded.revision"
         ),
-        &[&w.pipeline, &keys, &starts, &ends, &statuses, &revisions, &rows],
+        &[&w.pipeline, &keys, &starts, &ends, &statuses, &revisions, &rows, &v],
     )?;
     Ok(())
 }
 
 fn write_state(tx: &mut Transaction<'_>, schema: &str, w: &PartitionWrite<'_>) -> Result<(), postgres::Error> {
-    let p = w.partition as i32;
+    let (p, v) = (w.partition as i32, w.version as i32);
     let (mut put_ids, mut put_data, mut drop_ids) = (Vec::new(), Vec::new(), Vec::new());
     for (id, data) in &w.delta.windows {
         match data {
@@ -553,31 +745,35 @@ fn write_state(tx: &mut Transaction<'_>, schema: &str, w: &PartitionWrite<'_>) -
     if !put_ids.is_empty() {
         tx.execute(
             &format!(
-                "INSERT INTO {schema}.state_windows (pipeline, partition, id, data)
-                 SELECT $1, $2, i, d FROM UNNEST($3::BYTEA[], $4::BYTEA[]) AS t(i, d)
-                 ON CONFLICT (pipeline, partition, id) DO UPDATE SET data = excluded.data"
+                "INSERT INTO {schema}.state_windows (pipeline, version, partition, id, data)
+                 SELECT $1, $5, $2, i, d FROM UNNEST($3::BYTEA[], $4::BYTEA[]) AS t(i, d)
+                 ON CONFLICT (pipeline, version, partition, id) DO UPDATE SET data = excluded.data"
             ),
-            &[&w.pipeline, &p, &put_ids, &put_data],
+            &[&w.pipeline, &p, &put_ids, &put_data, &v],
         )?;
     }
     if !drop_ids.is_empty() {
         tx.execute(
             &format!(
-                "DELETE FROM {schema}.state_windows WHERE pipeline = $1 AND partition = $2 AND id = ANY($3::BYTEA[])"
+                "DELETE FROM {schema}.state_windows WHERE pipeline = $1 AND version = $4 AND partition = $2 AND id = ANY($3::BYTEA[])"
             ),
-            &[&w.pipeline, &p, &drop_ids],
+            &[&w.pipeline, &p, &drop_ids, &v],
         )?;
     }
     if !w.delta.ids.is_empty() {
         let (data, max_expires) = (&w.delta.ids, w.delta.ids_keep_until);
         tx.execute(
-            &format!("INSERT INTO {schema}.state_ids (pipeline, partition, max_expires, data) VALUES ($1, $2, $3, $4)"),
-            &[&w.pipeline, &p, &max_expires, &data],
+            &format!(
+                "INSERT INTO {schema}.state_ids (pipeline, version, partition, max_expires, data) VALUES ($1, $5, $2, $3, $4)"
+            ),
+            &[&w.pipeline, &p, &max_expires, &data, &v],
         )?;
     }
     tx.execute(
-        &format!("DELETE FROM {schema}.state_ids WHERE pipeline = $1 AND partition = $2 AND max_expires <= $3"),
-        &[&w.pipeline, &p, &w.delta.forget_ids_through],
+        &format!(
+            "DELETE FROM {schema}.state_ids WHERE pipeline = $1 AND version = $4 AND partition = $2 AND max_expires <= $3"
+        ),
+        &[&w.pipeline, &p, &w.delta.forget_ids_through, &v],
     )?;
     Ok(())
 }
@@ -587,10 +783,12 @@ pub fn results(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
+    version: u32,
     f: &crate::sqlite::ResultFilter,
 ) -> Result<Vec<String>, postgres::Error> {
-    let mut sql = format!("SELECT row FROM {schema}.results WHERE pipeline = $1");
-    let mut args: Vec<Box<dyn postgres::types::ToSql + Sync>> = vec![Box::new(pipeline.to_owned())];
+    let mut sql = format!("SELECT row FROM {schema}.results WHERE pipeline = $1 AND version = $2");
+    let mut args: Vec<Box<dyn postgres::types::ToSql + Sync>> =
+        vec![Box::new(pipeline.to_owned()), Box::new(version as i32)];
     if let Some(s) = &f.status {
         args.push(Box::new(s.clone()));
         sql.push_str(&format!(" AND status = ${}", args.len()));
@@ -616,21 +814,25 @@ pub fn results(
     annotate(client, schema, pipeline, rows)
 }
 
-/// The change stream from `since`, in commit order.
+/// The change stream from `since`, in commit order: every version's rows
+/// and the `version` entries, or with `version` that version's rows and the
+/// `version` entries (see [`crate::sqlite::changes`]).
 pub fn changes(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
+    version: Option<u32>,
     since: i64,
     limit: i64,
 ) -> Result<Vec<String>, postgres::Error> {
     let rows = client.query(
         &format!(
             "SELECT row FROM {schema}.changes WHERE pipeline = $1 AND seq >= $2 AND seq < {}
+               AND ($4::INTEGER IS NULL OR version = $4 OR kind = 'version')
              ORDER BY seq LIMIT $3",
             published_below(schema)
         ),
-        &[&pipeline, &since, &limit],
+        &[&pipeline, &since, &limit, &version.map(|v| v as i32)],
     )?;
     annotate(client, schema, pipeline, rows.into_iter().map(|r| r.get(0)).collect())
 }
@@ -639,31 +841,35 @@ pub fn ledger(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
+    version: Option<u32>,
     reason: Option<&str>,
     since: i64,
     limit: i64,
 ) -> Result<Vec<String>, postgres::Error> {
     let rows = client.query(
         &format!(
-            "SELECT entry FROM {schema}.ledger WHERE pipeline = $1 AND ($2::TEXT IS NULL OR reason = $2) AND seq >= $3
+            "SELECT entry FROM {schema}.ledger WHERE pipeline = $1 AND ($5::INTEGER IS NULL OR version = $5) AND ($2::TEXT IS NULL OR reason = $2)
+               AND seq >= $3
              ORDER BY seq LIMIT $4"
         ),
-        &[&pipeline, &reason, &since, &limit],
+        &[&pipeline, &reason, &since, &limit, &version.map(|v| v as i32)],
     )?;
     Ok(rows.into_iter().map(|r| r.get(0)).collect())
 }
 
-/// Each partition's next offset, generation and holder, by partition.
+/// Each partition's next offset, generation and holder for one version, by partition.
 pub fn partitions(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
+    version: u32,
 ) -> Result<Vec<(u32, u64, i64, String)>, postgres::Error> {
     let rows = client.query(
         &format!(
-            "SELECT partition, next_offset, generation, owner FROM {schema}.partitions WHERE pipeline = $1 ORDER BY partition"
+            "SELECT partition, next_offset, generation, owner FROM {schema}.partitions WHERE pipeline = $1 AND version = $2
+             ORDER BY partition"
         ),
-        &[&pipeline],
+        &[&pipeline, &(version as i32)],
     )?;
     Ok(rows
         .into_iter()
@@ -710,7 +916,7 @@ pub fn row_origin(
         &format!(
             "SELECT c.row, c.at_ms, c.sources, r.id, r.version, r.text_hash, r.weir_version, r.started_ms, r.worker, r.partition
                FROM {schema}.changes c LEFT JOIN {schema}.runs r ON r.id = c.run
-              WHERE c.pipeline = $1 AND c.seq = $2 AND c.seq < {}",
+              WHERE c.pipeline = $1 AND c.seq = $2 AND c.kind = 'row' AND c.seq < {}",
             published_below(schema)
         ),
         &[&pipeline, &seq],
@@ -732,7 +938,8 @@ pub fn row_origin(
     let previous = client
         .query_opt(
             &format!(
-                "SELECT seq, row FROM {schema}.changes WHERE pipeline = $1 AND seq < $2
+                "SELECT seq, row FROM {schema}.changes WHERE pipeline = $1 AND seq < $2 AND kind = 'row'
+                   AND version = ($3::text::jsonb ->> 'version')::INTEGER
                    AND (row::jsonb -> 'key') = ($3::text::jsonb -> 'key')
                    AND (row::jsonb -> 'window_start') = ($3::text::jsonb -> 'window_start')
                  ORDER BY seq DESC LIMIT 1"
@@ -744,6 +951,7 @@ pub fn row_origin(
         .query(
             &format!(
                 "SELECT reason, count(*) FROM {schema}.ledger WHERE pipeline = $1
+                   AND version = ($2::text::jsonb ->> 'version')::INTEGER
                    AND (entry::jsonb -> 'key') = ($2::text::jsonb -> 'key')
                    AND (jsonb_typeof($2::text::jsonb -> 'window_start') = 'null'
                         OR (entry::jsonb -> 'window_start') = ($2::text::jsonb -> 'window_start')
@@ -767,34 +975,44 @@ pub fn row_origin(
     }))
 }
 
-/// The newest `limit` rows of the change stream, newest first.
+/// The newest `limit` rows of a version, newest first.
 pub fn latest_changes(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
+    version: u32,
     limit: i64,
 ) -> Result<Vec<String>, postgres::Error> {
     let rows = latest(
         client,
-        &format!("SELECT row FROM {schema}.changes WHERE seq < {} AND", published_below(schema)),
-        pipeline,
+        &format!("SELECT row FROM {schema}.changes WHERE seq < {} AND kind = 'row' AND", published_below(schema)),
+        (pipeline, version),
         limit,
     )?;
     annotate(client, schema, pipeline, rows)
 }
 
-/// The newest `limit` ledger entries, newest first.
+/// The newest `limit` ledger entries of a version, newest first.
 pub fn latest_ledger(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
+    version: u32,
     limit: i64,
 ) -> Result<Vec<String>, postgres::Error> {
-    latest(client, &format!("SELECT entry FROM {schema}.ledger WHERE"), pipeline, limit)
+    latest(client, &format!("SELECT entry FROM {schema}.ledger WHERE"), (pipeline, version), limit)
 }
 
-fn latest(client: &mut Client, select: &str, pipeline: &str, limit: i64) -> Result<Vec<String>, postgres::Error> {
-    let rows = client.query(&format!("{select} pipeline = $1 ORDER BY seq DESC LIMIT $2"), &[&pipeline, &limit])?;
+fn latest(
+    client: &mut Client,
+    select: &str,
+    (pipeline, version): (&str, u32),
+    limit: i64,
+) -> Result<Vec<String>, postgres::Error> {
+    let rows = client.query(
+        &format!("{select} pipeline = $1 AND version = $3 ORDER BY seq DESC LIMIT $2"),
+        &[&pipeline, &limit, &(version as i32)],
+    )?;
     Ok(rows.into_iter().map(|r| r.get(0)).collect())
 }
 
@@ -830,10 +1048,10 @@ pub fn resume(client: &mut Client, schema: &str, pipeline: &str) -> Result<bool,
     if removed > 0 {
         tx.execute(
             &format!(
-                "INSERT INTO {schema}.results (pipeline, key, window_start, window_end, status, revision, row)
-                 SELECT pipeline, key, window_start, window_end, status, revision, row FROM {schema}.held_results
+                "INSERT INTO {schema}.results (pipeline, version, key, window_start, window_end, status, revision, row)
+                 SELECT pipeline, version, key, window_start, window_end, status, revision, row FROM {schema}.held_results
                   WHERE pipeline = $1
-                 ON CONFLICT (pipeline, key, window_start) DO UPDATE
+                 ON CONFLICT (pipeline, version, key, window_start) DO UPDATE
                    SET window_end = excluded.window_end, status = excluded.status,
                        revision = excluded.revision, row = excluded.row
                    WHERE {schema}.results.revision < excluded.revision"
@@ -850,36 +1068,39 @@ pub fn is_paused(client: &mut Client, schema: &str, pipeline: &str) -> Result<bo
     Ok(client.query_opt(&format!("SELECT 1 FROM {schema}.pauses WHERE pipeline = $1"), &[&pipeline])?.is_some())
 }
 
-/// Asks every worker to replay the pipeline; returns the replay's id.
+/// Asks every worker of a version of the pipeline to replay; returns the replay's id.
 pub fn ask_replay(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
+    version: u32,
     replay: crate::Replay,
 ) -> Result<i64, postgres::Error> {
     let from_offset = replay.from_offset.map(|o| o.min(i64::MAX as u64) as i64);
     Ok(client
         .query_one(
             &format!(
-                "INSERT INTO {schema}.replays (pipeline, from_offset, from_time, asked_ms) VALUES ($1, $2, $3, $4)
-                 RETURNING id"
+                "INSERT INTO {schema}.replays (pipeline, version, from_offset, from_time, asked_ms)
+                 VALUES ($1, $5, $2, $3, $4) RETURNING id"
             ),
-            &[&pipeline, &from_offset, &replay.from_time, &weir_log::now_ms()],
+            &[&pipeline, &from_offset, &replay.from_time, &weir_log::now_ms(), &(version as i32)],
         )?
         .get(0))
 }
 
-/// The newest replay asked for the pipeline, with its id.
+/// The newest replay asked of the pipeline's `version`, with its id.
 pub fn last_replay(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
+    version: u32,
 ) -> Result<Option<(i64, crate::Replay)>, postgres::Error> {
     let row = client.query_opt(
         &format!(
-            "SELECT id, from_offset, from_time FROM {schema}.replays WHERE pipeline = $1 ORDER BY id DESC LIMIT 1"
+            "SELECT id, from_offset, from_time FROM {schema}.replays WHERE pipeline = $1 AND version = $2
+             ORDER BY id DESC LIMIT 1"
         ),
-        &[&pipeline],
+        &[&pipeline, &(version as i32)],
     )?;
     Ok(row.map(|r| {
         let replay =
@@ -888,15 +1109,15 @@ pub fn last_replay(
     }))
 }
 
-/// The highest revision the pipeline has published (or holds while paused).
-pub fn max_revision(client: &mut Client, schema: &str, pipeline: &str) -> Result<u32, postgres::Error> {
+/// The highest revision a version has published (or holds while paused).
+pub fn max_revision(client: &mut Client, schema: &str, pipeline: &str, version: u32) -> Result<u32, postgres::Error> {
     let v: i64 = client
         .query_one(
             &format!(
-                "SELECT greatest(coalesce((SELECT max(revision) FROM {schema}.results WHERE pipeline = $1), 0),
-                                 coalesce((SELECT max(revision) FROM {schema}.held_results WHERE pipeline = $1), 0))"
+                "SELECT greatest(coalesce((SELECT max(revision) FROM {schema}.results WHERE pipeline = $1 AND version = $2), 0),
+                                 coalesce((SELECT max(revision) FROM {schema}.held_results WHERE pipeline = $1 AND version = $2), 0))"
             ),
-            &[&pipeline],
+            &[&pipeline, &(version as i32)],
         )?
         .get(0);
     Ok(v.clamp(0, i64::from(u32::MAX)) as u32)

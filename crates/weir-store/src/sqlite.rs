@@ -7,21 +7,24 @@
 //! one, the engine's changed state, and the log offsets it consumed. After
 //! any crash the database holds some checkpoint whole, never a part.
 //!
-//! Schema version 5 (older ones are migrated in place: version 1's
+//! Schema version 6 (older ones are migrated in place: version 1's
 //! `changes` gains `at_ms`, `run` and `sources`, and `runs` is created;
 //! version 2's `audit` gains `origin` and its hash chain, and `tokens` is
 //! created; version 3's `ledger` gains `at_ms` and `erased`, its entries
-//! dated at the migration; version 4's `pipelines` gains `replayed`):
+//! dated at the migration; version 4's `pipelines` gains `replayed`;
+//! version 5's tables are keyed by contract version too, see `migrate_5_to_6`):
 //!
 //! | table | holds |
 //! |---|---|
 //! | `meta` | `schema_version` |
-//! | `pipelines` | per pipeline: contract version and hash, engine header, next change and ledger sequence, last checkpoint time, the last replay applied |
-//! | `offsets` | per pipeline and partition: the next log offset to read |
+//! | `versions` | per pipeline and contract version: its state (`candidate`, `live`, `superseded`), contract text and hash, who started and promoted it and when, the version it replaced (SPEC.md 8, see `versions.rs`) |
+//! | `streams` | per pipeline: the next change and ledger `seq`, shared by its versions |
+//! | `pipelines` | per pipeline and version: contract hash, engine header, last checkpoint time, the last replay applied |
+//! | `offsets` | per pipeline, version and partition: the next log offset to read |
 //! | `state_windows` | the engine's open windows, by their hash |
 //! | `state_id_batches` | the ids each checkpoint remembered (or forgot, by a correction), one row per checkpoint in the engine's batch form (`Delta::ids`; 44 bytes an id without corrections), deleted once all have expired |
-//! | `results` | the latest row of every key and window |
-//! | `changes` | every row in emission order (`seq` from 1), with the checkpoint's time, the run that made it and its sources (`[[partition, first offset, last offset, events], ...]`) |
+//! | `results` | per version: the latest row of every key and window |
+//! | `changes` | every row of every version in emission order (`seq` from 1 per pipeline), with its version, the checkpoint's time, the run that made it and its sources (`[[partition, first offset, last offset, events], ...]`); and the `version` entries of promotes and rollbacks (`kind = 'version'`) |
 //! | `runs` | every start of a pipeline (at server start, after a failure, at a replay): contract version and hash, weir's version |
 //! | `ledger` | every ledger entry in order (`seq` from 1), with its checkpoint's time; `erased` once its payload and detail are erased for retention ([`erase_ledger_payloads`]) |
 //! | `pauses` | a paused pipeline: the first change `seq` not published (written by the operator's action; every checkpoint reads it) |
@@ -37,42 +40,51 @@ use std::path::Path;
 use rusqlite::{params, Connection, OptionalExtension};
 use weir_engine::{Delta, LedgerEntry, Output, Row, RowFormat};
 
-pub const SCHEMA_VERSION: i64 = 5;
+use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError, Version, VersionState};
+
+pub const SCHEMA_VERSION: i64 = 6;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pipelines (
-    name TEXT PRIMARY KEY, version INTEGER NOT NULL, text_hash TEXT NOT NULL, header BLOB NOT NULL,
-    next_seq INTEGER NOT NULL, next_ledger INTEGER NOT NULL, checkpoint_ms INTEGER NOT NULL,
-    replayed INTEGER NOT NULL DEFAULT 0);
+    name TEXT NOT NULL, version INTEGER NOT NULL, text_hash TEXT NOT NULL, header BLOB NOT NULL,
+    checkpoint_ms INTEGER NOT NULL, replayed INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (name, version));
+CREATE TABLE IF NOT EXISTS streams (
+    pipeline TEXT PRIMARY KEY, next_seq INTEGER NOT NULL, next_ledger INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS versions (
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, state TEXT NOT NULL, contract_hash TEXT NOT NULL,
+    contract TEXT NOT NULL, started_ms INTEGER NOT NULL, started_by TEXT NOT NULL,
+    promoted_ms INTEGER, promoted_by TEXT, superseded_ms INTEGER, replaced INTEGER,
+    PRIMARY KEY (pipeline, version));
 CREATE TABLE IF NOT EXISTS offsets (
-    pipeline TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
-    PRIMARY KEY (pipeline, partition));
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
+    PRIMARY KEY (pipeline, version, partition));
 CREATE TABLE IF NOT EXISTS state_windows (
-    pipeline TEXT NOT NULL, id BLOB NOT NULL, data BLOB NOT NULL, PRIMARY KEY (pipeline, id)) WITHOUT ROWID;
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, id BLOB NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (pipeline, version, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS state_id_batches (
-    pipeline TEXT NOT NULL, seq INTEGER NOT NULL, max_expires INTEGER NOT NULL, data BLOB NOT NULL,
-    PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, seq INTEGER NOT NULL, max_expires INTEGER NOT NULL,
+    data BLOB NOT NULL, PRIMARY KEY (pipeline, version, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS results (
-    pipeline TEXT NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL, window_end INTEGER,
-    status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
-    PRIMARY KEY (pipeline, key, window_start)) WITHOUT ROWID;
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
+    window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
+    PRIMARY KEY (pipeline, version, key, window_start)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS changes (
     pipeline TEXT NOT NULL, seq INTEGER NOT NULL, row TEXT NOT NULL,
-    at_ms INTEGER, run INTEGER, sources TEXT, PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
+    at_ms INTEGER, run INTEGER, sources TEXT, version INTEGER NOT NULL DEFAULT 0, kind TEXT NOT NULL DEFAULT 'row',
+    PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, version INTEGER NOT NULL,
     text_hash TEXT NOT NULL, weir_version TEXT NOT NULL, started_ms INTEGER NOT NULL, why TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger (
     pipeline TEXT NOT NULL, seq INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
-    at_ms INTEGER NOT NULL DEFAULT 0, erased INTEGER NOT NULL DEFAULT 0,
+    at_ms INTEGER NOT NULL DEFAULT 0, erased INTEGER NOT NULL DEFAULT 0, version INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS ledger_reason ON ledger (pipeline, reason, seq);
 CREATE TABLE IF NOT EXISTS pauses (pipeline TEXT PRIMARY KEY, from_seq INTEGER NOT NULL, at_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS held_results (
-    pipeline TEXT NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL, window_end INTEGER,
-    status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
-    PRIMARY KEY (pipeline, key, window_start)) WITHOUT ROWID;
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
+    window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
+    PRIMARY KEY (pipeline, version, key, window_start)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS annotations (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, from_ms INTEGER NOT NULL, to_ms INTEGER NOT NULL,
     note TEXT NOT NULL, who TEXT NOT NULL, at_ms INTEGER NOT NULL);
@@ -82,7 +94,7 @@ CREATE TABLE IF NOT EXISTS audit (
     origin TEXT NOT NULL DEFAULT '', prev_hash TEXT NOT NULL DEFAULT '', hash TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS replays (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, from_offset INTEGER, from_time INTEGER,
-    asked_ms INTEGER NOT NULL);
+    asked_ms INTEGER NOT NULL, version INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS sinks (pipeline TEXT NOT NULL, topic TEXT NOT NULL, next_seq INTEGER NOT NULL,
     PRIMARY KEY (pipeline, topic));
 CREATE TABLE IF NOT EXISTS incidents (
@@ -94,6 +106,76 @@ CREATE TRIGGER IF NOT EXISTS audit_append_only_update BEFORE UPDATE ON audit
 CREATE TRIGGER IF NOT EXISTS audit_append_only_delete BEFORE DELETE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 ";
+
+/// Indexes on columns that version 6 added (created once the migration ran).
+const INDEXES: &str = "
+CREATE INDEX IF NOT EXISTS ledger_unerased ON ledger (pipeline, at_ms) WHERE erased = 0;
+DROP INDEX IF EXISTS ledger_reason;
+CREATE INDEX IF NOT EXISTS ledger_by_version ON ledger (pipeline, version, reason, seq);
+CREATE INDEX IF NOT EXISTS changes_by_version ON changes (pipeline, version, seq);
+";
+
+/// Version 5 to 6: a pipeline's tables keyed by version too. Each
+/// version-5 pipeline's data belongs to the version its checkpoint names;
+/// it becomes that version's, `live`, with no contract text until its file
+/// is read again (the text's hash then identifies it). Tables an older
+/// database never had were created by `SCHEMA` in the new form already.
+fn migrate_5_to_6(conn: &Connection) -> rusqlite::Result<()> {
+    let has = |table: &str, column: &str| -> rusqlite::Result<bool> {
+        conn.prepare(&format!("SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"))?.exists([column])
+    };
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let mut rebuilt = Vec::new();
+    if has("pipelines", "next_seq")? {
+        conn.execute_batch(
+            "INSERT OR IGNORE INTO streams (pipeline, next_seq, next_ledger) SELECT name, next_seq, next_ledger FROM pipelines;
+             INSERT OR IGNORE INTO versions (pipeline, version, state, contract_hash, contract, started_ms, started_by)
+                 SELECT name, version, 'live', text_hash, '', checkpoint_ms, 'a results database from before versions'
+                 FROM pipelines;
+             ALTER TABLE pipelines RENAME TO pipelines_v5;",
+        )?;
+        rebuilt.push(("pipelines", "name, version, text_hash, header, checkpoint_ms, replayed", ""));
+    }
+    for (table, columns) in [
+        ("offsets", "partition, next_offset"),
+        ("state_windows", "id, data"),
+        ("state_id_batches", "seq, max_expires, data"),
+        ("results", "key, window_start, window_end, status, revision, row"),
+        ("held_results", "key, window_start, window_end, status, revision, row"),
+    ] {
+        if !has(table, "version")? {
+            conn.execute_batch(&format!("ALTER TABLE {table} RENAME TO {table}_v5;"))?;
+            rebuilt.push((table, columns, "pipeline"));
+        }
+    }
+    for (table, column, ddl) in [
+        ("changes", "version", "INTEGER NOT NULL DEFAULT 0"),
+        ("changes", "kind", "TEXT NOT NULL DEFAULT 'row'"),
+        ("ledger", "version", "INTEGER NOT NULL DEFAULT 0"),
+        ("replays", "version", "INTEGER NOT NULL DEFAULT 0"),
+    ] {
+        if !has(table, column)? {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {ddl};"))?;
+        }
+    }
+    conn.execute_batch(SCHEMA)?;
+    let version_of =
+        |column: &str| format!("coalesce((SELECT v.version FROM versions v WHERE v.pipeline = o.{column}), 0)");
+    for (table, columns, by) in rebuilt {
+        let select = match by {
+            "" => columns.to_owned(),
+            _ => format!("o.pipeline, {}, {columns}", version_of(by)),
+        };
+        conn.execute_batch(&format!("INSERT INTO {table} SELECT {select} FROM {table}_v5 o; DROP TABLE {table}_v5;"))?;
+    }
+    for table in ["changes", "ledger", "replays"] {
+        conn.execute_batch(&format!(
+            "UPDATE {table} AS o SET version = {} WHERE version = 0;",
+            version_of("pipeline")
+        ))?;
+    }
+    conn.execute_batch("UPDATE meta SET value = '6' WHERE key = 'schema_version'; COMMIT;")
+}
 
 /// A global window's start in the `results` key (it has none).
 pub(crate) const GLOBAL_START: i64 = i64::MIN;
@@ -189,12 +271,19 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
         ))?;
         version = 5;
     }
+    if version == 5 {
+        if let Err(e) = migrate_5_to_6(conn) {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(e.into());
+        }
+        version = 6;
+    }
     if version != SCHEMA_VERSION {
         anyhow::bail!(
             "the results database has schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or move weir.db aside to rebuild results from the log"
         );
     }
-    conn.execute_batch("CREATE INDEX IF NOT EXISTS ledger_unerased ON ledger (pipeline, at_ms) WHERE erased = 0;")?;
+    conn.execute_batch(INDEXES)?;
     Ok(())
 }
 
@@ -229,8 +318,6 @@ pub struct Checkpoint {
     /// The engine's id batches, in the order written (`Delta::ids`).
     pub id_batches: Vec<Vec<u8>>,
     pub offsets: Vec<(u32, u64)>,
-    pub next_seq: i64,
-    pub next_ledger: i64,
     /// The last replay (`replays.id`) applied, 0 for none.
     pub replayed: i64,
 }
@@ -246,64 +333,52 @@ pub(crate) fn id_from(bytes: &[u8]) -> u128 {
     u128::from_be_bytes(b)
 }
 
-/// The pipeline's last checkpoint if it was made by this contract (same
-/// version and text); `Ok(None)` when there is none. A checkpoint of
-/// another contract is removed with everything the pipeline published: a
-/// changed contract starts again from the log (SPEC.md section 3).
-pub fn load(
-    conn: &mut Connection,
-    pipeline: &str,
-    version: u32,
-    text_hash: u64,
-) -> rusqlite::Result<Option<Checkpoint>> {
-    type Found = (i64, String, Vec<u8>, i64, i64, i64);
-    let found: Option<Found> = conn
+/// The last checkpoint of `pipeline`'s `version`; `Ok(None)` when there
+/// is none. (The version's contract is fixed by `versions`; the engine
+/// checks the checkpoint's identity when it restores it.)
+pub fn load(conn: &mut Connection, pipeline: &str, version: u32) -> rusqlite::Result<Option<Checkpoint>> {
+    let found: Option<(Vec<u8>, i64)> = conn
         .query_row(
-            "SELECT version, text_hash, header, next_seq, next_ledger, replayed FROM pipelines WHERE name = ?1",
-            [pipeline],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
+            "SELECT header, replayed FROM pipelines WHERE name = ?1 AND version = ?2",
+            params![pipeline, version],
+            |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .optional()?;
-    let Some((v, hash, header, next_seq, next_ledger, replayed)) = found else { return Ok(None) };
-    if v != i64::from(version) || hash != format!("{text_hash:016x}") {
-        forget(conn, pipeline)?;
-        return Ok(None);
-    }
+    let Some((header, replayed)) = found else { return Ok(None) };
     let mut windows = Vec::new();
-    let mut stmt = conn.prepare("SELECT id, data FROM state_windows WHERE pipeline = ?1")?;
-    let rows = stmt.query_map([pipeline], |r| Ok((id_from(&r.get::<_, Vec<u8>>(0)?), r.get::<_, Vec<u8>>(1)?)))?;
+    let mut stmt = conn.prepare("SELECT id, data FROM state_windows WHERE pipeline = ?1 AND version = ?2")?;
+    let rows = stmt
+        .query_map(params![pipeline, version], |r| Ok((id_from(&r.get::<_, Vec<u8>>(0)?), r.get::<_, Vec<u8>>(1)?)))?;
     for row in rows {
         windows.push(row?);
     }
     // In order: a later batch's record of an id replaces an earlier one.
-    let mut stmt = conn.prepare("SELECT data FROM state_id_batches WHERE pipeline = ?1 ORDER BY seq")?;
-    let id_batches = stmt.query_map([pipeline], |r| r.get::<_, Vec<u8>>(0))?.collect::<Result<_, _>>()?;
+    let mut stmt =
+        conn.prepare("SELECT data FROM state_id_batches WHERE pipeline = ?1 AND version = ?2 ORDER BY seq")?;
+    let id_batches =
+        stmt.query_map(params![pipeline, version], |r| r.get::<_, Vec<u8>>(0))?.collect::<Result<_, _>>()?;
     let mut offsets = Vec::new();
-    let mut stmt = conn.prepare("SELECT partition, next_offset FROM offsets WHERE pipeline = ?1")?;
-    let rows = stmt.query_map([pipeline], |r| Ok((r.get::<_, u32>(0)?, r.get::<_, i64>(1)? as u64)))?;
+    let mut stmt = conn.prepare("SELECT partition, next_offset FROM offsets WHERE pipeline = ?1 AND version = ?2")?;
+    let rows = stmt.query_map(params![pipeline, version], |r| Ok((r.get::<_, u32>(0)?, r.get::<_, i64>(1)? as u64)))?;
     for row in rows {
         offsets.push(row?);
     }
-    Ok(Some(Checkpoint { header, windows, id_batches, offsets, next_seq, next_ledger, replayed }))
+    Ok(Some(Checkpoint { header, windows, id_batches, offsets, replayed }))
 }
 
-/// Removes a pipeline's checkpoint and everything it published.
-pub fn forget(conn: &mut Connection, pipeline: &str) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
-    for table in [
-        "offsets",
-        "state_windows",
-        "state_id_batches",
-        "results",
-        "changes",
-        "ledger",
-        "pauses",
-        "held_results",
-        "replays",
-    ] {
-        tx.execute(&format!("DELETE FROM {table} WHERE pipeline = ?1"), [pipeline])?;
+/// Removes one version of a pipeline: its checkpoint, rows, change stream
+/// entries and ledger (a superseded version past its retention).
+pub fn forget_version(conn: &mut Connection, pipeline: &str, version: u32) -> rusqlite::Result<()> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    for table in ["offsets", "state_windows", "state_id_batches", "results", "held_results", "ledger", "replays"] {
+        tx.execute(&format!("DELETE FROM {table} WHERE pipeline = ?1 AND version = ?2"), params![pipeline, version])?;
     }
-    tx.execute("DELETE FROM pipelines WHERE name = ?1", [pipeline])?;
+    tx.execute(
+        "DELETE FROM changes WHERE pipeline = ?1 AND version = ?2 AND kind = 'row'",
+        params![pipeline, version],
+    )?;
+    tx.execute("DELETE FROM pipelines WHERE name = ?1 AND version = ?2", params![pipeline, version])?;
+    tx.execute("DELETE FROM versions WHERE pipeline = ?1 AND version = ?2", params![pipeline, version])?;
     tx.commit()?;
     Ok(())
 }
@@ -317,8 +392,6 @@ pub struct CheckpointWrite<'a> {
     pub out: &'a Output,
     pub delta: Delta,
     pub offsets: &'a [u64],
-    pub next_seq: i64,
-    pub next_ledger: i64,
     pub now_ms: i64,
     /// A replay starts: the stored windows and ids are dropped first, and
     /// the replay (`replays.id`) is marked applied.
@@ -348,27 +421,47 @@ pub(crate) fn sources_json(row: &Row, out: &mut String) {
     out.push(']');
 }
 
-/// Writes one checkpoint in one transaction; returns the next change and
-/// ledger sequence numbers.
-pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Result<(i64, i64)> {
+/// The pipeline's next change and ledger `seq`, shared by its versions.
+fn stream_position(conn: &Connection, pipeline: &str) -> rusqlite::Result<(i64, i64)> {
+    conn.prepare_cached("SELECT next_seq, next_ledger FROM streams WHERE pipeline = ?1")?
+        .query_row([pipeline], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
+        .map(|found| found.unwrap_or((1, 1)))
+}
+
+fn set_stream_position(conn: &Connection, pipeline: &str, (seq, lseq): (i64, i64)) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO streams (pipeline, next_seq, next_ledger) VALUES (?1, ?2, ?3)
+         ON CONFLICT (pipeline) DO UPDATE SET next_seq = excluded.next_seq, next_ledger = excluded.next_ledger",
+    )?
+    .execute(params![pipeline, seq, lseq])?;
+    Ok(())
+}
+
+/// Writes one checkpoint of one version in one transaction. Its rows and
+/// ledger entries take the pipeline's next sequence numbers (shared by
+/// every version, so `seq` never goes back), read in the transaction.
+pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let (mut seq, mut lseq) = (w.next_seq, w.next_ledger);
+    let (mut seq, mut lseq) = stream_position(&tx, w.pipeline)?;
     // Paused by an operator (see [`pause`]): rows go to the change stream
     // past the pause point, hidden from readers, and to `held_results`.
     let paused = tx.prepare_cached("SELECT 1 FROM pauses WHERE pipeline = ?1")?.exists([w.pipeline])?;
     if w.replay.is_some() {
-        tx.prepare_cached("DELETE FROM state_windows WHERE pipeline = ?1")?.execute([w.pipeline])?;
-        tx.prepare_cached("DELETE FROM state_id_batches WHERE pipeline = ?1")?.execute([w.pipeline])?;
+        tx.prepare_cached("DELETE FROM state_windows WHERE pipeline = ?1 AND version = ?2")?
+            .execute(params![w.pipeline, w.version])?;
+        tx.prepare_cached("DELETE FROM state_id_batches WHERE pipeline = ?1 AND version = ?2")?
+            .execute(params![w.pipeline, w.version])?;
     }
     let results_table = if paused { "held_results" } else { "results" };
     {
         let mut change = tx.prepare_cached(
-            "INSERT INTO changes (pipeline, seq, row, at_ms, run, sources) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT INTO changes (pipeline, seq, row, at_ms, run, sources, version) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )?;
         let mut result = tx.prepare_cached(&format!(
-            "INSERT INTO {results_table} (pipeline, key, window_start, window_end, status, revision, row)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-             ON CONFLICT (pipeline, key, window_start) DO UPDATE SET
+            "INSERT INTO {results_table} (pipeline, version, key, window_start, window_end, status, revision, row)
+             VALUES (?1, ?8, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (pipeline, version, key, window_start) DO UPDATE SET
                window_end = excluded.window_end, status = excluded.status,
                revision = excluded.revision, row = excluded.row"
         ))?;
@@ -380,7 +473,7 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
             let mut text = String::new();
             write_row(w.format, row, seq, &mut text);
             sources_json(row, &mut sources);
-            change.execute(params![w.pipeline, seq, text, w.now_ms, w.run, sources])?;
+            change.execute(params![w.pipeline, seq, text, w.now_ms, w.run, sources, w.version])?;
             texts.push(text);
             last.insert((&row.key[..], row.window_start.unwrap_or(GLOBAL_START)), i);
             seq += 1;
@@ -396,62 +489,66 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
                 row.window_end,
                 row.status.as_str(),
                 row.revision,
-                texts[i]
+                texts[i],
+                w.version
             ])?;
         }
         let mut text = String::new();
-        let mut ledger =
-            tx.prepare_cached("INSERT INTO ledger (pipeline, seq, reason, entry, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)")?;
+        let mut ledger = tx.prepare_cached(
+            "INSERT INTO ledger (pipeline, seq, reason, entry, at_ms, version) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?;
         for entry in &w.out.ledger {
             text.clear();
-            write_ledger(w.format, entry, lseq, &mut text);
-            ledger.execute(params![w.pipeline, lseq, entry.reason.as_str(), text, w.now_ms])?;
+            write_ledger(w.format, entry, lseq, w.version, &mut text);
+            ledger.execute(params![w.pipeline, lseq, entry.reason.as_str(), text, w.now_ms, w.version])?;
             lseq += 1;
         }
-        let mut put_window =
-            tx.prepare_cached("INSERT OR REPLACE INTO state_windows (pipeline, id, data) VALUES (?1, ?2, ?3)")?;
-        let mut drop_window = tx.prepare_cached("DELETE FROM state_windows WHERE pipeline = ?1 AND id = ?2")?;
+        let mut put_window = tx.prepare_cached(
+            "INSERT OR REPLACE INTO state_windows (pipeline, version, id, data) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        let mut drop_window =
+            tx.prepare_cached("DELETE FROM state_windows WHERE pipeline = ?1 AND version = ?2 AND id = ?3")?;
         for (id, data) in &w.delta.windows {
             match data {
-                Some(bytes) => put_window.execute(params![w.pipeline, &id_bytes(*id)[..], bytes])?,
-                None => drop_window.execute(params![w.pipeline, &id_bytes(*id)[..]])?,
+                Some(bytes) => put_window.execute(params![w.pipeline, w.version, &id_bytes(*id)[..], bytes])?,
+                None => drop_window.execute(params![w.pipeline, w.version, &id_bytes(*id)[..]])?,
             };
         }
         if !w.delta.ids.is_empty() {
             let (data, max_expires) = (&w.delta.ids, w.delta.ids_keep_until);
             tx.prepare_cached(
-                "INSERT INTO state_id_batches (pipeline, seq, max_expires, data)
-                 VALUES (?1, (SELECT coalesce(max(seq), 0) + 1 FROM state_id_batches WHERE pipeline = ?1), ?2, ?3)",
+                "INSERT INTO state_id_batches (pipeline, version, seq, max_expires, data)
+                 VALUES (?1, ?2, (SELECT coalesce(max(seq), 0) + 1 FROM state_id_batches WHERE pipeline = ?1 AND version = ?2), ?3, ?4)",
             )?
-            .execute(params![w.pipeline, max_expires, data])?;
+            .execute(params![w.pipeline, w.version, max_expires, data])?;
         }
-        tx.prepare_cached("DELETE FROM state_id_batches WHERE pipeline = ?1 AND max_expires <= ?2")?
-            .execute(params![w.pipeline, w.delta.forget_ids_through])?;
-        let mut offset =
-            tx.prepare_cached("INSERT OR REPLACE INTO offsets (pipeline, partition, next_offset) VALUES (?1, ?2, ?3)")?;
+        tx.prepare_cached("DELETE FROM state_id_batches WHERE pipeline = ?1 AND version = ?2 AND max_expires <= ?3")?
+            .execute(params![w.pipeline, w.version, w.delta.forget_ids_through])?;
+        let mut offset = tx.prepare_cached(
+            "INSERT OR REPLACE INTO offsets (pipeline, version, partition, next_offset) VALUES (?1, ?2, ?3, ?4)",
+        )?;
         for (p, o) in w.offsets.iter().enumerate() {
-            offset.execute(params![w.pipeline, p as i64, *o as i64])?;
+            offset.execute(params![w.pipeline, w.version, p as i64, *o as i64])?;
         }
         tx.prepare_cached(
-            "INSERT INTO pipelines (name, version, text_hash, header, next_seq, next_ledger, checkpoint_ms, replayed)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-             ON CONFLICT (name) DO UPDATE SET version = excluded.version, text_hash = excluded.text_hash,
-               header = excluded.header, next_seq = excluded.next_seq, next_ledger = excluded.next_ledger,
-               checkpoint_ms = excluded.checkpoint_ms, replayed = max(replayed, excluded.replayed)",
+            "INSERT INTO pipelines (name, version, text_hash, header, checkpoint_ms, replayed)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (name, version) DO UPDATE SET text_hash = excluded.text_hash,
+               header = excluded.header, checkpoint_ms = excluded.checkpoint_ms,
+               replayed = max(replayed, excluded.replayed)",
         )?
         .execute(params![
             w.pipeline,
             w.version,
             format!("{:016x}", w.text_hash),
             w.delta.header,
-            seq,
-            lseq,
             w.now_ms,
             w.replay.unwrap_or(0)
         ])?;
     }
+    set_stream_position(&tx, w.pipeline, (seq, lseq))?;
     tx.commit()?;
-    Ok((seq, lseq))
+    Ok(())
 }
 
 /// A row as served: the engine's JSON with its sequence number first.
@@ -461,10 +558,13 @@ pub(crate) fn write_row(format: &RowFormat, row: &Row, seq: i64, out: &mut Strin
     with_seq(&line, seq, out);
 }
 
-pub(crate) fn write_ledger(format: &RowFormat, entry: &LedgerEntry, seq: i64, out: &mut String) {
+/// A ledger entry as served: its sequence number and version first.
+pub(crate) fn write_ledger(format: &RowFormat, entry: &LedgerEntry, seq: i64, version: u32, out: &mut String) {
     let mut line = String::new();
     format.write_ledger(entry, &mut line);
-    with_seq(&line, seq, out);
+    let body = line.trim_end().strip_prefix('{').unwrap_or(&line);
+    out.push_str(&format!("{{\"seq\":{seq},\"version\":{version},"));
+    out.push_str(body);
 }
 
 fn with_seq(line: &str, seq: i64, out: &mut String) {
@@ -486,9 +586,9 @@ pub struct ResultFilter {
     pub limit: i64,
 }
 
-pub fn results(conn: &Connection, pipeline: &str, f: &ResultFilter) -> rusqlite::Result<Vec<String>> {
-    let mut sql = String::from("SELECT row FROM results WHERE pipeline = ?1");
-    let mut args: Vec<rusqlite::types::Value> = vec![pipeline.to_owned().into()];
+pub fn results(conn: &Connection, pipeline: &str, version: u32, f: &ResultFilter) -> rusqlite::Result<Vec<String>> {
+    let mut sql = String::from("SELECT row FROM results WHERE pipeline = ?1 AND version = ?2");
+    let mut args: Vec<rusqlite::types::Value> = vec![pipeline.to_owned().into(), i64::from(version).into()];
     if let Some(s) = &f.status {
         args.push(s.clone().into());
         sql.push_str(&format!(" AND status = ?{}", args.len()));
@@ -514,30 +614,40 @@ pub fn results(conn: &Connection, pipeline: &str, f: &ResultFilter) -> rusqlite:
     annotate_rows(conn, pipeline, rows.collect::<rusqlite::Result<Vec<String>>>()?)
 }
 
-/// The published change stream from `since`: rows past a pause point stay
+/// The published change stream from `since`: every version's rows and the
+/// `version` entries of promotes and rollbacks, or with `version` that
+/// version's rows and the `version` entries. Rows past a pause point stay
 /// hidden until the pipeline resumes.
-pub fn changes(conn: &Connection, pipeline: &str, since: i64, limit: i64) -> rusqlite::Result<Vec<String>> {
+pub fn changes(
+    conn: &Connection,
+    pipeline: &str,
+    version: Option<u32>,
+    since: i64,
+    limit: i64,
+) -> rusqlite::Result<Vec<String>> {
     let mut stmt = conn.prepare_cached(
         "SELECT row FROM changes WHERE pipeline = ?1 AND seq >= ?2
+           AND (?4 IS NULL OR version = ?4 OR kind = 'version')
            AND seq < coalesce((SELECT from_seq FROM pauses WHERE pipeline = ?1), 9223372036854775807)
          ORDER BY seq LIMIT ?3",
     )?;
-    let rows = stmt.query_map(params![pipeline, since, limit], |r| r.get::<_, String>(0))?;
+    let rows = stmt.query_map(params![pipeline, since, limit, version], |r| r.get::<_, String>(0))?;
     annotate_rows(conn, pipeline, rows.collect::<rusqlite::Result<Vec<String>>>()?)
 }
 
 pub fn ledger(
     conn: &Connection,
     pipeline: &str,
+    version: Option<u32>,
     reason: Option<&str>,
     since: i64,
     limit: i64,
 ) -> rusqlite::Result<Vec<String>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT entry FROM ledger WHERE pipeline = ?1 AND (?2 IS NULL OR reason = ?2) AND seq >= ?3
+        "SELECT entry FROM ledger WHERE pipeline = ?1 AND (?5 IS NULL OR version = ?5) AND (?2 IS NULL OR reason = ?2) AND seq >= ?3
          ORDER BY seq LIMIT ?4",
     )?;
-    let rows = stmt.query_map(params![pipeline, reason, since, limit], |r| r.get::<_, String>(0))?;
+    let rows = stmt.query_map(params![pipeline, reason, since, limit, version], |r| r.get::<_, String>(0))?;
     rows.collect()
 }
 
@@ -546,10 +656,7 @@ pub fn ledger(
 /// already.
 pub fn pause(conn: &mut Connection, pipeline: &str) -> rusqlite::Result<bool> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let next: i64 = tx
-        .query_row("SELECT next_seq FROM pipelines WHERE name = ?1", [pipeline], |r| r.get(0))
-        .optional()?
-        .unwrap_or(1);
+    let (next, _) = stream_position(&tx, pipeline)?;
     let added = tx.execute(
         "INSERT OR IGNORE INTO pauses (pipeline, from_seq, at_ms) VALUES (?1, ?2, ?3)",
         params![pipeline, next, weir_log::now_ms()],
@@ -572,27 +679,27 @@ pub fn resume(conn: &mut Connection, pipeline: &str) -> rusqlite::Result<bool> {
     Ok(removed > 0)
 }
 
-/// Asks the pipeline to replay; returns the replay's id.
-pub fn ask_replay(conn: &Connection, pipeline: &str, replay: crate::Replay) -> rusqlite::Result<i64> {
+/// Asks a version of the pipeline to replay; returns the replay's id.
+pub fn ask_replay(conn: &Connection, pipeline: &str, version: u32, replay: crate::Replay) -> rusqlite::Result<i64> {
     let from_offset = replay.from_offset.map(|o| o.min(i64::MAX as u64) as i64);
     conn.execute(
-        "INSERT INTO replays (pipeline, from_offset, from_time, asked_ms) VALUES (?1, ?2, ?3, ?4)",
-        params![pipeline, from_offset, replay.from_time, weir_log::now_ms()],
+        "INSERT INTO replays (pipeline, version, from_offset, from_time, asked_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![pipeline, version, from_offset, replay.from_time, weir_log::now_ms()],
     )?;
     Ok(conn.last_insert_rowid())
 }
 
-/// The newest replay asked for the pipeline, with its id.
-pub fn last_replay(conn: &Connection, pipeline: &str) -> rusqlite::Result<Option<(i64, crate::Replay)>> {
-    conn.prepare_cached("SELECT id, from_offset, from_time FROM replays WHERE pipeline = ?1 ORDER BY id DESC LIMIT 1")?
-        .query_row([pipeline], |r| {
-            let replay = crate::Replay {
-                from_offset: r.get::<_, Option<i64>>(1)?.map(|o| o.max(0) as u64),
-                from_time: r.get(2)?,
-            };
-            Ok((r.get(0)?, replay))
-        })
-        .optional()
+/// The newest replay asked of the pipeline's `version`, with its id.
+pub fn last_replay(conn: &Connection, pipeline: &str, version: u32) -> rusqlite::Result<Option<(i64, crate::Replay)>> {
+    conn.prepare_cached(
+        "SELECT id, from_offset, from_time FROM replays WHERE pipeline = ?1 AND version = ?2 ORDER BY id DESC LIMIT 1",
+    )?
+    .query_row(params![pipeline, version], |r| {
+        let replay =
+            crate::Replay { from_offset: r.get::<_, Option<i64>>(1)?.map(|o| o.max(0) as u64), from_time: r.get(2)? };
+        Ok((r.get(0)?, replay))
+    })
+    .optional()
 }
 
 /// Whether the pipeline's publishing was paused (a pause survives restarts).
@@ -681,12 +788,12 @@ pub(crate) fn with_annotations(notes: &[Annotation], rows: Vec<String>) -> Vec<S
         .collect()
 }
 
-/// The highest revision the pipeline has published (or holds while paused).
-pub fn max_revision(conn: &Connection, pipeline: &str) -> rusqlite::Result<u32> {
+/// The highest revision a version has published (or holds while paused).
+pub fn max_revision(conn: &Connection, pipeline: &str, version: u32) -> rusqlite::Result<u32> {
     conn.query_row(
-        "SELECT max(coalesce((SELECT max(revision) FROM results WHERE pipeline = ?1), 0),
-                    coalesce((SELECT max(revision) FROM held_results WHERE pipeline = ?1), 0))",
-        [pipeline],
+        "SELECT max(coalesce((SELECT max(revision) FROM results WHERE pipeline = ?1 AND version = ?2), 0),
+                    coalesce((SELECT max(revision) FROM held_results WHERE pipeline = ?1 AND version = ?2), 0))",
+        params![pipeline, version],
         |r| r.get::<_, i64>(0),
     )
     .map(|v| v.clamp(0, i64::from(u32::MAX)) as u32)
@@ -722,7 +829,7 @@ pub fn row_origin(conn: &Connection, pipeline: &str, seq: i64) -> rusqlite::Resu
     type Found = (String, Option<i64>, Option<i64>, Option<String>);
     let found: Option<Found> = conn
         .query_row(
-            "SELECT row, at_ms, run, sources FROM changes WHERE pipeline = ?1 AND seq = ?2
+            "SELECT row, at_ms, run, sources FROM changes WHERE pipeline = ?1 AND seq = ?2 AND kind = 'row'
                AND seq < coalesce((SELECT from_seq FROM pauses WHERE pipeline = ?1), 9223372036854775807)",
             params![pipeline, seq],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
@@ -750,7 +857,8 @@ pub fn row_origin(conn: &Connection, pipeline: &str, seq: i64) -> rusqlite::Resu
     // from `seq`). Keys are compared as written, in the contract's field order.
     let previous = {
         let mut stmt = conn.prepare_cached(
-            "SELECT seq, row FROM changes WHERE pipeline = ?1 AND seq < ?2
+            "SELECT seq, row FROM changes WHERE pipeline = ?1 AND seq < ?2 AND kind = 'row'
+               AND version = json_extract(?3, '$.version')
                AND json_extract(row, '$.key') = json_extract(?3, '$.key')
                AND json_extract(row, '$.window_start') IS json_extract(?3, '$.window_start')
              ORDER BY seq DESC LIMIT 1",
@@ -761,7 +869,8 @@ pub fn row_origin(conn: &Connection, pipeline: &str, seq: i64) -> rusqlite::Resu
     };
     // RFC 3339 times with milliseconds in UTC compare as text.
     let mut stmt = conn.prepare_cached(
-        "SELECT reason, count(*) FROM ledger WHERE pipeline = ?1 AND json_extract(entry, '$.key') = json_extract(?2, '$.key')
+        "SELECT reason, count(*) FROM ledger WHERE pipeline = ?1 AND version = json_extract(?2, '$.version')
+           AND json_extract(entry, '$.key') = json_extract(?2, '$.key')
            AND (json_extract(?2, '$.window_start') IS NULL
                 OR json_extract(entry, '$.window_start') = json_extract(?2, '$.window_start')
                 OR (json_extract(entry, '$.window_start') IS NULL
@@ -774,21 +883,22 @@ pub fn row_origin(conn: &Connection, pipeline: &str, seq: i64) -> rusqlite::Resu
     Ok(Some(RowOrigin { row, at_ms, sources, run, previous, ledgered }))
 }
 
-/// The newest `limit` published rows of the change stream, newest first.
-pub fn latest_changes(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite::Result<Vec<String>> {
+/// The newest `limit` published rows of a version, newest first.
+pub fn latest_changes(conn: &Connection, pipeline: &str, version: u32, limit: i64) -> rusqlite::Result<Vec<String>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT row FROM changes WHERE pipeline = ?1
+        "SELECT row FROM changes WHERE pipeline = ?1 AND version = ?3 AND kind = 'row'
            AND seq < coalesce((SELECT from_seq FROM pauses WHERE pipeline = ?1), 9223372036854775807)
          ORDER BY seq DESC LIMIT ?2",
     )?;
-    let rows = stmt.query_map(params![pipeline, limit], |r| r.get::<_, String>(0))?;
+    let rows = stmt.query_map(params![pipeline, limit, version], |r| r.get::<_, String>(0))?;
     annotate_rows(conn, pipeline, rows.collect::<rusqlite::Result<Vec<String>>>()?)
 }
 
-/// The newest `limit` ledger entries, newest first.
-pub fn latest_ledger(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite::Result<Vec<String>> {
-    let mut stmt = conn.prepare_cached("SELECT entry FROM ledger WHERE pipeline = ?1 ORDER BY seq DESC LIMIT ?2")?;
-    let rows = stmt.query_map(params![pipeline, limit], |r| r.get::<_, String>(0))?;
+/// The newest `limit` ledger entries of a version, newest first.
+pub fn latest_ledger(conn: &Connection, pipeline: &str, version: u32, limit: i64) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT entry FROM ledger WHERE pipeline = ?1 AND version = ?3 ORDER BY seq DESC LIMIT ?2")?;
+    let rows = stmt.query_map(params![pipeline, limit, version], |r| r.get::<_, String>(0))?;
     rows.collect()
 }
 
@@ -831,4 +941,130 @@ pub fn set_sink_position(conn: &Connection, pipeline: &str, topic: &str, next: i
         params![pipeline, topic, next],
     )?;
     Ok(())
+}
+
+fn version_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Version> {
+    Ok(Version {
+        version: r.get(0)?,
+        state: VersionState::parse(&r.get::<_, String>(1)?),
+        contract_hash: r.get(2)?,
+        contract: r.get(3)?,
+        started_ms: r.get(4)?,
+        started_by: r.get(5)?,
+        promoted_ms: r.get(6)?,
+        promoted_by: r.get(7)?,
+        superseded_ms: r.get(8)?,
+        replaced: r.get(9)?,
+    })
+}
+
+/// Every stored version of `pipeline`, oldest first.
+pub fn versions(conn: &Connection, pipeline: &str) -> rusqlite::Result<Vec<Version>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT version, state, contract_hash, contract, started_ms, started_by, promoted_ms, promoted_by,
+                superseded_ms, replaced
+         FROM versions WHERE pipeline = ?1 ORDER BY version",
+    )?;
+    let rows = stmt.query_map([pipeline], version_of)?;
+    rows.collect()
+}
+
+/// The live version of `pipeline`, if it has one.
+pub fn live_version(conn: &Connection, pipeline: &str) -> rusqlite::Result<Option<u32>> {
+    conn.prepare_cached("SELECT version FROM versions WHERE pipeline = ?1 AND state = 'live'")?
+        .query_row([pipeline], |r| r.get(0))
+        .optional()
+}
+
+/// Where `version` of `pipeline` stands (`None`: not stored, e.g. removed for retention).
+pub fn version_state(conn: &Connection, pipeline: &str, version: u32) -> rusqlite::Result<Option<VersionState>> {
+    conn.prepare_cached("SELECT state FROM versions WHERE pipeline = ?1 AND version = ?2")?
+        .query_row(params![pipeline, version], |r| r.get::<_, String>(0))
+        .optional()
+        .map(|s| s.map(|s| VersionState::parse(&s)))
+}
+
+/// Registers a contract file's version of `pipeline` (one transaction):
+/// stores a new version (a pipeline's first is live, a later one a
+/// candidate, superseding older candidates), stores the text of a version
+/// kept from before versions, or says why the file is refused.
+pub fn register_version(
+    conn: &mut Connection,
+    pipeline: &str,
+    file: FileContract<'_>,
+    who: &str,
+) -> rusqlite::Result<Registration> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let stored = versions(&tx, pipeline)?;
+    let decision = crate::versions::register(pipeline, &stored, file);
+    let now = weir_log::now_ms();
+    match &decision {
+        Registration::Known | Registration::Refused(_) => {}
+        Registration::Adopt => {
+            tx.execute(
+                "UPDATE versions SET contract = ?3, contract_hash = ?4 WHERE pipeline = ?1 AND version = ?2",
+                params![pipeline, file.version, file.text, hash_text(file.hash)],
+            )?;
+        }
+        Registration::New { state, supersedes } => {
+            for old in supersedes {
+                tx.execute(
+                    "UPDATE versions SET state = 'superseded', superseded_ms = ?3 WHERE pipeline = ?1 AND version = ?2",
+                    params![pipeline, old, now],
+                )?;
+            }
+            tx.execute(
+                "INSERT INTO versions (pipeline, version, state, contract_hash, contract, started_ms, started_by)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![pipeline, file.version, state.as_str(), hash_text(file.hash), file.text, now, who],
+            )?;
+        }
+    }
+    tx.commit()?;
+    Ok(decision)
+}
+
+/// A promote (`Some(version)`) or a rollback (`None`), in one transaction
+/// with its `version` entry in the change stream; the switch and the
+/// entry's `seq`, or why it cannot happen.
+pub fn switch_version(
+    conn: &mut Connection,
+    pipeline: &str,
+    promote: Option<u32>,
+    who: &str,
+    why: &str,
+) -> rusqlite::Result<Result<(Switch, i64), SwitchError>> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let stored = versions(&tx, pipeline)?;
+    let decided = match promote {
+        Some(v) => crate::versions::promote(pipeline, &stored, v),
+        None => crate::versions::rollback(pipeline, &stored),
+    };
+    let switch = match decided {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(e)),
+    };
+    let now = weir_log::now_ms();
+    if let Some(from) = switch.from {
+        tx.execute(
+            "UPDATE versions SET state = 'superseded', superseded_ms = ?3 WHERE pipeline = ?1 AND version = ?2",
+            params![pipeline, from, now],
+        )?;
+    }
+    let replaced = if promote.is_some() { switch.from } else { None };
+    tx.execute(
+        "UPDATE versions SET state = 'live', promoted_ms = ?3, promoted_by = ?4, superseded_ms = NULL,
+                replaced = coalesce(?5, replaced)
+         WHERE pipeline = ?1 AND version = ?2",
+        params![pipeline, switch.to, now, who, replaced],
+    )?;
+    let (seq, lseq) = stream_position(&tx, pipeline)?;
+    let entry = crate::versions::with_seq(seq, &crate::versions::marker(pipeline, switch, now, why, who));
+    tx.execute(
+        "INSERT INTO changes (pipeline, seq, row, at_ms, version, kind) VALUES (?1, ?2, ?3, ?4, ?5, 'version')",
+        params![pipeline, seq, entry, now, switch.to],
+    )?;
+    set_stream_position(&tx, pipeline, (seq + 1, lseq))?;
+    tx.commit()?;
+    Ok(Ok((switch, seq)))
 }

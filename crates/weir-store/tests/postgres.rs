@@ -118,12 +118,24 @@ fn commit_as(
     pg::checkpoint(client, schema, w)
 }
 
+/// Stores `c`'s version of its pipeline, as a server does at its start.
+fn register(client: &mut postgres::Client, schema: &str, c: &Contract) {
+    let file = weir_store::FileContract {
+        version: c.pipeline.version,
+        hash: c.text_hash,
+        bytes_hash: c.bytes_hash(),
+        text: &c.text,
+    };
+    let registered = pg::register_version(client, schema, &c.pipeline.name, file, "test").unwrap();
+    assert!(!matches!(registered, weir_store::Registration::Refused(_)), "{registered:?}");
+}
+
 #[test]
 fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() {
     let mut s = Schema::new("fence");
     let c = Contract::parse("paid.toml", CONTRACT).unwrap();
     let identity = (c.pipeline.version, c.text_hash);
-    pg::prepare_pipeline(&mut s.client, &s.name, "paid", 1, c.text_hash).unwrap();
+    register(&mut s.client, &s.name, &c);
 
     // Worker A takes partition 3 and checkpoints two events.
     let a = pg::claim(&mut s.client, &s.name, "paid", 3, "worker-a", identity).unwrap();
@@ -150,13 +162,13 @@ fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() 
         "{refused}"
     );
     assert!(refused.to_string().contains("taken by another worker"), "{refused}");
-    let changes = pg::changes(&mut s.client, &s.name, "paid", 1, 100).unwrap();
+    let changes = pg::changes(&mut s.client, &s.name, "paid", None, 1, 100).unwrap();
     assert_eq!(changes.len(), 2, "only A's first checkpoint: {changes:?}");
 
     // B processes the same event from the same offset and commits.
     let out = feed(&mut engine_b, 3, 2, &[event(3, 1, 2, "4.00")]);
     commit(&mut other, &s.name, &mut engine_b, &out, (b.generation, b.run), 3).unwrap();
-    let changes = pg::changes(&mut s.client, &s.name, "paid", 1, 100).unwrap();
+    let changes = pg::changes(&mut s.client, &s.name, "paid", None, 1, 100).unwrap();
     let revisions: Vec<(i64, u64, String)> = changes
         .iter()
         .map(|l| {
@@ -173,12 +185,13 @@ fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() 
         &mut s.client,
         &s.name,
         "paid",
+        1,
         &weir_store::sqlite::ResultFilter { limit: 10, ..Default::default() },
     )
     .unwrap();
     assert_eq!(results.len(), 1);
     assert!(results[0].contains("\"revision\":3") && results[0].contains("7.00"), "{results:?}");
-    let parts = pg::partitions(&mut s.client, &s.name, "paid").unwrap();
+    let parts = pg::partitions(&mut s.client, &s.name, "paid", 1).unwrap();
     assert_eq!(parts, [(3, 3, b.generation, "worker-b".to_owned())]);
 }
 
@@ -186,7 +199,7 @@ fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() 
 fn a_row_never_goes_back_to_a_lower_revision() {
     let mut s = Schema::new("revision");
     let c = Contract::parse("paid.toml", CONTRACT).unwrap();
-    pg::prepare_pipeline(&mut s.client, &s.name, "paid", 1, c.text_hash).unwrap();
+    register(&mut s.client, &s.name, &c);
     let claim = pg::claim(&mut s.client, &s.name, "paid", 3, "w", (1, c.text_hash)).unwrap();
     // Three revisions of one window in one engine; the first two replayed
     // by a second engine after the third was stored.
@@ -203,6 +216,7 @@ fn a_row_never_goes_back_to_a_lower_revision() {
         &mut s.client,
         &s.name,
         "paid",
+        1,
         &weir_store::sqlite::ResultFilter { limit: 10, ..Default::default() },
     )
     .unwrap();
@@ -315,19 +329,21 @@ fn a_version_1_ledger_is_dated_and_its_payloads_erased_in_order() {
 }
 
 #[test]
-fn a_worker_of_the_old_contract_is_fenced_out_after_a_contract_change() {
-    let mut s = Schema::new("fence_contract");
+fn two_versions_hold_a_partition_side_by_side_each_fenced_and_seq_shared() {
+    let mut s = Schema::new("fence_versions");
     let v1 = Contract::parse("paid.toml", CONTRACT).unwrap();
     let v2 = Contract::parse("paid.toml", &CONTRACT.replace("version = 1", "version = 2")).unwrap();
-    pg::prepare_pipeline(&mut s.client, &s.name, "paid", 1, v1.text_hash).unwrap();
+    register(&mut s.client, &s.name, &v1);
     let a = pg::claim(&mut s.client, &s.name, "paid", 0, "worker-a", (1, v1.text_hash)).unwrap();
     let mut engine_a = Engine::new(&v1, Mode::Stream, 1).unwrap();
     engine_a.track_changes();
 
-    // The contract changes: the pipeline's partitions are removed, and B,
-    // running version 2, claims partition 0 again.
+    // Version 2 arrives as a candidate; B claims partition 0 for it. Version 1's rows stay.
     let mut other = pg::connect(&url()).unwrap();
-    pg::prepare_pipeline(&mut other, &s.name, "paid", 2, v2.text_hash).unwrap();
+    register(&mut other, &s.name, &v2);
+    let versions = pg::versions(&mut other, &s.name, "paid").unwrap();
+    let states: Vec<_> = versions.iter().map(|v| (v.version, v.state)).collect();
+    assert_eq!(states, [(1, weir_store::VersionState::Live), (2, weir_store::VersionState::Candidate)]);
     let b = pg::claim(&mut other, &s.name, "paid", 0, "worker-b", (2, v2.text_hash)).unwrap();
     assert!(
         b.generation > a.generation,
@@ -336,24 +352,37 @@ fn a_worker_of_the_old_contract_is_fenced_out_after_a_contract_change() {
         b.generation
     );
 
-    // A, still on version 1 and holding its old generation, is refused.
+    // A commits version 1's row: B's claim of version 2 does not fence it.
     let out = feed(&mut engine_a, 0, 0, &[event(1, 1, 0, "1.00")]);
-    let refused = commit_as(&mut s.client, &s.name, &mut engine_a, &out, (0, a.generation, a.run), 1, &v1).unwrap_err();
-    assert!(matches!(refused, weir_store::CheckpointError::Fenced { .. }), "{refused}");
-    // Even with B's generation, a checkpoint of another contract is refused.
+    commit_as(&mut s.client, &s.name, &mut engine_a, &out, (0, a.generation, a.run), 1, &v1).unwrap();
+    // A checkpoint of version 1 with version 2's generation is refused.
     let refused = commit_as(&mut s.client, &s.name, &mut engine_a, &out, (0, b.generation, a.run), 1, &v1).unwrap_err();
     assert!(matches!(refused, weir_store::CheckpointError::Fenced { .. }), "{refused}");
-    // And A cannot claim a partition of the pipeline under version 1.
-    let claim = pg::claim(&mut s.client, &s.name, "paid", 1, "worker-a", (1, v1.text_hash)).unwrap_err().to_string();
-    assert!(claim.contains("version 2") && claim.contains("not this worker's version 1"), "{claim}");
-    assert!(pg::changes(&mut s.client, &s.name, "paid", 1, 100).unwrap().is_empty(), "nothing of A's was written");
+    // A claim with another contract under version 1's number is refused.
+    let claim = pg::claim(&mut s.client, &s.name, "paid", 1, "worker-a", (1, v1.text_hash ^ 1)).unwrap_err();
+    assert!(claim.to_string().contains("not this worker's contract hash"), "{claim}");
 
-    // B commits.
+    // B commits version 2's row; a promote is an entry of its own. `seq` is 1, 2, 3 across versions.
     let mut engine_b = Engine::new(&v2, Mode::Stream, 1).unwrap();
     engine_b.track_changes();
     let out = feed(&mut engine_b, 0, 0, &[event(1, 1, 0, "1.00")]);
     commit_as(&mut other, &s.name, &mut engine_b, &out, (0, b.generation, b.run), 1, &v2).unwrap();
-    assert_eq!(pg::changes(&mut s.client, &s.name, "paid", 1, 100).unwrap().len(), 1);
+    let (switch, seq) = pg::switch_version(&mut other, &s.name, "paid", Some(2), "op", "test").unwrap().unwrap();
+    assert_eq!((switch.from, switch.to, seq), (Some(1), 2, 3));
+    let all = pg::changes(&mut s.client, &s.name, "paid", None, 1, 100).unwrap();
+    let seqs: Vec<i64> =
+        all.iter().map(|r| serde_json::from_str::<serde_json::Value>(r).unwrap()["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    assert!(all[2].contains(r#""type":"version""#) && all[2].contains(r#""from":1"#), "{}", all[2]);
+    let only_v1 = pg::changes(&mut s.client, &s.name, "paid", Some(1), 1, 100).unwrap();
+    assert_eq!(only_v1.len(), 2, "version 1's row and the promote: {only_v1:?}");
+    let filter = weir_store::sqlite::ResultFilter { limit: 10, ..Default::default() };
+    assert_eq!(pg::results(&mut s.client, &s.name, "paid", 1, &filter).unwrap().len(), 1);
+    assert_eq!(pg::results(&mut s.client, &s.name, "paid", 2, &filter).unwrap().len(), 1);
+    // A rollback makes version 1 live again.
+    let (switch, seq) = pg::switch_version(&mut other, &s.name, "paid", None, "op", "test").unwrap().unwrap();
+    assert_eq!((switch.from, switch.to, seq), (Some(2), 1, 4));
+    assert_eq!(pg::live_version(&mut other, &s.name, "paid").unwrap(), Some(1));
 }
 
 #[test]
@@ -361,7 +390,7 @@ fn a_pause_holds_the_rows_of_every_worker_and_a_resume_publishes_them() {
     let mut s = Schema::new("pause");
     let c = Contract::parse("paid.toml", CONTRACT).unwrap();
     let identity = (c.pipeline.version, c.text_hash);
-    pg::prepare_pipeline(&mut s.client, &s.name, "paid", 1, c.text_hash).unwrap();
+    register(&mut s.client, &s.name, &c);
     let mut other = pg::connect(&url()).unwrap();
     // Two workers, a partition each.
     let a = pg::claim(&mut s.client, &s.name, "paid", 0, "worker-a", identity).unwrap();
@@ -373,8 +402,8 @@ fn a_pause_holds_the_rows_of_every_worker_and_a_resume_publishes_them() {
     commit_as(&mut s.client, &s.name, &mut ea, &out, (0, a.generation, a.run), 1, &c).unwrap();
     let published = |client: &mut postgres::Client| {
         let f = weir_store::sqlite::ResultFilter { limit: 100, ..Default::default() };
-        let results = pg::results(client, &s.name, "paid", &f).unwrap();
-        (pg::changes(client, &s.name, "paid", 1, 100).unwrap().len(), results)
+        let results = pg::results(client, &s.name, "paid", 1, &f).unwrap();
+        (pg::changes(client, &s.name, "paid", None, 1, 100).unwrap().len(), results)
     };
     let mut reader = pg::connect(&url()).unwrap();
     let (changes_before, results_before) = published(&mut reader);
@@ -390,7 +419,7 @@ fn a_pause_holds_the_rows_of_every_worker_and_a_resume_publishes_them() {
     commit_as(&mut other, &s.name, &mut eb, &out, (1, b.generation, b.run), 1, &c).unwrap();
     assert_eq!(published(&mut reader), (changes_before, results_before.clone()), "nothing published while paused");
     // The sink and the dashboard read the same change stream.
-    assert!(pg::latest_changes(&mut reader, &s.name, "paid", 10).unwrap().len() == 1);
+    assert!(pg::latest_changes(&mut reader, &s.name, "paid", 1, 10).unwrap().len() == 1);
 
     assert!(pg::resume(&mut reader, &s.name, "paid").unwrap(), "it was paused");
     assert!(!pg::resume(&mut reader, &s.name, "paid").unwrap(), "resuming twice says it was not");

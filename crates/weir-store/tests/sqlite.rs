@@ -135,3 +135,64 @@ fn a_version_3_ledger_is_dated_and_its_payloads_can_be_erased_from_disk() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_version_5_database_keeps_its_rows_as_the_live_version() {
+    let dir = std::env::temp_dir().join(format!("weir-store-migrate-5-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("weir.db");
+    {
+        // What schema version 5 wrote: one pipeline at version 3, its checkpoint, a row, a change, a ledger entry.
+        let old = Connection::open(&path).unwrap();
+        old.execute_batch(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             INSERT INTO meta VALUES ('schema_version', '5');
+             CREATE TABLE pipelines (
+                 name TEXT PRIMARY KEY, version INTEGER NOT NULL, text_hash TEXT NOT NULL, header BLOB NOT NULL,
+                 next_seq INTEGER NOT NULL, next_ledger INTEGER NOT NULL, checkpoint_ms INTEGER NOT NULL,
+                 replayed INTEGER NOT NULL DEFAULT 0);
+             INSERT INTO pipelines VALUES ('paid', 3, '00000000000000aa', x'00', 2, 2, 1000, 0);
+             CREATE TABLE offsets (
+                 pipeline TEXT NOT NULL, partition INTEGER NOT NULL, next_offset INTEGER NOT NULL,
+                 PRIMARY KEY (pipeline, partition));
+             INSERT INTO offsets VALUES ('paid', 0, 17);
+             CREATE TABLE results (
+                 pipeline TEXT NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL, window_end INTEGER,
+                 status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
+                 PRIMARY KEY (pipeline, key, window_start)) WITHOUT ROWID;
+             INSERT INTO results VALUES ('paid', x'01', 0, 60000, 'settled', 1, '{\"seq\":1,\"version\":3}');
+             CREATE TABLE changes (
+                 pipeline TEXT NOT NULL, seq INTEGER NOT NULL, row TEXT NOT NULL,
+                 at_ms INTEGER, run INTEGER, sources TEXT, PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
+             INSERT INTO changes VALUES ('paid', 1, '{\"seq\":1,\"version\":3}', 1000, 1, '[]');
+             CREATE TABLE ledger (
+                 pipeline TEXT NOT NULL, seq INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
+                 at_ms INTEGER NOT NULL DEFAULT 0, erased INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
+             INSERT INTO ledger VALUES ('paid', 1, 'duplicate', '{\"seq\":1}', 1000, 0);
+             CREATE TABLE replays (
+                 id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, from_offset INTEGER, from_time INTEGER,
+                 asked_ms INTEGER NOT NULL);",
+        )
+        .unwrap();
+    }
+    let mut conn = weir_store::sqlite::open(&path).unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
+    let versions = weir_store::sqlite::versions(&conn, "paid").unwrap();
+    assert_eq!(versions.len(), 1);
+    assert_eq!((versions[0].version, versions[0].state), (3, weir_store::VersionState::Live));
+    assert_eq!(versions[0].contract_hash, "00000000000000aa");
+    let all = weir_store::ResultFilter { limit: 10, ..Default::default() };
+    assert_eq!(weir_store::sqlite::results(&conn, "paid", 3, &all).unwrap().len(), 1);
+    assert_eq!(weir_store::sqlite::changes(&conn, "paid", Some(3), 1, 10).unwrap().len(), 1);
+    assert_eq!(weir_store::sqlite::ledger(&conn, "paid", Some(3), None, 1, 10).unwrap().len(), 1);
+    let checkpoint = weir_store::sqlite::load(&mut conn, "paid", 3).unwrap().unwrap();
+    assert_eq!(checkpoint.offsets, [(0, 17)]);
+    // The stream goes on from where version 5 left it: a promote takes seq 2.
+    let file = weir_store::FileContract { version: 4, hash: 0xbb, bytes_hash: 0xcc, text: "[pipeline]" };
+    let registered = weir_store::sqlite::register_version(&mut conn, "paid", file, "test").unwrap();
+    assert!(matches!(registered, weir_store::Registration::New { state: weir_store::VersionState::Candidate, .. }));
+    let (_, seq) = weir_store::sqlite::switch_version(&mut conn, "paid", Some(4), "op", "test").unwrap().unwrap();
+    assert_eq!(seq, 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -376,6 +376,87 @@ pub fn act(
     Ok(())
 }
 
+/// `weir promote PIPELINE N --why` (`Some(N)`) or `weir rollback PIPELINE --why`.
+pub fn switch(url: &str, pipeline: &str, version: Option<u32>, who: Option<&str>, why: &str) -> Result<(), Failure> {
+    let action = if version.is_some() { "promote" } else { "rollback" };
+    let target = format!("{}/v1/pipelines/{pipeline}/{action}", url.trim_end_matches('/'));
+    let body = serde_json::json!({ "version": version, "who": who, "why": why });
+    let v = post_json(&target, &body)?;
+    eprintln!(
+        "weir: {pipeline}: version {} is live (was {}); the change stream marks it at seq {} (audit entry {})",
+        plain(&v["to"]),
+        plain(&v["from"]),
+        plain(&v["seq"]),
+        plain(&v["audit"])
+    );
+    Ok(())
+}
+
+/// `weir diff PIPELINE A B [--format json]`.
+pub fn diff(url: &str, pipeline: &str, (a, b): (u32, u32), format: &str) -> Result<(), Failure> {
+    if format != "text" && format != "json" {
+        return Err(Failure::usage(format!("--format {format:?}: use text or json")));
+    }
+    let target = format!("{}/v1/pipelines/{pipeline}/diff?a={a}&b={b}", url.trim_end_matches('/'));
+    let body = get_ok(&agent(), &target)?;
+    if format == "json" {
+        print!("{body}");
+        return Ok(());
+    }
+    let d: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| Failure::run(anyhow::anyhow!("{target} did not answer JSON: {e}")))?;
+    print!("{}", diff_text(&d));
+    Ok(())
+}
+
+/// A diff report, readable.
+pub fn diff_text(d: &serde_json::Value) -> String {
+    let w = &d["windows"];
+    let mut out = format!(
+        "{} version {} against version {}, windows from {} to {}\n",
+        plain(&d["pipeline"]),
+        plain(&d["a"]),
+        plain(&d["b"]),
+        plain(&d["from"]),
+        plain(&d["to"])
+    );
+    out.push_str(&format!(
+        "  windows: {} matched, {} differing, {} only in {}, {} only in {}\n",
+        plain(&w["matched"]),
+        plain(&w["differing"]),
+        plain(&w["only_in_a"]),
+        plain(&d["a"]),
+        plain(&w["only_in_b"]),
+        plain(&d["b"])
+    ));
+    for (name, t) in d["totals"].as_object().into_iter().flatten() {
+        out.push_str(&format!(
+            "  {name}: {} in {}, {} in {} (difference {})\n",
+            plain(&t["a"]),
+            plain(&d["a"]),
+            plain(&t["b"]),
+            plain(&d["b"]),
+            plain(&t["difference"])
+        ));
+    }
+    let largest = d["largest_differences"].as_array().cloned().unwrap_or_default();
+    if !largest.is_empty() {
+        out.push_str("  largest differences:\n");
+    }
+    for x in largest {
+        out.push_str(&format!(
+            "    {} {}..{}: {} -> {} (difference {})\n",
+            x["key"],
+            plain(&x["window_start"]),
+            plain(&x["window_end"]),
+            x["a"]["values"],
+            x["b"]["values"],
+            plain(&x["difference"])
+        ));
+    }
+    out
+}
+
 /// `weir annotate PIPELINE --from --to --note --who`: a note on an event-time range.
 pub fn annotate(
     url: &str,

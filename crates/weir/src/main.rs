@@ -149,6 +149,40 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
     },
+    /// Make a version of a pipeline live (a candidate, or a superseded one): readers' default switches to it; audited.
+    Promote {
+        pipeline: String,
+        version: u32,
+        /// On whose behalf, when not the token's holder (the token says who acts).
+        #[arg(long)]
+        who: Option<String>,
+        #[arg(long)]
+        why: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
+    /// Make the version the live one replaced live again; audited.
+    Rollback {
+        pipeline: String,
+        /// On whose behalf, when not the token's holder (the token says who acts).
+        #[arg(long)]
+        who: Option<String>,
+        #[arg(long)]
+        why: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
+    /// Compare two versions of a pipeline on the windows both cover: matched, differing, missing, totals.
+    Diff {
+        pipeline: String,
+        a: u32,
+        b: u32,
+        /// `text` (readable) or `json` (for scripts).
+        #[arg(long, default_value = "text")]
+        format: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
     /// Note something about an event-time range of a pipeline; rows of windows in the range carry the note's id.
     Annotate {
         pipeline: String,
@@ -436,6 +470,11 @@ fn main() -> ExitCode {
             &why,
             client::ReplayFrom { offset: from_offset, time: from_time },
         ),
+        Command::Promote { pipeline, version, who, why, url } => {
+            client::switch(&url, &pipeline, Some(version), who.as_deref(), &why)
+        }
+        Command::Rollback { pipeline, who, why, url } => client::switch(&url, &pipeline, None, who.as_deref(), &why),
+        Command::Diff { pipeline, a, b, format, url } => client::diff(&url, &pipeline, (a, b), &format),
         Command::Annotate { pipeline, from, to, note, who, url } => {
             client::annotate(&url, &pipeline, (&from, &to), &note, who.as_deref())
         }

@@ -1,0 +1,144 @@
+//! A pipeline's versions as the server follows them (SPEC.md 8): after a
+//! promote or rollback its readers and reports switch at once; every second
+//! the alert loop looks for candidates that caught up (their watermark
+//! reached the live version's), tells the owner's and steward's webhook
+//! with the diff's summary, and promotes those whose contract says
+//! `promote = "auto"`. The decisions and the writes are the store's.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use weir_contract::Promote;
+use weir_runtime::{lock, Pipeline};
+use weir_store::{Switch, VersionState};
+
+use crate::app::App;
+
+/// What the version loop remembers: the candidates it announced, and
+/// notifications waiting for the alert loop's webhook queue.
+#[derive(Default)]
+pub struct VersionWatch {
+    pub announced: BTreeSet<(String, u32)>,
+    pub outbox: Vec<(String, Value)>,
+}
+
+/// After a switch: this server's runners' states, until they read the store again.
+pub fn switched(p: &Pipeline, switch: Switch) {
+    if let Some(from) = switch.from.and_then(|v| p.versions.get(&v)) {
+        lock(&from.status).version_state = Some(VersionState::Superseded);
+    }
+    if let Some(to) = p.versions.get(&switch.to) {
+        lock(&to.status).version_state = Some(VersionState::Live);
+    }
+}
+
+/// The rows of two versions compared (see `diff`), read from the store.
+pub fn diff(p: &Pipeline, name: &str, a: u32, b: u32) -> weir_store::Result<Value> {
+    let all = weir_store::ResultFilter { limit: i64::MAX, ..Default::default() };
+    let rows = |v: u32| -> weir_store::Result<Vec<Value>> {
+        Ok(p.store.results(name, v, &all)?.iter().filter_map(|r| serde_json::from_str(r).ok()).collect())
+    };
+    Ok(crate::diff::compare(name, (a, rows(a)?), (b, rows(b)?)))
+}
+
+/// A notification about versions for the owner's and steward's webhook:
+/// `candidate_ready`, `promote` or `rollback`, with the diff's summary.
+fn note(p: &Pipeline, name: &str, event: &str, switch: Switch) -> Value {
+    let c = &p.contract().pipeline;
+    let summary = match switch.from {
+        Some(from) => match diff(p, name, from, switch.to) {
+            Ok(d) => {
+                json!({ "a": d["a"], "b": d["b"], "from": d["from"], "to": d["to"], "windows": d["windows"], "totals": d["totals"] })
+            }
+            Err(e) => json!({ "error": e.to_string() }),
+        },
+        None => Value::Null,
+    };
+    json!({
+        "status": "version",
+        "event": event,
+        "pipeline": name,
+        "from": switch.from,
+        "to": switch.to,
+        "owner": c.owner,
+        "steward": c.steward,
+        "decision": c.decision,
+        "diff": summary,
+        "at": weir_engine::time::format_rfc3339_ms(weir_log::now_ms()),
+    })
+}
+
+/// Queues a promote's or rollback's notification (sent by the alert loop).
+pub async fn notify(app: &Arc<App>, name: &str, event: &'static str, switch: Switch) {
+    let (a, n) = (Arc::clone(app), name.to_owned());
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Some(p) = a.pipelines.get(&n) {
+            let note = note(p, &n, event, switch);
+            lock(&a.versions).outbox.push((n, note));
+        }
+    })
+    .await;
+}
+
+/// Every second: candidates whose watermark reached the live version's are
+/// announced once, and promoted when their contract says `promote = "auto"`.
+/// Returns the notifications to send, by pipeline.
+pub fn check(app: &App) -> Vec<(String, Value)> {
+    for (name, p) in &app.pipelines {
+        if p.refused.is_some() {
+            continue;
+        }
+        let (live, live_run) = p.live();
+        let live_watermark = lock(&live_run.status).watermark;
+        for (&version, run) in &p.versions {
+            let (state, watermark) = {
+                let s = lock(&run.status);
+                (s.version_state, s.watermark)
+            };
+            let caught_up = match (watermark, live_watermark) {
+                (Some(w), Some(l)) => w >= l,
+                (Some(_), None) => true,
+                _ => false,
+            };
+            if state != Some(VersionState::Candidate) || !caught_up {
+                continue;
+            }
+            let switch = Switch { from: Some(live), to: version };
+            if lock(&app.versions).announced.insert((name.clone(), version)) {
+                let note = note(p, name, "candidate_ready", switch);
+                lock(&app.versions).outbox.push((name.clone(), note));
+            }
+            if run.contract.pipeline.promote == Promote::Auto {
+                auto_promote(app, name, p, version);
+            }
+        }
+    }
+    std::mem::take(&mut lock(&app.versions).outbox)
+}
+
+fn auto_promote(app: &App, name: &str, p: &Pipeline, version: u32) {
+    let (who, why) = ("weir (promote = \"auto\")", "the candidate's watermark reached the live version's");
+    match p.store.switch_version(name, Some(version), who, why) {
+        Ok(Ok((switch, seq))) => {
+            switched(p, switch);
+            let detail = json!({ "from": switch.from, "to": switch.to, "seq": seq });
+            let entry = weir_store::audit::Entry {
+                who,
+                action: "promote",
+                pipeline: Some(name),
+                detail: &detail,
+                why,
+                origin: "weir serve",
+            };
+            if let Err(e) = app.sqlite.with(|c| weir_store::audit::append(c, &entry)) {
+                eprintln!("weir: {name}: the automatic promote of version {version} was not audited: {e}");
+            }
+            eprintln!("weir: {name}: version {version} promoted automatically ({why})");
+            let note = note(p, name, "promote", switch);
+            lock(&app.versions).outbox.push((name.to_owned(), note));
+        }
+        Ok(Err(e)) => eprintln!("weir: {name}: version {version} not promoted automatically: {e}"),
+        Err(e) => eprintln!("weir: {name}: version {version} not promoted automatically: {e}"),
+    }
+}
