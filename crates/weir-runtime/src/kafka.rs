@@ -66,6 +66,38 @@ pub fn client_config(brokers: &str, kafka: Option<&KafkaConfig>) -> ClientConfig
     c
 }
 
+/// The earliest timestamp from which the broker still holds `topic`
+/// whole, when retention removed older records (`None`: every partition
+/// starts at offset 0). Blocks: it reads each trimmed partition's first record.
+pub fn input_kept_from(brokers: &str, kafka: Option<&KafkaConfig>, topic: &str) -> anyhow::Result<Option<i64>> {
+    let consumer: BaseConsumer = client_config(brokers, kafka)
+        .set("group.id", "weir-input-kept-from")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions = metadata.topics().first().map_or(0, |t| t.partitions().len());
+    let mut kept_from = None;
+    for p in 0..partitions as i32 {
+        let (low, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+        if low <= 0 || low >= high {
+            continue;
+        }
+        let mut one = TopicPartitionList::new();
+        one.add_partition_offset(topic, p, Offset::Offset(low))?;
+        consumer.assign(&one)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(message) = consumer.poll(Duration::from_millis(200)) {
+                if let Some(t) = message?.timestamp().to_millis() {
+                    kept_from = Some(kept_from.map_or(t, |k: i64| k.max(t)));
+                }
+                break;
+            }
+        }
+    }
+    Ok(kept_from)
+}
+
 /// Where a contract's Kafka source is: brokers and group id.
 pub fn source_of(contract: &Contract, config: &ServerConfig) -> Option<(String, String)> {
     let brokers = contract.source.brokers.clone().or_else(|| config.kafka.as_ref().map(|k| k.brokers.clone()))?;

@@ -473,6 +473,9 @@ impl Holder for HeldRef {
     }
 }
 
+/// A candidate checkpoints after this many times `checkpoint_events`.
+const CANDIDATE_EVENTS: u64 = 20;
+
 /// One run of a pipeline between a start (from the last checkpoints) and a
 /// stop or a crash. Dropping it without a stop is a crash: what it did
 /// since its last checkpoints is gone, and the next [`Run::start`]
@@ -487,6 +490,8 @@ pub struct Run {
     replay: Option<(i64, Replay)>,
     /// Whether this version runs (live or candidate), as the store last said.
     reading: bool,
+    /// Whether it is a candidate (checkpointed less often: no reader waits for its rows).
+    candidate: bool,
     status_published: u64,
     idle_after: u64,
     interval: u64,
@@ -533,6 +538,7 @@ impl Run {
             commands_read: None,
             replay: None,
             reading: true,
+            candidate: false,
             status_published: now,
             idle_after: r.config.idle_timeout_ms.max(0) as u64,
             interval: r.config.checkpoint_interval_ms.max(1) as u64,
@@ -553,6 +559,7 @@ impl Run {
             let state = held.checkpoints.version_state()?;
             lock(&r.status).version_state = state;
             self.reading = state.is_some_and(VersionState::runs);
+            self.candidate = state == Some(VersionState::Candidate);
             let oldest = held.units.values().map(|u| u.replayed).min();
             self.replay = match oldest {
                 Some(oldest) => held.checkpoints.last_replay()?.filter(|(id, _)| *id > oldest),
@@ -653,11 +660,18 @@ impl Run {
             }
         }
         self.take_failures(r)?;
-        let due = now.saturating_sub(self.last_checkpoint) >= self.interval;
+        // A candidate building from the retained input is read by no one by default: it
+        // checkpoints for its own safety, not for readers, so every 5 s or CANDIDATE_EVENTS x
+        // checkpoint_events while it is behind; once caught up, as a live version.
+        let behind = lock(&self.held).units.values().any(|u| u.parts.values().any(|p| p.end > p.next));
+        let (interval, events) = match self.candidate && behind {
+            true => (self.interval.max(5_000), r.config.checkpoint_events.saturating_mul(CANDIDATE_EVENTS)),
+            false => (self.interval, r.config.checkpoint_events),
+        };
+        let due = now.saturating_sub(self.last_checkpoint) >= interval;
         let mut checkpointed = Vec::new();
         {
             let mut held = lock(&self.held);
-            let events = r.config.checkpoint_events;
             let ready: Vec<Scope> = held
                 .units
                 .iter()
@@ -757,6 +771,7 @@ impl Run {
         let mut watermark: Option<i64> = None;
         let (mut open, mut bytes) = (0, 0);
         let mut parts = Vec::new();
+        s.unsaved = held.units.values().any(|u| u.dirty);
         for (scope, unit) in &held.units {
             let e = &unit.engine;
             counters.add(e.counters());

@@ -194,7 +194,7 @@ fn register_versions(
     let is_new = !stored.iter().any(|v| v.version == file.pipeline.version);
     let too_early = match (file.pipeline.start_ms, input_kept_from) {
         (Some(start), Some(kept)) if is_new && start < kept => Some(format!(
-            "pipeline {name}: version {} starts at {}, but the log keeps the input whole only from {} (retention removed older records); set [pipeline] start to that time or later",
+            "pipeline {name}: version {} starts at {}, but the retained input is whole only from {} (retention removed older records); set [pipeline] start to that time or later",
             file.pipeline.version,
             weir_engine::time::format_rfc3339_ms(start),
             weir_engine::time::format_rfc3339_ms(kept),
@@ -377,7 +377,17 @@ pub async fn serve(
         };
         // Each contract file registers its version (SPEC.md 8): a pipeline's
         // first is live, a later one a candidate built beside it.
-        let kept_from = if kafka { None } else { input_kept_from(&log, &file.source.topic)? };
+        // Only a version with a `[pipeline] start` asks how far back the input is kept.
+        let kept_from = match (kafka, kafka::source_of(&file, &config)) {
+            _ if file.pipeline.start_ms.is_none() => None,
+            (false, _) => input_kept_from(&log, &file.source.topic)?,
+            (true, Some((brokers, _))) => {
+                let (kafka_config, topic) = (config.kafka.clone(), file.source.topic.clone());
+                tokio::task::spawn_blocking(move || kafka::input_kept_from(&brokers, kafka_config.as_ref(), &topic))
+                    .await??
+            }
+            (true, None) => None,
+        };
         let (s, f, who) = (Arc::clone(&store), file.clone(), origin.clone());
         let (versions, refused) =
             tokio::task::spawn_blocking(move || register_versions(s.as_ref(), &f, kept_from, &who)).await??;

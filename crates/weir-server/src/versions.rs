@@ -92,16 +92,17 @@ pub fn check(app: &App) -> Vec<(String, Value)> {
         let (live, live_run) = p.live();
         let live_watermark = lock(&live_run.status).watermark;
         for (&version, run) in &p.versions {
-            let (state, watermark) = {
+            let (state, watermark, unsaved) = {
                 let s = lock(&run.status);
-                (s.version_state, s.watermark)
+                (s.version_state, s.watermark, s.unsaved)
             };
             let caught_up = match (watermark, live_watermark) {
                 (Some(w), Some(l)) => w >= l,
                 (Some(_), None) => true,
                 _ => false,
             };
-            if state != Some(VersionState::Candidate) || !caught_up {
+            // Ready once its rows are in the store: caught up, and nothing read since its last checkpoint.
+            if state != Some(VersionState::Candidate) || !caught_up || unsaved {
                 continue;
             }
             let switch = Switch { from: Some(live), to: version };

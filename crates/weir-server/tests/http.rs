@@ -47,6 +47,8 @@ struct Server {
     hold: std::sync::Arc<std::sync::atomic::AtomicBool>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The log's segment size, when not the default (kept across a restart).
+    segment_bytes: Option<u64>,
 }
 
 impl Server {
@@ -69,14 +71,19 @@ impl Server {
             let _ = t.join();
         }
         let dir = std::mem::take(&mut self.dir);
-        Server::start_in(dir, contract, config)
+        Server::start_in_with(dir, contract, config, self.segment_bytes)
     }
 
     fn start_in(dir: PathBuf, contract: &str, config: &str) -> Server {
+        Server::start_in_with(dir, contract, config, None)
+    }
+
+    fn start_in_with(dir: PathBuf, contract: &str, config: &str, segment_bytes: Option<u64>) -> Server {
         let tokens = make_tokens(&dir);
         let contract = Contract::parse("paid.toml", contract).unwrap();
         let config = ServerConfig::parse("weir.toml", config).unwrap();
-        let log_options = LogOptions::default();
+        let defaults = LogOptions::default();
+        let log_options = LogOptions { segment_bytes: segment_bytes.unwrap_or(defaults.segment_bytes), ..defaults };
         let (fail, hold) = (log_options.fail_writes.clone(), log_options.hold_writes.clone());
         let opts = weir_server::ServeOptions {
             data: dir.clone(),
@@ -97,7 +104,15 @@ impl Server {
         });
         let addr = addr_rx.recv_timeout(Duration::from_secs(20)).unwrap();
         TOKENS.lock().unwrap_or_else(|e| e.into_inner()).push((addr.to_string(), tokens));
-        Server { url: format!("http://{addr}"), dir, fail, hold, stop: Some(stop_tx), thread: Some(thread) }
+        Server {
+            url: format!("http://{addr}"),
+            dir,
+            fail,
+            hold,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+            segment_bytes,
+        }
     }
 }
 
@@ -1088,4 +1103,32 @@ fn connections_past_max_connections_wait_until_one_closes() {
     drop(silent.pop());
     let answer = ask(Duration::from_secs(10)).expect("served once a place is free");
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+#[test]
+fn a_version_starting_before_the_retained_input_is_refused_naming_the_earliest_time_still_there() {
+    let config = "[topics.payments]\npartitions = 1\nkey = \"acct\"\nretention = \"1s\"\n";
+    let dir = std::env::temp_dir().join(format!("weir-server-test-kept-from-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let server = Server::start_in_with(dir, CONTRACT, config, Some(2048));
+    // Segments of 2 KiB: these close several, which retention removes after a second.
+    let lines: Vec<String> = (0..200).map(|i| event(i, i % 3, i64::from(i), "1.00")).collect();
+    let events = format!("{}/v1/topics/payments/events", server.url);
+    assert_eq!(post(&events, &(lines.join("\n") + "\n")).0, 200);
+    std::thread::sleep(Duration::from_millis(2_500));
+    assert_eq!(post(&events, &(event(500, 1, 600, "1.00") + "\n")).0, 200);
+    let v2 = CONTRACT
+        .replace("version = 1", "version = 2")
+        .replace("decision = ", "start = \"2000-01-01T00:00:00Z\"\ndecision = ");
+    let server = server.restart(&v2, config);
+    let status: serde_json::Value =
+        serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", server.url)).1).unwrap();
+    let failed = status["failed"].as_str().unwrap_or_default();
+    assert!(
+        failed.contains("starts at 2000-01-01T00:00:00.000Z")
+            && failed.contains("retained input is whole only from 20"),
+        "{status}"
+    );
+    let versions = get(&format!("{}/v1/pipelines/paid/versions", server.url)).1;
+    assert_eq!(versions.lines().count(), 1, "the refused version is not stored: {versions}");
 }

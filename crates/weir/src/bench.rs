@@ -1,4 +1,4 @@
-//! `weir bench ingest|latency|recovery`: the server's benchmarks
+//! `weir bench ingest|latency|recovery|candidate`: the server's benchmarks
 //! (BENCHMARKS.md). Each starts its own `weir serve` on a temporary folder
 //! with the demo's payments contract and prints what it measured.
 
@@ -311,6 +311,79 @@ pub fn recovery(events: u64) -> Result<(), Failure> {
         serving.as_secs_f64(),
         answering.as_secs_f64(),
         restored.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `paid_revenue`'s status of `version`.
+fn version_status(agent: &ureq::Agent, server: &Server, version: u32) -> Option<serde_json::Value> {
+    let url = format!("{}/v1/pipelines/paid_revenue/status?version={version}", server.base);
+    let mut r = crate::client::with_token(agent.get(&url), Some(&server.reader)).call().ok()?;
+    serde_json::from_str(&r.body_mut().read_to_string().ok()?).ok()
+}
+
+/// Version 1 reads `events` posted events; then the server restarts with
+/// version 2 (2-minute windows; with `early`, a provisional row after every
+/// event as version 1 has, else settled rows only), which is built as a
+/// candidate from the log while version 1 serves: its events per second,
+/// from the restart to the last event read and checkpointed, next to `weir
+/// run` of version 2's contract over the same events as a file (the
+/// contract's work without a log or a store).
+pub fn candidate(events: u64, early: bool) -> Result<(), Failure> {
+    let dir = Folder::new("candidate")?;
+    let port = free_port()?;
+    let server = serve(&dir.0, port)?;
+    let batches = batches(events, 1_000, GEN_START_MS, 1_000);
+    post_all(&server, &batches, 4)?;
+    caught_up(&server, events, Duration::from_secs(1200))?;
+    drop(server);
+
+    let mut v2 = CONTRACT.replace("version = 1", "version = 2").replace("size = \"1m\"", "size = \"2m\"");
+    if !early {
+        v2 = v2.replace("early = true", "early = false");
+    }
+    let file = dir.0.join("contracts/paid_revenue.toml");
+    std::fs::write(&file, &v2).map_err(|e| fail(format!("cannot write {}: {e}", file.display())))?;
+
+    // `weir run` of version 2 on the same events, as a file.
+    let input = dir.0.join("events.jsonl");
+    std::fs::write(&input, batches.concat()).map_err(|e| fail(format!("cannot write {}: {e}", input.display())))?;
+    drop(batches);
+    let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find the weir binary: {e}")))?;
+    let started = Instant::now();
+    let run = Command::new(&exe)
+        .arg("run")
+        .arg(&file)
+        .arg("--input")
+        .arg(&input)
+        .args(["--output", "/dev/null", "--ledger", "/dev/null"])
+        .output()
+        .map_err(|e| fail(format!("cannot run weir run: {e}")))?;
+    if !run.status.success() {
+        return Err(fail(format!("weir run failed: {}", String::from_utf8_lossy(&run.stderr))));
+    }
+    let run_secs = started.elapsed().as_secs_f64();
+
+    let started = Instant::now();
+    let server = serve(&dir.0, port)?;
+    let agent = crate::client::agent();
+    let built = loop {
+        if let Some(s) = version_status(&agent, &server, 2) {
+            let checkpointed = s["checkpoint_age_ms"].as_i64().is_some();
+            if s["events"]["read"].as_u64() >= Some(events) && s["lag_records"] == 0 && checkpointed {
+                break started.elapsed().as_secs_f64();
+            }
+        }
+        if started.elapsed() > Duration::from_secs(1200) {
+            return Err(fail("the candidate was not built within 20 minutes".into()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (run_rate, built_rate) = (events as f64 / run_secs, events as f64 / built);
+    println!(
+        "candidate ({}): {events} events in the log: version 2 built in {built:.2} s, {built_rate:.0} events/s; weir run on the same events {run_secs:.2} s, {run_rate:.0} events/s; ratio {:.2}",
+        if early { "early rows" } else { "settled rows" },
+        built_rate / run_rate
     );
     Ok(())
 }

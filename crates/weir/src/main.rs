@@ -340,6 +340,14 @@ enum BenchWhat {
         #[arg(long, default_value_t = 30)]
         seconds: u64,
     },
+    /// A new contract version built as a candidate over this many events in the log, next to `weir run` on the same events.
+    Candidate {
+        #[arg(long, default_value_t = 5_000_000)]
+        events: u64,
+        /// Version 2 publishes a provisional row after every event (`early = true`), as version 1 does.
+        #[arg(long)]
+        early: bool,
+    },
     /// Time to serve again after kill -9 with this many events in the log.
     Recovery {
         #[arg(long, default_value_t = 1_000_000)]
@@ -487,6 +495,7 @@ fn main() -> ExitCode {
         }
         Command::Bench { what: BenchWhat::Latency { rate, seconds } } => bench::latency(rate, seconds),
         Command::Bench { what: BenchWhat::Recovery { events } } => bench::recovery(events),
+        Command::Bench { what: BenchWhat::Candidate { events, early } } => bench::candidate(events, early),
         Command::Token { what: TokenWhat::Create { data, role, name, topics, pipelines, expires, why } } => {
             access::create(access::CreateArgs {
                 data: &data,

@@ -195,6 +195,9 @@ fn the_dashboard_draws_live_and_marks_a_revised_row() {
         "the pipeline's first provisional rows",
         &format!("const c = {card}; return !!c && c.querySelectorAll('tr[data-status=\"provisional\"]').length >= 3;"),
     );
+    // The pipeline's stored versions, with their states.
+    let versions = browser.eval(&format!("return {card}.querySelector('[data-versions]').innerText;"));
+    assert!(versions.as_str().is_some_and(|v| v.contains("v3 live")), "the versions shown: {versions}");
     // Nothing on the page came from elsewhere.
     assert_eq!(browser.eval("return document.querySelectorAll('script[src], link[href], img[src]').length;"), 0);
     let text = browser.eval(&format!("return {card}.innerText;"));

@@ -812,3 +812,147 @@ fn the_demo_runs_on_kafka_and_postgres() {
     assert!(offsets > 0, "{err}");
     c.batch_execute("DROP SCHEMA weir_demo CASCADE").unwrap();
 }
+
+/// `paid`'s status of `version` on a worker.
+fn version_status(w: &Worker, version: u32) -> Value {
+    serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status?version={version}", w.base)).1).unwrap()
+}
+
+/// Waits until the workers together have read `total` records for `version`.
+fn wait_version_caught_up(workers: &[&Worker], version: u32, total: u64) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let statuses: Vec<Value> = workers.iter().map(|w| version_status(w, version)).collect();
+        let next: u64 = statuses
+            .iter()
+            .flat_map(|s| s["partitions"].as_array().cloned().unwrap_or_default())
+            .map(|p| p["next_offset"].as_u64().unwrap_or(0))
+            .sum();
+        let lag: u64 = statuses.iter().map(|s| s["lag_records"].as_u64().unwrap_or(0)).sum();
+        if next == total && lag == 0 {
+            std::thread::sleep(Duration::from_millis(300));
+            return;
+        }
+        assert!(Instant::now() < deadline, "version {version} not caught up to {total}: {statuses:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A version's rows in Postgres (through a worker) against `weir batch` of its contract over `lines`.
+fn check_version_against_batch(s: &Scratch, w: &Worker, (version, contract): (u32, &str), lines: &[String]) {
+    let input = s.write(&format!("all-v{version}.jsonl"), &(lines.join("\n") + "\n"));
+    let file = s.write(&format!("paid-v{version}.toml"), contract);
+    let out = s.path(&format!("batch-v{version}.jsonl"));
+    let batch = weir(&[&"batch", &file, &"--input", &input, &"--output", &out]);
+    assert!(batch.status.success(), "{}", text(&batch.stderr));
+    let mut expected: Vec<_> =
+        std::fs::read_to_string(&out).unwrap().lines().map(|l| identity(&serde_json::from_str(l).unwrap())).collect();
+    expected.sort();
+    let (code, body) = get(&format!("{}/v1/pipelines/paid/results?version={version}&limit=1000000", w.base));
+    assert_eq!(code, 200, "{body}");
+    let rows: Vec<Value> = body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert!(rows.iter().all(|r| r["version"] == version), "rows of another version in version {version}'s");
+    let mut current: Vec<_> = rows.iter().filter(|v| v["events"] != 0).map(identity).collect();
+    current.sort();
+    assert_eq!(current, expected, "version {version}'s rows in Postgres equal weir batch of its contract");
+}
+
+#[test]
+fn two_versions_run_side_by_side_on_kafka_through_a_rolling_restart_and_the_sink_publishes_both() {
+    let broker = Broker::start();
+    let schema = Schema::new("versions");
+    let s = Scratch::new("kafka-versions");
+    let v1 = format!("{CONTRACT}\n[sink]\ntopic = \"versioned_rows\"\n");
+    let v2 = v1.replace("version = 1", "version = 2").replace("size = \"1m\"", "size = \"2m\"");
+    let (root_a, root_b) = (worker_root(&s, "a", &broker, &schema), worker_root(&s, "b", &broker, &schema));
+    std::fs::write(root_a.join("contracts/paid.toml"), &v1).unwrap();
+    std::fs::write(root_b.join("contracts/paid.toml"), &v1).unwrap();
+
+    // Version 1 on two workers.
+    let a = worker(&root_a);
+    wait_held(&[&a], &[4]);
+    let mut b = worker(&root_b);
+    wait_held(&[&a, &b], &[2, 2]);
+    let mut produced = events(0, 300);
+    produced_ok(produce(&s, &broker, &produced));
+    wait_caught_up(&[&a, &b], produced.len() as u64);
+    let (_, before) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", a.base));
+
+    // A rolling restart to version 2: B first (killed with SIGKILL once while it builds), then A.
+    signal(&b, "KILL");
+    drop(b);
+    std::fs::write(root_b.join("contracts/paid.toml"), &v2).unwrap();
+    b = worker(&root_b);
+    signal(&b, "KILL");
+    drop(b);
+    b = worker(&root_b);
+    let (_, during) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", a.base));
+    assert_eq!(during, before, "version 1 keeps serving, unchanged, while version 2 is built");
+    let (_, versions) = get(&format!("{}/v1/pipelines/paid/versions", a.base));
+    let states: Vec<(Value, Value)> = versions
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|v| (v["version"].clone(), v["state"].clone()))
+        .collect();
+    assert_eq!(states, [(1.into(), "live".into()), (2.into(), "candidate".into())]);
+    wait_version_caught_up(&[&b], 2, produced.len() as u64);
+    sigterm(a);
+    std::fs::write(root_a.join("contracts/paid.toml"), &v2).unwrap();
+    let a = worker(&root_a);
+    produced.extend(events(300, 600));
+    produced_ok(produce(&s, &broker, &produced[produced.len() - events(300, 600).len()..]));
+    wait_version_caught_up(&[&a, &b], 1, produced.len() as u64);
+    wait_version_caught_up(&[&a, &b], 2, produced.len() as u64);
+    check_version_against_batch(&s, &a, (1, &v1), &produced);
+    check_version_against_batch(&s, &b, (2, &v2), &produced);
+
+    // Promote on A: B's readers get version 2 at once (the store says which is live); roll back on B.
+    let (code, answer) =
+        post(&format!("{}/v1/pipelines/paid/promote", a.base), r#"{"version":2,"why":"2-minute windows"}"#);
+    assert_eq!(code, 200, "{answer}");
+    let (_, on_b) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", b.base));
+    assert!(on_b.lines().all(|l| l.contains("\"version\":2")), "{on_b}");
+    let (code, answer) = post(&format!("{}/v1/pipelines/paid/rollback", b.base), r#"{"why":"not yet"}"#);
+    assert_eq!(code, 200, "{answer}");
+    let (_, on_a) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", a.base));
+    assert!(!on_a.is_empty() && on_a.lines().all(|l| l.contains("\"version\":1")), "{on_a}");
+
+    // The change stream: seq 1.. without a gap across both versions and the two version entries.
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", a.base));
+    let changes: Vec<Value> = body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    for (i, c) in changes.iter().enumerate() {
+        assert_eq!(c["seq"], i as u64 + 1, "{c}");
+    }
+    let markers: Vec<&Value> = changes.iter().filter(|c| c["type"] == "version").collect();
+    assert_eq!(markers.len(), 2, "{markers:?}");
+    assert!(changes.iter().any(|c| c["version"] == 1) && changes.iter().any(|c| c["version"] == 2));
+
+    // The sink published every row of both versions, each keyed by its version, and both entries.
+    let records = consume_all(&broker, "versioned_rows", changes.len());
+    let published: std::collections::BTreeSet<String> = records
+        .iter()
+        .map(|r| {
+            if r["type"] == "version" {
+                return format!("version {}", r["seq"]);
+            }
+            assert_eq!(r["record_key"]["version"], r["version"], "{r}");
+            format!("{} {} {} {}", r["version"], r["key"], r["window_start"], r["revision"])
+        })
+        .collect();
+    for c in &changes {
+        let id = if c["type"] == "version" {
+            format!("version {}", c["seq"])
+        } else {
+            format!("{} {} {} {}", c["version"], c["key"], c["window_start"], c["revision"])
+        };
+        assert!(published.contains(&id), "{c} is not on the sink's topic");
+    }
+
+    // A worker restarting with either version's file wipes nothing.
+    sigterm(b);
+    std::fs::write(root_b.join("contracts/paid.toml"), &v1).unwrap();
+    let b = worker(&root_b);
+    wait_version_caught_up(&[&a, &b], 1, produced.len() as u64);
+    check_version_against_batch(&s, &b, (1, &v1), &produced);
+    check_version_against_batch(&s, &b, (2, &v2), &produced);
+}

@@ -207,6 +207,50 @@ fn same_rows(got: &[Value], expected: &[Value], what: &str) {
     );
 }
 
+/// A webhook receiver: every POST body, in order.
+fn receiver() -> (String, std::sync::mpsc::Receiver<Value>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_ok() {
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                if let Ok(v) = serde_json::from_slice(&body) {
+                    let _ = tx.send(v);
+                }
+            }
+        }
+    });
+    (url, rx)
+}
+
+/// The next version notification of `event` the webhook got.
+fn notified(notes: &std::sync::mpsc::Receiver<Value>, event: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let note = notes.recv_timeout(left).unwrap_or_else(|_| panic!("no {event} notification reached the webhook"));
+        if note["status"] == "version" && note["event"] == event {
+            return note;
+        }
+    }
+}
+
 fn batch(dir: &Scratch, contract: &str, input: &std::path::Path) -> Vec<Value> {
     let file = dir.write(&format!("batch-{}.toml", contract.len()), contract);
     let out = dir.path(&format!("batch-{}.jsonl", contract.len()));
@@ -221,7 +265,11 @@ fn versions_side_by_side_candidate_promote_rollback_and_a_refused_change() {
     std::fs::create_dir_all(dir.path("contracts")).unwrap();
     dir.write("contracts/paid.toml", V1);
     dir.write("contracts/other.toml", OTHER);
-    dir.write("weir.toml", "[topics.payments]\npartitions = 2\nkey = \"account_id\"\n");
+    let (hook, notes) = receiver();
+    dir.write(
+        "weir.toml",
+        &format!("alert_webhook = \"{hook}\"\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"),
+    );
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let base = format!("http://127.0.0.1:{port}");
     let mut follower = Follower { seen: Vec::new() };
@@ -290,6 +338,17 @@ fn versions_side_by_side_candidate_promote_rollback_and_a_refused_change() {
     let ledger2 = json_lines(&get(&format!("{base}/v1/pipelines/paid/ledger?version=2&limit=100000")));
     assert!(!ledger2.is_empty() && ledger2.iter().all(|e| e["version"] == 2), "version 2's duplicates are its own");
 
+    // The owner and steward were told the candidate caught up, with the diff's summary.
+    let ready = notified(&notes, "candidate_ready");
+    assert_eq!(
+        (ready["from"].clone(), ready["to"].clone(), ready["owner"].clone()),
+        (1.into(), 2.into(), "billing-ops".into())
+    );
+    assert!(
+        ready["diff"]["windows"]["only_in_b"].is_u64() && ready["diff"]["totals"]["revenue"].is_object(),
+        "{ready}"
+    );
+
     // 4. The diff, over HTTP and from the command line.
     let diff: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/diff?a=1&b=2"))).unwrap();
     assert_eq!((diff["a"].clone(), diff["b"].clone()), (1.into(), 2.into()));
@@ -322,6 +381,9 @@ fn versions_side_by_side_candidate_promote_rollback_and_a_refused_change() {
         ("version".into(), 1.into(), 2.into())
     );
     assert_eq!(marker["why"], "2-minute windows");
+    let told = notified(&notes, "promote");
+    assert_eq!((told["to"].clone(), told["steward"].clone()), (2.into(), "data-platform".into()));
+    assert!(told["diff"]["windows"].is_object(), "{told}");
     let rolled =
         call("POST", &format!("{base}/v1/pipelines/paid/rollback"), Some(r#"{"why":"back to 1-minute windows"}"#));
     assert_eq!(rolled.0, 200, "{}", rolled.1);
