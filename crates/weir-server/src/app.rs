@@ -195,7 +195,7 @@ pub(crate) async fn read_version(p: &Pipeline, name: &str, q: &BTreeMap<String, 
     let n = name.to_owned();
     let versions = stored(p, move |s| s.versions(&n)).await?;
     match asked {
-        Some(v) if versions.iter().any(|x| x.version == v) || p.versions.contains_key(&v) => Ok(v),
+        Some(v) if versions.iter().any(|x| x.version == v) => Ok(v),
         Some(v) => Err(ApiError(StatusCode::NOT_FOUND, format!("pipeline {name:?} has no version {v}; {}", listed()))),
         None => Ok(versions
             .iter()

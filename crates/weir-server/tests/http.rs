@@ -1132,3 +1132,42 @@ fn a_version_starting_before_the_retained_input_is_refused_naming_the_earliest_t
     let versions = get(&format!("{}/v1/pipelines/paid/versions", server.url)).1;
     assert_eq!(versions.lines().count(), 1, "the refused version is not stored: {versions}");
 }
+
+#[test]
+fn promote_auto_makes_a_caught_up_candidate_live_and_a_superseded_version_goes_after_its_retention() {
+    let config = "superseded_retention = \"2s\"\n[topics.payments]\npartitions = 1\nkey = \"acct\"\n";
+    let server = Server::start("auto-promote", config);
+    let events = format!("{}/v1/topics/payments/events", server.url);
+    let lines: Vec<String> = (0..50).map(|i| event(i, i % 3, i64::from(i) * 10_000, "1.00")).collect();
+    assert_eq!(post(&events, &(lines.join("\n") + "\n")).0, 200);
+    let v2 = CONTRACT
+        .replace("version = 1", "version = 2")
+        .replace("decision = ", "promote = \"auto\"\ndecision = ")
+        .replace("size = \"1m\"", "size = \"2m\"");
+    let server = server.restart(&v2, config);
+    let versions = |url: &str| -> Vec<serde_json::Value> {
+        get(&format!("{url}/v1/pipelines/paid/versions")).1.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    };
+    // The candidate catches up with version 1 and is promoted by itself, audited, with its entry in the change stream.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !versions(&server.url).iter().any(|v| v["version"] == 2 && v["state"] == "live") {
+        assert!(Instant::now() < deadline, "not promoted: {:?}", versions(&server.url));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let changes = get(&format!("{}/v1/pipelines/paid/changes?limit=100000", server.url)).1;
+    let marker = changes.lines().find(|l| l.contains("\"type\":\"version\"")).unwrap_or_default();
+    assert!(marker.contains("\"from\":1") && marker.contains("\"to\":2") && marker.contains("auto"), "{changes}");
+    let audit = get(&format!("{}/v1/audit", server.url)).1;
+    assert!(audit.lines().any(|l| l.contains("\"promote\"") && l.contains("promote = \\\"auto\\\"")), "{audit}");
+    // Version 1 is superseded, readable until superseded_retention, then removed with its rows.
+    assert_eq!(get(&format!("{}/v1/pipelines/paid/results?version=1", server.url)).0, 200);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while versions(&server.url).iter().any(|v| v["version"] == 1) {
+        assert!(Instant::now() < deadline, "version 1 outlived its retention: {:?}", versions(&server.url));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let gone = get(&format!("{}/v1/pipelines/paid/results?version=1", server.url));
+    assert_eq!(gone.0, 404, "{}", gone.1);
+    let kept = get(&format!("{}/v1/pipelines/paid/results", server.url)).1;
+    assert!(!kept.is_empty() && kept.lines().all(|l| l.contains("\"version\":2")), "{kept}");
+}
