@@ -67,22 +67,7 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
             Ok((rows, ledger, s.annotations(&n)?, s.incidents(&n, LATEST_INCIDENTS)?, s.versions(&n)?))
         })
         .await?;
-        let time = |ms: Option<i64>| ms.map(weir_engine::time::format_rfc3339_ms);
-        let versions: Vec<Value> = versions
-            .iter()
-            .map(|v| {
-                let watermark = p
-                    .versions
-                    .get(&v.version)
-                    .and_then(|run| weir_runtime::lock(&run.status).watermark)
-                    .map(weir_engine::time::format_rfc3339_ms);
-                json!({
-                    "version": v.version, "state": v.state, "contract_hash": v.contract_hash,
-                    "started": time(Some(v.started_ms)), "started_by": v.started_by,
-                    "promoted": time(v.promoted_ms), "promoted_by": v.promoted_by, "watermark": watermark,
-                })
-            })
-            .collect();
+        let versions: Vec<Value> = versions.iter().map(|v| crate::versions::describe(p, v)).collect();
         incidents.extend(kept);
         let notes: Vec<Value> = notes
             .into_iter()

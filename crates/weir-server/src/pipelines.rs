@@ -202,24 +202,12 @@ pub(crate) async fn versions(
     let p = may_read(&app, &caller, &name)?;
     let n = name.clone();
     let stored_versions = stored(p, move |s| s.versions(&n)).await?;
-    let time = |ms: Option<i64>| ms.map(weir_engine::time::format_rfc3339_ms);
     let body: Vec<String> = stored_versions
         .iter()
         .map(|v| {
-            serde_json::json!({
-                "pipeline": name,
-                "version": v.version,
-                "state": v.state,
-                "contract_hash": v.contract_hash,
-                "started": time(Some(v.started_ms)),
-                "started_by": v.started_by,
-                "promoted": time(v.promoted_ms),
-                "promoted_by": v.promoted_by,
-                "superseded": time(v.superseded_ms),
-                "replaced": v.replaced,
-                "runs_here": p.versions.contains_key(&v.version),
-            })
-            .to_string()
+            let mut shown = crate::versions::describe(p, v);
+            shown["pipeline"] = name.clone().into();
+            shown.to_string()
         })
         .collect();
     Ok(joined(body))

@@ -33,6 +33,28 @@ pub fn switched(p: &Pipeline, switch: Switch) {
     }
 }
 
+/// One stored version as `/versions` and the dashboard show it: its state,
+/// contract hash, who started and promoted it and when, and, where this
+/// server runs it, its watermark.
+pub fn describe(p: &Pipeline, v: &weir_store::Version) -> Value {
+    let time = |ms: Option<i64>| ms.map(weir_engine::time::format_rfc3339_ms);
+    let run = p.versions.get(&v.version);
+    let watermark = run.and_then(|run| lock(&run.status).watermark);
+    json!({
+        "version": v.version,
+        "state": v.state,
+        "contract_hash": v.contract_hash,
+        "started": time(Some(v.started_ms)),
+        "started_by": v.started_by,
+        "promoted": time(v.promoted_ms),
+        "promoted_by": v.promoted_by,
+        "superseded": time(v.superseded_ms),
+        "replaced": v.replaced,
+        "runs_here": run.is_some(),
+        "watermark": time(watermark),
+    })
+}
+
 /// The rows of two versions compared (see `diff`), read from the store.
 pub fn diff(p: &Pipeline, name: &str, a: u32, b: u32) -> weir_store::Result<Value> {
     let all = weir_store::ResultFilter { limit: i64::MAX, ..Default::default() };
