@@ -415,7 +415,8 @@ pub fn switch_version(
         ),
         &[&pipeline, &(switch.to as i32), &now, &who, &replaced],
     )?;
-    let entry = crate::versions::with_seq(seq, &crate::versions::marker(pipeline, switch, now, why, who));
+    let mut entry = String::new();
+    crate::sqlite::with_seq(&crate::versions::marker(pipeline, switch, now, why, who), seq, &mut entry);
     tx.execute(
         &format!(
             "INSERT INTO {schema}.changes (pipeline, seq, partition, row, at_ms, run, sources, version, kind)

@@ -567,7 +567,8 @@ pub(crate) fn write_ledger(format: &RowFormat, entry: &LedgerEntry, seq: i64, ve
     out.push_str(body);
 }
 
-fn with_seq(line: &str, seq: i64, out: &mut String) {
+/// `line` (one JSON object) with `"seq"` as its first member.
+pub(crate) fn with_seq(line: &str, seq: i64, out: &mut String) {
     let body = line.trim_end().strip_prefix('{').unwrap_or(line);
     out.push_str("{\"seq\":");
     out.push_str(&seq.to_string());
@@ -1059,7 +1060,8 @@ pub fn switch_version(
         params![pipeline, switch.to, now, who, replaced],
     )?;
     let (seq, lseq) = stream_position(&tx, pipeline)?;
-    let entry = crate::versions::with_seq(seq, &crate::versions::marker(pipeline, switch, now, why, who));
+    let mut entry = String::new();
+    with_seq(&crate::versions::marker(pipeline, switch, now, why, who), seq, &mut entry);
     tx.execute(
         "INSERT INTO changes (pipeline, seq, row, at_ms, version, kind) VALUES (?1, ?2, ?3, ?4, ?5, 'version')",
         params![pipeline, seq, entry, now, switch.to],

@@ -199,7 +199,7 @@ pub fn rollback(pipeline: &str, stored: &[Version]) -> Result<Switch, SwitchErro
     }
 }
 
-/// The change stream's entry for a switch (`"type":"version"`), without its `seq`.
+/// The change stream's entry for a switch (`"type":"version"`), without its `seq` (the store puts it first).
 pub fn marker(pipeline: &str, switch: Switch, at_ms: i64, why: &str, who: &str) -> String {
     serde_json::json!({
         "type": "version",
@@ -211,11 +211,6 @@ pub fn marker(pipeline: &str, switch: Switch, at_ms: i64, why: &str, who: &str) 
         "who": who,
     })
     .to_string()
-}
-
-/// `marker` with its `seq` first, as the change stream serves entries.
-pub fn with_seq(seq: i64, entry: &str) -> String {
-    format!("{{\"seq\":{seq},{}", entry.strip_prefix('{').unwrap_or(entry))
 }
 
 #[cfg(test)]

@@ -109,7 +109,7 @@ fn payments(first: usize, n: usize) -> Vec<String> {
     let mut out = Vec::new();
     for i in first..first + n {
         let jitter = ((i * 7919) % 6000) as i64 - 3000;
-        let at = weir_engine_time(base + i as i64 * 500 + jitter);
+        let at = weir_engine::time::format_rfc3339_ms(base + i as i64 * 500 + jitter);
         let status = if i % 10 == 3 { "declined" } else { "approved" };
         let line = format!(
             r#"{{"payment_id":"p{i}","account_id":"a{}","amount":"{}.50","status":"{status}","approved_at":"{at}"}}"#,
@@ -122,23 +122,6 @@ fn payments(first: usize, n: usize) -> Vec<String> {
         out.push(line);
     }
     out
-}
-
-/// RFC 3339 with milliseconds, UTC.
-fn weir_engine_time(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z", rem / 3600, rem % 3600 / 60, rem % 60, ms.rem_euclid(1000))
 }
 
 fn post(base: &str, lines: &[String]) {
@@ -311,7 +294,7 @@ fn versions_side_by_side_candidate_promote_rollback_and_a_refused_change() {
     for k in 0..8 {
         second.push(format!(
             r#"{{"payment_id":"flush{k}","account_id":"flush{k}","amount":"0","status":"approved","approved_at":"{}"}}"#,
-            weir_engine_time(1_798_761_600_000) // 2027-01-01
+            weir_engine::time::format_rfc3339_ms(1_798_761_600_000) // 2027-01-01
         ));
     }
     post(&base, &second);
