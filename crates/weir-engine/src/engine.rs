@@ -1101,6 +1101,7 @@ impl Engine {
                 Status::Provisional => self.st.counters.rows_provisional += 1,
                 Status::Settled => self.st.counters.rows_settled += 1,
                 Status::Retracted => self.st.counters.rows_retracted += 1,
+                Status::Corrected => {} // a backfill's, never the engine's
             }
             out.rows.push(row);
         }

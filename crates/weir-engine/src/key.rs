@@ -28,6 +28,29 @@ pub(crate) fn fields(key: &[u8]) -> impl Iterator<Item = (u8, &str)> {
     })
 }
 
+/// One key field's value as a row's `key` object holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyValue<'a> {
+    Str(&'a str),
+    /// An integer's text.
+    Int(&'a str),
+    Bool(bool),
+}
+
+/// A group key's bytes from its fields' values, in the contract's key
+/// order: what [`write_json`] reads back.
+pub fn encode<'a>(values: impl IntoIterator<Item = KeyValue<'a>>) -> Box<[u8]> {
+    let mut out = Vec::new();
+    for v in values {
+        match v {
+            KeyValue::Str(text) => push_field(b's', text, &mut out),
+            KeyValue::Int(text) => push_field(b'i', text, &mut out),
+            KeyValue::Bool(b) => push_field(b'b', if b { "1" } else { "0" }, &mut out),
+        }
+    }
+    out.into_boxed_slice()
+}
+
 /// Writes the key as a JSON object named by the contract's key paths.
 pub fn write_json(key: &[u8], names: &[String], out: &mut String) {
     out.push('{');

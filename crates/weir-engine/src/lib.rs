@@ -22,6 +22,7 @@ pub mod time;
 
 pub use agg::OutValue;
 pub use engine::{Counters, Engine, EventIn, Mode, PlanError, WM_MAX, WM_MIN};
+pub use key::{encode as encode_key, KeyValue};
 pub use output::{LedgerEntry, Output, Reason, Row, RowFormat, Source, Sources, Status};
 pub use snapshot::{Delta, SnapshotError, SNAPSHOT_FORMAT};
 pub use text::write_str;

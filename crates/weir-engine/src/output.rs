@@ -13,6 +13,9 @@ pub enum Status {
     Provisional,
     Settled,
     Retracted,
+    /// Published by a backfill (SPEC.md 9): the batch's value of a settled
+    /// window that the stream got wrong. The engine never emits it.
+    Corrected,
 }
 
 impl Status {
@@ -21,6 +24,7 @@ impl Status {
             Status::Provisional => "provisional",
             Status::Settled => "settled",
             Status::Retracted => "retracted",
+            Status::Corrected => "corrected",
         }
     }
 }

@@ -290,6 +290,89 @@ impl Source for KafkaSource {
     }
 }
 
+/// Kafka as a backfill's input ([`crate::backfill::Input`]): every
+/// partition of the topic assigned (no group membership, nothing
+/// committed), read from its first kept record to the high watermark it
+/// had when the read started.
+pub struct KafkaInput {
+    pub brokers: String,
+    pub config: Arc<ServerConfig>,
+    pub topic: String,
+    pub fields: KafkaFields,
+}
+
+impl KafkaInput {
+    pub fn new(contract: &Contract, config: Arc<ServerConfig>, brokers: &str) -> KafkaInput {
+        KafkaInput {
+            brokers: brokers.to_owned(),
+            config,
+            topic: contract.source.topic.clone(),
+            fields: KafkaFields::of(contract),
+        }
+    }
+
+    fn consumer(&self) -> anyhow::Result<BaseConsumer> {
+        Ok(client_config(&self.brokers, self.config.kafka.as_ref())
+            .set("group.id", format!("weir-backfill-{}", self.topic))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false")
+            .create()?)
+    }
+}
+
+impl crate::backfill::Input for KafkaInput {
+    fn partitions(&mut self) -> anyhow::Result<u32> {
+        let metadata = self.consumer()?.fetch_metadata(Some(&self.topic), Duration::from_secs(10))?;
+        Ok(metadata.topics().first().map_or(0, |t| t.partitions().len()) as u32)
+    }
+
+    fn kept_from(&mut self) -> anyhow::Result<Option<i64>> {
+        input_kept_from(&self.brokers, self.config.kafka.as_ref(), &self.topic)
+    }
+
+    fn read(&mut self, each: &mut dyn FnMut(crate::backfill::Record<'_>) -> anyhow::Result<()>) -> anyhow::Result<()> {
+        let partitions = self.partitions()?;
+        let consumer = self.consumer()?;
+        for p in 0..partitions as i32 {
+            let (low, high) = consumer.fetch_watermarks(&self.topic, p, Duration::from_secs(10))?;
+            if low >= high {
+                continue;
+            }
+            let mut one = TopicPartitionList::new();
+            one.add_partition_offset(&self.topic, p, Offset::Offset(low))?;
+            consumer.assign(&one)?;
+            let mut next = low;
+            let mut decorated = Vec::new();
+            let mut silent = Instant::now();
+            while next < high {
+                match consumer.poll(Duration::from_millis(200)) {
+                    None if silent.elapsed() > Duration::from_secs(30) => anyhow::bail!(
+                        "reading {} partition {p} for a backfill: nothing arrived for 30 s at offset {next} (the high watermark was {high})",
+                        self.topic
+                    ),
+                    None => {}
+                    Some(m) => {
+                        let m = m?;
+                        silent = Instant::now();
+                        next = m.offset() + 1;
+                        if m.offset() >= high {
+                            break;
+                        }
+                        let bytes = self.fields.decorate(&m, m.payload().unwrap_or_default(), &mut decorated);
+                        each(crate::backfill::Record {
+                            partition: p as u32,
+                            offset: m.offset().max(0) as u64,
+                            time_ms: m.timestamp().to_millis(),
+                            bytes,
+                        })?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A producer for the HTTP API and `weir produce`: every record
 /// acknowledged by all in-sync replicas (`acks=all`).
 pub fn producer(brokers: &str, kafka: Option<&KafkaConfig>) -> rdkafka::error::KafkaResult<FutureProducer> {

@@ -13,6 +13,7 @@
 //! Time reaches a runner through a [`Clock`], so a test can drive it step
 //! by step on a simulated clock.
 
+pub mod backfill;
 pub mod embedded;
 pub mod histogram;
 pub mod kafka;

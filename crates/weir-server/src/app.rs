@@ -35,6 +35,8 @@ pub struct App {
     pub alerts_dropped: AtomicU64,
     /// Candidates announced, and version notifications waiting to be sent.
     pub versions: Mutex<crate::versions::VersionWatch>,
+    /// Per pipeline: a reader of its input for backfills (the log or Kafka).
+    pub backfill_inputs: BTreeMap<String, weir_runtime::backfill::InputFor>,
 }
 
 impl App {
@@ -56,6 +58,7 @@ impl App {
             denied: Mutex::default(),
             alerts_dropped: AtomicU64::new(0),
             versions: Mutex::new(crate::versions::VersionWatch::default()),
+            backfill_inputs: BTreeMap::new(),
         }
     }
 

@@ -14,6 +14,7 @@ mod actions;
 mod admin;
 mod alerts;
 mod app;
+mod backfills;
 mod dashboard;
 mod diff;
 mod events;
@@ -38,8 +39,8 @@ use weir_contract::{Contract, ServerConfig};
 use weir_log::{Log, LogOptions};
 use weir_store::{audit, pg, sqlite as store};
 
-use weir_runtime::embedded;
 use weir_runtime::runner::{Runner, READ_RECORDS};
+use weir_runtime::{backfill, embedded};
 use weir_runtime::{kafka, lock, sink, Pipeline, PipelineVersion, Status};
 use weir_store::{FileContract, Registration, VersionState};
 
@@ -163,20 +164,21 @@ async fn retain(
     }
 }
 
-/// The earliest append time from which the log still holds `topic`'s
-/// input whole, when retention removed older records (`None`: nothing was
-/// removed, every start is served).
-fn input_kept_from(log: &Log, topic: &str) -> anyhow::Result<Option<i64>> {
-    let mut kept_from = None;
-    for (p, (first, end)) in log.bounds(topic)?.into_iter().enumerate() {
-        if first == 0 || first >= end {
-            continue;
-        }
-        if let Some(r) = log.read(topic, p as u32, first, 1, 1)?.first() {
-            kept_from = Some(kept_from.map_or(r.append_ms, |k: i64| k.max(r.append_ms)));
-        }
+/// A reader of a pipeline's input for its backfills: the embedded log, or
+/// the Kafka topic its contract names.
+fn backfill_input(kafka: bool, log: &Log, config: &Arc<ServerConfig>) -> backfill::InputFor {
+    if kafka {
+        let config = Arc::clone(config);
+        Arc::new(move |c: &Contract| {
+            let brokers = kafka::source_of(c, &config).map(|(b, _)| b).unwrap_or_default();
+            Box::new(kafka::KafkaInput::new(c, Arc::clone(&config), &brokers)) as Box<dyn backfill::Input>
+        })
+    } else {
+        let log = log.clone();
+        Arc::new(move |c: &Contract| {
+            Box::new(backfill::LogInput { log: log.clone(), topic: c.source.topic.clone() }) as Box<dyn backfill::Input>
+        })
     }
-    Ok(kept_from)
 }
 
 /// Registers a contract file's version in its pipeline's store and gives
@@ -366,6 +368,7 @@ pub async fn serve(
         Arc::new(weir_store::PostgresStore::new(pg.url.clone(), pg.schema.clone(), config.pool_connections)) as _
     });
     let mut pipelines = BTreeMap::new();
+    let mut backfill_inputs = BTreeMap::new();
     let mut accepted = Vec::new();
     for file in opts.contracts {
         let name = file.pipeline.name.clone();
@@ -380,7 +383,10 @@ pub async fn serve(
         // Only a version with a `[pipeline] start` asks how far back the input is kept.
         let kept_from = match (kafka, kafka::source_of(&file, &config)) {
             _ if file.pipeline.start_ms.is_none() => None,
-            (false, _) => input_kept_from(&log, &file.source.topic)?,
+            (false, _) => {
+                use backfill::Input;
+                backfill::LogInput { log: log.clone(), topic: file.source.topic.clone() }.kept_from()?
+            }
             (true, Some((brokers, _))) => {
                 let (kafka_config, topic) = (config.kafka.clone(), file.source.topic.clone());
                 tokio::task::spawn_blocking(move || kafka::input_kept_from(&brokers, kafka_config.as_ref(), &topic))
@@ -434,12 +440,25 @@ pub async fn serve(
         }
         if refused.is_none() {
             accepted.push(file);
+            let input = backfill_input(kafka, &log, &config);
+            let worker = backfill::Worker {
+                pipeline: name.clone(),
+                contracts: running.iter().map(|(v, pv)| (*v, Arc::new(pv.contract.clone()))).collect(),
+                store: Arc::clone(&store),
+                input: Arc::clone(&input),
+                claimant: worker.clone(),
+            };
+            let stop = Arc::clone(&stop);
+            let thread = std::thread::Builder::new().name(format!("weir-backfill-{name}"));
+            threads.push(thread.spawn(move || worker.run(stop))?);
+            backfill_inputs.insert(name.clone(), input);
         }
         pipelines.insert(name, Pipeline { versions: running, on_kafka: kafka, paused, store, refused });
     }
     audit::record_contracts(&store::open(&db)?, &accepted, &origin)?;
     let mut app = app::App::new(log.clone(), Arc::clone(&config), pipelines, sqlite);
     app.producers = producers;
+    app.backfill_inputs = backfill_inputs;
     let app = Arc::new(app);
     let alerting = tokio::spawn(alerts::run(Arc::clone(&app)));
     // Ledger payloads past retention: the topic's (weir.toml), or weir.toml's

@@ -19,6 +19,7 @@
 //! [`Store`] and gets a [`StoreError`] it can map to a status.
 
 pub mod audit;
+pub mod backfill;
 pub mod checkpoint;
 mod digest;
 pub mod pg;
@@ -30,6 +31,7 @@ pub mod versions;
 
 use std::path::PathBuf;
 
+pub use backfill::{Backfill, BackfillAsk, BackfillState, Correction, Finish};
 pub use checkpoint::{CheckpointError, Checkpoints, Claimed, PgCheckpoints, Scope, SqliteCheckpoints};
 pub use sqlite::{Annotation, Incident, ResultFilter, RowOrigin, Run};
 pub use versions::{FileContract, Registration, Switch, SwitchError, Version, VersionState};
@@ -127,6 +129,28 @@ pub trait Store: Send + Sync {
     fn record_incident(&self, pipeline: &str, at_ms: i64, notification: &str) -> Result<i64>;
     /// The newest alert notifications, newest first.
     fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<Incident>>;
+    /// Stores a backfill to do; its id.
+    fn ask_backfill(&self, pipeline: &str, ask: &BackfillAsk<'_>) -> Result<i64>;
+    fn backfill(&self, pipeline: &str, id: i64) -> Result<Option<Backfill>>;
+    /// The newest backfill runs, newest first.
+    fn backfills(&self, pipeline: &str, limit: i64) -> Result<Vec<Backfill>>;
+    /// The oldest backfill nobody holds, now held by `claimant` (see [`backfill::LEASE_MS`]).
+    fn claim_backfill(&self, pipeline: &str, claimant: &str) -> Result<Option<Backfill>>;
+    /// Extends a claim; false when the run is no longer `claimant`'s.
+    fn renew_backfill(&self, id: i64, claimant: &str) -> Result<bool>;
+    fn fail_backfill(&self, id: i64, claimant: &str, error: &str) -> Result<bool>;
+    /// Publishes a backfill's corrections with its report, all or nothing.
+    fn finish_backfill(
+        &self,
+        id: i64,
+        claimant: &str,
+        format: &weir_engine::RowFormat,
+        corrections: &[Correction],
+        report: &str,
+    ) -> Result<Finish>;
+    /// The engine headers of a version's last checkpoints, by partition
+    /// (one, numbered 0, where one engine reads the whole topic).
+    fn checkpoint_headers(&self, pipeline: &str, version: u32) -> Result<Vec<(u32, Vec<u8>)>>;
 }
 
 /// The embedded topology's store: `weir.db`, through a pool.
@@ -219,6 +243,37 @@ impl Store for SqliteStore {
     }
     fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<Incident>> {
         self.with(|c| sqlite::incidents(c, pipeline, limit))
+    }
+    fn ask_backfill(&self, pipeline: &str, ask: &BackfillAsk<'_>) -> Result<i64> {
+        self.with(|c| backfill::sqlite::ask(c, pipeline, ask))
+    }
+    fn backfill(&self, pipeline: &str, id: i64) -> Result<Option<Backfill>> {
+        self.with(|c| backfill::sqlite::get(c, pipeline, id))
+    }
+    fn backfills(&self, pipeline: &str, limit: i64) -> Result<Vec<Backfill>> {
+        self.with(|c| backfill::sqlite::list(c, pipeline, limit))
+    }
+    fn claim_backfill(&self, pipeline: &str, claimant: &str) -> Result<Option<Backfill>> {
+        self.with(|c| backfill::sqlite::claim(c, pipeline, claimant))
+    }
+    fn renew_backfill(&self, id: i64, claimant: &str) -> Result<bool> {
+        self.with(|c| backfill::sqlite::renew(c, id, claimant))
+    }
+    fn fail_backfill(&self, id: i64, claimant: &str, error: &str) -> Result<bool> {
+        self.with(|c| backfill::sqlite::fail(c, id, claimant, error))
+    }
+    fn finish_backfill(
+        &self,
+        id: i64,
+        claimant: &str,
+        format: &weir_engine::RowFormat,
+        corrections: &[Correction],
+        report: &str,
+    ) -> Result<Finish> {
+        self.with(|c| backfill::sqlite::finish(c, id, claimant, format, corrections, report))
+    }
+    fn checkpoint_headers(&self, pipeline: &str, version: u32) -> Result<Vec<(u32, Vec<u8>)>> {
+        self.with(|c| backfill::sqlite::headers(c, pipeline, version))
     }
 }
 
@@ -322,5 +377,36 @@ impl Store for PostgresStore {
     }
     fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<Incident>> {
         self.with(|c, s| pg::incidents(c, s, pipeline, limit))
+    }
+    fn ask_backfill(&self, pipeline: &str, ask: &BackfillAsk<'_>) -> Result<i64> {
+        self.with(|c, s| backfill::pg::ask(c, s, pipeline, ask))
+    }
+    fn backfill(&self, pipeline: &str, id: i64) -> Result<Option<Backfill>> {
+        self.with(|c, s| backfill::pg::get(c, s, pipeline, id))
+    }
+    fn backfills(&self, pipeline: &str, limit: i64) -> Result<Vec<Backfill>> {
+        self.with(|c, s| backfill::pg::list(c, s, pipeline, limit))
+    }
+    fn claim_backfill(&self, pipeline: &str, claimant: &str) -> Result<Option<Backfill>> {
+        self.with(|c, s| backfill::pg::claim(c, s, pipeline, claimant))
+    }
+    fn renew_backfill(&self, id: i64, claimant: &str) -> Result<bool> {
+        self.with(|c, s| backfill::pg::renew(c, s, id, claimant))
+    }
+    fn fail_backfill(&self, id: i64, claimant: &str, error: &str) -> Result<bool> {
+        self.with(|c, s| backfill::pg::fail(c, s, id, claimant, error))
+    }
+    fn finish_backfill(
+        &self,
+        id: i64,
+        claimant: &str,
+        format: &weir_engine::RowFormat,
+        corrections: &[Correction],
+        report: &str,
+    ) -> Result<Finish> {
+        self.with(|c, s| backfill::pg::finish(c, s, id, claimant, format, corrections, report))
+    }
+    fn checkpoint_headers(&self, pipeline: &str, version: u32) -> Result<Vec<(u32, Vec<u8>)>> {
+        self.with(|c, s| backfill::pg::headers(c, s, pipeline, version))
     }
 }

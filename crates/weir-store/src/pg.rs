@@ -49,7 +49,7 @@
 //!   `changes` by `seq` never skips a row another worker commits later.
 
 use postgres::{Client, Transaction};
-use weir_engine::{Delta, Output, RowFormat};
+use weir_engine::{Delta, Output, Row, RowFormat};
 
 use crate::checkpoint::{CheckpointError, Scope, State};
 use crate::sqlite::{id_bytes, id_from, sources_json, write_ledger, write_row, GLOBAL_START};
@@ -120,6 +120,11 @@ CREATE TABLE IF NOT EXISTS {schema}.replays (
 CREATE TABLE IF NOT EXISTS {schema}.incidents (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, at_ms BIGINT NOT NULL, notification TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS incidents_by_pipeline ON {schema}.incidents (pipeline, id);
+CREATE TABLE IF NOT EXISTS {schema}.backfills (
+    id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, version INTEGER NOT NULL,
+    from_ms BIGINT NOT NULL, to_ms BIGINT NOT NULL, who TEXT NOT NULL, why TEXT NOT NULL, origin TEXT NOT NULL,
+    asked_ms BIGINT NOT NULL, state TEXT NOT NULL, claimed_by TEXT, lease_until BIGINT, finished_ms BIGINT,
+    run BIGINT, report TEXT, error TEXT);
 CREATE TABLE IF NOT EXISTS {schema}.annotations (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, from_ms BIGINT NOT NULL, to_ms BIGINT NOT NULL,
     note TEXT NOT NULL, who TEXT NOT NULL, at_ms BIGINT NOT NULL);
@@ -633,7 +638,15 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
             )?;
         }
     }
-    write_rows(&mut tx, schema, &w, seq, paused)?;
+    let at = RowsAt {
+        pipeline: w.pipeline,
+        partition: p,
+        version: w.version,
+        format: w.format,
+        now_ms: w.now_ms,
+        run: w.run,
+    };
+    write_rows(&mut tx, schema, &at, &w.out.rows, seq, paused)?;
     if entries > 0 {
         let (mut seqs, mut reasons, mut texts) = (Vec::new(), Vec::new(), Vec::new());
         for entry in &w.out.ledger {
@@ -665,22 +678,37 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
     Ok(())
 }
 
-fn write_rows(
+/// Where rows go and what they carry besides themselves (`partition` -1:
+/// no partition's, a backfill's).
+pub(crate) struct RowsAt<'a> {
+    pub pipeline: &'a str,
+    pub partition: i32,
+    pub version: u32,
+    pub format: &'a RowFormat,
+    pub now_ms: i64,
+    pub run: i64,
+}
+
+/// Writes `rows` to the change stream from `first_seq` on and each
+/// window's last one to `results` (`held_results` while paused), only over
+/// a lower revision.
+pub(crate) fn write_rows(
     tx: &mut Transaction<'_>,
     schema: &str,
-    w: &PartitionWrite<'_>,
+    w: &RowsAt<'_>,
+    rows: &[Row],
     first_seq: i64,
     paused: bool,
 ) -> Result<(), postgres::Error> {
-    if w.out.rows.is_empty() {
+    if rows.is_empty() {
         return Ok(());
     }
-    let (p, v) = (w.partition as i32, w.version as i32);
-    let mut seqs = Vec::with_capacity(w.out.rows.len());
-    let mut texts = Vec::with_capacity(w.out.rows.len());
-    let mut sources = Vec::with_capacity(w.out.rows.len());
+    let (p, v) = (w.partition, w.version as i32);
+    let mut seqs = Vec::with_capacity(rows.len());
+    let mut texts = Vec::with_capacity(rows.len());
+    let mut sources = Vec::with_capacity(rows.len());
     let mut one = String::new();
-    for (i, row) in w.out.rows.iter().enumerate() {
+    for (i, row) in rows.iter().enumerate() {
         let seq = first_seq + i as i64;
         let mut text = String::new();
         write_row(w.format, row, seq, &mut text);
@@ -699,21 +727,21 @@ fn write_rows(
     // Only each window's last row of the checkpoint goes to `results`, and
     // only over a lower revision.
     let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::new();
-    for (i, row) in w.out.rows.iter().enumerate() {
+    for (i, row) in rows.iter().enumerate() {
         last.insert((&row.key[..], row.window_start.unwrap_or(GLOBAL_START)), i);
     }
     let mut latest: Vec<usize> = last.into_values().collect();
     latest.sort_unstable();
-    let (mut keys, mut starts, mut ends, mut statuses, mut revisions, mut rows) =
+    let (mut keys, mut starts, mut ends, mut statuses, mut revisions, mut latest_texts) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in latest {
-        let row = &w.out.rows[i];
+        let row = &rows[i];
         keys.push(row.key.to_vec());
         starts.push(row.window_start.unwrap_or(GLOBAL_START));
         ends.push(row.window_end);
         statuses.push(row.status.as_str());
         revisions.push(i64::from(row.revision));
-        rows.push(texts[i].as_str());
+        latest_texts.push(texts[i].as_str());
     }
     let table = if paused { "held_results" } else { "results" };
     tx.execute(
@@ -726,7 +754,7 @@ fn write_rows(
                    revision = excluded.revision, row = excluded.row
                WHERE {schema}.{table}.revision < excluded.revision"
         ),
-        &[&w.pipeline, &keys, &starts, &ends, &statuses, &revisions, &rows, &v],
+        &[&w.pipeline, &keys, &starts, &ends, &statuses, &revisions, &latest_texts, &v],
     )?;
     Ok(())
 }
@@ -934,7 +962,11 @@ pub fn row_origin(
         text_hash: found.get(5),
         weir_version: found.get(6),
         started_ms: found.get(7),
-        why: format!("worker {} took partition {}", found.get::<_, String>(8), found.get::<_, i32>(9)),
+        // A backfill's run has no partition: its worker column says which backfill.
+        why: match found.get::<_, i32>(9) {
+            -1 => found.get(8),
+            p => format!("worker {} took partition {p}", found.get::<_, String>(8)),
+        },
     });
     let previous = client
         .query_opt(

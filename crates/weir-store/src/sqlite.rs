@@ -31,6 +31,7 @@
 //! | `replays` | replays an operator asked for; the pipeline applies those above its `replayed` |
 //! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
 //! | `annotations` | notes on a pipeline and an event-time range; rows whose window overlaps one carry its id |
+//! | `backfills` | backfill runs (SPEC.md 9): range, who and why, state, the worker holding it and until when, its run and report (see `backfill.rs`; added without a version change: older builds ignore it) |
 //! | `sinks` | per pipeline and Kafka sink topic: the next `seq` to publish (table added without a version change: older builds ignore it) |
 //! | `audit` | token changes, operator actions, contract changes, replays and raw reads: who, when, what, why, from where; each entry's `hash` chains it to the one before (append-only: triggers refuse updates and deletes; see `audit.rs`) |
 //! | `tokens` | bearer tokens: id, role, what they name, expiry, revocation, and the SHA-256 of the secret (see `tokens.rs`) |
@@ -101,6 +102,11 @@ CREATE TABLE IF NOT EXISTS incidents (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, at_ms INTEGER NOT NULL,
     notification TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS incidents_by_pipeline ON incidents (pipeline, id);
+CREATE TABLE IF NOT EXISTS backfills (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, version INTEGER NOT NULL,
+    from_ms INTEGER NOT NULL, to_ms INTEGER NOT NULL, who TEXT NOT NULL, why TEXT NOT NULL, origin TEXT NOT NULL,
+    asked_ms INTEGER NOT NULL, state TEXT NOT NULL, claimed_by TEXT, lease_until INTEGER, finished_ms INTEGER,
+    run INTEGER, report TEXT, error TEXT);
 CREATE TRIGGER IF NOT EXISTS audit_append_only_update BEFORE UPDATE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS audit_append_only_delete BEFORE DELETE ON audit
@@ -422,14 +428,14 @@ pub(crate) fn sources_json(row: &Row, out: &mut String) {
 }
 
 /// The pipeline's next change and ledger `seq`, shared by its versions.
-fn stream_position(conn: &Connection, pipeline: &str) -> rusqlite::Result<(i64, i64)> {
+pub(crate) fn stream_position(conn: &Connection, pipeline: &str) -> rusqlite::Result<(i64, i64)> {
     conn.prepare_cached("SELECT next_seq, next_ledger FROM streams WHERE pipeline = ?1")?
         .query_row([pipeline], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()
         .map(|found| found.unwrap_or((1, 1)))
 }
 
-fn set_stream_position(conn: &Connection, pipeline: &str, (seq, lseq): (i64, i64)) -> rusqlite::Result<()> {
+pub(crate) fn set_stream_position(conn: &Connection, pipeline: &str, (seq, lseq): (i64, i64)) -> rusqlite::Result<()> {
     conn.prepare_cached(
         "INSERT INTO streams (pipeline, next_seq, next_ledger) VALUES (?1, ?2, ?3)
          ON CONFLICT (pipeline) DO UPDATE SET next_seq = excluded.next_seq, next_ledger = excluded.next_ledger",
@@ -455,44 +461,9 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
     }
     let results_table = if paused { "held_results" } else { "results" };
     {
-        let mut change = tx.prepare_cached(
-            "INSERT INTO changes (pipeline, seq, row, at_ms, run, sources, version) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        )?;
-        let mut result = tx.prepare_cached(&format!(
-            "INSERT INTO {results_table} (pipeline, version, key, window_start, window_end, status, revision, row)
-             VALUES (?1, ?8, ?2, ?3, ?4, ?5, ?6, ?7)
-             ON CONFLICT (pipeline, version, key, window_start) DO UPDATE SET
-               window_end = excluded.window_end, status = excluded.status,
-               revision = excluded.revision, row = excluded.row"
-        ))?;
-        // Every row goes to the change stream; only the last of each window to `results`.
-        let mut texts = Vec::with_capacity(w.out.rows.len());
-        let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::new();
-        let mut sources = String::new();
-        for (i, row) in w.out.rows.iter().enumerate() {
-            let mut text = String::new();
-            write_row(w.format, row, seq, &mut text);
-            sources_json(row, &mut sources);
-            change.execute(params![w.pipeline, seq, text, w.now_ms, w.run, sources, w.version])?;
-            texts.push(text);
-            last.insert((&row.key[..], row.window_start.unwrap_or(GLOBAL_START)), i);
-            seq += 1;
-        }
-        let mut latest: Vec<usize> = last.into_values().collect();
-        latest.sort_unstable();
-        for i in latest {
-            let row = &w.out.rows[i];
-            result.execute(params![
-                w.pipeline,
-                &row.key[..],
-                row.window_start.unwrap_or(GLOBAL_START),
-                row.window_end,
-                row.status.as_str(),
-                row.revision,
-                texts[i],
-                w.version
-            ])?;
-        }
+        let rows =
+            RowsWrite { pipeline: w.pipeline, version: w.version, format: w.format, now_ms: w.now_ms, run: w.run };
+        seq = write_rows(&tx, &rows, &w.out.rows, seq, results_table)?;
         let mut text = String::new();
         let mut ledger = tx.prepare_cached(
             "INSERT INTO ledger (pipeline, seq, reason, entry, at_ms, version) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -549,6 +520,66 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
     set_stream_position(&tx, w.pipeline, (seq, lseq))?;
     tx.commit()?;
     Ok(())
+}
+
+/// Where rows go and what they carry besides themselves.
+pub(crate) struct RowsWrite<'a> {
+    pub pipeline: &'a str,
+    pub version: u32,
+    pub format: &'a RowFormat,
+    pub now_ms: i64,
+    pub run: i64,
+}
+
+/// Writes `rows` to the change stream from `seq` on and each window's last
+/// one to `results_table` (`results`, or `held_results` while paused);
+/// returns the next `seq`.
+pub(crate) fn write_rows(
+    tx: &Connection,
+    w: &RowsWrite<'_>,
+    rows: &[Row],
+    mut seq: i64,
+    results_table: &str,
+) -> rusqlite::Result<i64> {
+    let mut change = tx.prepare_cached(
+        "INSERT INTO changes (pipeline, seq, row, at_ms, run, sources, version) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    let mut result = tx.prepare_cached(&format!(
+        "INSERT INTO {results_table} (pipeline, version, key, window_start, window_end, status, revision, row)
+         VALUES (?1, ?8, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (pipeline, version, key, window_start) DO UPDATE SET
+           window_end = excluded.window_end, status = excluded.status,
+           revision = excluded.revision, row = excluded.row"
+    ))?;
+    // Every row goes to the change stream; only the last of each window to `results`.
+    let mut texts = Vec::with_capacity(rows.len());
+    let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::new();
+    let mut sources = String::new();
+    for (i, row) in rows.iter().enumerate() {
+        let mut text = String::new();
+        write_row(w.format, row, seq, &mut text);
+        sources_json(row, &mut sources);
+        change.execute(params![w.pipeline, seq, text, w.now_ms, w.run, sources, w.version])?;
+        texts.push(text);
+        last.insert((&row.key[..], row.window_start.unwrap_or(GLOBAL_START)), i);
+        seq += 1;
+    }
+    let mut latest: Vec<usize> = last.into_values().collect();
+    latest.sort_unstable();
+    for i in latest {
+        let row = &rows[i];
+        result.execute(params![
+            w.pipeline,
+            &row.key[..],
+            row.window_start.unwrap_or(GLOBAL_START),
+            row.window_end,
+            row.status.as_str(),
+            row.revision,
+            texts[i],
+            w.version
+        ])?;
+    }
+    Ok(seq)
 }
 
 /// A row as served: the engine's JSON with its sequence number first.

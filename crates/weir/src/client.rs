@@ -409,6 +409,104 @@ pub fn diff(url: &str, pipeline: &str, (a, b): (u32, u32), format: &str) -> Resu
     Ok(())
 }
 
+/// What `weir backfill` asks for.
+pub struct BackfillAsk<'a> {
+    pub from: &'a str,
+    pub to: &'a str,
+    pub why: &'a str,
+    pub who: Option<&'a str>,
+    pub version: Option<u32>,
+}
+
+/// `weir backfill`: asks for the run, waits until it is done or failed,
+/// prints its report (exit 1 when it failed).
+pub fn backfill(url: &str, pipeline: &str, a: &BackfillAsk<'_>, format: &str) -> Result<(), Failure> {
+    if format != "text" && format != "json" {
+        return Err(Failure::usage(format!("--format {format:?}: use text or json")));
+    }
+    let base = url.trim_end_matches('/');
+    let mut body = serde_json::json!({ "from": a.from, "to": a.to, "why": a.why });
+    if let Some(who) = a.who {
+        body["who"] = who.into();
+    }
+    if let Some(v) = a.version {
+        body["version"] = v.into();
+    }
+    let asked = post_json(&format!("{base}/v1/pipelines/{pipeline}/backfill"), &body)?;
+    let Some(id) = asked["backfill"].as_i64() else {
+        return Err(Failure::run(anyhow::anyhow!("the server did not say which backfill it stored: {asked}")));
+    };
+    let target = format!("{base}/v1/pipelines/{pipeline}/backfills/{id}");
+    let agent = agent();
+    loop {
+        let text = get_ok(&agent, &target)?;
+        let run: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Failure::run(anyhow::anyhow!("{target} did not answer JSON: {e}")))?;
+        match run["state"].as_str() {
+            Some("done") => {
+                if format == "json" {
+                    print!("{text}");
+                } else {
+                    print!("{}", backfill_text(&run));
+                }
+                return Ok(());
+            }
+            Some("failed") => {
+                return Err(Failure::run(anyhow::anyhow!("backfill {id} failed: {}", plain(&run["error"]))));
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(200)),
+        }
+    }
+}
+
+/// A backfill's report, readable.
+pub fn backfill_text(run: &serde_json::Value) -> String {
+    let r = &run["report"];
+    let mut out = format!(
+        "backfill {} of {} version {}, windows starting from {} to {} (settled through {})\n",
+        plain(&run["id"]),
+        plain(&run["pipeline"]),
+        plain(&run["version"]),
+        plain(&run["from"]),
+        plain(&run["to"]),
+        plain(&r["settled_through"])
+    );
+    out.push_str(&format!(
+        "  {} events read; {} windows checked, {} corrected ({} new, {} withdrawn), {} not settled and left out\n",
+        plain(&r["events_read"]),
+        plain(&r["windows_checked"]),
+        plain(&r["windows_corrected"]),
+        plain(&r["windows_new"]),
+        plain(&r["windows_withdrawn"]),
+        plain(&r["windows_unsettled"])
+    ));
+    for (name, d) in r["difference"].as_object().into_iter().flatten() {
+        out.push_str(&format!("  {name}: {} corrected in total\n", plain(d)));
+    }
+    for (reason, c) in r["causes"].as_object().into_iter().flatten() {
+        let amounts: Vec<String> =
+            c["amounts"].as_object().into_iter().flatten().map(|(k, v)| format!("{k} {}", plain(v))).collect();
+        out.push_str(&format!("  cause {reason}: {} events carrying {}\n", plain(&c["events"]), amounts.join(", ")));
+    }
+    for w in r["windows"].as_array().into_iter().flatten().take(20) {
+        let before = if w["before"].is_null() {
+            "nothing published".to_owned()
+        } else {
+            format!("{} ({} events)", w["before"]["values"], plain(&w["before"]["events"]))
+        };
+        out.push_str(&format!(
+            "  {} {}: {} -> {} ({} events), revision {}\n",
+            w["key"],
+            plain(&w["window_start"]),
+            before,
+            w["after"]["values"],
+            plain(&w["after"]["events"]),
+            plain(&w["revision"])
+        ));
+    }
+    out
+}
+
 /// A diff report, readable.
 pub fn diff_text(d: &serde_json::Value) -> String {
     let w = &d["windows"];

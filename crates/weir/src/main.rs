@@ -183,6 +183,32 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
     },
+    /// Recompute the windows starting in [from, to) with batch semantics over
+    /// the retained input and publish a `corrected` row for each that differs
+    /// from its last published row (SPEC.md 9); audited. Waits for the run
+    /// and prints its report.
+    Backfill {
+        pipeline: String,
+        /// RFC 3339, e.g. 2026-11-29T00:00:00Z
+        #[arg(long)]
+        from: String,
+        /// RFC 3339, after `from`
+        #[arg(long)]
+        to: String,
+        #[arg(long)]
+        why: String,
+        /// On whose behalf, when not the token's holder (the token says who acts).
+        #[arg(long)]
+        who: Option<String>,
+        /// The version to backfill (default: the live one).
+        #[arg(long)]
+        version: Option<u32>,
+        /// `text` (readable) or `json` (for scripts).
+        #[arg(long, default_value = "text")]
+        format: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
     /// Note something about an event-time range of a pipeline; rows of windows in the range carry the note's id.
     Annotate {
         pipeline: String,
@@ -483,6 +509,10 @@ fn main() -> ExitCode {
         }
         Command::Rollback { pipeline, who, why, url } => client::switch(&url, &pipeline, None, who.as_deref(), &why),
         Command::Diff { pipeline, a, b, format, url } => client::diff(&url, &pipeline, (a, b), &format),
+        Command::Backfill { pipeline, from, to, why, who, version, format, url } => {
+            let asked = client::BackfillAsk { from: &from, to: &to, why: &why, who: who.as_deref(), version };
+            client::backfill(&url, &pipeline, &asked, &format)
+        }
         Command::Annotate { pipeline, from, to, note, who, url } => {
             client::annotate(&url, &pipeline, (&from, &to), &note, who.as_deref())
         }

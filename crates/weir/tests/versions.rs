@@ -12,7 +12,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{authed, start, text, weir, weir_as, Scratch};
+use common::{call, get, json_lines, start, text, weir, weir_as, Scratch};
 use serde_json::Value;
 
 const V1: &str = r#"[pipeline]
@@ -74,32 +74,6 @@ fn = "count"
 
 fn v2() -> String {
     V1.replace("version = 1", "version = 2").replace("size = \"1m\"", "size = \"2m\"")
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(20)))
-        .build()
-        .into()
-}
-
-fn call(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
-    let mut r = match body {
-        None => authed(agent().get(url), method, url).call().unwrap(),
-        Some(b) => authed(agent().post(url), method, url).header("content-type", "application/json").send(b).unwrap(),
-    };
-    (r.status().as_u16(), r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap())
-}
-
-fn get(url: &str) -> String {
-    let (code, body) = call("GET", url, None);
-    assert_eq!(code, 200, "{url}: {body}");
-    body
-}
-
-fn json_lines(text: &str) -> Vec<Value> {
-    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
 /// `n` payments from `first` on: 20 accounts, half a second apart with up to

@@ -8,6 +8,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use serde_json::Value;
+
 pub struct Scratch(pub PathBuf);
 
 impl Scratch {
@@ -172,8 +174,9 @@ pub fn token_for(method: &str, url: &str) -> Option<String> {
     let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
     let t = registered(host)?;
     let path = format!("/{}", path.split('?').next().unwrap_or(""));
-    let operator_action =
-        ["/pause", "/resume", "/annotations", "/replay", "/promote", "/rollback"].iter().any(|a| path.ends_with(a));
+    let operator_action = ["/pause", "/resume", "/annotations", "/replay", "/promote", "/rollback", "/backfill"]
+        .iter()
+        .any(|a| path.ends_with(a));
     Some(match (method, path.as_str()) {
         ("POST", p) if p.starts_with("/v1/topics/") => t.producer,
         (_, p) if p.starts_with("/v1/topics/") => t.raw_reader,
@@ -198,4 +201,33 @@ pub fn weir_as(token: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
         .args(args.iter().map(|a| a.as_ref()))
         .output()
         .unwrap()
+}
+
+/// An HTTP client that answers every status (a test looks at it).
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(20)))
+        .build()
+        .into()
+}
+
+/// A request with the token its path needs; the status and the body.
+pub fn call(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
+    let mut r = match body {
+        None => authed(agent().get(url), method, url).call().unwrap(),
+        Some(b) => authed(agent().post(url), method, url).header("content-type", "application/json").send(b).unwrap(),
+    };
+    (r.status().as_u16(), r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap())
+}
+
+/// A GET that must answer 200; the body.
+pub fn get(url: &str) -> String {
+    let (code, body) = call("GET", url, None);
+    assert_eq!(code, 200, "{url}: {body}");
+    body
+}
+
+pub fn json_lines(text: &str) -> Vec<Value> {
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }

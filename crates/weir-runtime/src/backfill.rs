@@ -1,0 +1,722 @@
+//! Backfill (SPEC.md 9): the windows of a version starting in `[from, to)`
+//! recomputed with batch semantics over the retained input, and a
+//! `corrected` row published for each one whose values or `events` differ
+//! from its last published row.
+//!
+//! The run, as a [`Worker`] does it beside the live runner (it shares no
+//! state with it, and reads the input with its own reader):
+//!
+//! 1. the live version's checkpoints say how far it has settled (the lowest
+//!    watermark over its scopes); only windows settled there are
+//!    corrected, since an open window will still publish rows of its own;
+//! 2. the ledger's `too_late`, `duplicate`, `duplicate_conflict` and
+//!    `superseded` entries near the range are looked up, by partition and
+//!    offset;
+//! 3. every retained record is read once: into a batch engine (every
+//!    valid, first-seen event counts, whatever its arrival time) and, when
+//!    the ledger named it, into a batch engine of that cause without dedup,
+//!    which gives the amounts the cause carried per window;
+//! 4. [`decide`] compares the batch rows of the range with the published
+//!    ones, purely;
+//! 5. the store publishes the corrections with the run's report in one
+//!    transaction, checking that each window's published revision is still
+//!    the one read (else the run is computed again).
+//!
+//! A second backfill over the same range finds nothing to correct.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rust_decimal::Decimal;
+use serde_json::{json, Map, Value};
+use weir_contract::{AggFn, Contract, WindowKind};
+use weir_engine::{Engine, EventIn, Mode, OutValue, Output, Reason, Row, RowFormat, Status};
+use weir_log::Log;
+use weir_store::{Backfill, Correction, Finish, ResultFilter, Store};
+
+/// The ledger reasons a backfill looks for as causes.
+pub const CAUSES: [Reason; 4] = [Reason::TooLate, Reason::Duplicate, Reason::DuplicateConflict, Reason::Superseded];
+
+/// One record of the input.
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
+    pub partition: u32,
+    pub offset: u64,
+    /// Append time (the embedded log) or timestamp (Kafka).
+    pub time_ms: Option<i64>,
+    pub bytes: &'a [u8],
+}
+
+/// A topic's retained input, read once from its first kept record to the
+/// end it has when the read starts.
+pub trait Input: Send {
+    fn partitions(&mut self) -> anyhow::Result<u32>;
+    /// The earliest time from which the input is whole, when retention
+    /// removed older records (`None`: nothing was removed).
+    fn kept_from(&mut self) -> anyhow::Result<Option<i64>>;
+    /// Every record, partition by partition, in offset order.
+    fn read(&mut self, each: &mut dyn FnMut(Record<'_>) -> anyhow::Result<()>) -> anyhow::Result<()>;
+}
+
+/// The embedded log as a backfill's input.
+pub struct LogInput {
+    pub log: Log,
+    pub topic: String,
+}
+
+impl Input for LogInput {
+    fn partitions(&mut self) -> anyhow::Result<u32> {
+        Ok(self.log.partitions(&self.topic)?)
+    }
+
+    fn kept_from(&mut self) -> anyhow::Result<Option<i64>> {
+        let mut kept_from = None;
+        for (p, (first, end)) in self.log.bounds(&self.topic)?.into_iter().enumerate() {
+            if first == 0 || first >= end {
+                continue;
+            }
+            if let Some(r) = self.log.read(&self.topic, p as u32, first, 1, 1)?.first() {
+                kept_from = Some(kept_from.map_or(r.append_ms, |k: i64| k.max(r.append_ms)));
+            }
+        }
+        Ok(kept_from)
+    }
+
+    fn read(&mut self, each: &mut dyn FnMut(Record<'_>) -> anyhow::Result<()>) -> anyhow::Result<()> {
+        for (p, (first, end)) in self.log.bounds(&self.topic)?.into_iter().enumerate() {
+            let mut next = first;
+            while next < end {
+                let records = self.log.read(&self.topic, p as u32, next, 10_000, 4 << 20)?;
+                if records.is_empty() {
+                    break;
+                }
+                for r in records.iter().take_while(|r| r.offset < end) {
+                    each(Record {
+                        partition: p as u32,
+                        offset: r.offset,
+                        time_ms: Some(r.append_ms),
+                        bytes: &r.payload,
+                    })?;
+                    next = r.offset + 1;
+                }
+                if records.last().is_some_and(|r| r.offset >= end) {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a request for a backfill must satisfy before it is stored.
+pub fn check_request(
+    contract: &Contract,
+    (from_ms, to_ms): (i64, i64),
+    settled: Option<i64>,
+    kept_from: Option<i64>,
+) -> Result<(), String> {
+    let name = &contract.pipeline.name;
+    let t = weir_engine::time::format_rfc3339_ms;
+    if from_ms >= to_ms {
+        return Err(format!("`from` ({}) must be before `to` ({})", t(from_ms), t(to_ms)));
+    }
+    if contract.window.kind == WindowKind::Global {
+        return Err(format!(
+            "pipeline {name} has a global window, which settles only at the end of a batch: a stream has no settled window to correct"
+        ));
+    }
+    if let Some(kept) = kept_from.filter(|&k| from_ms < k) {
+        return Err(format!(
+            "the range starts at {}, but the retained input is whole only from {} (retention removed older records); backfill from that time or later",
+            t(from_ms),
+            t(kept)
+        ));
+    }
+    let Some(wm) = settled else {
+        return Err(format!(
+            "pipeline {name} v{} has no checkpoint yet, so no window has settled; backfill once it has read its input",
+            contract.pipeline.version
+        ));
+    };
+    if let Some(first_open) = first_unsettled_start(contract, wm).filter(|&s| to_ms > s) {
+        return Err(format!(
+            "the windows starting at {} or later have not settled (the watermark is {}); backfill to at most {}",
+            t(first_open),
+            t(wm),
+            t(first_open)
+        ));
+    }
+    Ok(())
+}
+
+/// The start of the earliest fixed window not settled at watermark `wm`
+/// (`None` for sessions, which are checked one by one).
+fn first_unsettled_start(contract: &Contract, wm: i64) -> Option<i64> {
+    let (size, slide) = match contract.window.kind {
+        WindowKind::Tumbling { size_ms } => (size_ms, size_ms),
+        WindowKind::Hopping { size_ms, slide_ms } => (size_ms, slide_ms),
+        WindowKind::Session { .. } | WindowKind::Global => return None,
+    };
+    // A window starting at s has settled when s + size + lateness <= wm.
+    let last_settled = wm.saturating_sub(size).saturating_sub(contract.window.allowed_lateness_ms);
+    Some(last_settled.div_euclid(slide).saturating_add(1).saturating_mul(slide))
+}
+
+/// How far a version has settled: the lowest watermark over its
+/// checkpoints (`None` before any checkpoint or while one has none).
+pub fn settled_through(contract: &Contract, headers: &[(u32, Vec<u8>)]) -> anyhow::Result<Option<i64>> {
+    let mut lowest: Option<i64> = None;
+    if headers.is_empty() {
+        return Ok(None);
+    }
+    for (_, header) in headers {
+        let engine = Engine::restore_parts(contract, header, std::iter::empty(), std::iter::empty::<&[u8]>())?;
+        let Some(wm) = engine.watermark() else { return Ok(None) };
+        lowest = Some(lowest.map_or(wm, |l| l.min(wm)));
+    }
+    Ok(lowest)
+}
+
+/// A window's last published row, read back from `results`.
+#[derive(Debug, Clone)]
+pub struct Published {
+    pub key: Value,
+    pub start: i64,
+    pub end: Option<i64>,
+    pub status: String,
+    pub revision: u32,
+    pub values: Value,
+    pub events: u64,
+}
+
+impl Published {
+    fn parse(text: &str) -> Option<Published> {
+        let v: Value = serde_json::from_str(text).ok()?;
+        Some(Published {
+            key: v.get("key")?.clone(),
+            start: weir_engine::time::parse_rfc3339_ms(v.get("window_start")?.as_str()?)?,
+            end: v.get("window_end").and_then(Value::as_str).and_then(weir_engine::time::parse_rfc3339_ms),
+            status: v.get("status")?.as_str()?.to_owned(),
+            revision: u32::try_from(v.get("revision")?.as_u64()?).ok()?,
+            values: v.get("values")?.clone(),
+            events: v.get("events")?.as_u64()?,
+        })
+    }
+}
+
+/// What one cause carried in one window: events and each aggregate's amount.
+#[derive(Debug, Clone, Default)]
+pub struct Carried {
+    pub events: u64,
+    pub values: Value,
+}
+
+/// The causes found per window: (key JSON text, window start) -> reason -> what it carried.
+pub type Causes = HashMap<(String, i64), BTreeMap<&'static str, Carried>>;
+
+/// What [`decide`] found.
+#[derive(Debug, Default)]
+pub struct Decided {
+    pub corrections: Vec<Correction>,
+    /// Windows of the range compared (settled ones, from either side).
+    pub checked: u64,
+    /// Corrected windows that had published no row.
+    pub new: u64,
+    /// Corrected windows the batch has no events for.
+    pub withdrawn: u64,
+    /// Windows of the range not settled in the stream, left out.
+    pub unsettled: u64,
+    /// Per corrected window: what was published before (`None`: nothing).
+    pub before: Vec<Option<Published>>,
+}
+
+/// The rule of SPEC.md 9, purely: every settled window of the range whose
+/// batch values or `events` differ from its last published row gets a
+/// `corrected` row with the next revision (a window with no published row,
+/// revision 1; a published window the batch has no events for, a row with
+/// `events` 0). Unchanged windows get nothing.
+pub fn decide(
+    contract: &Contract,
+    format: &RowFormat,
+    batch: Vec<Row>,
+    published: Vec<Published>,
+    (from_ms, to_ms): (i64, i64),
+    settled: i64,
+) -> Decided {
+    let lateness = contract.window.allowed_lateness_ms;
+    let is_settled = |end: Option<i64>| end.is_some_and(|e| e.saturating_add(lateness) <= settled);
+    let mut by_window: HashMap<(String, i64), Published> =
+        published.into_iter().map(|p| ((p.key.to_string(), p.start), p)).collect();
+    let mut d = Decided::default();
+    let mut line = String::new();
+    for mut row in batch {
+        let Some(start) = row.window_start.filter(|s| (from_ms..to_ms).contains(s)) else { continue };
+        if !is_settled(row.window_end) {
+            d.unsettled += 1;
+            continue;
+        }
+        d.checked += 1;
+        line.clear();
+        format.write_row(&row, &mut line);
+        let written: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+        let key = written.get("key").cloned().unwrap_or(Value::Null);
+        let before = by_window.remove(&(key.to_string(), start));
+        let values = written.get("values").cloned().unwrap_or(Value::Null);
+        if let Some(p) = &before {
+            if p.events == row.events && same_values(&p.values, &values) {
+                continue;
+            }
+        }
+        d.new += u64::from(before.is_none());
+        row.status = Status::Corrected;
+        let replaces = before.as_ref().map_or(0, |p| p.revision);
+        row.revision = replaces + 1;
+        row.watermark = Some(settled);
+        d.corrections.push(Correction { row, replaces });
+        d.before.push(before);
+    }
+    // Published windows of the range the batch has no events for.
+    let mut rest: Vec<Published> = by_window.into_values().collect();
+    rest.sort_by_key(|a| (a.start, a.key.to_string()));
+    for p in rest {
+        if !(from_ms..to_ms).contains(&p.start) || p.status == "provisional" || !is_settled(p.end) {
+            d.unsettled += u64::from(p.status == "provisional");
+            continue;
+        }
+        d.checked += 1;
+        if p.events == 0 {
+            continue;
+        }
+        let Some(key) = key_bytes(format, &p.key) else { continue };
+        let row = Row {
+            key,
+            window_start: Some(p.start),
+            window_end: p.end,
+            status: Status::Corrected,
+            revision: p.revision + 1,
+            values: contract.aggregates.iter().map(|a| empty_value(a.func)).collect(),
+            events: 0,
+            late_events: 0,
+            sources: Default::default(),
+            watermark: Some(settled),
+        };
+        d.withdrawn += 1;
+        d.corrections.push(Correction { row, replaces: p.revision });
+        d.before.push(Some(p));
+    }
+    d
+}
+
+/// An aggregate over no events: counts are 0, the rest null.
+fn empty_value(func: AggFn) -> OutValue {
+    match func {
+        AggFn::Count | AggFn::CountDistinct => OutValue::Int(0),
+        _ => OutValue::Null,
+    }
+}
+
+/// A row's `key` object back to the engine's key bytes, in the contract's key order.
+fn key_bytes(format: &RowFormat, key: &Value) -> Option<Box<[u8]>> {
+    let names = &format.key_names;
+    let mut parts = Vec::with_capacity(names.len());
+    let texts: Vec<String> = names
+        .iter()
+        .map(|n| match key.get(n)? {
+            Value::Number(n) => Some(n.to_string()),
+            _ => Some(String::new()),
+        })
+        .collect::<Option<_>>()?;
+    for (n, text) in names.iter().zip(&texts) {
+        parts.push(match key.get(n)? {
+            Value::String(s) => weir_engine::KeyValue::Str(s),
+            Value::Bool(b) => weir_engine::KeyValue::Bool(*b),
+            Value::Number(_) => weir_engine::KeyValue::Int(text),
+            _ => return None,
+        });
+    }
+    Some(weir_engine::encode_key(parts))
+}
+
+/// Values compare by number where both are numbers (`12.5` equals `12.50`).
+pub fn same_values(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same_values(v, w)))
+        }
+        (Value::Number(x), Value::Number(y)) => match (decimal(x), decimal(y)) {
+            (Some(p), Some(q)) => p == q,
+            _ => x == y,
+        },
+        _ => a == b,
+    }
+}
+
+pub fn decimal(n: &serde_json::Number) -> Option<Decimal> {
+    let text = n.to_string();
+    if text.contains(['e', 'E']) {
+        Decimal::from_scientific(&text).ok()
+    } else {
+        text.parse().ok()
+    }
+}
+
+/// Per numeric aggregate, `after - before` added up over `pairs`.
+/// A window's values before (`None`: no row) and after.
+type Pair<'a> = (Option<&'a Value>, &'a Value);
+
+fn differences(contract: &Contract, pairs: &[Pair<'_>]) -> Map<String, Value> {
+    let mut out = Map::new();
+    for a in &contract.aggregates {
+        let mut total = Decimal::ZERO;
+        let mut numeric = false;
+        for (before, after) in pairs {
+            let num = |v: Option<&Value>| v.and_then(|v| v.get(&a.name)).and_then(Value::as_number).and_then(decimal);
+            let (b, n) = (num(*before), num(Some(after)));
+            numeric |= b.is_some() || n.is_some();
+            total += n.unwrap_or_default() - b.unwrap_or_default();
+        }
+        if numeric {
+            out.insert(a.name.clone(), Value::String(total.normalize().to_string()));
+        }
+    }
+    out
+}
+
+/// One ledger entry the backfill looks for in the input.
+#[derive(Debug, Clone)]
+struct CauseEntry {
+    reason: Reason,
+    /// The key and window it names, when it names one.
+    window: Option<(String, i64)>,
+}
+
+/// The ledger's cause entries of the version near the range, by (partition, offset).
+fn cause_entries(
+    store: &dyn Store,
+    run: &Backfill,
+    span_ms: i64,
+) -> anyhow::Result<HashMap<(u32, u64), Vec<CauseEntry>>> {
+    let mut found: HashMap<(u32, u64), Vec<CauseEntry>> = HashMap::new();
+    let near = (run.from_ms.saturating_sub(span_ms))..(run.to_ms.saturating_add(span_ms));
+    for reason in CAUSES {
+        let mut since = 0;
+        loop {
+            let page = store.ledger(&run.pipeline, run.version, Some(reason.as_str()), since, 10_000)?;
+            for text in &page {
+                let Ok(e) = serde_json::from_str::<Value>(text) else { continue };
+                since = since.max(e.get("seq").and_then(Value::as_i64).unwrap_or(0) + 1);
+                let time = |f: &str| e.get(f).and_then(Value::as_str).and_then(weir_engine::time::parse_rfc3339_ms);
+                let start = time("window_start");
+                if !start.or(time("event_time")).is_some_and(|t| near.contains(&t)) {
+                    continue;
+                }
+                let (Some(p), Some(o)) =
+                    (e.get("partition").and_then(Value::as_u64), e.get("offset").and_then(Value::as_u64))
+                else {
+                    continue;
+                };
+                let window = start.map(|s| (e.get("key").map(Value::to_string).unwrap_or_default(), s));
+                found.entry((p as u32, o)).or_default().push(CauseEntry { reason, window });
+            }
+            if page.len() < 10_000 {
+                break;
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// A contract for the amounts a cause carried: no dedup, so every version
+/// the ledger named counts once.
+fn cause_contract(contract: &Contract) -> Contract {
+    let mut c = contract.clone();
+    c.dedup = None;
+    c
+}
+
+/// What a backfill computed: the rows to publish and its report.
+pub struct Computed {
+    pub corrections: Vec<Correction>,
+    pub report: Value,
+}
+
+/// Steps 1-4 of a run (see the module's comment). `tick` is called every
+/// 10,000 records (to renew the claim, and to stop when it errs).
+pub fn compute(
+    contract: &Contract,
+    input: &mut dyn Input,
+    store: &dyn Store,
+    run: &Backfill,
+    tick: &mut dyn FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<Computed> {
+    let headers = store.checkpoint_headers(&run.pipeline, run.version)?;
+    let settled = settled_through(contract, &headers)?.ok_or_else(|| {
+        anyhow::anyhow!("version {} has no checkpoint with a watermark yet: nothing has settled", run.version)
+    })?;
+    let span = window_span_ms(contract);
+    let wanted = cause_entries(store, run, span)?;
+    let partitions = input.partitions()?;
+    let mut batch = Engine::new(contract, Mode::Batch, partitions)?;
+    let causes_contract = cause_contract(contract);
+    let mut cause_engines: BTreeMap<&'static str, Engine> = BTreeMap::new();
+    for reason in CAUSES {
+        cause_engines.insert(reason.as_str(), Engine::new(&causes_contract, Mode::Batch, partitions)?);
+    }
+    let start_ms = contract.pipeline.start_ms;
+    let mut out = Output::default();
+    let mut read = 0u64;
+    input.read(&mut |r: Record<'_>| {
+        if start_ms.is_some_and(|s| r.time_ms.is_some_and(|t| t < s)) {
+            return Ok(());
+        }
+        let event = EventIn { partition: r.partition, offset: r.offset, bytes: r.bytes };
+        batch.process(event, &mut out);
+        if let Some(entries) = wanted.get(&(r.partition, r.offset)) {
+            let mut seen = HashSet::new();
+            for e in entries.iter().filter(|e| seen.insert(e.reason)) {
+                if let Some(engine) = cause_engines.get_mut(e.reason.as_str()) {
+                    engine.process(event, &mut out);
+                }
+            }
+        }
+        out.clear();
+        read += 1;
+        if read.is_multiple_of(10_000) {
+            tick()?;
+        }
+        Ok(())
+    })?;
+    batch.finish(&mut out);
+    let rows = std::mem::take(&mut out.rows);
+    let format = batch.format().clone();
+    let filter =
+        ResultFilter { from_ms: Some(run.from_ms), to_ms: Some(run.to_ms), limit: i64::MAX, ..Default::default() };
+    let published: Vec<Published> =
+        store.results(&run.pipeline, run.version, &filter)?.iter().filter_map(|t| Published::parse(t)).collect();
+    let decided = decide(contract, &format, rows, published, (run.from_ms, run.to_ms), settled);
+    let causes = carried(&format, &wanted, cause_engines);
+    let report = report(contract, &format, run, settled, read, &decided, &causes);
+    Ok(Computed { corrections: decided.corrections, report })
+}
+
+/// The longest a window lasts (fixed windows), or the session gap.
+fn window_span_ms(contract: &Contract) -> i64 {
+    match contract.window.kind {
+        WindowKind::Tumbling { size_ms } | WindowKind::Hopping { size_ms, .. } => size_ms,
+        WindowKind::Session { gap_ms } => gap_ms,
+        WindowKind::Global => 0,
+    }
+    .saturating_add(contract.window.allowed_lateness_ms)
+}
+
+/// The amounts each cause carried per window: the cause engines' rows,
+/// kept where the ledger named that window (an entry naming none, such as
+/// a duplicate's, counts in every window of its event).
+fn carried(
+    format: &RowFormat,
+    wanted: &HashMap<(u32, u64), Vec<CauseEntry>>,
+    engines: BTreeMap<&'static str, Engine>,
+) -> Causes {
+    let mut named: HashMap<&'static str, HashSet<(String, i64)>> = HashMap::new();
+    let mut anywhere: HashSet<&'static str> = HashSet::new();
+    for e in wanted.values().flatten() {
+        match &e.window {
+            Some(w) => {
+                named.entry(e.reason.as_str()).or_default().insert(w.clone());
+            }
+            None => {
+                anywhere.insert(e.reason.as_str());
+            }
+        }
+    }
+    let mut causes = Causes::new();
+    let mut out = Output::default();
+    let mut line = String::new();
+    for (reason, mut engine) in engines {
+        engine.finish(&mut out);
+        for row in out.rows.drain(..) {
+            let Some(start) = row.window_start else { continue };
+            line.clear();
+            format.write_row(&row, &mut line);
+            let Ok(written) = serde_json::from_str::<Value>(&line) else { continue };
+            let at = (written.get("key").map(Value::to_string).unwrap_or_default(), start);
+            if !anywhere.contains(reason) && !named.get(reason).is_some_and(|n| n.contains(&at)) {
+                continue;
+            }
+            let values = written.get("values").cloned().unwrap_or(Value::Null);
+            causes.entry(at).or_default().insert(reason, Carried { events: row.events, values });
+        }
+        out.clear();
+    }
+    causes
+}
+
+/// The run's report: what it checked and changed, the difference per
+/// aggregate, and the causes in the corrected windows.
+fn report(
+    contract: &Contract,
+    format: &RowFormat,
+    run: &Backfill,
+    settled: i64,
+    read: u64,
+    d: &Decided,
+    causes: &Causes,
+) -> Value {
+    let t = weir_engine::time::format_rfc3339_ms;
+    let mut line = String::new();
+    let mut windows = Vec::new();
+    let mut pairs_owned: Vec<(Option<Value>, Value)> = Vec::new();
+    let mut totals: BTreeMap<&'static str, (u64, Vec<Pair<'_>>)> = BTreeMap::new();
+    let mut after_rows = Vec::with_capacity(d.corrections.len());
+    for c in &d.corrections {
+        line.clear();
+        format.write_row(&c.row, &mut line);
+        after_rows.push(serde_json::from_str::<Value>(&line).unwrap_or(Value::Null));
+    }
+    for (c, (before, after)) in d.corrections.iter().zip(d.before.iter().zip(&after_rows)) {
+        let key = after.get("key").cloned().unwrap_or(Value::Null);
+        let start = c.row.window_start.unwrap_or_default();
+        let found = causes.get(&(key.to_string(), start));
+        let mut listed = Map::new();
+        for (reason, carried) in found.into_iter().flatten() {
+            listed.insert((*reason).into(), json!({"events": carried.events, "values": carried.values}));
+        }
+        pairs_owned
+            .push((before.as_ref().map(|p| p.values.clone()), after.get("values").cloned().unwrap_or(Value::Null)));
+        windows.push(json!({
+            "key": key,
+            "window_start": after.get("window_start"),
+            "window_end": after.get("window_end"),
+            "revision": c.row.revision,
+            "before": before.as_ref().map(|p| json!({"revision": p.revision, "values": p.values, "events": p.events})),
+            "after": {"values": after.get("values"), "events": c.row.events},
+            "causes": listed,
+        }));
+    }
+    let pairs: Vec<Pair<'_>> = pairs_owned.iter().map(|(b, a)| (b.as_ref(), a)).collect();
+    let difference = differences(contract, &pairs);
+    for ((key, start), found) in causes {
+        let corrected = after_rows.iter().zip(&d.corrections).any(|(a, c)| {
+            c.row.window_start == Some(*start) && a.get("key").map(Value::to_string).as_deref() == Some(key)
+        });
+        if !corrected {
+            continue;
+        }
+        for (reason, carried) in found {
+            let entry = totals.entry(reason).or_default();
+            entry.0 += carried.events;
+            entry.1.push((None, &carried.values));
+        }
+    }
+    let mut cause_totals = Map::new();
+    for (reason, (events, values)) in &totals {
+        cause_totals.insert((*reason).into(), json!({"events": events, "amounts": differences(contract, values)}));
+    }
+    json!({
+        "id": run.id,
+        "pipeline": run.pipeline,
+        "version": run.version,
+        "from": t(run.from_ms),
+        "to": t(run.to_ms),
+        "origin": run.origin,
+        "why": run.why,
+        "settled_through": t(settled),
+        "events_read": read,
+        "windows_checked": d.checked,
+        "windows_corrected": d.corrections.len(),
+        "windows_new": d.new,
+        "windows_withdrawn": d.withdrawn,
+        "windows_unsettled": d.unsettled,
+        "difference": difference,
+        "causes": cause_totals,
+        "windows": windows,
+    })
+}
+
+/// Makes a reader of a contract's input.
+pub type InputFor = Arc<dyn Fn(&Contract) -> Box<dyn Input> + Send + Sync>;
+
+/// Runs the pipeline's backfills beside its live runner: claims the oldest
+/// one nobody holds, computes it, publishes it, and waits a second when
+/// there is none. One per pipeline on every worker; the store's claim
+/// makes sure one of them does each run.
+pub struct Worker {
+    pub pipeline: String,
+    /// Each version's contract this server has.
+    pub contracts: BTreeMap<u32, Arc<Contract>>,
+    pub store: Arc<dyn Store>,
+    /// A new reader of a version's input for each run.
+    pub input: InputFor,
+    /// Who this worker is in claims (unique per process).
+    pub claimant: String,
+}
+
+impl Worker {
+    /// Until `stop` is set.
+    pub fn run(self, stop: Arc<AtomicBool>) {
+        while !stop.load(Ordering::Relaxed) {
+            match self.once() {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => eprintln!("weir: {}: backfill: {e:#}", self.pipeline),
+            }
+            for _ in 0..10 {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+
+    /// Claims and does one run; whether there was one.
+    pub fn once(&self) -> anyhow::Result<bool> {
+        let Some(run) = self.store.claim_backfill(&self.pipeline, &self.claimant)? else { return Ok(false) };
+        let Some(contract) = self.contracts.get(&run.version) else {
+            self.store.fail_backfill(
+                run.id,
+                &self.claimant,
+                &format!("this server has no contract of version {}", run.version),
+            )?;
+            return Ok(true);
+        };
+        for _attempt in 0..3 {
+            let computed = self.compute(contract, &run);
+            let computed = match computed {
+                Ok(c) => c,
+                Err(e) => {
+                    self.store.fail_backfill(run.id, &self.claimant, &format!("{e:#}"))?;
+                    return Ok(true);
+                }
+            };
+            let format = Engine::new(contract, Mode::Batch, 1)?.format().clone();
+            let report = computed.report.to_string();
+            match self.store.finish_backfill(run.id, &self.claimant, &format, &computed.corrections, &report)? {
+                Finish::Published { .. } | Finish::NotOurs => return Ok(true),
+                Finish::Moved(why) => eprintln!("weir: {}: backfill {}: computing again: {why}", self.pipeline, run.id),
+            }
+        }
+        self.store.fail_backfill(
+            run.id,
+            &self.claimant,
+            "the windows kept being republished while it ran; ask again",
+        )?;
+        Ok(true)
+    }
+
+    fn compute(&self, contract: &Contract, run: &Backfill) -> anyhow::Result<Computed> {
+        let mut input = (self.input)(contract);
+        let store = Arc::clone(&self.store);
+        let (id, claimant) = (run.id, self.claimant.clone());
+        let mut tick = move || -> anyhow::Result<()> {
+            if store.renew_backfill(id, &claimant)? {
+                Ok(())
+            } else {
+                anyhow::bail!("backfill {id} is no longer this worker's")
+            }
+        };
+        compute(contract, input.as_mut(), self.store.as_ref(), run, &mut tick)
+    }
+}

@@ -1,0 +1,170 @@
+//! Backfill over HTTP (SPEC.md 9): `POST .../backfill` checks the range
+//! (settled, retained, not a global window) and stores the run, which a
+//! pipeline's backfill worker on some server claims and publishes
+//! (`weir-runtime::backfill`); `GET .../backfills` and `.../backfills/{id}`
+//! read the stored runs and their reports.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use serde_json::{json, Value};
+use weir_engine::time::{format_rfc3339_ms, parse_rfc3339_ms};
+use weir_store::{Backfill, BackfillAsk};
+
+use crate::actions::why_and_for_whom;
+use crate::app::*;
+
+#[derive(serde::Deserialize)]
+struct BackfillBody {
+    from: Option<String>,
+    to: Option<String>,
+    version: Option<u32>,
+}
+
+fn time_of(name: &str, value: Option<&String>) -> Result<i64, ApiError> {
+    let Some(text) = value else {
+        return Err(bad(format!(
+            "say `{name}`: {{\"from\":\"2026-11-29T00:00:00Z\",\"to\":\"2026-11-30T00:00:00Z\",\"why\":\"...\"}}"
+        )));
+    };
+    parse_rfc3339_ms(text)
+        .ok_or_else(|| bad(format!("{name}={text:?} is not an RFC 3339 time such as 2026-11-29T14:00:00Z")))
+}
+
+/// Stores a backfill of the windows starting in `[from, to)`; 202 with its id.
+pub(crate) async fn ask(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let p = may_operate(&app, &caller, &name, "backfill")?;
+    let (why, for_whom) = why_and_for_whom(&body)?;
+    let asked: BackfillBody = serde_json::from_slice(&body)
+        .map_err(|e| bad(format!("from and to must be RFC 3339 times, version a number: {e}")))?;
+    let (from_ms, to_ms) = (time_of("from", asked.from.as_ref())?, time_of("to", asked.to.as_ref())?);
+    if from_ms >= to_ms {
+        return Err(bad(format!(
+            "from ({}) must be before to ({})",
+            format_rfc3339_ms(from_ms),
+            format_rfc3339_ms(to_ms)
+        )));
+    }
+    if let Some(why) = &p.refused {
+        return Err(ApiError(StatusCode::CONFLICT, format!("pipeline {name:?} does not run: {why}")));
+    }
+    let mut q = BTreeMap::new();
+    if let Some(v) = asked.version {
+        q.insert("version".to_owned(), v.to_string());
+    }
+    let version = read_version(p, &name, &q).await?;
+    let Some(contract) = p.versions.get(&version).map(|v| v.contract.clone()) else {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("this server does not run version {version} of {name:?}; ask a server that does"),
+        ));
+    };
+    let Some(input_for) = app.backfill_inputs.get(&name).cloned() else {
+        return Err(ApiError(StatusCode::CONFLICT, format!("pipeline {name:?} has no input this server can read")));
+    };
+    // How far it has settled and how far back the input is kept: both block.
+    let store = Arc::clone(&p.store);
+    let (pn, c) = (name.clone(), contract.clone());
+    let checked = tokio::task::spawn_blocking(move || -> anyhow::Result<Result<(), String>> {
+        let headers = store.checkpoint_headers(&pn, version)?;
+        let settled = weir_runtime::backfill::settled_through(&c, &headers)?;
+        let kept_from = input_for(&c).kept_from()?;
+        Ok(weir_runtime::backfill::check_request(&c, (from_ms, to_ms), settled, kept_from))
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))?;
+    if let Err(refusal) = checked {
+        return Err(ApiError(StatusCode::CONFLICT, format!("pipeline {name:?}: {refusal}")));
+    }
+    let (pn, who, w) = (name.clone(), caller.grant.who(), why.clone());
+    let id = stored(p, move |s| {
+        s.ask_backfill(&pn, &BackfillAsk { version, from_ms, to_ms, who: &who, why: &w, origin: "operator" })
+    })
+    .await?;
+    let detail = json!({
+        "backfill": id, "version": version, "from": format_rfc3339_ms(from_ms), "to": format_rfc3339_ms(to_ms), "for": for_whom
+    });
+    let seq = audited(&app, &caller, "backfill", Some(name.clone()), detail, why).await?;
+    let location = format!("/v1/pipelines/{name}/backfills/{id}");
+    let body = json!({ "pipeline": name, "backfill": id, "state": "pending", "location": location, "audit": seq });
+    Ok((
+        StatusCode::ACCEPTED,
+        [(header::CONTENT_TYPE, "application/json".to_owned()), (header::LOCATION, location)],
+        body.to_string() + "\n",
+    )
+        .into_response())
+}
+
+/// A stored run as served.
+pub(crate) fn describe(b: &Backfill) -> Value {
+    let report = b.report.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok());
+    json!({
+        "id": b.id,
+        "pipeline": b.pipeline,
+        "version": b.version,
+        "from": format_rfc3339_ms(b.from_ms),
+        "to": format_rfc3339_ms(b.to_ms),
+        "who": b.who,
+        "why": b.why,
+        "origin": b.origin,
+        "asked_at": format_rfc3339_ms(b.asked_ms),
+        "state": b.state.as_str(),
+        "finished_at": b.finished_ms.map(format_rfc3339_ms),
+        "run": b.run,
+        "error": b.error,
+        "report": report,
+    })
+}
+
+/// The newest runs, newest first (`?limit=`, default 100), without their windows.
+pub(crate) async fn list(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let limit: i64 = param(&q, "limit", 100)?;
+    let pn = name.clone();
+    let runs = stored(p, move |s| s.backfills(&pn, limit)).await?;
+    let listed: Vec<Value> = runs
+        .iter()
+        .map(|b| {
+            let mut d = describe(b);
+            if let Some(report) = d.get_mut("report").and_then(Value::as_object_mut) {
+                report.remove("windows");
+            }
+            d
+        })
+        .collect();
+    Ok(json(json!({ "pipeline": name, "backfills": listed })))
+}
+
+/// One run with its report.
+pub(crate) async fn one(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let id: i64 = id.parse().map_err(|_| bad(format!("{id:?} is not a backfill id; GET .../backfills lists them")))?;
+    let pn = name.clone();
+    match stored(p, move |s| s.backfill(&pn, id)).await? {
+        Some(b) => Ok(json(describe(&b))),
+        None => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("pipeline {name:?} has no backfill {id}; GET .../backfills lists them"),
+        )),
+    }
+}

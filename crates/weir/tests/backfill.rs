@@ -1,0 +1,304 @@
+//! Backfill end to end on the embedded log and SQLite (SPEC.md 9): too-late
+//! payments leave settled windows wrong; `weir backfill` publishes a
+//! `corrected` row with the next revision for exactly those windows, equal
+//! to `weir batch` over the log, names the cause and the amount it
+//! carried, and a second backfill over the same range changes nothing. A
+//! kill -9 while a backfill runs leaves no half-published run: after the
+//! restart the run is done once, and the rows equal an uninterrupted run's.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::{call, get, json_lines, start, text, weir, weir_as, Scratch};
+use serde_json::Value;
+
+const PAID: &str = r#"[pipeline]
+name = "paid"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Revenue per account"
+
+[source]
+topic = "payments"
+event_time = "approved_at"
+key = ["account_id"]
+event_id = "payment_id"
+where = 'status == "approved"'
+max_delay = "5s"
+
+[window]
+type = "tumbling"
+size = "1m"
+
+[dedup]
+horizon = "10m"
+
+[[aggregate]]
+name = "revenue"
+fn = "sum"
+field = "amount"
+
+[[aggregate]]
+name = "payments"
+fn = "count"
+"#;
+
+/// 2026-11-01T00:00:00Z
+const BASE: i64 = 1_793_491_200_000;
+
+fn at(ms: i64) -> String {
+    weir_engine::time::format_rfc3339_ms(ms)
+}
+
+fn payment(id: &str, account: &str, amount: &str, time_ms: i64) -> String {
+    format!(
+        r#"{{"payment_id":"{id}","account_id":"{account}","amount":"{amount}","status":"approved","approved_at":"{}"}}"#,
+        at(time_ms)
+    )
+}
+
+/// `n` payments: 20 accounts, half a second apart with up to 3 s of disorder.
+fn payments(first: usize, n: usize) -> Vec<String> {
+    (first..first + n)
+        .map(|i| {
+            let jitter = ((i * 7919) % 6000) as i64 - 3000;
+            payment(
+                &format!("p{i}"),
+                &format!("a{}", i % 20),
+                &format!("{}.25", i % 89),
+                BASE + i as i64 * 500 + jitter,
+            )
+        })
+        .collect()
+}
+
+/// Payments dated in minutes that have settled long before they arrive:
+/// three for a1 in minute 2, two for a2 in minute 4.
+fn too_late() -> Vec<String> {
+    let minute = 60_000;
+    vec![
+        payment("late1", "a1", "1000.00", BASE + 2 * minute + 1_000),
+        payment("late2", "a1", "200.00", BASE + 2 * minute + 2_000),
+        payment("late3", "a1", "30.00", BASE + 2 * minute + 3_000),
+        payment("late4", "a2", "4.00", BASE + 4 * minute + 4_000),
+        payment("late5", "a2", "0.50", BASE + 4 * minute + 5_000),
+    ]
+}
+
+/// A payment a year on, on every partition: every window settles.
+fn flush() -> Vec<String> {
+    (0..8).map(|k| payment(&format!("flush{k}"), &format!("flush{k}"), "0", BASE + 366 * 86_400_000)).collect()
+}
+
+fn post(base: &str, lines: &[String]) {
+    for chunk in lines.chunks(2000) {
+        let url = format!("{base}/v1/topics/payments/events");
+        let (code, body) = call("POST", &url, Some(&(chunk.join("\n") + "\n")));
+        assert_eq!(code, 200, "{body}");
+    }
+}
+
+/// Waits until `paid` has read `events` and checkpointed.
+fn caught_up(base: &str, events: u64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let s: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/status"))).unwrap();
+        if s["events"]["read"] == events && s["lag_records"] == 0 && s["checkpoint_age_ms"].as_i64().is_some() {
+            std::thread::sleep(Duration::from_millis(300));
+            return;
+        }
+        assert!(Instant::now() < deadline, "paid did not catch up to {events} events: {s}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Rows by (key, window start): (values, events), the flush's left out.
+fn by_window(rows: &[Value]) -> BTreeMap<(String, String), (String, u64)> {
+    rows.iter()
+        .filter(|r| !r["key"]["account_id"].as_str().is_some_and(|a| a.starts_with("flush")))
+        .map(|r| {
+            (
+                (r["key"].to_string(), r["window_start"].as_str().unwrap().to_owned()),
+                (r["values"].to_string(), r["events"].as_u64().unwrap()),
+            )
+        })
+        .collect()
+}
+
+fn batch(dir: &Scratch, input: &std::path::Path) -> Vec<Value> {
+    let file = dir.write("batch.toml", PAID);
+    let out = dir.path("batch.jsonl");
+    let b = weir(&[&"batch", &file, &"--input", &input, &"--output", &out]);
+    assert!(b.status.success(), "{}", text(&b.stderr));
+    json_lines(&std::fs::read_to_string(out).unwrap())
+}
+
+fn setup(name: &str) -> (Scratch, u16, String) {
+    let dir = Scratch::new(name);
+    std::fs::create_dir_all(dir.path("contracts")).unwrap();
+    dir.write("contracts/paid.toml", PAID);
+    dir.write("weir.toml", "[topics.payments]\npartitions = 2\nkey = \"account_id\"\n");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    (dir, port, format!("http://127.0.0.1:{port}"))
+}
+
+/// `weir backfill` as an operator; its JSON report.
+fn backfill(dir: &Scratch, base: &str, (from, to): (i64, i64), why: &str) -> Value {
+    let operator = common::tokens_of(&dir.path("data")).operator;
+    let (from, to) = (at(from), at(to));
+    let args: [&dyn AsRef<std::ffi::OsStr>; 12] =
+        [&"backfill", &"paid", &"--from", &from, &"--to", &to, &"--why", &why, &"--url", &base, &"--format", &"json"];
+    let out = weir_as(&operator, &args);
+    assert!(out.status.success(), "weir backfill: {}", text(&out.stderr));
+    serde_json::from_str(&text(&out.stdout)).unwrap()
+}
+
+#[test]
+fn a_backfill_corrects_what_too_late_events_left_wrong_and_a_second_changes_nothing() {
+    let (dir, port, base) = setup("backfill");
+    let _server = start(&dir.0, port);
+    let (first, late, last) = (payments(0, 3000), too_late(), flush());
+    post(&base, &first);
+    post(&base, &late);
+    post(&base, &last);
+    let all: Vec<String> = first.iter().chain(&late).chain(&last).cloned().collect();
+    caught_up(&base, all.len() as u64);
+    let input = dir.write("all.jsonl", &(all.join("\n") + "\n"));
+    let expected = by_window(&batch(&dir, &input));
+
+    // 1. The too-late payments made two settled windows wrong, and are in the ledger.
+    let published = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=100000")));
+    let before = by_window(&published);
+    let wrong: Vec<_> = expected.iter().filter(|(k, v)| before.get(*k) != Some(*v)).map(|(k, _)| k.clone()).collect();
+    assert_eq!(wrong.len(), 2, "{wrong:?}");
+    let ledger = json_lines(&get(&format!("{base}/v1/pipelines/paid/ledger?reason=too_late&limit=1000")));
+    assert_eq!(ledger.len(), 5, "{ledger:?}");
+    let changes_before = json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?limit=1000000")));
+
+    // 2. Refusals: a reader may not, a range past what has settled, a backwards range.
+    let url = format!("{base}/v1/pipelines/paid/backfill");
+    let reader = common::tokens_of(&dir.path("data")).reader;
+    let r = common::agent()
+        .post(&url)
+        .header("authorization", format!("Bearer {reader}"))
+        .header("content-type", "application/json")
+        .send(&format!(r#"{{"from":"{}","to":"{}","why":"x"}}"#, at(BASE), at(BASE + 3_600_000)))
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    let unsettled = format!(r#"{{"from":"{}","to":"{}","why":"x"}}"#, at(BASE), at(BASE + 367 * 86_400_000));
+    let (code, body) = call("POST", &url, Some(&unsettled));
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("have not settled") && body.contains("backfill to at most"), "{body}");
+    let backwards = format!(r#"{{"from":"{}","to":"{}","why":"x"}}"#, at(BASE + 60_000), at(BASE));
+    let (code, body) = call("POST", &url, Some(&backwards));
+    assert_eq!(code, 400, "{body}");
+    let (code, body) = call("POST", &url, Some(&format!(r#"{{"from":"{}","to":"{}"}}"#, at(BASE), at(BASE + 60_000))));
+    assert_eq!(code, 400, "a backfill without why: {body}");
+
+    // 3. The backfill corrects exactly the two windows, with the cause and its amount.
+    let range = (BASE, BASE + 3_600_000);
+    let run = backfill(&dir, &base, range, "late payments in minute 2 and 4");
+    assert_eq!(run["state"], "done", "{run}");
+    let report = &run["report"];
+    assert_eq!(report["windows_corrected"], 2, "{report}");
+    assert_eq!(report["windows_new"], 0, "{report}");
+    assert_eq!(report["difference"]["revenue"], "1234.5", "{report}");
+    assert_eq!(report["difference"]["payments"], "5", "{report}");
+    assert_eq!(report["causes"]["too_late"]["events"], 5, "{report}");
+    assert_eq!(report["causes"]["too_late"]["amounts"]["revenue"], "1234.5", "{report}");
+    let in_range = expected.keys().filter(|(_, start)| *start >= at(range.0) && *start < at(range.1)).count();
+    assert_eq!(report["windows_checked"], in_range, "{report}");
+    let after = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=100000")));
+    assert_eq!(by_window(&after), expected, "the rows after the backfill against weir batch over the log");
+    let corrected: Vec<&Value> = after.iter().filter(|r| r["status"] == "corrected").collect();
+    assert_eq!(corrected.len(), 2);
+    for row in &corrected {
+        let was =
+            published.iter().find(|p| p["key"] == row["key"] && p["window_start"] == row["window_start"]).unwrap();
+        assert_eq!(row["revision"].as_u64().unwrap(), was["revision"].as_u64().unwrap() + 1, "{row}");
+        // Its provenance names the backfill that published it.
+        let prov = get(&format!("{base}/v1/pipelines/paid/results/{}/provenance", row["seq"]));
+        assert!(prov.contains(&format!("backfill {}", run["id"])), "{prov}");
+    }
+    // In the change stream too, at the next seq, and nothing else new.
+    let changes = json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?limit=1000000")));
+    assert_eq!(changes.len(), changes_before.len() + 2);
+    let last_seq = changes_before.last().unwrap()["seq"].as_i64().unwrap();
+    let new: Vec<i64> = changes[changes_before.len()..].iter().map(|c| c["seq"].as_i64().unwrap()).collect();
+    assert_eq!(new, [last_seq + 1, last_seq + 2]);
+    assert!(changes[changes_before.len()..].iter().all(|c| c["status"] == "corrected"));
+    // Stored and listed.
+    let listed: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/backfills"))).unwrap();
+    assert_eq!(listed["backfills"][0]["id"], run["id"]);
+    assert_eq!(listed["backfills"][0]["why"], "late payments in minute 2 and 4");
+
+    // 4. A second backfill over the same range changes nothing.
+    let again = backfill(&dir, &base, range, "again");
+    assert_eq!(again["report"]["windows_corrected"], 0, "{again}");
+    let changes_again = json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?limit=1000000")));
+    assert_eq!(changes_again.len(), changes.len());
+    // The readable report.
+    let operator = common::tokens_of(&dir.path("data")).operator;
+    let (from, to) = (at(range.0), at(range.1));
+    let out =
+        weir_as(&operator, &[&"backfill", &"paid", &"--from", &from, &"--to", &to, &"--why", &"text", &"--url", &base]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(shown.contains("0 corrected") && shown.contains("windows checked"), "{shown}");
+}
+
+#[test]
+fn a_kill_during_a_backfill_leaves_it_published_once_and_right() {
+    let (dir, port, base) = setup("backfill-kill");
+    let mut server = start(&dir.0, port);
+    let (first, late, last) = (payments(0, 200_000), too_late(), flush());
+    post(&base, &first);
+    post(&base, &late);
+    post(&base, &last);
+    let all: Vec<String> = first.iter().chain(&late).chain(&last).cloned().collect();
+    caught_up(&base, all.len() as u64);
+    let input = dir.write("all.jsonl", &(all.join("\n") + "\n"));
+    let expected = by_window(&batch(&dir, &input));
+    let changes_before = json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?limit=10000000"))).len();
+
+    // Ask, and kill -9 the server as soon as the run is claimed.
+    let url = format!("{base}/v1/pipelines/paid/backfill");
+    let ask = format!(r#"{{"from":"{}","to":"{}","why":"kill test"}}"#, at(BASE), at(BASE + 30 * 3_600_000));
+    let (code, body) = call("POST", &url, Some(&ask));
+    assert_eq!(code, 202, "{body}");
+    let id = serde_json::from_str::<Value>(&body).unwrap()["backfill"].as_i64().unwrap();
+    let one = format!("{base}/v1/pipelines/paid/backfills/{id}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut state = String::new();
+    while Instant::now() < deadline {
+        state = serde_json::from_str::<Value>(&get(&one)).unwrap()["state"].as_str().unwrap().to_owned();
+        if state != "pending" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    drop(server); // SIGKILL
+    assert_eq!(state, "running", "the backfill was not seen running before the kill");
+
+    // After the restart the run is done (taken up again once its lease ran out), once.
+    server = start(&dir.0, port);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let run = loop {
+        let run: Value = serde_json::from_str(&get(&one)).unwrap();
+        if run["state"] == "done" || run["state"] == "failed" {
+            break run;
+        }
+        assert!(Instant::now() < deadline, "the backfill was never done after the restart: {run}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(run["state"], "done", "{run}");
+    assert_eq!(run["report"]["windows_corrected"], 2, "{run}");
+    let after = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=1000000")));
+    assert_eq!(by_window(&after), expected, "the rows after the backfill against weir batch over the log");
+    let changes = json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?limit=10000000")));
+    assert_eq!(changes.len(), changes_before + 2, "the corrections were published exactly once");
+    drop(server);
+}
