@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
@@ -315,7 +316,7 @@ impl KafkaInput {
         Ok(client_config(&self.brokers, self.config.kafka.as_ref())
             .set("group.id", format!("weir-backfill-{}", self.topic))
             .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false")
+            .set("enable.partition.eof", "true")
             .create()?)
     }
 }
@@ -344,20 +345,22 @@ impl crate::backfill::Input for KafkaInput {
             let mut next = low;
             let mut decorated = Vec::new();
             let mut silent = Instant::now();
-            while next < high {
+            // Until the partition's end as the fetches report it (the
+            // end-of-partition event), once past the high watermark read
+            // before: a broker may report a lower one than it serves.
+            loop {
                 match consumer.poll(Duration::from_millis(200)) {
                     None if silent.elapsed() > Duration::from_secs(30) => anyhow::bail!(
                         "reading {} partition {p} for a backfill: nothing arrived for 30 s at offset {next} (the high watermark was {high})",
                         self.topic
                     ),
                     None => {}
-                    Some(m) => {
-                        let m = m?;
+                    Some(Err(KafkaError::PartitionEOF(_))) if next >= high => break,
+                    Some(Err(KafkaError::PartitionEOF(_))) => {}
+                    Some(Err(e)) => return Err(e.into()),
+                    Some(Ok(m)) => {
                         silent = Instant::now();
                         next = m.offset() + 1;
-                        if m.offset() >= high {
-                            break;
-                        }
                         let bytes = self.fields.decorate(&m, m.payload().unwrap_or_default(), &mut decorated);
                         each(crate::backfill::Record {
                             partition: p as u32,

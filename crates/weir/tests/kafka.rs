@@ -956,3 +956,122 @@ fn two_versions_run_side_by_side_on_kafka_through_a_rolling_restart_and_the_sink
     check_version_against_batch(&s, &b, (1, &v1), &produced);
     check_version_against_batch(&s, &b, (2, &v2), &produced);
 }
+
+/// Rows of a worker's `/results` by (key, window start): (values, events), the flush's left out.
+fn rows_by_window(rows: &str) -> BTreeMap<(String, String), (String, u64)> {
+    rows.lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["events"] != 0 && !r["key"]["acct"].as_str().is_some_and(|a| a.starts_with("flush")))
+        .map(|r| {
+            let key = (r["key"].to_string(), r["window_start"].as_str().unwrap().to_owned());
+            (key, (r["values"].to_string(), r["events"].as_u64().unwrap()))
+        })
+        .collect()
+}
+
+/// Asks a worker for a backfill of `[from, to)` (again while the last
+/// checkpoints have not reached the flush) and waits for its report.
+fn backfill_on(w: &Worker, (from, to): (i64, i64), why: &str) -> Value {
+    let t = weir_engine::time::format_rfc3339_ms;
+    let ask = format!(r#"{{"from":"{}","to":"{}","why":"{why}"}}"#, t(from), t(to));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let id = loop {
+        let (code, body) = post(&format!("{}/v1/pipelines/paid/backfill", w.base), &ask);
+        if code == 202 {
+            break serde_json::from_str::<Value>(&body).unwrap()["backfill"].as_i64().unwrap();
+        }
+        assert!(code == 409 && body.contains("have not settled") && Instant::now() < deadline, "{code} {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, body) = get(&format!("{}/v1/pipelines/paid/backfills/{id}", w.base));
+        let run: Value = serde_json::from_str(&body).unwrap();
+        if run["state"] == "done" || run["state"] == "failed" {
+            assert_eq!(run["state"], "done", "{run}");
+            return run;
+        }
+        assert!(Instant::now() < deadline, "backfill {id} not done: {run}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_backfill_on_kafka_corrects_settled_windows_to_the_batch_and_a_second_changes_nothing() {
+    let broker = Broker::start();
+    let schema = Schema::new("backfill");
+    let s = Scratch::new("kafka-backfill");
+    // Windows settle at once, and later payments and corrections for them are too late.
+    let contract = CONTRACT
+        .replace("allowed_lateness = \"1h\"", "allowed_lateness = \"0s\"")
+        .replace("late = \"revise\"", "late = \"discard\"")
+        .replace("early = true", "early = false");
+    let (root_a, root_b) = (worker_root(&s, "a", &broker, &schema), worker_root(&s, "b", &broker, &schema));
+    std::fs::write(root_a.join("contracts/paid.toml"), &contract).unwrap();
+    std::fs::write(root_b.join("contracts/paid.toml"), &contract).unwrap();
+    let a = worker(&root_a);
+    wait_held(&[&a], &[4]);
+    let b = worker(&root_b);
+    wait_held(&[&a, &b], &[2, 2]);
+
+    let base = 1_764_374_400_000i64;
+    let t = weir_engine::time::format_rfc3339_ms;
+    let mut produced = events(0, 1500);
+    // Too late: three for a1 in minute 2, two for a2 in minute 4.
+    for (i, (acct, minute, amount)) in
+        [("a1", 2, "1000.00"), ("a1", 2, "200.00"), ("a1", 2, "30.00"), ("a2", 4, "4.00"), ("a2", 4, "0.50")]
+            .iter()
+            .enumerate()
+    {
+        let at = t(base + minute * 60_000 + i as i64 * 1_000);
+        produced.push(format!(r#"{{"id":"late{i}","acct":"{acct}","t":"{at}","amount":{amount},"status":"ok"}}"#));
+    }
+    // A payment a year on, for enough accounts to reach every partition: every window settles.
+    for k in 0..40 {
+        let at = t(base + 366 * 86_400_000);
+        produced.push(format!(r#"{{"id":"flush{k}","acct":"flush{k}","t":"{at}","amount":0,"status":"ok"}}"#));
+    }
+    produced_ok(produce(&s, &broker, &produced));
+    wait_caught_up(&[&a, &b], produced.len() as u64);
+
+    let input = s.write("all.jsonl", &(produced.join("\n") + "\n"));
+    let file = s.write("paid.toml", &contract);
+    let out = s.path("batch.jsonl");
+    let batch = weir(&[&"batch", &file, &"--input", &input, &"--output", &out]);
+    assert!(batch.status.success(), "{}", text(&batch.stderr));
+    // The windows of the range (a payment dated just before it makes one more).
+    let range = (base, base + 3_600_000);
+    let in_range = |rows: BTreeMap<(String, String), (String, u64)>| -> BTreeMap<_, _> {
+        rows.into_iter().filter(|((_, start), _)| *start >= t(range.0) && *start < t(range.1)).collect()
+    };
+    let expected = in_range(rows_by_window(&std::fs::read_to_string(&out).unwrap()));
+    let (_, before) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", a.base));
+    let before = in_range(rows_by_window(&before));
+    let wrong = expected.iter().filter(|(k, v)| before.get(*k) != Some(*v)).count();
+    assert!(wrong >= 2, "the too-late payments left windows wrong");
+    let (_, changes_before) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", a.base));
+
+    // The backfill, asked of worker B, done by whichever worker claims it.
+    let run = backfill_on(&b, range, "late payments");
+    let report = &run["report"];
+    assert_eq!(report["windows_corrected"], wrong as u64, "{report}");
+    assert!(report["causes"]["too_late"]["events"].as_u64().unwrap() >= 5, "{report}");
+    for w in [&a, &b] {
+        let (_, after) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", w.base));
+        assert_eq!(in_range(rows_by_window(&after)), expected, "the rows after the backfill against weir batch");
+    }
+    let (_, changes) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", a.base));
+    let new: Vec<Value> =
+        changes.lines().skip(changes_before.lines().count()).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(new.len(), wrong, "one corrected row per wrong window");
+    assert!(new.iter().all(|r| r["status"] == "corrected"), "{new:?}");
+    let seq = new[0]["seq"].as_i64().unwrap();
+    let (_, prov) = get(&format!("{}/v1/pipelines/paid/results/{seq}/provenance", a.base));
+    assert!(prov.contains(&format!("backfill {}", run["id"])), "{prov}");
+
+    // A second backfill, asked of A, changes nothing.
+    let again = backfill_on(&a, range, "again");
+    assert_eq!(again["report"]["windows_corrected"], 0, "{again}");
+    let (_, changes_again) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", a.base));
+    assert_eq!(changes_again.lines().count(), changes.lines().count());
+}
