@@ -21,6 +21,8 @@ pub struct Contract {
     pub alerts: Option<Alerts>,
     /// `[sink]`: rows (and optionally ledger entries) also published to Kafka.
     pub sink: Option<Sink>,
+    /// `[reconcile]`: scheduled backfills (SPEC.md 9).
+    pub reconcile: Option<Reconcile>,
     /// `[privacy] personal`: fields that identify a person. They may be read
     /// (in `where` rules, as the event id) but never reach a row, and only a
     /// raw-reader sees them in the ledger.
@@ -108,8 +110,18 @@ pub struct Alerts {
     pub max_oldest_unprocessed_ms: Option<i64>,
     /// Ledger entries per event read, over the last minute (0 to 1).
     pub max_ledger_rate: Option<f64>,
+    /// Windows corrected by backfills finished in the last hour.
+    pub max_corrected_windows: Option<u64>,
     /// Where notifications are POSTed (else weir.toml's `alert_webhook`).
     pub webhook: Option<String>,
+}
+
+/// `[reconcile]`: a backfill every `every` over the windows that settled
+/// `delay` before (in event time: the watermark less `delay`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reconcile {
+    pub every_ms: Option<i64>,
+    pub delay_ms: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -321,9 +333,11 @@ const SOURCE_KEYS: &[&str] = &[
 const WINDOW_KEYS: &[&str] = &["type", "size", "slide", "gap", "allowed_lateness", "late", "early"];
 const DEDUP_KEYS: &[&str] = &["horizon", "on_conflict"];
 const AGGREGATE_KEYS: &[&str] = &["name", "fn", "field", "where"];
-const ALERT_KEYS: &[&str] = &["max_lag", "max_watermark_age", "max_oldest_unprocessed", "max_ledger_rate", "webhook"];
+const ALERT_KEYS: &[&str] =
+    &["max_lag", "max_watermark_age", "max_oldest_unprocessed", "max_ledger_rate", "max_corrected_windows", "webhook"];
+const RECONCILE_KEYS: &[&str] = &["every", "delay"];
 const SECTIONS: &[&str] =
-    &["pipeline", "source", "window", "dedup", "aggregate", "alerts", "sink", "privacy", "limits"];
+    &["pipeline", "source", "window", "dedup", "aggregate", "alerts", "sink", "privacy", "limits", "reconcile"];
 const LIMIT_KEYS: &[&str] = &["max_depth", "max_fields", "max_key_bytes", "max_keys", "max_open_windows"];
 const PRIVACY_KEYS: &[&str] = &["personal"];
 const SINK_KEYS: &[&str] = &["topic", "ledger_topic", "brokers"];
@@ -584,6 +598,10 @@ impl Reader<'_> {
             None => None,
         };
 
+        let reconcile = match self.table(root, "reconcile", false) {
+            Some(t) => Some(self.reconcile(t)?),
+            None => None,
+        };
         let limits = match self.table(root, "limits", false) {
             Some(t) => self.limits(t),
             None => Some(Limits::default()),
@@ -649,6 +667,7 @@ impl Reader<'_> {
             aggregates,
             alerts,
             sink,
+            reconcile,
             personal,
             limits,
             text_hash: 0, // set by `Contract::parse` from the whole document
@@ -1188,6 +1207,7 @@ impl Reader<'_> {
                 }
             },
         };
+        let max_corrected_windows = self.whole(t, "alerts", "max_corrected_windows", 0, i64::MAX);
         let webhook = self.string(t, "alerts", "webhook", false);
         if let Some(url) = &webhook {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -1200,8 +1220,30 @@ impl Reader<'_> {
             max_watermark_age_ms: max_watermark_age_ms?,
             max_oldest_unprocessed_ms: max_oldest_unprocessed_ms?,
             max_ledger_rate: max_ledger_rate?,
+            max_corrected_windows: max_corrected_windows?.map(|n| n as u64),
             webhook,
         })
+    }
+
+    fn reconcile(&mut self, t: &Table) -> Option<Reconcile> {
+        self.unknown_keys(t, "reconcile", RECONCILE_KEYS);
+        let every = self.duration(t, "reconcile", "every");
+        let delay = self.duration(t, "reconcile", "delay");
+        let (every, delay) = (every?, delay?);
+        if every.is_some_and(|e| e <= 0) {
+            self.error(t.get("every").and_then(Item::span), "reconcile.every", "must be longer than zero, e.g. \"1h\"");
+            return None;
+        }
+        if delay.is_some() && every.is_none() {
+            let span = t.get("delay").and_then(Item::span);
+            self.error(
+                span,
+                "reconcile.delay",
+                "is the wait before a scheduled run; say how often with every = \"1h\"",
+            );
+            return None;
+        }
+        Some(Reconcile { every_ms: every, delay_ms: delay.unwrap_or(0).max(0) })
     }
 
     fn dedup(&mut self, t: &Table) -> Option<Dedup> {

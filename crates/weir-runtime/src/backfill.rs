@@ -34,7 +34,7 @@ use serde_json::{json, Map, Value};
 use weir_contract::{AggFn, Contract, WindowKind};
 use weir_engine::{Engine, EventIn, Mode, OutValue, Output, Reason, Row, RowFormat, Status};
 use weir_log::Log;
-use weir_store::{Backfill, Correction, Finish, ResultFilter, Store};
+use weir_store::{Backfill, BackfillAsk, Correction, Finish, ResultFilter, Schedule, Store};
 
 /// The ledger reasons a backfill looks for as causes.
 pub const CAUSES: [Reason; 4] = [Reason::TooLate, Reason::Duplicate, Reason::DuplicateConflict, Reason::Superseded];
@@ -149,6 +149,16 @@ pub fn check_request(
         ));
     }
     Ok(())
+}
+
+/// How often a worker looks whether a scheduled run is due.
+const SCHEDULE_CHECK: Duration = Duration::from_secs(5);
+
+/// The end of the range of window starts settled at watermark `wm`: the
+/// earliest unsettled fixed window's start, or for sessions `wm` less the
+/// gap and lateness (each session is checked again by [`decide`]).
+fn settled_before(contract: &Contract, wm: i64) -> i64 {
+    first_unsettled_start(contract, wm).unwrap_or_else(|| wm.saturating_sub(window_span_ms(contract)))
 }
 
 /// The start of the earliest fixed window not settled at watermark `wm`
@@ -362,11 +372,12 @@ pub fn decimal(n: &serde_json::Number) -> Option<Decimal> {
     }
 }
 
-/// Per numeric aggregate, `after - before` added up over `pairs`.
 /// A window's values before (`None`: no row) and after.
 type Pair<'a> = (Option<&'a Value>, &'a Value);
 
-fn differences(contract: &Contract, pairs: &[Pair<'_>]) -> Map<String, Value> {
+/// Per numeric aggregate, `after - before` added up over `pairs` (with
+/// `absolute`, each window's difference counted as a positive amount).
+fn differences(contract: &Contract, pairs: &[Pair<'_>], absolute: bool) -> Map<String, Value> {
     let mut out = Map::new();
     for a in &contract.aggregates {
         let mut total = Decimal::ZERO;
@@ -375,7 +386,8 @@ fn differences(contract: &Contract, pairs: &[Pair<'_>]) -> Map<String, Value> {
             let num = |v: Option<&Value>| v.and_then(|v| v.get(&a.name)).and_then(Value::as_number).and_then(decimal);
             let (b, n) = (num(*before), num(Some(after)));
             numeric |= b.is_some() || n.is_some();
-            total += n.unwrap_or_default() - b.unwrap_or_default();
+            let d = n.unwrap_or_default() - b.unwrap_or_default();
+            total += if absolute { d.abs() } else { d };
         }
         if numeric {
             out.insert(a.name.clone(), Value::String(total.normalize().to_string()));
@@ -596,7 +608,8 @@ fn report(
         }));
     }
     let pairs: Vec<Pair<'_>> = pairs_owned.iter().map(|(b, a)| (b.as_ref(), a)).collect();
-    let difference = differences(contract, &pairs);
+    let difference = differences(contract, &pairs, false);
+    let corrected_amount = differences(contract, &pairs, true);
     for ((key, start), found) in causes {
         let corrected = after_rows.iter().zip(&d.corrections).any(|(a, c)| {
             c.row.window_start == Some(*start) && a.get("key").map(Value::to_string).as_deref() == Some(key)
@@ -612,7 +625,8 @@ fn report(
     }
     let mut cause_totals = Map::new();
     for (reason, (events, values)) in &totals {
-        cause_totals.insert((*reason).into(), json!({"events": events, "amounts": differences(contract, values)}));
+        cause_totals
+            .insert((*reason).into(), json!({"events": events, "amounts": differences(contract, values, false)}));
     }
     json!({
         "id": run.id,
@@ -630,6 +644,7 @@ fn report(
         "windows_withdrawn": d.withdrawn,
         "windows_unsettled": d.unsettled,
         "difference": difference,
+        "corrected_amount": corrected_amount,
         "causes": cause_totals,
         "windows": windows,
     })
@@ -656,7 +671,14 @@ pub struct Worker {
 impl Worker {
     /// Until `stop` is set.
     pub fn run(self, stop: Arc<AtomicBool>) {
+        let mut scheduled_at: Option<std::time::Instant> = None;
         while !stop.load(Ordering::Relaxed) {
+            if scheduled_at.is_none_or(|at| at.elapsed() >= SCHEDULE_CHECK) {
+                scheduled_at = Some(std::time::Instant::now());
+                if let Err(e) = self.schedule() {
+                    eprintln!("weir: {}: scheduled reconciliation: {e:#}", self.pipeline);
+                }
+            }
             match self.once() {
                 Ok(true) => continue,
                 Ok(false) => {}
@@ -669,6 +691,34 @@ impl Worker {
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
+    }
+
+    /// Asks the live version's next scheduled run (`[reconcile] every`)
+    /// when it is due: the windows that had settled `delay` ago, from where
+    /// the last scheduled run ended.
+    pub fn schedule(&self) -> anyhow::Result<Option<i64>> {
+        let Some(live) = self.store.live_version(&self.pipeline)? else { return Ok(None) };
+        let Some(contract) = self.contracts.get(&live) else { return Ok(None) };
+        let Some(weir_contract::Reconcile { every_ms: Some(every), delay_ms }) = contract.reconcile else {
+            return Ok(None);
+        };
+        let headers = self.store.checkpoint_headers(&self.pipeline, live)?;
+        let Some(settled) = settled_through(contract, &headers)? else { return Ok(None) };
+        let to_ms = settled_before(contract, settled.saturating_sub(delay_ms));
+        let why = format!(
+            "[reconcile] every {} over the windows settled {} before",
+            weir_contract::format_duration_ms(every),
+            weir_contract::format_duration_ms(delay_ms)
+        );
+        let ask = BackfillAsk {
+            version: live,
+            from_ms: to_ms.saturating_sub(every),
+            to_ms,
+            who: "schedule",
+            why: &why,
+            origin: "schedule",
+        };
+        Ok(self.store.schedule_backfill(&self.pipeline, &Schedule { ask, every_ms: every })?)
     }
 
     /// Claims and does one run; whether there was one.

@@ -10,7 +10,9 @@
 //! read and the newest record (per partition, the largest);
 //! `max_watermark_age` now minus the watermark; `max_oldest_unprocessed` now
 //! minus the append time of the oldest record not yet read;
-//! `max_ledger_rate` ledger entries per event read over the last minute.
+//! `max_ledger_rate` ledger entries per event read over the last minute;
+//! `max_corrected_windows` the windows corrected by backfill runs (operator
+//! or scheduled) that finished in the last hour.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +31,7 @@ struct Check {
     observed: f64,
     threshold: f64,
     show: fn(f64) -> String,
-    question: &'static str,
+    question: String,
 }
 
 fn ms(v: f64) -> String {
@@ -40,7 +42,7 @@ fn ratio(v: f64) -> String {
     format!("{v:.4}")
 }
 
-fn checks(alerts: &Alerts, status: &Report, ledger_rate: Option<f64>) -> Vec<Check> {
+fn checks(alerts: &Alerts, status: &Report, ledger_rate: Option<f64>, corrected_last_hour: Option<u64>) -> Vec<Check> {
     let mut out = Vec::new();
     if let (Some(t), v) = (alerts.max_lag_ms, status.lag_ms as f64) {
         out.push(Check {
@@ -48,7 +50,7 @@ fn checks(alerts: &Alerts, status: &Report, ledger_rate: Option<f64>) -> Vec<Che
             observed: v,
             threshold: t as f64,
             show: ms,
-            question: "Is the pipeline keeping up with the log, or did a burst of events arrive?",
+            question: "Is the pipeline keeping up with the log, or did a burst of events arrive?".into(),
         });
     }
     if let Some(t) = alerts.max_watermark_age_ms {
@@ -60,7 +62,7 @@ fn checks(alerts: &Alerts, status: &Report, ledger_rate: Option<f64>) -> Vec<Che
                 observed: v,
                 threshold: t as f64,
                 show: ms,
-                question: "Has a source or partition stopped sending, or are event times far behind the clock?",
+                question: "Has a source or partition stopped sending, or are event times far behind the clock?".into(),
             });
         }
     }
@@ -70,7 +72,7 @@ fn checks(alerts: &Alerts, status: &Report, ledger_rate: Option<f64>) -> Vec<Che
             observed: v,
             threshold: t as f64,
             show: ms,
-            question: "Is the pipeline stuck or paused while events wait in the log?",
+            question: "Is the pipeline stuck or paused while events wait in the log?".into(),
         });
     }
     if let (Some(t), Some(v)) = (alerts.max_ledger_rate, ledger_rate) {
@@ -79,10 +81,25 @@ fn checks(alerts: &Alerts, status: &Report, ledger_rate: Option<f64>) -> Vec<Che
             observed: v,
             threshold: t,
             show: ratio,
-            question: "Did a producer change its event format, or start resending?",
+            question: "Did a producer change its event format, or start resending?".into(),
+        });
+    }
+    if let (Some(t), Some(n)) = (alerts.max_corrected_windows, corrected_last_hour) {
+        out.push(Check {
+            alert: "max_corrected_windows",
+            observed: n as f64,
+            threshold: t as f64,
+            show: count,
+            question: format!(
+                "Why did {n} windows need correcting in the last hour? The backfill reports (GET .../backfills) name the causes the ledger holds: late events, duplicates, corrections."
+            ),
         });
     }
     out
+}
+
+fn count(v: f64) -> String {
+    format!("{}", v.max(0.0) as u64)
 }
 
 /// Every second, forever: samples every pipeline for the dashboard's
@@ -120,7 +137,9 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Val
     for (name, p) in &app.pipelines {
         let status = report(&app.log, &app.watch, name, p);
         crate::watch::record(&app.watch, name, status.events.read, status.lag_records, status.watermark_age_ms);
+        crate::watch::refresh_reconcile(&app.watch, name, p.store.as_ref());
         let Some(alerts) = &p.contract().alerts else { continue };
+        let corrected_last_hour = lock(&app.watch.reconcile).get(name).map(|t| t.corrected_last_hour);
         let (read, ledger) = (status.events.read, status.ledgered());
         let rate = {
             let mut state = lock(&app.watch.alerts);
@@ -139,7 +158,7 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Val
         let mut state = lock(&app.watch.alerts);
         let firing = state.firing.entry(name.clone()).or_default();
         let mut notes = Vec::new();
-        for c in checks(alerts, &status, rate) {
+        for c in checks(alerts, &status, rate, corrected_last_hour) {
             let over = c.observed > c.threshold;
             let at = firing.iter().position(|f| f.alert == c.alert);
             let change = match (over, at) {

@@ -27,6 +27,7 @@ type Labels = Vec<(String, String)>;
 
 enum Value {
     Counter(u64),
+    CounterF(f64),
     Gauge(i64),
     Histogram(Histogram),
 }
@@ -63,6 +64,10 @@ impl Scrape {
         self.add(name, help, labels, Value::Counter(value));
     }
 
+    fn counter_f(&mut self, name: &'static str, help: &'static str, labels: Labels, value: f64) {
+        self.add(name, help, labels, Value::CounterF(value));
+    }
+
     fn gauge(&mut self, name: &'static str, help: &'static str, labels: Labels, value: i64) {
         self.add(name, help, labels, Value::Gauge(value));
     }
@@ -76,7 +81,7 @@ impl Collector for Scrape {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         for f in &self.families {
             let kind = match f.samples.first().map(|(_, v)| v) {
-                Some(Value::Counter(_)) => MetricType::Counter,
+                Some(Value::Counter(_) | Value::CounterF(_)) => MetricType::Counter,
                 Some(Value::Histogram(_)) => MetricType::Histogram,
                 _ => MetricType::Gauge,
             };
@@ -85,6 +90,7 @@ impl Collector for Scrape {
                 let mut m = family.encode_family(labels)?;
                 match value {
                     Value::Counter(n) => m.encode_counter::<NoLabelSet, _, u64>(n, None)?,
+                    Value::CounterF(n) => m.encode_counter::<NoLabelSet, _, u64>(n, None)?,
                     Value::Gauge(n) => m.encode_gauge(n)?,
                     Value::Histogram(h) => Buckets(h).encode(m)?,
                 }
@@ -267,6 +273,29 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>, caller: Option<Extensio
             base.clone(),
             i64::from(s.paused),
         );
+        let totals = lock(&app.watch.reconcile).get(name).cloned().unwrap_or_default();
+        for origin in ["operator", "schedule"] {
+            m.counter(
+                "weir_reconcile_runs",
+                "Backfill runs done, by who asked (an operator, or the contract's [reconcile] schedule).",
+                with("origin", origin),
+                totals.runs.get(origin).copied().unwrap_or(0),
+            );
+        }
+        m.counter(
+            "weir_reconcile_corrected_windows",
+            "Windows a backfill run published a corrected row for.",
+            base.clone(),
+            totals.corrected_windows,
+        );
+        for (aggregate, amount) in &totals.corrected_amount {
+            m.counter_f(
+                "weir_reconcile_corrected_amount",
+                "Per aggregate, what backfill runs changed, each window's change counted as a positive amount.",
+                with("aggregate", aggregate),
+                *amount,
+            );
+        }
         if let Some(age) = s.checkpoint_age_ms {
             m.gauge("weir_checkpoint_age_ms", "Milliseconds since the last checkpoint.", base.clone(), age);
         }

@@ -1,6 +1,7 @@
 //! What the alert loop observes every second and the status, alerts and
 //! dashboard read back: 15 minutes of samples per pipeline for the charts
-//! and the firing alerts (a leaf: it uses no other module of the server).
+//! the firing alerts, and the totals of the backfill runs (a leaf: it uses
+//! no other module of the server).
 //! The notifications themselves are kept in each pipeline's store.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -17,6 +18,60 @@ const WINDOW_MS: i64 = 15 * 60 * 1000;
 pub struct Watch {
     pub alerts: Mutex<AlertState>,
     pub series: Mutex<Series>,
+    /// Backfill and reconciliation totals by pipeline, from its store.
+    pub reconcile: Mutex<BTreeMap<String, ReconcileTotals>>,
+}
+
+/// What a pipeline's stored backfill runs add up to (refreshed by the
+/// alert loop every [`RECONCILE_REFRESH`]).
+#[derive(Debug, Clone, Default)]
+pub struct ReconcileTotals {
+    /// Runs done, by origin (`operator`, `schedule`).
+    pub runs: BTreeMap<String, u64>,
+    pub corrected_windows: u64,
+    /// Per aggregate, the corrected amount (each window's change as a positive amount).
+    pub corrected_amount: BTreeMap<String, f64>,
+    /// Windows corrected by runs finished in the last hour.
+    pub corrected_last_hour: u64,
+    pub refreshed: Option<Instant>,
+}
+
+/// How often the totals are read again from the store.
+pub const RECONCILE_REFRESH: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The newest runs the totals read (a year of hourly runs).
+const RECONCILE_RUNS_READ: i64 = 10_000;
+
+/// Reads a pipeline's totals again from its stored runs when they are older than [`RECONCILE_REFRESH`].
+pub fn refresh_reconcile(watch: &Watch, name: &str, store: &dyn weir_store::Store) {
+    let due =
+        lock(&watch.reconcile).get(name).and_then(|t| t.refreshed).is_none_or(|at| at.elapsed() >= RECONCILE_REFRESH);
+    if !due {
+        return;
+    }
+    let runs = match store.backfills(name, RECONCILE_RUNS_READ) {
+        Ok(runs) => runs,
+        Err(e) => {
+            eprintln!("weir: {name}: reading backfill runs: {e}");
+            return;
+        }
+    };
+    let hour_ago = weir_log::now_ms() - 3_600_000;
+    let mut t = ReconcileTotals { refreshed: Some(Instant::now()), ..ReconcileTotals::default() };
+    for run in runs.iter().filter(|r| r.state == weir_store::BackfillState::Done) {
+        *t.runs.entry(run.origin.clone()).or_default() += 1;
+        let Some(report) = run.report.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok()) else { continue };
+        let corrected = report["windows_corrected"].as_u64().unwrap_or(0);
+        t.corrected_windows += corrected;
+        if run.finished_ms.is_some_and(|f| f >= hour_ago) {
+            t.corrected_last_hour += corrected;
+        }
+        for (aggregate, amount) in report["corrected_amount"].as_object().into_iter().flatten() {
+            let amount = amount.as_str().and_then(|a| a.parse::<f64>().ok()).unwrap_or(0.0);
+            *t.corrected_amount.entry(aggregate.clone()).or_default() += amount;
+        }
+    }
+    lock(&watch.reconcile).insert(name.to_owned(), t);
 }
 
 /// One firing alert.

@@ -64,6 +64,27 @@ pub struct BackfillAsk<'a> {
     pub origin: &'a str,
 }
 
+/// The next scheduled run (`[reconcile] every`): `ask` covers up to its
+/// `to_ms`; it starts where the last scheduled run of the version ended
+/// (the first one at `ask.from_ms`), and is asked only when the last one
+/// was asked `every_ms` ago or more.
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule<'a> {
+    pub ask: BackfillAsk<'a>,
+    pub every_ms: i64,
+}
+
+impl<'a> Schedule<'a> {
+    /// The run to ask now, given the last scheduled one's (asked, to).
+    pub fn next(&self, last: Option<(i64, i64)>, now_ms: i64) -> Option<BackfillAsk<'a>> {
+        if last.is_some_and(|(asked, _)| now_ms - asked < self.every_ms) {
+            return None;
+        }
+        let from_ms = last.map_or(self.ask.from_ms, |(_, to)| to);
+        (from_ms < self.ask.to_ms).then_some(BackfillAsk { from_ms, ..self.ask })
+    }
+}
+
 /// A stored backfill run.
 #[derive(Debug, Clone)]
 pub struct Backfill {
@@ -157,12 +178,34 @@ pub mod sqlite {
     use super::*;
 
     pub fn ask(conn: &Connection, pipeline: &str, a: &BackfillAsk<'_>) -> rusqlite::Result<i64> {
+        ask_in(conn, pipeline, a)
+    }
+
+    fn ask_in(conn: &Connection, pipeline: &str, a: &BackfillAsk<'_>) -> rusqlite::Result<i64> {
         conn.execute(
             "INSERT INTO backfills (pipeline, version, from_ms, to_ms, who, why, origin, asked_ms, state)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 'pending')",
             params![pipeline, a.version, a.from_ms, a.to_ms, a.who, a.why, a.origin, weir_log::now_ms()],
         )?;
         Ok(conn.last_insert_rowid())
+    }
+
+    /// Asks the next scheduled run (see [`Schedule`]); its id, or `None`
+    /// when one was asked less than `every_ms` ago or the range is empty.
+    pub fn schedule(conn: &mut Connection, pipeline: &str, s: &Schedule<'_>) -> rusqlite::Result<Option<i64>> {
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let last: Option<(i64, i64)> = tx
+            .query_row(
+                "SELECT asked_ms, to_ms FROM backfills WHERE pipeline = ?1 AND version = ?2 AND origin = 'schedule'
+                 ORDER BY id DESC LIMIT 1",
+                params![pipeline, s.ask.version],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let Some(ask) = s.next(last, weir_log::now_ms()) else { return Ok(None) };
+        let id = ask_in(&tx, pipeline, &ask)?;
+        tx.commit()?;
+        Ok(Some(id))
     }
 
     pub fn get(conn: &Connection, pipeline: &str, id: i64) -> rusqlite::Result<Option<Backfill>> {
@@ -296,6 +339,15 @@ pub mod pg {
     use super::*;
 
     pub fn ask(client: &mut Client, schema: &str, pipeline: &str, a: &BackfillAsk<'_>) -> Result<i64, postgres::Error> {
+        ask_in(client, schema, pipeline, a)
+    }
+
+    fn ask_in(
+        client: &mut impl postgres::GenericClient,
+        schema: &str,
+        pipeline: &str,
+        a: &BackfillAsk<'_>,
+    ) -> Result<i64, postgres::Error> {
         let row = client.query_one(
             &format!(
                 "INSERT INTO {schema}.backfills (pipeline, version, from_ms, to_ms, who, why, origin, asked_ms, state)
@@ -304,6 +356,31 @@ pub mod pg {
             &[&pipeline, &(a.version as i32), &a.from_ms, &a.to_ms, &a.who, &a.why, &a.origin, &weir_log::now_ms()],
         )?;
         Ok(row.get(0))
+    }
+
+    /// Asks the next scheduled run (see [`Schedule`]), under a lock every
+    /// worker of the pipeline takes for it, so one of them asks.
+    pub fn schedule(
+        client: &mut Client,
+        schema: &str,
+        pipeline: &str,
+        s: &Schedule<'_>,
+    ) -> Result<Option<i64>, postgres::Error> {
+        let mut tx = client.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext('weir backfill schedule ' || $1))", &[&pipeline])?;
+        let last = tx
+            .query_opt(
+                &format!(
+                    "SELECT asked_ms, to_ms FROM {schema}.backfills WHERE pipeline = $1 AND version = $2 AND origin = 'schedule'
+                     ORDER BY id DESC LIMIT 1"
+                ),
+                &[&pipeline, &(s.ask.version as i32)],
+            )?
+            .map(|r| (r.get::<_, i64>(0), r.get::<_, i64>(1)));
+        let Some(a) = s.next(last, weir_log::now_ms()) else { return Ok(None) };
+        let id = ask_in(&mut tx, schema, pipeline, &a)?;
+        tx.commit()?;
+        Ok(Some(id))
     }
 
     pub fn get(

@@ -31,7 +31,7 @@ pub mod versions;
 
 use std::path::PathBuf;
 
-pub use backfill::{Backfill, BackfillAsk, BackfillState, Correction, Finish};
+pub use backfill::{Backfill, BackfillAsk, BackfillState, Correction, Finish, Schedule};
 pub use checkpoint::{CheckpointError, Checkpoints, Claimed, PgCheckpoints, Scope, SqliteCheckpoints};
 pub use sqlite::{Annotation, Incident, ResultFilter, RowOrigin, Run};
 pub use versions::{FileContract, Registration, Switch, SwitchError, Version, VersionState};
@@ -132,6 +132,8 @@ pub trait Store: Send + Sync {
     /// Stores a backfill to do; its id.
     fn ask_backfill(&self, pipeline: &str, ask: &BackfillAsk<'_>) -> Result<i64>;
     fn backfill(&self, pipeline: &str, id: i64) -> Result<Option<Backfill>>;
+    /// Asks the next scheduled backfill, unless one was asked too recently; its id.
+    fn schedule_backfill(&self, pipeline: &str, schedule: &Schedule<'_>) -> Result<Option<i64>>;
     /// The newest backfill runs, newest first.
     fn backfills(&self, pipeline: &str, limit: i64) -> Result<Vec<Backfill>>;
     /// The oldest backfill nobody holds, now held by `claimant` (see [`backfill::LEASE_MS`]).
@@ -249,6 +251,9 @@ impl Store for SqliteStore {
     }
     fn backfill(&self, pipeline: &str, id: i64) -> Result<Option<Backfill>> {
         self.with(|c| backfill::sqlite::get(c, pipeline, id))
+    }
+    fn schedule_backfill(&self, pipeline: &str, schedule: &Schedule<'_>) -> Result<Option<i64>> {
+        self.with(|c| backfill::sqlite::schedule(c, pipeline, schedule))
     }
     fn backfills(&self, pipeline: &str, limit: i64) -> Result<Vec<Backfill>> {
         self.with(|c| backfill::sqlite::list(c, pipeline, limit))
@@ -383,6 +388,9 @@ impl Store for PostgresStore {
     }
     fn backfill(&self, pipeline: &str, id: i64) -> Result<Option<Backfill>> {
         self.with(|c, s| backfill::pg::get(c, s, pipeline, id))
+    }
+    fn schedule_backfill(&self, pipeline: &str, schedule: &Schedule<'_>) -> Result<Option<i64>> {
+        self.with(|c, s| backfill::pg::schedule(c, s, pipeline, schedule))
     }
     fn backfills(&self, pipeline: &str, limit: i64) -> Result<Vec<Backfill>> {
         self.with(|c, s| backfill::pg::list(c, s, pipeline, limit))

@@ -302,3 +302,84 @@ fn a_kill_during_a_backfill_leaves_it_published_once_and_right() {
     assert_eq!(changes.len(), changes_before + 2, "the corrections were published exactly once");
     drop(server);
 }
+
+#[test]
+fn a_scheduled_reconciliation_corrects_counts_and_alerts_the_owner() {
+    let (dir, port, base) = setup("backfill-schedule");
+    // Every 3 s, the windows settled 8783 hours before: once the flush a
+    // year on is read, those of the payments' first hour.
+    let contract =
+        PAID.to_owned() + "\n[reconcile]\nevery = \"3s\"\ndelay = \"8783h\"\n\n[alerts]\nmax_corrected_windows = 1\n";
+    dir.write("contracts/paid.toml", &contract);
+    let (hook, notes) = common::receiver();
+    dir.write(
+        "weir.toml",
+        &format!("alert_webhook = \"{hook}\"\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"),
+    );
+    let _server = start(&dir.0, port);
+    let (first, late, last) = (payments(0, 3000), too_late(), flush());
+    post(&base, &first);
+    post(&base, &late);
+    caught_up(&base, (first.len() + late.len()) as u64);
+    // The first scheduled run covers the `every` before what had settled
+    // then (long ago); each later one goes on from where the last ended.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !get(&format!("{base}/v1/pipelines/paid/backfills")).contains("\"state\":\"done\"") {
+        assert!(Instant::now() < deadline, "no scheduled run");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    post(&base, &last);
+    let all: Vec<String> = first.iter().chain(&late).chain(&last).cloned().collect();
+    caught_up(&base, all.len() as u64);
+    let input = dir.write("all.jsonl", &(all.join("\n") + "\n"));
+    let expected = by_window(&batch(&dir, &input));
+
+    // A later scheduled run corrects the two windows.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let run = loop {
+        let listed: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/backfills"))).unwrap();
+        let runs = listed["backfills"].as_array().unwrap().clone();
+        assert!(runs.iter().all(|r| r["origin"] == "schedule" && r["who"] == "schedule"), "{runs:?}");
+        if let Some(run) = runs.iter().find(|r| r["report"]["windows_corrected"].as_u64() > Some(0)) {
+            break run.clone();
+        }
+        assert!(Instant::now() < deadline, "no scheduled run corrected anything: {runs:?}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(run["report"]["windows_corrected"], 2, "{run}");
+    assert_eq!(run["report"]["corrected_amount"]["revenue"], "1234.5", "{run}");
+    assert_eq!(by_window(&json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=100000")))), expected);
+
+    // Counted in /metrics, once the totals are read again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = get(&format!("{base}/metrics"));
+        let has = |line: &str| metrics.lines().any(|l| l.starts_with(line));
+        if has("weir_reconcile_corrected_windows_total{pipeline=\"paid\",messaging_destination_name=\"payments\"} 2")
+            && has("weir_reconcile_corrected_amount_total{pipeline=\"paid\",messaging_destination_name=\"payments\",aggregate=\"revenue\"} 1234.5")
+        {
+            let runs = metrics.lines().find(|l| l.starts_with("weir_reconcile_runs_total") && l.contains("schedule"));
+            let n: f64 = runs.and_then(|l| l.rsplit(' ').next()).and_then(|n| n.parse().ok()).unwrap_or(0.0);
+            assert!(n >= 1.0, "{runs:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the reconciliation totals are not in /metrics: {metrics}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    // The owner is asked why.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let note = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let note = notes.recv_timeout(left).expect("no max_corrected_windows alert reached the webhook");
+        if note["alert"] == "max_corrected_windows" {
+            break note;
+        }
+    };
+    assert_eq!((note["status"].clone(), note["owner"].clone()), ("firing".into(), "billing-ops".into()), "{note}");
+    assert_eq!(note["observed"], "2", "{note}");
+    assert!(
+        note["question"].as_str().unwrap().starts_with("Why did 2 windows need correcting in the last hour?"),
+        "{note}"
+    );
+}
