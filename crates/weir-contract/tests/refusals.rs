@@ -100,6 +100,19 @@ fn alerts_parse_and_bad_ones_are_refused() {
     check(&edit("", "[alerts]\nmax_lag = \"soon\""), Some(34), "alerts.max_lag", "");
     check(&edit("", "[alerts]\nmax_ledger_rate = 2"), Some(34), "alerts.max_ledger_rate", "from 0 to 1");
     check(&edit("", "[alerts]\nwebhook = \"ftp://x\""), Some(34), "alerts.webhook", "http://");
+    check(&edit("", "[alerts]\nmax_corrected_windows = -1"), Some(34), "alerts.max_corrected_windows", "whole number");
+}
+
+#[test]
+fn reconcile_parses_and_bad_values_are_refused() {
+    let text = edit("", "[reconcile]\nevery = \"1h\"\ndelay = \"2h\"\n\n[alerts]\nmax_corrected_windows = 14");
+    let c = Contract::parse("c.toml", &text).unwrap();
+    assert_eq!(c.reconcile, Some(weir_contract::Reconcile { every_ms: Some(3_600_000), delay_ms: 7_200_000 }));
+    assert_eq!(c.alerts.unwrap().max_corrected_windows, Some(14));
+    assert!(Contract::parse("c.toml", GOOD).unwrap().reconcile.is_none());
+    check(&edit("", "[reconcile]\nevery = \"0s\""), Some(34), "reconcile.every", "longer than zero");
+    check(&edit("", "[reconcile]\ndelay = \"2h\""), Some(34), "reconcile.delay", "every");
+    check(&edit("", "[reconcile]\nevry = \"1h\""), Some(34), "reconcile.evry", "unknown key");
 }
 
 #[test]
