@@ -202,7 +202,8 @@ pub struct Published {
 }
 
 impl Published {
-    fn parse(text: &str) -> Option<Published> {
+    /// A row as `/results` serves it; `None` when it is not one.
+    pub fn parse(text: &str) -> Option<Published> {
         let v: Value = serde_json::from_str(text).ok()?;
         Some(Published {
             key: v.get("key")?.clone(),
@@ -402,20 +403,23 @@ struct CauseEntry {
     reason: Reason,
     /// The key and window it names, when it names one.
     window: Option<(String, i64)>,
+    /// The event as it arrived (cut to 4 KiB; `None` once erased for retention).
+    payload: Option<String>,
 }
 
-/// The ledger's cause entries of the version near the range, by (partition, offset).
+/// The ledger's cause entries of a version near `[from, to)`, by (partition, offset).
 fn cause_entries(
     store: &dyn Store,
-    run: &Backfill,
+    (pipeline, version): (&str, u32),
+    (from_ms, to_ms): (i64, i64),
     span_ms: i64,
 ) -> anyhow::Result<HashMap<(u32, u64), Vec<CauseEntry>>> {
     let mut found: HashMap<(u32, u64), Vec<CauseEntry>> = HashMap::new();
-    let near = (run.from_ms.saturating_sub(span_ms))..(run.to_ms.saturating_add(span_ms));
+    let near = (from_ms.saturating_sub(span_ms))..(to_ms.saturating_add(span_ms));
     for reason in CAUSES {
         let mut since = 0;
         loop {
-            let page = store.ledger(&run.pipeline, run.version, Some(reason.as_str()), since, 10_000)?;
+            let page = store.ledger(pipeline, version, Some(reason.as_str()), since, 10_000)?;
             for text in &page {
                 let Ok(e) = serde_json::from_str::<Value>(text) else { continue };
                 since = since.max(e.get("seq").and_then(Value::as_i64).unwrap_or(0) + 1);
@@ -430,7 +434,8 @@ fn cause_entries(
                     continue;
                 };
                 let window = start.map(|s| (e.get("key").map(Value::to_string).unwrap_or_default(), s));
-                found.entry((p as u32, o)).or_default().push(CauseEntry { reason, window });
+                let payload = e.get("payload").and_then(Value::as_str).map(str::to_owned);
+                found.entry((p as u32, o)).or_default().push(CauseEntry { reason, window, payload });
             }
             if page.len() < 10_000 {
                 break;
@@ -438,6 +443,38 @@ fn cause_entries(
         }
     }
     Ok(found)
+}
+
+/// The causes the ledger holds for the windows of a version near
+/// `[from, to)`, with the amounts their payloads carry (an entry whose
+/// payload retention erased carries nothing known).
+pub fn causes_from_ledger(
+    contract: &Contract,
+    store: &dyn Store,
+    (pipeline, version): (&str, u32),
+    range: (i64, i64),
+) -> anyhow::Result<Causes> {
+    let wanted = cause_entries(store, (pipeline, version), range, window_span_ms(contract))?;
+    let causes_contract = cause_contract(contract);
+    let mut engines: BTreeMap<&'static str, Engine> = BTreeMap::new();
+    for reason in CAUSES {
+        let mut engine = Engine::new(&causes_contract, Mode::Batch, 1)?;
+        engine.read_one_partition(); // entries name any partition
+        engines.insert(reason.as_str(), engine);
+    }
+    let mut out = Output::default();
+    let mut ordered: Vec<(&(u32, u64), &Vec<CauseEntry>)> = wanted.iter().collect();
+    ordered.sort_by_key(|(at, _)| **at);
+    for ((partition, offset), entries) in ordered {
+        let mut seen = HashSet::new();
+        for e in entries.iter().filter(|e| seen.insert(e.reason)) {
+            let (Some(payload), Some(engine)) = (&e.payload, engines.get_mut(e.reason.as_str())) else { continue };
+            engine.process(EventIn { partition: *partition, offset: *offset, bytes: payload.as_bytes() }, &mut out);
+            out.clear();
+        }
+    }
+    let format = Engine::new(contract, Mode::Batch, 1)?.format().clone();
+    Ok(carried(&format, &wanted, engines))
 }
 
 /// A contract for the amounts a cause carried: no dedup, so every version
@@ -468,7 +505,7 @@ pub fn compute(
         anyhow::anyhow!("version {} has no checkpoint with a watermark yet: nothing has settled", run.version)
     })?;
     let span = window_span_ms(contract);
-    let wanted = cause_entries(store, run, span)?;
+    let wanted = cause_entries(store, (&run.pipeline, run.version), (run.from_ms, run.to_ms), span)?;
     let partitions = input.partitions()?;
     let mut batch = Engine::new(contract, Mode::Batch, partitions)?;
     let causes_contract = cause_contract(contract);

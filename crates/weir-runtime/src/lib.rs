@@ -18,6 +18,7 @@ pub mod embedded;
 pub mod histogram;
 pub mod kafka;
 pub mod privacy;
+pub mod reconcile;
 pub mod runner;
 pub mod sink;
 pub mod status;

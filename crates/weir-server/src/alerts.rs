@@ -121,7 +121,8 @@ pub async fn run(app: Arc<App>) {
 fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Value)>) {
     let now = weir_log::now_ms();
     // Versions: candidates that caught up, automatic promotes, and the notifications of both.
-    for (name, note) in crate::versions::check(app) {
+    let waiting = std::mem::take(&mut *lock(&app.notes));
+    for (name, note) in crate::versions::check(app).into_iter().chain(waiting) {
         let Some(p) = app.pipelines.get(&name) else { continue };
         if let Err(e) = p.store.record_incident(&name, now, &note.to_string()) {
             eprintln!("weir: version notification not kept in the store ({e}): {note}");

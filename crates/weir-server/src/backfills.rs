@@ -168,3 +168,165 @@ pub(crate) async fn one(
         )),
     }
 }
+
+/// Compares the pipeline's published rows with the export in the body (a
+/// CSV or JSON-lines file from the system of record); stores and answers
+/// the report. `?map=` (which columns are the key fields, the window start
+/// and the aggregates), `?tolerance=` (an amount, or a percentage),
+/// `?format=csv|jsonl`, `?source=` (the export's name), `?why=`. A failed
+/// verdict also reaches the owner through the alerts' webhook.
+pub(crate) async fn reconcile(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let p = may_operate(&app, &caller, &name, "reconcile")?;
+    let Some(why) = q.get("why").filter(|w| !w.trim().is_empty()).cloned() else {
+        return Err(bad("say why: ?why=... (it is kept in the audit log with the token that acted)"));
+    };
+    let version = read_version(p, &name, &q).await?;
+    let Some(contract) = p.versions.get(&version).map(|v| v.contract.clone()) else {
+        return Err(ApiError(StatusCode::CONFLICT, format!("this server does not run version {version} of {name:?}")));
+    };
+    let format =
+        weir_runtime::reconcile::ExportFormat::parse(q.get("format").map_or("csv", String::as_str)).map_err(bad)?;
+    let tolerance =
+        weir_runtime::reconcile::Tolerance::parse(q.get("tolerance").map_or("0", String::as_str)).map_err(bad)?;
+    let key_names = weir_engine::Engine::new(&contract, weir_engine::Mode::Batch, 1)
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .format()
+        .key_names
+        .clone();
+    let aggregates: Vec<String> = contract.aggregates.iter().map(|a| a.name.clone()).collect();
+    let Some(map) = q.get("map") else {
+        return Err(bad("say which columns are what: ?map=key.FIELD=column,window_start=column,AGGREGATE=column"));
+    };
+    let mapping = weir_runtime::reconcile::Mapping::parse(map, &key_names, &aggregates).map_err(bad)?;
+    let text = std::str::from_utf8(&body).map_err(|e| bad(format!("the export is not UTF-8: {e}")))?;
+    let export =
+        weir_runtime::reconcile::read_export(text, format, &mapping).map_err(|e| bad(format!("the export: {e}")))?;
+    let source = q.get("source").cloned().unwrap_or_else(|| "export".to_owned());
+    let (store, pn, who, w, src) =
+        (Arc::clone(&p.store), name.clone(), caller.grant.who(), why.clone(), source.clone());
+    let stored_report = tokio::task::spawn_blocking(move || -> anyhow::Result<(i64, Value)> {
+        reconcile_and_keep(store.as_ref(), &contract, (&pn, version), (&mapping, tolerance), &export, (&who, &w, &src))
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))?;
+    let (id, report) = stored_report;
+    if report["verdict"] == "fail" {
+        let c = &p.contract().pipeline;
+        let note = json!({
+            "status": "firing",
+            "alert": "reconcile_unexplained",
+            "pipeline": name,
+            "version": version,
+            "owner": c.owner,
+            "steward": c.steward,
+            "decision": c.decision,
+            "threshold": report["tolerance"],
+            "observed": report["windows"]["unexplained"],
+            "question": format!(
+                "Reconciliation {id} against {source}: {} windows differ beyond the tolerance with no cause in the ledger. What did the system of record count that weir did not see?",
+                report["windows"]["unexplained"]
+            ),
+            "reconciliation": id,
+            "since": format_rfc3339_ms(weir_log::now_ms()),
+            "at": format_rfc3339_ms(weir_log::now_ms()),
+        });
+        weir_runtime::lock(&app.notes).push((name.clone(), note));
+    }
+    let detail = json!({ "reconciliation": id, "version": version, "source": source, "verdict": report["verdict"] });
+    audited(&app, &caller, "reconcile", Some(name.clone()), detail, why).await?;
+    Ok(json(report))
+}
+
+/// Compares, keeps the reconciliation, and gives its id and report.
+fn reconcile_and_keep(
+    store: &dyn weir_store::Store,
+    contract: &weir_contract::Contract,
+    (pipeline, version): (&str, u32),
+    (mapping, tolerance): (&weir_runtime::reconcile::Mapping, weir_runtime::reconcile::Tolerance),
+    export: &[weir_runtime::reconcile::SourceRow],
+    (who, why, source): (&str, &str, &str),
+) -> anyhow::Result<(i64, Value)> {
+    let lo = export.iter().map(|r| r.window_start).min().unwrap_or(0);
+    let hi = export.iter().map(|r| r.window_start).max().map_or(0, |h| h + 1);
+    let filter = weir_store::ResultFilter { from_ms: Some(lo), to_ms: Some(hi), limit: i64::MAX, ..Default::default() };
+    let published: Vec<weir_runtime::backfill::Published> = store
+        .results(pipeline, version, &filter)?
+        .iter()
+        .filter_map(|t| weir_runtime::backfill::Published::parse(t))
+        .collect();
+    let causes = weir_runtime::backfill::causes_from_ledger(contract, store, (pipeline, version), (lo, hi))?;
+    let mut report = weir_runtime::reconcile::compare(contract, mapping, tolerance, export, &published, &causes);
+    report["version"] = version.into();
+    report["source"] = source.into();
+    let kept = weir_store::Reconciliation {
+        id: 0,
+        pipeline: pipeline.to_owned(),
+        version,
+        who: who.to_owned(),
+        why: why.to_owned(),
+        source: source.to_owned(),
+        at_ms: weir_log::now_ms(),
+        verdict: report["verdict"].as_str().unwrap_or("fail").to_owned(),
+        report: report.to_string(),
+    };
+    let id = store.record_reconciliation(&kept)?;
+    report["id"] = id.into();
+    Ok((id, report))
+}
+
+/// A stored reconciliation as served (its differences only when asked for one).
+fn describe_reconciliation(r: &weir_store::Reconciliation, whole: bool) -> Value {
+    let mut report = serde_json::from_str::<Value>(&r.report).unwrap_or(Value::Null);
+    if !whole {
+        if let Some(o) = report.as_object_mut() {
+            o.remove("differences");
+        }
+    }
+    report["id"] = r.id.into();
+    json!({
+        "id": r.id, "pipeline": r.pipeline, "version": r.version, "who": r.who, "why": r.why, "source": r.source,
+        "at": format_rfc3339_ms(r.at_ms), "verdict": r.verdict, "report": report,
+    })
+}
+
+/// The newest reconciliations, newest first (`?limit=`, default 100).
+pub(crate) async fn reconciliations(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let limit: i64 = param(&q, "limit", 100)?;
+    let pn = name.clone();
+    let kept = stored(p, move |s| s.reconciliations(&pn, None, limit)).await?;
+    let listed: Vec<Value> = kept.iter().map(|r| describe_reconciliation(r, false)).collect();
+    Ok(json(json!({ "pipeline": name, "reconciliations": listed })))
+}
+
+/// One reconciliation with every window that did not match.
+pub(crate) async fn reconciliation(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let id: i64 = id
+        .parse()
+        .map_err(|_| bad(format!("{id:?} is not a reconciliation id; GET .../reconciliations lists them")))?;
+    let pn = name.clone();
+    match stored(p, move |s| s.reconciliations(&pn, Some(id), 1)).await?.first() {
+        Some(r) => Ok(json(describe_reconciliation(r, true))),
+        None => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("pipeline {name:?} has no reconciliation {id}; GET .../reconciliations lists them"),
+        )),
+    }
+}

@@ -545,3 +545,106 @@ pub mod pg {
         Ok(rows.iter().map(|r| (r.get::<_, i32>(0) as u32, r.get(1))).collect())
     }
 }
+
+/// A stored reconciliation against a system of record: its report as JSON.
+#[derive(Debug, Clone)]
+pub struct Reconciliation {
+    pub id: i64,
+    pub pipeline: String,
+    pub version: u32,
+    pub who: String,
+    pub why: String,
+    /// The export's name, or `system_of_record` for a contract's query.
+    pub source: String,
+    pub at_ms: i64,
+    /// `pass` or `fail`.
+    pub verdict: String,
+    pub report: String,
+}
+
+const RECONCILIATION_COLUMNS: &str = "id, pipeline, version, who, why, source, at_ms, verdict, report";
+
+pub mod reconciliations {
+    use super::*;
+
+    fn from_sqlite(r: &rusqlite::Row<'_>) -> rusqlite::Result<Reconciliation> {
+        Ok(Reconciliation {
+            id: r.get(0)?,
+            pipeline: r.get(1)?,
+            version: r.get(2)?,
+            who: r.get(3)?,
+            why: r.get(4)?,
+            source: r.get(5)?,
+            at_ms: r.get(6)?,
+            verdict: r.get(7)?,
+            report: r.get(8)?,
+        })
+    }
+
+    fn from_pg(r: &postgres::Row) -> Reconciliation {
+        Reconciliation {
+            id: r.get(0),
+            pipeline: r.get(1),
+            version: r.get::<_, i32>(2) as u32,
+            who: r.get(3),
+            why: r.get(4),
+            source: r.get(5),
+            at_ms: r.get(6),
+            verdict: r.get(7),
+            report: r.get(8),
+        }
+    }
+
+    /// Keeps a reconciliation (its `id` is ignored); its id.
+    pub fn record_sqlite(conn: &Connection, r: &Reconciliation) -> rusqlite::Result<i64> {
+        conn.execute(
+            "INSERT INTO reconciliations (pipeline, version, who, why, source, at_ms, verdict, report)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![r.pipeline, r.version, r.who, r.why, r.source, r.at_ms, r.verdict, r.report],
+        )?;
+        Ok(conn.last_insert_rowid())
+    }
+
+    /// The newest first; with `id`, that one only.
+    pub fn list_sqlite(
+        conn: &Connection,
+        pipeline: &str,
+        id: Option<i64>,
+        limit: i64,
+    ) -> rusqlite::Result<Vec<Reconciliation>> {
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {RECONCILIATION_COLUMNS} FROM reconciliations WHERE pipeline = ?1 AND (?2 IS NULL OR id = ?2)
+             ORDER BY id DESC LIMIT ?3"
+        ))?;
+        let rows = stmt.query_map(params![pipeline, id, limit], from_sqlite)?;
+        rows.collect()
+    }
+
+    pub fn record_pg(client: &mut Client, schema: &str, r: &Reconciliation) -> Result<i64, postgres::Error> {
+        let row = client.query_one(
+            &format!(
+                "INSERT INTO {schema}.reconciliations (pipeline, version, who, why, source, at_ms, verdict, report)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id"
+            ),
+            &[&r.pipeline, &(r.version as i32), &r.who, &r.why, &r.source, &r.at_ms, &r.verdict, &r.report],
+        )?;
+        Ok(row.get(0))
+    }
+
+    pub fn list_pg(
+        client: &mut Client,
+        schema: &str,
+        pipeline: &str,
+        id: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<Reconciliation>, postgres::Error> {
+        let rows = client.query(
+            &format!(
+                "SELECT {RECONCILIATION_COLUMNS} FROM {schema}.reconciliations
+                  WHERE pipeline = $1 AND ($2::BIGINT IS NULL OR id = $2) ORDER BY id DESC LIMIT $3"
+            ),
+            &[&pipeline, &id, &limit],
+        )?;
+        Ok(rows.iter().map(from_pg).collect())
+    }
+}

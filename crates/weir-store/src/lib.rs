@@ -31,7 +31,7 @@ pub mod versions;
 
 use std::path::PathBuf;
 
-pub use backfill::{Backfill, BackfillAsk, BackfillState, Correction, Finish, Schedule};
+pub use backfill::{Backfill, BackfillAsk, BackfillState, Correction, Finish, Reconciliation, Schedule};
 pub use checkpoint::{CheckpointError, Checkpoints, Claimed, PgCheckpoints, Scope, SqliteCheckpoints};
 pub use sqlite::{Annotation, Incident, ResultFilter, RowOrigin, Run};
 pub use versions::{FileContract, Registration, Switch, SwitchError, Version, VersionState};
@@ -150,6 +150,10 @@ pub trait Store: Send + Sync {
         corrections: &[Correction],
         report: &str,
     ) -> Result<Finish>;
+    /// Keeps a reconciliation against a system of record; its id.
+    fn record_reconciliation(&self, r: &Reconciliation) -> Result<i64>;
+    /// The newest reconciliations first; with `id`, that one only.
+    fn reconciliations(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<Reconciliation>>;
     /// The engine headers of a version's last checkpoints, by partition
     /// (one, numbered 0, where one engine reads the whole topic).
     fn checkpoint_headers(&self, pipeline: &str, version: u32) -> Result<Vec<(u32, Vec<u8>)>>;
@@ -279,6 +283,12 @@ impl Store for SqliteStore {
     }
     fn checkpoint_headers(&self, pipeline: &str, version: u32) -> Result<Vec<(u32, Vec<u8>)>> {
         self.with(|c| backfill::sqlite::headers(c, pipeline, version))
+    }
+    fn record_reconciliation(&self, r: &Reconciliation) -> Result<i64> {
+        self.with(|c| backfill::reconciliations::record_sqlite(c, r))
+    }
+    fn reconciliations(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<Reconciliation>> {
+        self.with(|c| backfill::reconciliations::list_sqlite(c, pipeline, id, limit))
     }
 }
 
@@ -416,5 +426,11 @@ impl Store for PostgresStore {
     }
     fn checkpoint_headers(&self, pipeline: &str, version: u32) -> Result<Vec<(u32, Vec<u8>)>> {
         self.with(|c, s| backfill::pg::headers(c, s, pipeline, version))
+    }
+    fn record_reconciliation(&self, r: &Reconciliation) -> Result<i64> {
+        self.with(|c, s| backfill::reconciliations::record_pg(c, s, r))
+    }
+    fn reconciliations(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<Reconciliation>> {
+        self.with(|c, s| backfill::reconciliations::list_pg(c, s, pipeline, id, limit))
     }
 }

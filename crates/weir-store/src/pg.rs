@@ -120,6 +120,9 @@ CREATE TABLE IF NOT EXISTS {schema}.replays (
 CREATE TABLE IF NOT EXISTS {schema}.incidents (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, at_ms BIGINT NOT NULL, notification TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS incidents_by_pipeline ON {schema}.incidents (pipeline, id);
+CREATE TABLE IF NOT EXISTS {schema}.reconciliations (
+    id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, version INTEGER NOT NULL, who TEXT NOT NULL,
+    why TEXT NOT NULL, source TEXT NOT NULL, at_ms BIGINT NOT NULL, verdict TEXT NOT NULL, report TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS {schema}.backfills (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, version INTEGER NOT NULL,
     from_ms BIGINT NOT NULL, to_ms BIGINT NOT NULL, who TEXT NOT NULL, why TEXT NOT NULL, origin TEXT NOT NULL,

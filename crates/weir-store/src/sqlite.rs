@@ -31,6 +31,7 @@
 //! | `replays` | replays an operator asked for; the pipeline applies those above its `replayed` |
 //! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
 //! | `annotations` | notes on a pipeline and an event-time range; rows whose window overlaps one carry its id |
+//! | `reconciliations` | reconciliations against a system of record: who, why, the export, the verdict and the report (added without a version change) |
 //! | `backfills` | backfill runs (SPEC.md 9): range, who and why, state, the worker holding it and until when, its run and report (see `backfill.rs`; added without a version change: older builds ignore it) |
 //! | `sinks` | per pipeline and Kafka sink topic: the next `seq` to publish (table added without a version change: older builds ignore it) |
 //! | `audit` | token changes, operator actions, contract changes, replays and raw reads: who, when, what, why, from where; each entry's `hash` chains it to the one before (append-only: triggers refuse updates and deletes; see `audit.rs`) |
@@ -102,6 +103,9 @@ CREATE TABLE IF NOT EXISTS incidents (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, at_ms INTEGER NOT NULL,
     notification TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS incidents_by_pipeline ON incidents (pipeline, id);
+CREATE TABLE IF NOT EXISTS reconciliations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, version INTEGER NOT NULL, who TEXT NOT NULL,
+    why TEXT NOT NULL, source TEXT NOT NULL, at_ms INTEGER NOT NULL, verdict TEXT NOT NULL, report TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS backfills (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, version INTEGER NOT NULL,
     from_ms INTEGER NOT NULL, to_ms INTEGER NOT NULL, who TEXT NOT NULL, why TEXT NOT NULL, origin TEXT NOT NULL,

@@ -409,6 +409,121 @@ pub fn diff(url: &str, pipeline: &str, (a, b): (u32, u32), format: &str) -> Resu
     Ok(())
 }
 
+/// What `weir reconcile PIPELINE --against FILE` asks for.
+pub struct ReconcileAsk<'a> {
+    pub export: &'a std::path::Path,
+    pub map: &'a str,
+    pub tolerance: &'a str,
+    pub why: &'a str,
+    pub version: Option<u32>,
+}
+
+/// `weir reconcile PIPELINE --against FILE`: sends the export to the
+/// server, which compares, keeps and answers the report; prints it. Exit 1
+/// when a window's unexplained difference is beyond the tolerance.
+pub fn reconcile_against(url: &str, pipeline: &str, a: &ReconcileAsk<'_>, as_json: bool) -> Result<(), Failure> {
+    let body = std::fs::read(a.export)
+        .map_err(|e| Failure::usage(format!("cannot read {}: {e}; check the path", a.export.display())))?;
+    let path = a.export.display().to_string();
+    let format = match weir_runtime::reconcile::ExportFormat::of_path(&path) {
+        weir_runtime::reconcile::ExportFormat::JsonLines => "jsonl",
+        weir_runtime::reconcile::ExportFormat::Csv => "csv",
+    };
+    let name = a.export.file_name().map_or(path.clone(), |n| n.to_string_lossy().into_owned());
+    let base = url.trim_end_matches('/');
+    let mut target = format!("{base}/v1/pipelines/{pipeline}/reconcile");
+    let mut query =
+        vec![("map", a.map.to_owned()), ("tolerance", a.tolerance.to_owned()), ("format", format.to_owned())];
+    query.extend([("source", name), ("why", a.why.to_owned())]);
+    if let Some(v) = a.version {
+        query.push(("version", v.to_string()));
+    }
+    let mut r = authed(agent().post(&target))
+        .query_pairs(query.iter().map(|(k, v)| (*k, v.as_str())))
+        .header("content-type", if format == "csv" { "text/csv" } else { "application/x-ndjson" })
+        .send(&body[..])
+        .map_err(|e| Failure::run(anyhow::anyhow!("cannot reach {target}: {e}; is weir serve running there?")))?;
+    target.clear();
+    let code = r.status().as_u16();
+    let text = r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap_or_default();
+    if (400..500).contains(&code) {
+        return Err(Failure::usage(format!("{}: {} ({code})", a.export.display(), error_text(&text))));
+    }
+    if code != 200 {
+        return Err(Failure::run(anyhow::anyhow!("{} ({code})", error_text(&text))));
+    }
+    let report: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    if as_json {
+        print!("{text}");
+    } else {
+        print!("{}", reconcile_text(&report));
+    }
+    if report["verdict"] == "fail" {
+        return Err(Failure::run(anyhow::anyhow!(
+            "{} windows differ beyond the tolerance with no cause in the ledger (reconciliation {}); the owner was alerted",
+            plain(&report["windows"]["unexplained"]),
+            plain(&report["id"])
+        )));
+    }
+    Ok(())
+}
+
+/// A reconciliation report, readable.
+pub fn reconcile_text(r: &serde_json::Value) -> String {
+    let w = &r["windows"];
+    let mut out = format!(
+        "reconciliation {} of {} version {} against {}, windows from {} to {}, tolerance {}: {}\n",
+        plain(&r["id"]),
+        plain(&r["pipeline"]),
+        plain(&r["version"]),
+        plain(&r["source"]),
+        plain(&r["from"]),
+        plain(&r["to"]),
+        plain(&r["tolerance"]),
+        plain(&r["verdict"])
+    );
+    out.push_str(&format!(
+        "  windows: {} matched, {} differing, {} missing in weir, {} missing in the export; {} unexplained\n",
+        plain(&w["matched"]),
+        plain(&w["differing"]),
+        plain(&w["missing_in_weir"]),
+        plain(&w["missing_in_export"]),
+        plain(&w["unexplained"])
+    ));
+    for (name, t) in r["totals"].as_object().into_iter().flatten() {
+        out.push_str(&format!(
+            "  {name}: {} in the export, {} in weir; difference {}, of which the ledger explains {} and {} is unexplained\n",
+            plain(&t["export"]),
+            plain(&t["weir"]),
+            plain(&t["difference"]),
+            plain(&t["accounted"]),
+            plain(&t["unexplained"])
+        ));
+    }
+    for d in r["differences"].as_array().into_iter().flatten() {
+        let causes: Vec<String> = d["causes"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(reason, c)| format!("{reason} x{} {}", plain(&c["events"]), c["values"]))
+            .collect();
+        out.push_str(&format!(
+            "  {} {} {}: difference {}; {}; unexplained {}\n",
+            d["key"],
+            plain(&d["window_start"]),
+            plain(&d["verdict"]),
+            d["difference"],
+            if causes.is_empty() {
+                "no cause in the ledger".to_owned()
+            } else {
+                format!("causes {}", causes.join(", "))
+            },
+            d["unexplained"]
+        ));
+    }
+    out
+}
+
 /// What `weir backfill` asks for.
 pub struct BackfillAsk<'a> {
     pub from: &'a str,

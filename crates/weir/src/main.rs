@@ -64,12 +64,34 @@ enum Command {
         #[arg(long)]
         ledger: Option<PathBuf>,
     },
-    /// Compare the last row of every key and window of a stream output with batch rows.
+    /// Compare a pipeline's published rows with a system of record's export
+    /// (`weir reconcile PIPELINE --against FILE --map ...`, on a server), or
+    /// the last row of every key and window of a stream output with batch
+    /// rows (`--stream FILE --batch FILE`). Exit 1 when they disagree beyond
+    /// what the ledger explains and the tolerance allows.
     Reconcile {
+        /// The pipeline to reconcile (with --against).
+        pipeline: Option<String>,
+        /// A CSV (header line of column names) or JSON-lines export of the system of record.
         #[arg(long)]
-        stream: PathBuf,
+        against: Option<PathBuf>,
+        /// Which columns are what: key.FIELD=column,...,window_start=column (a time, or a date for daily windows),AGGREGATE=column,...
         #[arg(long)]
-        batch: PathBuf,
+        map: Option<String>,
+        /// How far apart amounts may be: an amount (0.01) or a percentage (1%).
+        #[arg(long, default_value = "0")]
+        tolerance: String,
+        #[arg(long)]
+        why: Option<String>,
+        /// The version to reconcile (default: the live one).
+        #[arg(long)]
+        version: Option<u32>,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+        #[arg(long)]
+        stream: Option<PathBuf>,
+        #[arg(long)]
+        batch: Option<PathBuf>,
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
@@ -461,7 +483,29 @@ fn main() -> ExitCode {
         Command::Batch { contract, input, output, ledger } => {
             run::run(run::RunArgs { contract, input, output, ledger, no_final: false, mode: Mode::Batch })
         }
-        Command::Reconcile { stream, batch, format } => reconcile::reconcile(&stream, &batch, format == Format::Json),
+        Command::Reconcile { pipeline, against, map, tolerance, why, version, url, stream, batch, format } => {
+            match (pipeline, against, stream, batch) {
+                (Some(pipeline), Some(against), None, None) => match map {
+                    None => Err(Failure::usage(
+                        "say which columns are what: --map key.FIELD=column,window_start=column,AGGREGATE=column".into(),
+                    )),
+                    Some(map) => {
+                        let asked = client::ReconcileAsk {
+                            export: &against,
+                            map: &map,
+                            tolerance: &tolerance,
+                            why: why.as_deref().unwrap_or("reconciliation"),
+                            version,
+                        };
+                        client::reconcile_against(&url, &pipeline, &asked, format == Format::Json)
+                    }
+                },
+                (None, None, Some(stream), Some(batch)) => reconcile::reconcile(&stream, &batch, format == Format::Json),
+                _ => Err(Failure::usage(
+                    "use `weir reconcile PIPELINE --against FILE --map ...` or `weir reconcile --stream FILE --batch FILE`".into(),
+                )),
+            }
+        }
         Command::Demo { files: true, events, data, .. } => demo::demo(events, data.as_deref()),
         Command::Demo { data, rate, duration, listen, kafka, postgres, .. } => {
             match duration.as_deref().map(weir_contract::parse_duration_ms) {

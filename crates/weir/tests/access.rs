@@ -176,6 +176,10 @@ fn every_role_against_every_endpoint() {
         ("POST",   format!("{p}/backfill"),             Some(backfill), [401, 403, 403, 403, 409, 403, 403]),
         ("GET",    format!("{p}/backfills"),            None,     [401, 403, 200, 403, 200, 200, 403]),
         ("GET",    format!("{p}/backfills/999"),        None,     [401, 403, 404, 403, 404, 404, 403]),
+        // An export the mapping cannot read (400 names the line and column).
+        ("POST",   format!("{p}/reconcile?why=t&map=key.acct=a,window_start=w,total=t"), Some("a,w\n1,2\n"), [401, 403, 403, 403, 400, 403, 403]),
+        ("GET",    format!("{p}/reconciliations"),      None,     [401, 403, 200, 403, 200, 200, 403]),
+        ("GET",    format!("{p}/reconciliations/999"),  None,     [401, 403, 404, 403, 404, 404, 403]),
         ("POST",   "/v1/pipelines/other/pause".into(),  Some(why), [401, 403, 403, 403, 403, 403, 403]),
         ("GET",    "/v1/audit".into(),                  None,     [401, 403, 403, 403, 403, 200, 403]),
         ("GET",    "/v1/tokens".into(),                 None,     [401, 403, 403, 403, 403, 200, 403]),

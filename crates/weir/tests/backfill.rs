@@ -383,3 +383,185 @@ fn a_scheduled_reconciliation_corrects_counts_and_alerts_the_owner() {
         "{note}"
     );
 }
+
+/// The payments system's export: one line per account and minute, from
+/// `weir batch` over every event (it counts late payments), in CSV.
+fn export_of(rows: &[Value]) -> Vec<String> {
+    let mut lines = vec!["account,minute,total,count".to_owned()];
+    for r in rows.iter().filter(|r| !r["key"]["account_id"].as_str().unwrap().starts_with("flush")) {
+        lines.push(format!(
+            "{},{},{},{}",
+            r["key"]["account_id"].as_str().unwrap(),
+            r["window_start"].as_str().unwrap(),
+            r["values"]["revenue"],
+            r["values"]["payments"]
+        ));
+    }
+    lines
+}
+
+#[test]
+fn a_reconciliation_against_an_export_finds_each_planted_difference_with_its_cause() {
+    let (dir, port, base) = setup("reconcile");
+    let (hook, notes) = common::receiver();
+    dir.write(
+        "weir.toml",
+        &format!("alert_webhook = \"{hook}\"\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"),
+    );
+    let _server = start(&dir.0, port);
+    let (first, late, last) = (payments(0, 3000), too_late(), flush());
+    post(&base, &first);
+    post(&base, &late);
+    post(&base, &last);
+    let all: Vec<String> = first.iter().chain(&late).chain(&last).cloned().collect();
+    caught_up(&base, all.len() as u64);
+    let input = dir.write("all.jsonl", &(all.join("\n") + "\n"));
+    let mut export = export_of(&batch(&dir, &input));
+    // Planted: a refund of 50 applied in the payments system only (a5, minute 10),
+    // and a payment weir never saw (a99, minute 3).
+    let minute = |m: i64| at(BASE + m * 60_000);
+    let refund = export.iter().position(|l| l.starts_with(&format!("a5,{},", minute(10)))).unwrap();
+    let cells: Vec<String> = export[refund].split(',').map(str::to_owned).collect();
+    let total: f64 = cells[2].parse().unwrap();
+    export[refund] = format!("{},{},{:.2},{}", cells[0], cells[1], total - 50.0, cells[3]);
+    export.push(format!("a99,{},10.00,1", minute(3)));
+    let file = dir.write("payments-export.csv", &(export.join("\n") + "\n"));
+    let operator = common::tokens_of(&dir.path("data")).operator;
+    let map = "key.account_id=account,window_start=minute,revenue=total,payments=count";
+    let args: [&dyn AsRef<std::ffi::OsStr>; 14] = [
+        &"reconcile",
+        &"paid",
+        &"--against",
+        &file,
+        &"--map",
+        &map,
+        &"--tolerance",
+        &"0.001",
+        &"--why",
+        &"month-end close",
+        &"--url",
+        &base,
+        &"--format",
+        &"json",
+    ];
+    let out = weir_as(&operator, &args);
+    assert_eq!(out.status.code(), Some(1), "unexplained differences exit 1: {}", text(&out.stderr));
+    let report: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    let w = &report["windows"];
+    assert_eq!(
+        (w["differing"].clone(), w["missing_in_weir"].clone(), w["missing_in_export"].clone()),
+        (3.into(), 1.into(), 0.into()),
+        "{report}"
+    );
+    assert_eq!(w["unexplained"], 2, "{report}");
+    assert_eq!(report["verdict"], "fail");
+    let find = |account: &str, m: i64| {
+        report["differences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["key"]["account_id"] == account && d["window_start"] == minute(m))
+            .cloned()
+            .unwrap_or_else(|| panic!("{account} minute {m}: {report}"))
+    };
+    // The late payments: explained by the ledger's too_late entries, to the cent.
+    let late_a1 = find("a1", 2);
+    assert_eq!(late_a1["verdict"], "differing");
+    assert_eq!(late_a1["difference"]["revenue"], "1230", "{late_a1}");
+    assert_eq!(late_a1["causes"]["too_late"]["events"], 3, "{late_a1}");
+    assert_eq!(late_a1["accounted"]["revenue"], "1230", "{late_a1}");
+    assert_eq!((late_a1["unexplained"]["revenue"].clone(), late_a1["explained"].clone()), ("0".into(), true.into()));
+    assert_eq!(find("a2", 4)["explained"], true);
+    // The refund and the payment weir never saw: unexplained.
+    let refund = find("a5", 10);
+    assert_eq!(
+        (refund["verdict"].clone(), refund["explained"].clone()),
+        ("differing".into(), false.into()),
+        "{refund}"
+    );
+    assert_eq!(refund["unexplained"]["revenue"], "-50", "{refund}");
+    assert!(refund["causes"].as_object().unwrap().is_empty(), "{refund}");
+    assert_eq!(find("a99", 3)["verdict"], "missing_in_weir");
+    assert_eq!(report["totals"]["revenue"]["accounted"], "1234.5", "{report}");
+    assert_eq!(report["totals"]["revenue"]["unexplained"], "-40", "{report}");
+
+    // Stored, readable over HTTP.
+    let id = report["id"].as_i64().unwrap();
+    let kept: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/reconciliations/{id}"))).unwrap();
+    assert_eq!(
+        (kept["verdict"].clone(), kept["source"].clone(), kept["why"].clone()),
+        ("fail".into(), "payments-export.csv".into(), "month-end close".into())
+    );
+    assert_eq!(kept["report"]["differences"], report["differences"]);
+    let listed = get(&format!("{base}/v1/pipelines/paid/reconciliations"));
+    assert!(listed.contains(&format!("\"id\":{id}")), "{listed}");
+    // The owner is alerted.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let note = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let note = notes.recv_timeout(left).expect("no reconcile_unexplained notification reached the webhook");
+        if note["alert"] == "reconcile_unexplained" {
+            break note;
+        }
+    };
+    assert_eq!((note["owner"].clone(), note["reconciliation"].clone()), ("billing-ops".into(), id.into()), "{note}");
+
+    // Readable by default.
+    let readable: [&dyn AsRef<std::ffi::OsStr>; 12] = [
+        &"reconcile",
+        &"paid",
+        &"--against",
+        &file,
+        &"--map",
+        &map,
+        &"--tolerance",
+        &"0.001",
+        &"--why",
+        &"read",
+        &"--url",
+        &base,
+    ];
+    let out = weir_as(&operator, &readable);
+    assert_eq!(out.status.code(), Some(1));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("3 differing, 1 missing in weir")
+            && shown.contains("no cause in the ledger")
+            && shown.contains("too_late x3"),
+        "{shown}"
+    );
+
+    // Within tolerance, it passes (exit 0); bad exports are refused naming the line and column (exit 2).
+    let loose: [&dyn AsRef<std::ffi::OsStr>; 12] = [
+        &"reconcile",
+        &"paid",
+        &"--against",
+        &file,
+        &"--map",
+        &map,
+        &"--tolerance",
+        &"100%",
+        &"--why",
+        &"loose",
+        &"--url",
+        &base,
+    ];
+    let out = weir_as(&operator, &loose);
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    for (name, body, words) in [
+        ("no-column.csv", "account,minute,total\na1,2026-11-01T00:02:00Z,1\n", "line 2: no column `count`"),
+        ("bad-amount.csv", "account,minute,total,count\na1,2026-11-01T00:02:00Z,lots,1\n", "line 2, column `total`"),
+        (
+            "twice.csv",
+            "account,minute,total,count\na1,2026-11-01T00:02:00Z,1,1\na1,2026-11-01T00:02:00Z,2,1\n",
+            "line 3: the same key",
+        ),
+    ] {
+        let bad = dir.write(name, body);
+        let args: [&dyn AsRef<std::ffi::OsStr>; 10] =
+            [&"reconcile", &"paid", &"--against", &bad, &"--map", &map, &"--why", &"bad", &"--url", &base];
+        let out = weir_as(&operator, &args);
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(words), "{name}: {}", text(&out.stderr));
+    }
+}
