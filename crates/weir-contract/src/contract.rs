@@ -118,10 +118,24 @@ pub struct Alerts {
 
 /// `[reconcile]`: a backfill every `every` over the windows that settled
 /// `delay` before (in event time: the watermark less `delay`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reconcile {
     pub every_ms: Option<i64>,
     pub delay_ms: i64,
+    /// `[reconcile.system_of_record]`: after each scheduled run, the
+    /// published rows of its range compared with a Postgres query's.
+    pub system_of_record: Option<SystemOfRecord>,
+}
+
+/// A query on the system of record (Postgres): `$1` and `$2` stand for
+/// the range's start and end as RFC 3339 text; each row one key and window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SystemOfRecord {
+    pub query: String,
+    pub map: crate::reconcile::Mapping,
+    pub tolerance: crate::reconcile::Tolerance,
+    /// libpq-style connection string (default: weir.toml's `[postgres] url`).
+    pub url: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -335,7 +349,8 @@ const DEDUP_KEYS: &[&str] = &["horizon", "on_conflict"];
 const AGGREGATE_KEYS: &[&str] = &["name", "fn", "field", "where"];
 const ALERT_KEYS: &[&str] =
     &["max_lag", "max_watermark_age", "max_oldest_unprocessed", "max_ledger_rate", "max_corrected_windows", "webhook"];
-const RECONCILE_KEYS: &[&str] = &["every", "delay"];
+const RECONCILE_KEYS: &[&str] = &["every", "delay", "system_of_record"];
+const SYSTEM_OF_RECORD_KEYS: &[&str] = &["query", "map", "tolerance", "url"];
 const SECTIONS: &[&str] =
     &["pipeline", "source", "window", "dedup", "aggregate", "alerts", "sink", "privacy", "limits", "reconcile"];
 const LIMIT_KEYS: &[&str] = &["max_depth", "max_fields", "max_key_bytes", "max_keys", "max_open_windows"];
@@ -598,10 +613,6 @@ impl Reader<'_> {
             None => None,
         };
 
-        let reconcile = match self.table(root, "reconcile", false) {
-            Some(t) => Some(self.reconcile(t)?),
-            None => None,
-        };
         let limits = match self.table(root, "limits", false) {
             Some(t) => self.limits(t),
             None => Some(Limits::default()),
@@ -613,6 +624,10 @@ impl Reader<'_> {
         };
         let (pipeline, source, window, aggregates, personal, limits) =
             (pipeline?, source?, window?, aggregates?, personal?, limits?);
+        let reconcile = match self.table(root, "reconcile", false) {
+            Some(t) => Some(self.reconcile(t, &source, &aggregates)?),
+            None => None,
+        };
         // What a row carries (key, aggregated fields) and the event time may not be personal.
         let span = privacy_table.and_then(|t| t.get("personal")).and_then(Item::span);
         let mut carried: Vec<(String, &FieldPath)> = source.key.iter().map(|k| ("source.key".to_owned(), k)).collect();
@@ -1225,8 +1240,21 @@ impl Reader<'_> {
         })
     }
 
-    fn reconcile(&mut self, t: &Table) -> Option<Reconcile> {
+    fn reconcile(&mut self, t: &Table, source: &Source, aggregates: &[Aggregate]) -> Option<Reconcile> {
         self.unknown_keys(t, "reconcile", RECONCILE_KEYS);
+        let system_of_record = match t.get("system_of_record") {
+            None => None,
+            Some(Item::Table(sor)) => Some(self.system_of_record(sor, source, aggregates)?),
+            Some(other) => {
+                let span = other.span();
+                self.error(
+                    span,
+                    "reconcile.system_of_record",
+                    "must be a table: write it as [reconcile.system_of_record]",
+                );
+                return None;
+            }
+        };
         let every = self.duration(t, "reconcile", "every");
         let delay = self.duration(t, "reconcile", "delay");
         let (every, delay) = (every?, delay?);
@@ -1243,7 +1271,34 @@ impl Reader<'_> {
             );
             return None;
         }
-        Some(Reconcile { every_ms: every, delay_ms: delay.unwrap_or(0).max(0) })
+        Some(Reconcile { every_ms: every, delay_ms: delay.unwrap_or(0).max(0), system_of_record })
+    }
+
+    fn system_of_record(&mut self, t: &Table, source: &Source, aggregates: &[Aggregate]) -> Option<SystemOfRecord> {
+        let section = "reconcile.system_of_record";
+        self.unknown_keys(t, section, SYSTEM_OF_RECORD_KEYS);
+        let query = self.nonempty(t, section, "query");
+        let map = self.nonempty(t, section, "map");
+        let tolerance = self.string(t, section, "tolerance", false);
+        let url = self.string(t, section, "url", false);
+        let (query, map) = (query?, map?);
+        let key_names: Vec<String> = source.key.iter().map(ToString::to_string).collect();
+        let names: Vec<String> = aggregates.iter().map(|a| a.name.clone()).collect();
+        let map = match crate::reconcile::Mapping::parse(&map, &key_names, &names) {
+            Ok(m) => m,
+            Err(message) => {
+                self.error(t.get("map").and_then(Item::span), &format!("{section}.map"), message);
+                return None;
+            }
+        };
+        let tolerance = match crate::reconcile::Tolerance::parse(tolerance.as_deref().unwrap_or("0")) {
+            Ok(tol) => tol,
+            Err(message) => {
+                self.error(t.get("tolerance").and_then(Item::span), &format!("{section}.tolerance"), message);
+                return None;
+            }
+        };
+        Some(SystemOfRecord { query, map, tolerance, url })
     }
 
     fn dedup(&mut self, t: &Table) -> Option<Dedup> {

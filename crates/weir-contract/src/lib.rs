@@ -7,13 +7,14 @@
 mod config;
 mod contract;
 mod duration;
+pub mod reconcile;
 mod rule;
 mod time_format;
 
 pub use config::{KafkaConfig, PostgresConfig, ServerConfig, TopicConfig};
 pub use contract::{
     overlaps, AggFn, Aggregate, Alerts, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Limits, OnConflict,
-    Pipeline, Promote, Reconcile, Sink, Source, SourceKind, WindowKind, WindowSpec, MAX_DEPTH,
+    Pipeline, Promote, Reconcile, Sink, Source, SourceKind, SystemOfRecord, WindowKind, WindowSpec, MAX_DEPTH,
 };
 pub use duration::{format_duration_ms, parse_duration_ms};
 pub use rule::{parse_rule, CmpOp, Expr, FieldPath};

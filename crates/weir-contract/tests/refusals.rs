@@ -107,12 +107,35 @@ fn alerts_parse_and_bad_ones_are_refused() {
 fn reconcile_parses_and_bad_values_are_refused() {
     let text = edit("", "[reconcile]\nevery = \"1h\"\ndelay = \"2h\"\n\n[alerts]\nmax_corrected_windows = 14");
     let c = Contract::parse("c.toml", &text).unwrap();
-    assert_eq!(c.reconcile, Some(weir_contract::Reconcile { every_ms: Some(3_600_000), delay_ms: 7_200_000 }));
+    let r = c.reconcile.unwrap();
+    assert_eq!((r.every_ms, r.delay_ms, r.system_of_record), (Some(3_600_000), 7_200_000, None));
     assert_eq!(c.alerts.unwrap().max_corrected_windows, Some(14));
     assert!(Contract::parse("c.toml", GOOD).unwrap().reconcile.is_none());
     check(&edit("", "[reconcile]\nevery = \"0s\""), Some(34), "reconcile.every", "longer than zero");
     check(&edit("", "[reconcile]\ndelay = \"2h\""), Some(34), "reconcile.delay", "every");
     check(&edit("", "[reconcile]\nevry = \"1h\""), Some(34), "reconcile.evry", "unknown key");
+    let sor = |body: &str| edit("", &format!("[reconcile]\nevery = \"1h\"\n\n[reconcile.system_of_record]\n{body}"));
+    let good = "query = \"SELECT 1\"\nmap = \"key.account_id=a,window_start=d,revenue=r\"\ntolerance = \"1%\"";
+    let r = Contract::parse("c.toml", &sor(good)).unwrap().reconcile.unwrap().system_of_record.unwrap();
+    assert_eq!((r.query.as_str(), r.map.window_start.as_str(), r.url), ("SELECT 1", "d", None));
+    check(
+        &sor("map = \"key.account_id=a,window_start=d,revenue=r\""),
+        Some(36),
+        "reconcile.system_of_record.query",
+        "missing required key",
+    );
+    check(
+        &sor("query = \"q\"\nmap = \"window_start=d,revenue=r\""),
+        Some(38),
+        "reconcile.system_of_record.map",
+        "key field `account_id` is not mapped",
+    );
+    check(
+        &sor("query = \"q\"\nmap = \"key.account_id=a,window_start=d,revenue=r\"\ntolerance = \"some\""),
+        Some(39),
+        "reconcile.system_of_record.tolerance",
+        "percentage",
+    );
 }
 
 #[test]

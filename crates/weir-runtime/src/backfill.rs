@@ -703,7 +703,15 @@ pub struct Worker {
     pub input: InputFor,
     /// Who this worker is in claims (unique per process).
     pub claimant: String,
+    /// Where `[reconcile.system_of_record]` is queried when its `url` is not
+    /// given: weir.toml's `[postgres] url`.
+    pub record_url: Option<String>,
+    /// Notifications for the owner (a failed reconciliation), sent by the server.
+    pub notes: Notes,
 }
+
+/// Notifications waiting for the server's alert loop: (pipeline, notification).
+pub type Notes = Arc<std::sync::Mutex<Vec<(String, Value)>>>;
 
 impl Worker {
     /// Until `stop` is set.
@@ -736,7 +744,7 @@ impl Worker {
     pub fn schedule(&self) -> anyhow::Result<Option<i64>> {
         let Some(live) = self.store.live_version(&self.pipeline)? else { return Ok(None) };
         let Some(contract) = self.contracts.get(&live) else { return Ok(None) };
-        let Some(weir_contract::Reconcile { every_ms: Some(every), delay_ms }) = contract.reconcile else {
+        let Some(weir_contract::Reconcile { every_ms: Some(every), delay_ms, .. }) = contract.reconcile else {
             return Ok(None);
         };
         let headers = self.store.checkpoint_headers(&self.pipeline, live)?;
@@ -781,6 +789,14 @@ impl Worker {
             let format = Engine::new(contract, Mode::Batch, 1)?.format().clone();
             let report = computed.report.to_string();
             match self.store.finish_backfill(run.id, &self.claimant, &format, &computed.corrections, &report)? {
+                Finish::Published { .. } if run.origin == "schedule" => {
+                    if let Some(sor) = contract.reconcile.as_ref().and_then(|r| r.system_of_record.as_ref()) {
+                        if let Err(e) = self.reconcile_with_record(contract, sor, &run) {
+                            eprintln!("weir: {}: reconciling with the system of record: {e:#}", self.pipeline);
+                        }
+                    }
+                    return Ok(true);
+                }
                 Finish::Published { .. } | Finish::NotOurs => return Ok(true),
                 Finish::Moved(why) => eprintln!("weir: {}: backfill {}: computing again: {why}", self.pipeline, run.id),
             }
@@ -791,6 +807,53 @@ impl Worker {
             "the windows kept being republished while it ran; ask again",
         )?;
         Ok(true)
+    }
+
+    /// After a scheduled run: its range of the published rows against the
+    /// contract's query on the system of record; kept, and the owner told
+    /// when it fails. `$1` and `$2` in the query become the range's start
+    /// and end as quoted RFC 3339 literals (every value is read as text).
+    fn reconcile_with_record(
+        &self,
+        contract: &Contract,
+        sor: &weir_contract::SystemOfRecord,
+        run: &Backfill,
+    ) -> anyhow::Result<()> {
+        let Some(url) = sor.url.as_deref().or(self.record_url.as_deref()) else {
+            anyhow::bail!("[reconcile.system_of_record] has no url, and weir.toml has no [postgres] url");
+        };
+        let t = weir_engine::time::format_rfc3339_ms;
+        let sql =
+            sor.query.replace("$1", &format!("'{}'", t(run.from_ms))).replace("$2", &format!("'{}'", t(run.to_ms)));
+        let mut client = weir_store::pg::connect(url)?;
+        let mut rows = Vec::new();
+        for message in client.simple_query(&sql)? {
+            if let postgres::SimpleQueryMessage::Row(row) = message {
+                let cells = row
+                    .columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.name().to_owned(), row.get(i).unwrap_or_default().to_owned()))
+                    .collect();
+                rows.push((rows.len() + 1, cells));
+            }
+        }
+        let export = crate::reconcile::read_rows(rows, &sor.map)
+            .map_err(|e| anyhow::anyhow!("the system of record's query answered a row weir cannot read: {e}"))?;
+        let why = format!("after scheduled backfill {}", run.id);
+        let (_, report) = crate::reconcile::compare_and_keep(
+            self.store.as_ref(),
+            contract,
+            (&self.pipeline, run.version),
+            (&sor.map, sor.tolerance),
+            &export,
+            ("schedule", &why, "system_of_record"),
+        )?;
+        if report["verdict"] == "fail" {
+            let note = crate::reconcile::unexplained_note(contract, &report);
+            crate::lock(&self.notes).push((self.pipeline.clone(), note));
+        }
+        Ok(())
     }
 
     fn compute(&self, contract: &Contract, run: &Backfill) -> anyhow::Result<Computed> {

@@ -24,112 +24,7 @@ use serde_json::{json, Map, Value};
 use weir_contract::Contract;
 
 use crate::backfill::{decimal, Causes, Published};
-
-/// Which column gives each key field, the window start and each aggregate.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mapping {
-    /// (key field as rows name it, column), in the contract's key order.
-    pub key: Vec<(String, String)>,
-    pub window_start: String,
-    /// (aggregate, column).
-    pub values: Vec<(String, String)>,
-}
-
-impl Mapping {
-    /// `key.account_id=account,window_start=day,revenue=total`: every key
-    /// field of the rows and the window start must be mapped, and at least
-    /// one aggregate.
-    pub fn parse(text: &str, key_names: &[String], aggregates: &[String]) -> Result<Mapping, String> {
-        let example = format!(
-            "map each key field, the window start and the aggregates to compare to a column, e.g. --map {}window_start=day,{}=amount",
-            key_names.iter().map(|k| format!("key.{k}={k},")).collect::<String>(),
-            aggregates.first().map_or("revenue", String::as_str)
-        );
-        let mut key = BTreeMap::new();
-        let (mut window_start, mut values) = (None, Vec::new());
-        for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let Some((target, column)) = pair.split_once('=') else {
-                return Err(format!("`{pair}` is not target=column; {example}"));
-            };
-            let (target, column) = (target.trim(), column.trim().to_owned());
-            if let Some(field) = target.strip_prefix("key.") {
-                if !key_names.iter().any(|k| k == field) {
-                    return Err(format!(
-                        "`{field}` is not a key field of the pipeline ({}); {example}",
-                        key_names.join(", ")
-                    ));
-                }
-                key.insert(field.to_owned(), column);
-            } else if target == "window_start" {
-                window_start = Some(column);
-            } else if aggregates.iter().any(|a| a == target) {
-                values.push((target.to_owned(), column));
-            } else {
-                return Err(format!(
-                    "`{target}` is neither key.FIELD, window_start nor an aggregate of the pipeline ({}); {example}",
-                    aggregates.join(", ")
-                ));
-            }
-        }
-        let mut ordered = Vec::new();
-        for k in key_names {
-            let Some(column) = key.remove(k) else { return Err(format!("key field `{k}` is not mapped; {example}")) };
-            ordered.push((k.clone(), column));
-        }
-        let Some(window_start) = window_start else { return Err(format!("window_start is not mapped; {example}")) };
-        if values.is_empty() {
-            return Err(format!("no aggregate is mapped; {example}"));
-        }
-        Ok(Mapping { key: ordered, window_start, values })
-    }
-
-    fn columns(&self) -> impl Iterator<Item = &str> {
-        self.key
-            .iter()
-            .map(|(_, c)| c.as_str())
-            .chain([self.window_start.as_str()])
-            .chain(self.values.iter().map(|(_, c)| c.as_str()))
-    }
-}
-
-/// How far apart two amounts may be and still match.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tolerance {
-    Absolute(Decimal),
-    /// A fraction of the system of record's amount.
-    Relative(Decimal),
-}
-
-impl Tolerance {
-    /// `0.01` (absolute) or `1%` (relative).
-    pub fn parse(text: &str) -> Result<Tolerance, String> {
-        let t = text.trim();
-        let bad = || format!("tolerance {text:?} is neither an amount (0.01) nor a percentage (1%)");
-        let tolerance = match t.strip_suffix('%') {
-            Some(p) => Tolerance::Relative(p.trim().parse::<Decimal>().map_err(|_| bad())? / Decimal::ONE_HUNDRED),
-            None => Tolerance::Absolute(t.parse::<Decimal>().map_err(|_| bad())?),
-        };
-        match tolerance {
-            Tolerance::Absolute(d) | Tolerance::Relative(d) if d.is_sign_negative() => Err(bad()),
-            ok => Ok(ok),
-        }
-    }
-
-    /// Whether `difference` is within the tolerance of `reference`.
-    pub fn allows(&self, difference: Decimal, reference: Decimal) -> bool {
-        match self {
-            Tolerance::Absolute(t) => difference.abs() <= *t,
-            Tolerance::Relative(f) => difference.abs() <= reference.abs() * *f,
-        }
-    }
-
-    pub fn describe(&self) -> String {
-        match self {
-            Tolerance::Absolute(t) => t.normalize().to_string(),
-            Tolerance::Relative(f) => format!("{}%", (*f * Decimal::ONE_HUNDRED).normalize()),
-        }
-    }
-}
+pub use weir_contract::reconcile::{Mapping, Tolerance};
 
 /// How an export is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,7 +65,7 @@ pub struct SourceRow {
 }
 
 /// A line's cells by column (JSON-lines values as text).
-type Cells = BTreeMap<String, String>;
+pub type Cells = BTreeMap<String, String>;
 
 /// Splits CSV text into records with their line numbers (quoted fields may
 /// hold commas, quotes doubled, and line breaks).
@@ -266,6 +161,17 @@ fn rows_of(text: &str, format: ExportFormat) -> Result<Vec<(usize, Cells)>, Stri
 /// A window start: an RFC 3339 time, or a date (`2026-11-29`, its midnight UTC).
 fn window_start(text: &str) -> Option<i64> {
     let t = text.trim();
+    // Postgres writes a timestamptz's offset as `+00`.
+    let t = &match t.len().checked_sub(3).and_then(|i| t.get(i..)) {
+        Some(tail)
+            if t.len() > 10
+                && (tail.starts_with('+') || tail.starts_with('-'))
+                && tail[1..].bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            format!("{t}:00")
+        }
+        _ => t.to_owned(),
+    };
     weir_engine::time::parse_rfc3339_ms(t).or_else(|| {
         (t.len() == 10).then(|| format!("{t}T00:00:00Z")).and_then(|d| weir_engine::time::parse_rfc3339_ms(&d))
     })
@@ -275,9 +181,15 @@ fn window_start(text: &str) -> Option<i64> {
 /// and column of the first problem: a missing column, an unreadable time
 /// or amount, the same key and window twice.
 pub fn read_export(text: &str, format: ExportFormat, mapping: &Mapping) -> Result<Vec<SourceRow>, String> {
+    read_rows(rows_of(text, format)?, mapping)
+}
+
+/// Reads rows of cells (by column name, each numbered as the refusals name
+/// it: a file's line, a query's row) as [`read_export`] reads a file's.
+pub fn read_rows(rows: Vec<(usize, Cells)>, mapping: &Mapping) -> Result<Vec<SourceRow>, String> {
     let mut out = Vec::new();
     let mut seen: BTreeMap<(Vec<String>, i64), usize> = BTreeMap::new();
-    for (line, cells) in rows_of(text, format)? {
+    for (line, cells) in rows {
         for column in mapping.columns() {
             if !cells.contains_key(column) {
                 let have: Vec<&str> = cells.keys().map(String::as_str).collect();
@@ -370,7 +282,16 @@ pub fn compare(
         );
         let found = ours.and_then(|p| causes.get(&(p.key.to_string(), at.1)));
         let (mut difference, mut accounted, mut unexplained) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
-        let mut within = true;
+        // Whether the window's numbers can differ at all: a matched window
+        // needs no cause, and a `corrected` row counts its late events already.
+        let within = ours.is_some()
+            && theirs.is_some()
+            && aggregates.iter().all(|a| {
+                let record = theirs.and_then(|r| r.values.get(*a).copied()).unwrap_or_default();
+                let weir = ours.and_then(|p| num(&p.values, a)).unwrap_or_default();
+                tolerance.allows(record - weir, record)
+            });
+        let causes_count = !within && ours.is_none_or(|p| p.status != "corrected");
         let mut explained = true;
         for a in &aggregates {
             let weir = ours.and_then(|p| num(&p.values, a)).unwrap_or_default();
@@ -379,11 +300,10 @@ pub fn compare(
             let acc: Decimal = found
                 .into_iter()
                 .flatten()
-                .filter(|(reason, _)| ACCOUNTING.contains(reason))
+                .filter(|(reason, _)| causes_count && ACCOUNTING.contains(reason))
                 .filter_map(|(_, carried)| num(&carried.values, a))
                 .sum();
             let left = d - acc;
-            within &= tolerance.allows(d, record);
             explained &= tolerance.allows(left, record);
             let t = totals.entry(a).or_default();
             t[0] += record;
@@ -414,7 +334,7 @@ pub fn compare(
         for (reason, carried) in found.into_iter().flatten() {
             listed_causes.insert(
                 (*reason).to_owned(),
-                json!({"events": carried.events, "values": carried.values, "accounts": ACCOUNTING.contains(reason)}),
+                json!({"events": carried.events, "values": carried.values, "accounts": causes_count && ACCOUNTING.contains(reason)}),
             );
         }
         listed.push(json!({
@@ -464,6 +384,70 @@ pub fn compare(
     })
 }
 
+/// Compares, keeps the reconciliation, and gives its id and report.
+pub fn compare_and_keep(
+    store: &dyn weir_store::Store,
+    contract: &weir_contract::Contract,
+    (pipeline, version): (&str, u32),
+    (mapping, tolerance): (&Mapping, Tolerance),
+    export: &[SourceRow],
+    (who, why, source): (&str, &str, &str),
+) -> anyhow::Result<(i64, Value)> {
+    let lo = export.iter().map(|r| r.window_start).min().unwrap_or(0);
+    let hi = export.iter().map(|r| r.window_start).max().map_or(0, |h| h + 1);
+    let filter = weir_store::ResultFilter { from_ms: Some(lo), to_ms: Some(hi), limit: i64::MAX, ..Default::default() };
+    let published: Vec<crate::backfill::Published> = store
+        .results(pipeline, version, &filter)?
+        .iter()
+        .filter_map(|t| crate::backfill::Published::parse(t))
+        .collect();
+    let causes = crate::backfill::causes_from_ledger(contract, store, (pipeline, version), (lo, hi))?;
+    let mut report = compare(contract, mapping, tolerance, export, &published, &causes);
+    report["version"] = version.into();
+    report["source"] = source.into();
+    let kept = weir_store::Reconciliation {
+        id: 0,
+        pipeline: pipeline.to_owned(),
+        version,
+        who: who.to_owned(),
+        why: why.to_owned(),
+        source: source.to_owned(),
+        at_ms: weir_log::now_ms(),
+        verdict: report["verdict"].as_str().unwrap_or("fail").to_owned(),
+        report: report.to_string(),
+    };
+    let id = store.record_reconciliation(&kept)?;
+    report["id"] = id.into();
+    Ok((id, report))
+}
+
+/// The owner's notification of a failed reconciliation (`report` as
+/// [`compare_and_keep`] gives it).
+pub fn unexplained_note(contract: &Contract, report: &Value) -> Value {
+    let c = &contract.pipeline;
+    let now = weir_engine::time::format_rfc3339_ms(weir_log::now_ms());
+    json!({
+        "status": "firing",
+        "alert": "reconcile_unexplained",
+        "pipeline": c.name,
+        "version": report["version"],
+        "owner": c.owner,
+        "steward": c.steward,
+        "decision": c.decision,
+        "threshold": report["tolerance"],
+        "observed": report["windows"]["unexplained"],
+        "question": format!(
+            "Reconciliation {} against {}: {} windows differ beyond the tolerance with no cause in the ledger. What did the system of record count that weir did not see?",
+            report["id"],
+            report["source"].as_str().unwrap_or("the system of record"),
+            report["windows"]["unexplained"]
+        ),
+        "reconciliation": report["id"],
+        "since": now,
+        "at": now,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,35 +459,6 @@ mod tests {
             &["revenue".into(), "payments".into()],
         )
         .unwrap()
-    }
-
-    #[test]
-    fn a_mapping_names_every_key_field_the_window_and_an_aggregate() {
-        let m = mapping();
-        assert_eq!(m.key, [("account_id".to_owned(), "account".to_owned())]);
-        assert_eq!((m.window_start.as_str(), m.values.len()), ("day", 1));
-        let names = (["account_id".to_owned()], ["revenue".to_owned()]);
-        for (text, words) in [
-            ("window_start=day,revenue=total", "key field `account_id` is not mapped"),
-            ("key.account_id=a,revenue=total", "window_start is not mapped"),
-            ("key.account_id=a,window_start=d", "no aggregate is mapped"),
-            ("key.acct=a,window_start=d,revenue=t", "`acct` is not a key field"),
-            ("key.account_id=a,window_start=d,refunds=t", "`refunds` is neither"),
-            ("key.account_id", "is not target=column"),
-        ] {
-            let e = Mapping::parse(text, &names.0, &names.1).unwrap_err();
-            assert!(e.contains(words), "{text}: {e}");
-        }
-    }
-
-    #[test]
-    fn tolerances_absolute_and_relative() {
-        assert_eq!(Tolerance::parse("0.01"), Ok(Tolerance::Absolute(Decimal::new(1, 2))));
-        assert_eq!(Tolerance::parse("1%"), Ok(Tolerance::Relative(Decimal::new(1, 2))));
-        assert!(Tolerance::parse("-1").is_err() && Tolerance::parse("a lot").is_err());
-        let t = Tolerance::parse("1%").unwrap();
-        assert!(t.allows(Decimal::new(99, 2), Decimal::new(100, 0)));
-        assert!(!t.allows(Decimal::new(101, 2), Decimal::new(100, 0)));
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub struct App {
     /// Per pipeline: a reader of its input for backfills (the log or Kafka).
     pub backfill_inputs: BTreeMap<String, weir_runtime::backfill::InputFor>,
     /// Notifications for the owners (a failed reconciliation), sent by the alert loop.
-    pub notes: Mutex<Vec<(String, serde_json::Value)>>,
+    pub notes: weir_runtime::backfill::Notes,
 }
 
 impl App {
@@ -61,7 +61,7 @@ impl App {
             alerts_dropped: AtomicU64::new(0),
             versions: Mutex::new(crate::versions::VersionWatch::default()),
             backfill_inputs: BTreeMap::new(),
-            notes: Mutex::default(),
+            notes: weir_runtime::backfill::Notes::default(),
         }
     }
 

@@ -208,77 +208,30 @@ pub(crate) async fn reconcile(
     let export =
         weir_runtime::reconcile::read_export(text, format, &mapping).map_err(|e| bad(format!("the export: {e}")))?;
     let source = q.get("source").cloned().unwrap_or_else(|| "export".to_owned());
+    let contract_now = contract.clone();
     let (store, pn, who, w, src) =
         (Arc::clone(&p.store), name.clone(), caller.grant.who(), why.clone(), source.clone());
     let stored_report = tokio::task::spawn_blocking(move || -> anyhow::Result<(i64, Value)> {
-        reconcile_and_keep(store.as_ref(), &contract, (&pn, version), (&mapping, tolerance), &export, (&who, &w, &src))
+        weir_runtime::reconcile::compare_and_keep(
+            store.as_ref(),
+            &contract_now,
+            (&pn, version),
+            (&mapping, tolerance),
+            &export,
+            (&who, &w, &src),
+        )
     })
     .await
     .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
     .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))?;
     let (id, report) = stored_report;
     if report["verdict"] == "fail" {
-        let c = &p.contract().pipeline;
-        let note = json!({
-            "status": "firing",
-            "alert": "reconcile_unexplained",
-            "pipeline": name,
-            "version": version,
-            "owner": c.owner,
-            "steward": c.steward,
-            "decision": c.decision,
-            "threshold": report["tolerance"],
-            "observed": report["windows"]["unexplained"],
-            "question": format!(
-                "Reconciliation {id} against {source}: {} windows differ beyond the tolerance with no cause in the ledger. What did the system of record count that weir did not see?",
-                report["windows"]["unexplained"]
-            ),
-            "reconciliation": id,
-            "since": format_rfc3339_ms(weir_log::now_ms()),
-            "at": format_rfc3339_ms(weir_log::now_ms()),
-        });
+        let note = weir_runtime::reconcile::unexplained_note(&contract, &report);
         weir_runtime::lock(&app.notes).push((name.clone(), note));
     }
     let detail = json!({ "reconciliation": id, "version": version, "source": source, "verdict": report["verdict"] });
     audited(&app, &caller, "reconcile", Some(name.clone()), detail, why).await?;
     Ok(json(report))
-}
-
-/// Compares, keeps the reconciliation, and gives its id and report.
-fn reconcile_and_keep(
-    store: &dyn weir_store::Store,
-    contract: &weir_contract::Contract,
-    (pipeline, version): (&str, u32),
-    (mapping, tolerance): (&weir_runtime::reconcile::Mapping, weir_runtime::reconcile::Tolerance),
-    export: &[weir_runtime::reconcile::SourceRow],
-    (who, why, source): (&str, &str, &str),
-) -> anyhow::Result<(i64, Value)> {
-    let lo = export.iter().map(|r| r.window_start).min().unwrap_or(0);
-    let hi = export.iter().map(|r| r.window_start).max().map_or(0, |h| h + 1);
-    let filter = weir_store::ResultFilter { from_ms: Some(lo), to_ms: Some(hi), limit: i64::MAX, ..Default::default() };
-    let published: Vec<weir_runtime::backfill::Published> = store
-        .results(pipeline, version, &filter)?
-        .iter()
-        .filter_map(|t| weir_runtime::backfill::Published::parse(t))
-        .collect();
-    let causes = weir_runtime::backfill::causes_from_ledger(contract, store, (pipeline, version), (lo, hi))?;
-    let mut report = weir_runtime::reconcile::compare(contract, mapping, tolerance, export, &published, &causes);
-    report["version"] = version.into();
-    report["source"] = source.into();
-    let kept = weir_store::Reconciliation {
-        id: 0,
-        pipeline: pipeline.to_owned(),
-        version,
-        who: who.to_owned(),
-        why: why.to_owned(),
-        source: source.to_owned(),
-        at_ms: weir_log::now_ms(),
-        verdict: report["verdict"].as_str().unwrap_or("fail").to_owned(),
-        report: report.to_string(),
-    };
-    let id = store.record_reconciliation(&kept)?;
-    report["id"] = id.into();
-    Ok((id, report))
 }
 
 /// A stored reconciliation as served (its differences only when asked for one).

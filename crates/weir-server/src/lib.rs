@@ -369,6 +369,7 @@ pub async fn serve(
     });
     let mut pipelines = BTreeMap::new();
     let mut backfill_inputs = BTreeMap::new();
+    let notes = backfill::Notes::default();
     let mut accepted = Vec::new();
     for file in opts.contracts {
         let name = file.pipeline.name.clone();
@@ -447,6 +448,8 @@ pub async fn serve(
                 store: Arc::clone(&store),
                 input: Arc::clone(&input),
                 claimant: worker.clone(),
+                record_url: config.postgres.as_ref().map(|pg| pg.url.clone()),
+                notes: Arc::clone(&notes),
             };
             let stop = Arc::clone(&stop);
             let thread = std::thread::Builder::new().name(format!("weir-backfill-{name}"));
@@ -459,6 +462,7 @@ pub async fn serve(
     let mut app = app::App::new(log.clone(), Arc::clone(&config), pipelines, sqlite);
     app.producers = producers;
     app.backfill_inputs = backfill_inputs;
+    app.notes = notes;
     let app = Arc::new(app);
     let alerting = tokio::spawn(alerts::run(Arc::clone(&app)));
     // Ledger payloads past retention: the topic's (weir.toml), or weir.toml's

@@ -162,6 +162,8 @@ fn a_backfill_corrects_what_too_late_events_left_wrong_and_a_second_changes_noth
     let _server = start(&dir.0, port);
     let (first, late, last) = (payments(0, 3000), too_late(), flush());
     post(&base, &first);
+    // Read before the late payments, so both partitions' watermarks are past their windows.
+    caught_up(&base, first.len() as u64);
     post(&base, &late);
     post(&base, &last);
     let all: Vec<String> = first.iter().chain(&late).chain(&last).cloned().collect();
@@ -256,6 +258,8 @@ fn a_kill_during_a_backfill_leaves_it_published_once_and_right() {
     let mut server = start(&dir.0, port);
     let (first, late, last) = (payments(0, 200_000), too_late(), flush());
     post(&base, &first);
+    // Read before the late payments, so both partitions' watermarks are past their windows.
+    caught_up(&base, first.len() as u64);
     post(&base, &late);
     post(&base, &last);
     let all: Vec<String> = first.iter().chain(&late).chain(&last).cloned().collect();
@@ -303,13 +307,59 @@ fn a_kill_during_a_backfill_leaves_it_published_once_and_right() {
     drop(server);
 }
 
+/// The first notification of `alert` the webhook got (`received` keeps
+/// the others for later looks).
+fn notified(notes: &std::sync::mpsc::Receiver<Value>, received: &mut Vec<Value>, alert: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(i) = received.iter().position(|n| n["alert"] == alert) {
+            return received.remove(i);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        received
+            .push(notes.recv_timeout(left).unwrap_or_else(|_| panic!("no {alert} notification reached the webhook")));
+    }
+}
+
+/// The machine's Postgres (`WEIR_TEST_POSTGRES`), as the payments system.
+fn postgres_url() -> String {
+    std::env::var("WEIR_TEST_POSTGRES").unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=test".into())
+}
+
 #[test]
 fn a_scheduled_reconciliation_corrects_counts_and_alerts_the_owner() {
     let (dir, port, base) = setup("backfill-schedule");
+    let (first, late, last) = (payments(0, 3000), too_late(), flush());
+    let all: Vec<String> = first.iter().chain(&late).chain(&last).cloned().collect();
+    let input = dir.write("all.jsonl", &(all.join("\n") + "\n"));
+    let truth = batch(&dir, &input);
+    let expected = by_window(&truth);
+    // The payments system: a table of revenue per account and minute, with
+    // a refund of 50 applied there only (a5, minute 10).
+    let schema = format!("weir_test_sor_{}", std::process::id());
+    let mut pg = postgres::Client::connect(&postgres_url(), postgres::NoTls).unwrap();
+    pg.batch_execute(&format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};
+         CREATE TABLE {schema}.revenue (account TEXT, minute TIMESTAMPTZ, total NUMERIC, count INTEGER);"
+    ))
+    .unwrap();
+    for line in export_of(&truth).iter().skip(1) {
+        let c: Vec<&str> = line.split(',').collect();
+        let refund = if c[0] == "a5" && c[1] == at(BASE + 10 * 60_000) { " - 50" } else { "" };
+        let insert =
+            format!("INSERT INTO {schema}.revenue VALUES ('{}', '{}', {}{refund}, {})", c[0], c[1], c[2], c[3]);
+        pg.batch_execute(&insert).unwrap();
+    }
     // Every 3 s, the windows settled 8783 hours before: once the flush a
-    // year on is read, those of the payments' first hour.
-    let contract =
-        PAID.to_owned() + "\n[reconcile]\nevery = \"3s\"\ndelay = \"8783h\"\n\n[alerts]\nmax_corrected_windows = 1\n";
+    // year on is read, those of the payments' first hour; after each run,
+    // its range against the payments system's table.
+    let query = format!(
+        "SELECT account, minute, total, count FROM {schema}.revenue WHERE minute >= $1::timestamptz AND minute < $2::timestamptz"
+    );
+    let contract = format!(
+        "{PAID}\n[reconcile]\nevery = \"3s\"\ndelay = \"8783h\"\n\n[reconcile.system_of_record]\nurl = \"{}\"\nquery = \"{query}\"\nmap = \"key.account_id=account,window_start=minute,revenue=total,payments=count\"\ntolerance = \"0.001\"\n\n[alerts]\nmax_corrected_windows = 1\n",
+        postgres_url()
+    );
     dir.write("contracts/paid.toml", &contract);
     let (hook, notes) = common::receiver();
     dir.write(
@@ -317,8 +367,9 @@ fn a_scheduled_reconciliation_corrects_counts_and_alerts_the_owner() {
         &format!("alert_webhook = \"{hook}\"\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"),
     );
     let _server = start(&dir.0, port);
-    let (first, late, last) = (payments(0, 3000), too_late(), flush());
     post(&base, &first);
+    // Read before the late payments, so both partitions' watermarks are past their windows.
+    caught_up(&base, first.len() as u64);
     post(&base, &late);
     caught_up(&base, (first.len() + late.len()) as u64);
     // The first scheduled run covers the `every` before what had settled
@@ -329,10 +380,7 @@ fn a_scheduled_reconciliation_corrects_counts_and_alerts_the_owner() {
         std::thread::sleep(Duration::from_millis(200));
     }
     post(&base, &last);
-    let all: Vec<String> = first.iter().chain(&late).chain(&last).cloned().collect();
     caught_up(&base, all.len() as u64);
-    let input = dir.write("all.jsonl", &(all.join("\n") + "\n"));
-    let expected = by_window(&batch(&dir, &input));
 
     // A later scheduled run corrects the two windows.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -368,20 +416,35 @@ fn a_scheduled_reconciliation_corrects_counts_and_alerts_the_owner() {
     }
 
     // The owner is asked why.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let note = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let note = notes.recv_timeout(left).expect("no max_corrected_windows alert reached the webhook");
-        if note["alert"] == "max_corrected_windows" {
-            break note;
-        }
-    };
+    let mut received = Vec::new();
+    let note = notified(&notes, &mut received, "max_corrected_windows");
     assert_eq!((note["status"].clone(), note["owner"].clone()), ("firing".into(), "billing-ops".into()), "{note}");
     assert_eq!(note["observed"], "2", "{note}");
     assert!(
         note["question"].as_str().unwrap().starts_with("Why did 2 windows need correcting in the last hour?"),
         "{note}"
     );
+
+    // After the run, the payments system's query: the corrected windows
+    // match it now; the refund made there only is unexplained.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let checked = loop {
+        let listed: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/reconciliations"))).unwrap();
+        let found = listed["reconciliations"].as_array().unwrap().iter().find(|r| r["verdict"] == "fail").cloned();
+        if let Some(r) = found {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "no failed reconciliation with the system of record: {listed}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(checked["source"], "system_of_record", "{checked}");
+    let report = &checked["report"];
+    let windows = (report["windows"]["differing"].clone(), report["windows"]["unexplained"].clone());
+    assert_eq!(windows, (1.into(), 1.into()), "{report}");
+    assert_eq!(report["totals"]["revenue"]["unexplained"], "-50", "{report}");
+    let note = notified(&notes, &mut received, "reconcile_unexplained");
+    assert_eq!(note["owner"], "billing-ops");
+    pg.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE")).unwrap();
 }
 
 /// The payments system's export: one line per account and minute, from
@@ -411,6 +474,8 @@ fn a_reconciliation_against_an_export_finds_each_planted_difference_with_its_cau
     let _server = start(&dir.0, port);
     let (first, late, last) = (payments(0, 3000), too_late(), flush());
     post(&base, &first);
+    // Read before the late payments, so both partitions' watermarks are past their windows.
+    caught_up(&base, first.len() as u64);
     post(&base, &late);
     post(&base, &last);
     let all: Vec<String> = first.iter().chain(&late).chain(&last).cloned().collect();
@@ -496,14 +561,7 @@ fn a_reconciliation_against_an_export_finds_each_planted_difference_with_its_cau
     let listed = get(&format!("{base}/v1/pipelines/paid/reconciliations"));
     assert!(listed.contains(&format!("\"id\":{id}")), "{listed}");
     // The owner is alerted.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let note = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let note = notes.recv_timeout(left).expect("no reconcile_unexplained notification reached the webhook");
-        if note["alert"] == "reconcile_unexplained" {
-            break note;
-        }
-    };
+    let note = notified(&notes, &mut Vec::new(), "reconcile_unexplained");
     assert_eq!((note["owner"].clone(), note["reconciliation"].clone()), ("billing-ops".into(), id.into()), "{note}");
 
     // Readable by default.
