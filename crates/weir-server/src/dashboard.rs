@@ -6,7 +6,8 @@
 //! owner, steward and decision; its status (as `/status`); the last 15
 //! minutes of throughput, lag and watermark age, sampled every second by the
 //! alert loop; the newest published rows; ledger counts by reason and the
-//! newest entries (without payloads); firing alerts; annotations. And
+//! newest entries (without payloads); firing alerts; annotations; the
+//! newest backfill runs and reconciliations with their verdicts. And
 //! incidents: the newest alert notifications of the pipelines the caller
 //! may read (kept in each pipeline's store, so they outlive a restart) and,
 //! for an admin, the newest operator actions.
@@ -27,6 +28,8 @@ const LATEST_ROWS: i64 = 20;
 const LATEST_LEDGER: i64 = 10;
 const LATEST_AUDIT: i64 = 20;
 const LATEST_INCIDENTS: i64 = 50;
+/// Backfill runs and reconciliations shown per pipeline.
+const LATEST_RUNS: i64 = 5;
 
 const PAGE: &str = include_str!("dashboard.html");
 
@@ -61,12 +64,40 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
         let Some(p) = app.pipelines.get(name) else { continue };
         let n = name.clone();
         let (live, _) = p.live();
-        let (rows, ledger, notes, kept, versions) = stored(p, move |s| {
+        let (rows, ledger, notes, kept, versions, checks) = stored(p, move |s| {
             let rows = parsed(s.latest_changes(&n, live, LATEST_ROWS)?);
             let ledger = parsed(s.latest_ledger(&n, live, LATEST_LEDGER)?);
-            Ok((rows, ledger, s.annotations(&n)?, s.incidents(&n, LATEST_INCIDENTS)?, s.versions(&n)?))
+            let checks = (s.backfills(&n, LATEST_RUNS)?, s.reconciliations(&n, None, LATEST_RUNS)?);
+            Ok((rows, ledger, s.annotations(&n)?, s.incidents(&n, LATEST_INCIDENTS)?, s.versions(&n)?, checks))
         })
         .await?;
+        let (backfills, reconciliations) = checks;
+        let backfills: Vec<Value> = backfills
+            .iter()
+            .map(|b| {
+                let report =
+                    b.report.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok()).unwrap_or_default();
+                json!({
+                    "id": b.id, "origin": b.origin, "state": b.state.as_str(), "why": b.why,
+                    "from": weir_engine::time::format_rfc3339_ms(b.from_ms),
+                    "to": weir_engine::time::format_rfc3339_ms(b.to_ms),
+                    "finished": b.finished_ms.map(weir_engine::time::format_rfc3339_ms),
+                    "corrected": report["windows_corrected"], "checked": report["windows_checked"],
+                    "difference": report["difference"], "error": b.error,
+                })
+            })
+            .collect();
+        let reconciliations: Vec<Value> = reconciliations
+            .iter()
+            .map(|r| {
+                let report = serde_json::from_str::<Value>(&r.report).unwrap_or_default();
+                json!({
+                    "id": r.id, "source": r.source, "verdict": r.verdict, "why": r.why,
+                    "at": weir_engine::time::format_rfc3339_ms(r.at_ms),
+                    "windows": report["windows"], "totals": report["totals"],
+                })
+            })
+            .collect();
         let versions: Vec<Value> = versions.iter().map(|v| crate::versions::describe(p, v)).collect();
         incidents.extend(kept);
         let notes: Vec<Value> = notes
@@ -94,6 +125,8 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
             "rows": rows,
             "ledger_latest": ledger,
             "annotations": notes,
+            "backfills": backfills,
+            "reconciliations": reconciliations,
         }));
     }
     incidents.sort_by_key(|i| std::cmp::Reverse(i.at_ms));

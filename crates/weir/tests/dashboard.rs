@@ -241,6 +241,42 @@ fn the_dashboard_draws_live_and_marks_a_revised_row() {
         "return !!document.querySelector('tr.revised[data-status=\"settled\"][data-revision=\"3\"] .mark.settled');",
     );
 
+    // A payment too late for a settled window, then a backfill: the window's
+    // corrected row, and the run; a reconciliation with a planted difference: its verdict.
+    assert_eq!(post(&events, &(event(700, 2, 10, "7.00") + "\n")).0, 200);
+    let t = |s: i64| weir_engine::time::format_rfc3339_ms(1_764_374_400_000 + s * 1_000);
+    let asked = json!({"from": t(0), "to": t(120), "why": "a late payment"}).to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, body) = post(&format!("{base}/v1/pipelines/paid/backfill"), &asked);
+        if code == 202 {
+            break;
+        }
+        assert!(code == 409 && Instant::now() < deadline, "{code} {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    browser.wait_for(
+        "the corrected row and the backfill",
+        &format!(
+            "const c = {card}; const r = c.querySelector('tr[data-status=\"corrected\"]');
+             return !!r && r.innerText.includes('acct=a2') && r.querySelector('.mark.corrected') !== null
+                 && c.querySelector('[data-backfills] tr[data-state=\"done\"]').innerText.includes('1 of');"
+        ),
+    );
+    let export = format!("acct,minute,total\na0,{},999\n", t(0));
+    let url = format!(
+        "{base}/v1/pipelines/paid/reconcile?why=close&source=ledger.csv&map=key.acct=acct,window_start=minute,total=total"
+    );
+    let mut r = authed(agent().post(&url), "POST", &url).header("content-type", "text/csv").send(&export).unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.body_mut().read_to_string().unwrap());
+    browser.wait_for(
+        "the failed reconciliation",
+        &format!(
+            "const r = {card}.querySelector('[data-reconciliations] tr[data-verdict=\"fail\"]');
+             return !!r && r.innerText.includes('ledger.csv') && r.innerText.includes('3 unexplained');"
+        ),
+    );
+
     // A reader of this pipeline sees its card but not the audit log; a reader
     // of another pipeline sees nothing but why.
     let reader = make_token(&s.path("data"), &["--role", "reader", "--pipeline", "paid"]);

@@ -1005,7 +1005,8 @@ fn a_backfill_on_kafka_corrects_settled_windows_to_the_batch_and_a_second_change
     let contract = CONTRACT
         .replace("allowed_lateness = \"1h\"", "allowed_lateness = \"0s\"")
         .replace("late = \"revise\"", "late = \"discard\"")
-        .replace("early = true", "early = false");
+        .replace("early = true", "early = false")
+        + "\n[sink]\ntopic = \"backfilled_rows\"\n";
     let (root_a, root_b) = (worker_root(&s, "a", &broker, &schema), worker_root(&s, "b", &broker, &schema));
     std::fs::write(root_a.join("contracts/paid.toml"), &contract).unwrap();
     std::fs::write(root_b.join("contracts/paid.toml"), &contract).unwrap();
@@ -1068,6 +1069,14 @@ fn a_backfill_on_kafka_corrects_settled_windows_to_the_batch_and_a_second_change
     let seq = new[0]["seq"].as_i64().unwrap();
     let (_, prov) = get(&format!("{}/v1/pipelines/paid/results/{seq}/provenance", a.base));
     assert!(prov.contains(&format!("backfill {}", run["id"])), "{prov}");
+    // The sink publishes the corrected rows like any other.
+    let records = consume_all(&broker, "backfilled_rows", changes.lines().count());
+    for row in &new {
+        let found = records
+            .iter()
+            .any(|r| r["seq"] == row["seq"] && r["status"] == "corrected" && r["values"] == row["values"]);
+        assert!(found, "{row} is not on the sink's topic");
+    }
 
     // A second backfill, asked of A, changes nothing.
     let again = backfill_on(&a, range, "again");
