@@ -14,8 +14,10 @@
 //!    offset;
 //! 3. every retained record is read once: into a batch engine (every
 //!    valid, first-seen event counts, whatever its arrival time) and, when
-//!    the ledger named it, into a batch engine of that cause without dedup,
-//!    which gives the amounts the cause carried per window;
+//!    the ledger named it, into a batch engine of that cause (the events of
+//!    one cause among themselves counted as a batch counts them: a later
+//!    version of the same payment replaces the first), which gives the
+//!    amounts the cause carried per window;
 //! 4. [`decide`] compares the batch rows of the range with the published
 //!    ones, purely;
 //! 5. the store publishes the corrections with the run's report in one
@@ -455,10 +457,9 @@ pub fn causes_from_ledger(
     range: (i64, i64),
 ) -> anyhow::Result<Causes> {
     let wanted = cause_entries(store, (pipeline, version), range, window_span_ms(contract))?;
-    let causes_contract = cause_contract(contract);
     let mut engines: BTreeMap<&'static str, Engine> = BTreeMap::new();
     for reason in CAUSES {
-        let mut engine = Engine::new(&causes_contract, Mode::Batch, 1)?;
+        let mut engine = Engine::new(contract, Mode::Batch, 1)?;
         engine.read_one_partition(); // entries name any partition
         engines.insert(reason.as_str(), engine);
     }
@@ -475,14 +476,6 @@ pub fn causes_from_ledger(
     }
     let format = Engine::new(contract, Mode::Batch, 1)?.format().clone();
     Ok(carried(&format, &wanted, engines))
-}
-
-/// A contract for the amounts a cause carried: no dedup, so every version
-/// the ledger named counts once.
-fn cause_contract(contract: &Contract) -> Contract {
-    let mut c = contract.clone();
-    c.dedup = None;
-    c
 }
 
 /// What a backfill computed: the rows to publish and its report.
@@ -508,10 +501,9 @@ pub fn compute(
     let wanted = cause_entries(store, (&run.pipeline, run.version), (run.from_ms, run.to_ms), span)?;
     let partitions = input.partitions()?;
     let mut batch = Engine::new(contract, Mode::Batch, partitions)?;
-    let causes_contract = cause_contract(contract);
     let mut cause_engines: BTreeMap<&'static str, Engine> = BTreeMap::new();
     for reason in CAUSES {
-        cause_engines.insert(reason.as_str(), Engine::new(&causes_contract, Mode::Batch, partitions)?);
+        cause_engines.insert(reason.as_str(), Engine::new(contract, Mode::Batch, partitions)?);
     }
     let start_ms = contract.pipeline.start_ms;
     let mut out = Output::default();

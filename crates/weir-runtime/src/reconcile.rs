@@ -271,6 +271,14 @@ pub fn compare(
     let theirs: BTreeMap<(Vec<String>, i64), &SourceRow> =
         export.iter().map(|r| ((r.key.clone(), r.window_start), r)).collect();
     let windows: BTreeSet<&(Vec<String>, i64)> = ours.keys().chain(theirs.keys()).collect();
+    // The causes by the key as the export writes it (a window weir has no row for has causes too).
+    let by_key: BTreeMap<(Vec<String>, i64), &BTreeMap<&'static str, crate::backfill::Carried>> = causes
+        .iter()
+        .filter_map(|((key, start), found)| {
+            let key: Value = serde_json::from_str(key).ok()?;
+            Some(((key_text(&key, &mapping.key), *start), found))
+        })
+        .collect();
     let (mut matched, mut differing, mut missing_in_weir, mut missing_in_export, mut unexplained_windows) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut totals: BTreeMap<&str, [Decimal; 4]> = aggregates.iter().map(|a| (*a, [Decimal::ZERO; 4])).collect();
@@ -280,7 +288,7 @@ pub fn compare(
         let key_json: Value = Value::Object(
             mapping.key.iter().zip(&at.0).map(|((n, _), v)| (n.clone(), Value::String(v.clone()))).collect(),
         );
-        let found = ours.and_then(|p| causes.get(&(p.key.to_string(), at.1)));
+        let found = by_key.get(at).copied();
         let (mut difference, mut accounted, mut unexplained) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
         // Whether the window's numbers can differ at all: a matched window
         // needs no cause, and a `corrected` row counts its late events already.
@@ -350,6 +358,8 @@ pub fn compare(
             "explained": explained,
         }));
     }
+    // The unexplained windows first: what the owner has to look at.
+    listed.sort_by_key(|d| d["explained"].as_bool());
     let totals: Map<String, Value> = totals
         .into_iter()
         .map(|(a, [record, weir, acc, left])| {

@@ -233,15 +233,27 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
     let base = format!("http://{addr}");
     print_intro(&base, &data, args.rate, &tokens);
     let sent = Arc::new(AtomicU64::new(0));
-    let producer = {
-        let (base, stop, sent, token) = (base.clone(), Arc::clone(&stop), Arc::clone(&sent), tokens.producer.clone());
-        std::thread::spawn(move || produce(&base, &token, args.rate.max(1), &stop, &sent))
-    };
+    let producing = Arc::new(AtomicBool::new(true));
+    let kept: Kept = Arc::new(std::sync::Mutex::new(Some(Vec::new())));
+    let mut producer = Some({
+        let (base, producing, sent, token) =
+            (base.clone(), Arc::clone(&producing), Arc::clone(&sent), tokens.producer.clone());
+        let kept = Arc::clone(&kept);
+        std::thread::spawn(move || produce(&base, &token, args.rate.max(1), (&producing, &sent), &kept))
+    });
     let started = Instant::now();
     let mut next_report = Instant::now() + Duration::from_secs(5);
     while !server.is_finished() {
         std::thread::sleep(Duration::from_millis(100));
-        if args.duration.is_some_and(|d| started.elapsed() >= d) {
+        if args.duration.is_some_and(|d| started.elapsed() >= d) && !stop.load(Ordering::SeqCst) {
+            // The payments system's side of the story, before the server stops.
+            producing.store(false, Ordering::SeqCst);
+            if let Some(p) = producer.take() {
+                let _ = p.join();
+            }
+            if let Err(e) = reconcile_demo(&base, &data, &tokens, &kept) {
+                eprintln!("weir demo: the reconciliation did not run: {e:#}");
+            }
             stop.store(true, Ordering::SeqCst);
         }
         if Instant::now() >= next_report {
@@ -250,7 +262,10 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
         }
     }
     stop.store(true, Ordering::SeqCst);
-    let _ = producer.join();
+    producing.store(false, Ordering::SeqCst);
+    if let Some(p) = producer {
+        let _ = p.join();
+    }
     let served = server.join().map_err(|_| Failure::run(anyhow::anyhow!("the demo server panicked")))?;
     served.map_err(Failure::run)?;
     let d = data.display();
@@ -286,7 +301,7 @@ fn print_intro(base: &str, data: &Path, rate: u64, t: &crate::access::RoleTokens
 
 /// Posts every 100 ms a tenth of a second's worth of events, with event
 /// times around now, until `stop`.
-fn produce(base: &str, token: &str, rate: u64, stop: &AtomicBool, sent: &AtomicU64) {
+fn produce(base: &str, token: &str, rate: u64, (producing, sent): (&AtomicBool, &AtomicU64), kept: &Kept) {
     let agent = crate::client::agent();
     // One payment in a hundred is a later version of a recent one: a corrected amount or a decline.
     let mut payments = PaymentStream::new(2026, 2_000, Profile::Realistic, true).with_corrections(10);
@@ -295,7 +310,8 @@ fn produce(base: &str, token: &str, rate: u64, stop: &AtomicBool, sent: &AtomicU
     let mut next = Instant::now();
     let mut n = 0u64;
     let per_tick = (rate / 10).max(1);
-    while !stop.load(Ordering::SeqCst) {
+    let stop = producing;
+    while stop.load(Ordering::SeqCst) {
         let now = weir_log::now_ms();
         let (mut pay, mut plans, mut invites) = (String::new(), String::new(), String::new());
         for _ in 0..per_tick {
@@ -313,13 +329,22 @@ fn produce(base: &str, token: &str, rate: u64, stop: &AtomicBool, sent: &AtomicU
             let url = format!("{base}/v1/topics/{topic}/events");
             let mut wait = Duration::from_millis(50);
             // Retried until acknowledged: a 503 or a dropped connection loses nothing.
-            while !matches!(crate::client::post_batch(&agent, &url, body, Some(token)), Ok(true))
-                && !stop.load(Ordering::SeqCst)
-            {
+            let mut posted = false;
+            while stop.load(Ordering::SeqCst) {
+                if matches!(crate::client::post_batch(&agent, &url, body, Some(token)), Ok(true)) {
+                    posted = true;
+                    break;
+                }
                 std::thread::sleep(wait);
                 wait = (wait * 2).min(Duration::from_secs(2));
             }
+            if !posted {
+                break;
+            }
             sent.fetch_add(body.lines().count() as u64, Ordering::Relaxed);
+            if topic == "payments" {
+                keep(kept, body);
+            }
         }
         next += tick;
         if let Some(rest) = next.checked_duration_since(Instant::now()) {
@@ -328,6 +353,132 @@ fn produce(base: &str, token: &str, rate: u64, stop: &AtomicBool, sent: &AtomicU
             next = Instant::now();
         }
     }
+}
+
+/// The payments posted, for the payments system's export at the end
+/// (`None` once the demo ran too long to keep them all).
+type Kept = Arc<std::sync::Mutex<Option<Vec<String>>>>;
+
+/// Payment lines kept for the export, at most.
+const KEPT_MAX: usize = 2_000_000;
+
+fn keep(kept: &Kept, body: &str) {
+    let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+    let full = kept.as_ref().is_some_and(|k| k.len() > KEPT_MAX);
+    if full {
+        *kept = None;
+    } else if let Some(k) = kept.as_mut() {
+        k.extend(body.lines().map(str::to_owned));
+    }
+}
+
+/// The end of a demo: a late payment posted, then the payments system's
+/// export (every payment posted, counted as a batch counts, with a refund
+/// applied there only) written to `DATA/payments-export.csv`, and
+/// `paid_revenue` reconciled against it: what the ledger explains, and
+/// what it does not.
+fn reconcile_demo(base: &str, data: &Path, tokens: &crate::access::RoleTokens, kept: &Kept) -> anyhow::Result<()> {
+    let Some(mut lines) = kept.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        anyhow::bail!("the demo ran too long to keep every payment for the export");
+    };
+    // A payment approved ten minutes ago reaches weir only now: too late for its window.
+    let late = format!(
+        "{{\"payment_id\":\"pay-late-demo\",\"account_id\":\"acct-00007\",\"amount\":42.00,\"currency\":\"EUR\",\"status\":\"approved\",\"approved_at\":\"{}\"}}",
+        weir_engine::time::format_rfc3339_ms(weir_log::now_ms() - 600_000)
+    );
+    let agent = crate::client::agent();
+    let url = format!("{base}/v1/topics/payments/events");
+    if !matches!(crate::client::post_batch(&agent, &url, &format!("{late}\n"), Some(&tokens.producer)), Ok(true)) {
+        anyhow::bail!("the late payment was not accepted");
+    }
+    lines.push(late);
+    caught_up(base, &tokens.reader);
+    let (export, refund) = payments_export(&lines)?;
+    let path = data.join("payments-export.csv");
+    std::fs::write(&path, export.join("\n") + "\n")?;
+    let map = "key.account_id=account,window_start=minute,revenue=revenue,payments=payments";
+    let target = format!("{base}/v1/pipelines/paid_revenue/reconcile");
+    let query = [
+        ("map", map),
+        ("tolerance", "0.01"),
+        ("format", "csv"),
+        ("source", "payments-export.csv"),
+        ("why", "weir demo: the month-end check"),
+    ];
+    let mut r = crate::client::with_token(agent.post(&target), Some(&tokens.operator))
+        .query_pairs(query)
+        .header("content-type", "text/csv")
+        .send(&(export.join("\n") + "\n"))?;
+    let body = r.body_mut().with_config().limit(1 << 30).read_to_string()?;
+    let report: serde_json::Value = serde_json::from_str(&body)?;
+    let text = crate::client::reconcile_text(&report);
+    eprintln!("\nweir demo: the payments system's export ({}), with a late payment (acct-00007, ten minutes ago) and a refund applied there only ({refund}), against paid_revenue:", path.display());
+    for (i, line) in text.lines().enumerate() {
+        if i == 12 {
+            eprintln!("  ... (GET {base}/v1/pipelines/paid_revenue/reconciliations/{} has them all)", report["id"]);
+            break;
+        }
+        eprintln!("{line}");
+    }
+    eprintln!(
+        "  the ledger explains the late payments (too_late); the refund is in no ledger: it is `unexplained`, so the owner was alerted.\n  again, with the server running: WEIR_TOKEN={} weir reconcile paid_revenue --against {} --map {map} --tolerance 0.01 --url {base}",
+        tokens.operator,
+        path.display()
+    );
+    Ok(())
+}
+
+/// Waits (at most 15 s) until `paid_revenue` has read everything posted.
+fn caught_up(base: &str, token: &str) {
+    let agent = crate::client::agent();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut quiet = 0;
+    while Instant::now() < deadline && quiet < 3 {
+        std::thread::sleep(Duration::from_millis(300));
+        let url = format!("{base}/v1/pipelines/paid_revenue/status");
+        let Ok(mut r) = crate::client::with_token(agent.get(&url), Some(token)).call() else { continue };
+        let s: serde_json::Value =
+            serde_json::from_str(&r.body_mut().read_to_string().unwrap_or_default()).unwrap_or_default();
+        quiet = if s["lag_records"] == 0 { quiet + 1 } else { 0 };
+    }
+}
+
+/// The payments system's export: revenue and payments per account and
+/// minute, as a batch counts every payment posted (late ones too), with
+/// one refund of 25.00 applied in the payments system only; the export's
+/// lines and which window the refund changed.
+fn payments_export(lines: &[String]) -> anyhow::Result<(Vec<String>, String)> {
+    let contract = Contract::parse("paid_revenue.toml", PAYMENTS).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut engine = weir_engine::Engine::new(&contract, weir_engine::Mode::Batch, 1)?;
+    engine.read_one_partition();
+    let mut out = weir_engine::Output::default();
+    for (i, line) in lines.iter().enumerate() {
+        engine.process(weir_engine::EventIn { partition: 0, offset: i as u64, bytes: line.as_bytes() }, &mut out);
+        out.ledger.clear();
+    }
+    engine.finish(&mut out);
+    let format = engine.format().clone();
+    let mut export = vec!["account,minute,revenue,payments".to_owned()];
+    let mut refund = String::new();
+    let mut text = String::new();
+    for row in &out.rows {
+        text.clear();
+        format.write_row(row, &mut text);
+        let v: serde_json::Value = serde_json::from_str(&text)?;
+        let (account, minute) =
+            (v["key"]["account_id"].as_str().unwrap_or_default(), v["window_start"].as_str().unwrap_or_default());
+        let mut revenue = v["values"]["revenue"].to_string();
+        if refund.is_empty() && v["values"]["payments"].as_u64() >= Some(2) {
+            if let Ok(r) = revenue.parse::<rust_decimal::Decimal>() {
+                if r > rust_decimal::Decimal::new(50, 0) {
+                    revenue = (r - rust_decimal::Decimal::new(25, 0)).to_string();
+                    refund = format!("{account} at {minute}");
+                }
+            }
+        }
+        export.push(format!("{account},{minute},{revenue},{}", v["values"]["payments"]));
+    }
+    Ok((export, refund))
 }
 
 const PLANS_NAMES: [&str; 4] = ["free", "team", "business", "enterprise"];

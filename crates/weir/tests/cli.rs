@@ -228,6 +228,21 @@ fn demo_serves_posts_and_stops_by_itself_with_results_on_disk() {
         )
         .unwrap();
     assert!(superseded > 0, "the demo's corrections replaced counted payments: {err}");
+    // At the end, the payments system's export against paid_revenue: the
+    // planted late payment explained by the ledger, the refund made there only unexplained.
+    assert!(err.contains("the payments system's export") && err.contains("unexplained"), "{err}");
+    let report: String = rusqlite::Connection::open(data.join("weir.db"))
+        .unwrap()
+        .query_row("SELECT report FROM reconciliations WHERE pipeline = 'paid_revenue'", [], |r| r.get(0))
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let differences = report["differences"].as_array().unwrap();
+    let late =
+        differences.iter().find(|d| d["key"]["account_id"] == "acct-00007" && d["causes"]["too_late"]["events"] == 1);
+    assert!(late.is_some_and(|d| d["explained"] == true), "the late payment, explained: {report}");
+    let refund: Vec<&serde_json::Value> = differences.iter().filter(|d| d["unexplained"]["revenue"] == "-25").collect();
+    assert_eq!(refund.len(), 1, "the refund, unexplained: {report}");
+    assert!(data.join("payments-export.csv").exists());
     for file in ["weir.db", "weir.toml", "contracts/paid_revenue.toml", "log/payments/0", "log/invitations/0"] {
         assert!(data.join(file).exists(), "{file}");
     }
