@@ -180,7 +180,8 @@ fn authed<B>(r: ureq::RequestBuilder<B>, method: &str, url: &str) -> ureq::Reque
     let found =
         TOKENS.lock().unwrap_or_else(|e| e.into_inner()).iter().rev().find(|(h, _)| h == host).map(|(_, t)| t.clone());
     let Some(t) = found else { return r };
-    let operator_action = ["/pause", "/resume", "/annotations", "/replay"].iter().any(|a| path.ends_with(a));
+    let operator_action =
+        ["/pause", "/resume", "/annotations", "/replay", "/backfill"].iter().any(|a| path.ends_with(a));
     let token = match (method, path.as_str()) {
         ("POST", p) if p.starts_with("/v1/topics/") => t.producer,
         (_, p) if p.starts_with("/v1/topics/") => t.raw_reader,
@@ -1117,6 +1118,14 @@ fn a_version_starting_before_the_retained_input_is_refused_naming_the_earliest_t
     assert_eq!(post(&events, &(lines.join("\n") + "\n")).0, 200);
     std::thread::sleep(Duration::from_millis(2_500));
     assert_eq!(post(&events, &(event(500, 1, 600, "1.00") + "\n")).0, 200);
+    // A backfill of a range older than the retained input is refused the same way.
+    let asked = r#"{"from":"2000-01-01T00:00:00Z","to":"2000-01-02T00:00:00Z","why":"too far back"}"#;
+    let (code, body) = post_json(&format!("{}/v1/pipelines/paid/backfill", server.url), asked);
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        body.contains("starts at 2000-01-01T00:00:00.000Z") && body.contains("retained input is whole only from 20"),
+        "{body}"
+    );
     let v2 = CONTRACT
         .replace("version = 1", "version = 2")
         .replace("decision = ", "start = \"2000-01-01T00:00:00Z\"\ndecision = ");

@@ -1,4 +1,4 @@
-//! `weir bench ingest|latency|recovery|candidate`: the server's benchmarks
+//! `weir bench ingest|latency|recovery|candidate|backfill`: the server's benchmarks
 //! (BENCHMARKS.md). Each starts its own `weir serve` on a temporary folder
 //! with the demo's payments contract and prints what it measured.
 
@@ -49,6 +49,7 @@ struct Server {
     /// Tokens made on the server's data folder before it started.
     producer: String,
     reader: String,
+    operator: String,
 }
 
 impl Drop for Server {
@@ -91,7 +92,13 @@ fn serve(dir: &Path, port: u16) -> Result<Server, Failure> {
             eprintln!("  weir serve: {line}");
         }
     });
-    Ok(Server { child, base: format!("http://127.0.0.1:{port}"), producer: tokens.producer, reader: tokens.reader })
+    Ok(Server {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+        producer: tokens.producer,
+        reader: tokens.reader,
+        operator: tokens.operator,
+    })
 }
 
 fn free_port() -> Result<u16, Failure> {
@@ -384,6 +391,94 @@ pub fn candidate(events: u64, early: bool) -> Result<(), Failure> {
         "candidate ({}): {events} events in the log: version 2 built in {built:.2} s, {built_rate:.0} events/s; weir run on the same events {run_secs:.2} s, {run_rate:.0} events/s; ratio {:.2}",
         if early { "early rows" } else { "settled rows" },
         built_rate / run_rate
+    );
+    Ok(())
+}
+
+/// A backfill over `events` in the log (every window settled, settled rows
+/// only), timed from the request to the run's report, next to `weir batch`
+/// over the same events as a file, one after the other.
+pub fn backfill(events: u64) -> Result<(), Failure> {
+    let dir = Folder::new("backfill")?;
+    let contract = CONTRACT.replace("early = true", "early = false");
+    let file = dir.0.join("contracts/paid_revenue.toml");
+    std::fs::write(&file, &contract).map_err(|e| fail(format!("cannot write {}: {e}", file.display())))?;
+    let port = free_port()?;
+    let server = serve(&dir.0, port)?;
+    let mut batches = batches(events, 1_000, GEN_START_MS, 1_000);
+    // A payment two days on for enough accounts to reach both partitions: every window settles.
+    let flush_ms = GEN_START_MS + 2 * 86_400_000;
+    let flush: String = (0..40)
+        .map(|k| {
+            format!(
+                "{{\"payment_id\":\"flush-{k}\",\"account_id\":\"flush-{k}\",\"amount\":1,\"status\":\"approved\",\"approved_at\":\"{}\"}}\n",
+                weir_engine::time::format_rfc3339_ms(flush_ms)
+            )
+        })
+        .collect();
+    batches.push(flush);
+    post_all(&server, &batches, 4)?;
+    caught_up(&server, events + 40, Duration::from_secs(1200))?;
+
+    let input = dir.0.join("events.jsonl");
+    std::fs::write(&input, batches.concat()).map_err(|e| fail(format!("cannot write {}: {e}", input.display())))?;
+    drop(batches);
+    let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find the weir binary: {e}")))?;
+    let started = Instant::now();
+    let batch = Command::new(&exe)
+        .arg("batch")
+        .arg(&file)
+        .arg("--input")
+        .arg(&input)
+        .args(["--output", "/dev/null", "--ledger", "/dev/null"])
+        .output()
+        .map_err(|e| fail(format!("cannot run weir batch: {e}")))?;
+    if !batch.status.success() {
+        return Err(fail(format!("weir batch failed: {}", String::from_utf8_lossy(&batch.stderr))));
+    }
+    let batch_secs = started.elapsed().as_secs_f64();
+
+    let agent = crate::client::agent();
+    let url = format!("{}/v1/pipelines/paid_revenue/backfill", server.base);
+    let asked = serde_json::json!({
+        "from": weir_engine::time::format_rfc3339_ms(GEN_START_MS - 86_400_000),
+        "to": weir_engine::time::format_rfc3339_ms(flush_ms - 3_600_000),
+        "why": "weir bench backfill",
+    });
+    let started = Instant::now();
+    let mut r = crate::client::with_token(agent.post(&url), Some(&server.operator))
+        .header("content-type", "application/json")
+        .send(&asked.to_string())
+        .map_err(|e| fail(format!("cannot ask the backfill: {e}")))?;
+    let answer: serde_json::Value =
+        serde_json::from_str(&r.body_mut().read_to_string().unwrap_or_default()).unwrap_or_default();
+    let Some(id) = answer["backfill"].as_i64() else { return Err(fail(format!("the backfill was refused: {answer}"))) };
+    let one = format!("{}/v1/pipelines/paid_revenue/backfills/{id}", server.base);
+    let run = loop {
+        let mut r = crate::client::with_token(agent.get(&one), Some(&server.reader))
+            .call()
+            .map_err(|e| fail(format!("cannot read the backfill: {e}")))?;
+        let run: serde_json::Value =
+            serde_json::from_str(&r.body_mut().read_to_string().unwrap_or_default()).unwrap_or_default();
+        if run["state"] == "done" || run["state"] == "failed" {
+            break run;
+        }
+        if started.elapsed() > Duration::from_secs(1200) {
+            return Err(fail("the backfill was not done within 20 minutes".into()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let secs = started.elapsed().as_secs_f64();
+    if run["state"] != "done" {
+        return Err(fail(format!("the backfill failed: {}", run["error"])));
+    }
+    let read = run["report"]["events_read"].as_u64().unwrap_or(0);
+    let (rate, batch_rate) = (read as f64 / secs, (events + 40) as f64 / batch_secs);
+    println!(
+        "backfill: {read} events in the log, {} windows checked, {} corrected: {secs:.2} s, {rate:.0} events/s; weir batch on the same events {batch_secs:.2} s, {batch_rate:.0} events/s; ratio {:.2}",
+        run["report"]["windows_checked"],
+        run["report"]["windows_corrected"],
+        rate / batch_rate
     );
     Ok(())
 }

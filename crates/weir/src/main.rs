@@ -396,6 +396,11 @@ enum BenchWhat {
         #[arg(long)]
         early: bool,
     },
+    /// A backfill over this many events in the log (every window settled), next to `weir batch` on the same events.
+    Backfill {
+        #[arg(long, default_value_t = 5_000_000)]
+        events: u64,
+    },
     /// Time to serve again after kill -9 with this many events in the log.
     Recovery {
         #[arg(long, default_value_t = 1_000_000)]
@@ -570,6 +575,7 @@ fn main() -> ExitCode {
         Command::Bench { what: BenchWhat::Latency { rate, seconds } } => bench::latency(rate, seconds),
         Command::Bench { what: BenchWhat::Recovery { events } } => bench::recovery(events),
         Command::Bench { what: BenchWhat::Candidate { events, early } } => bench::candidate(events, early),
+        Command::Bench { what: BenchWhat::Backfill { events } } => bench::backfill(events),
         Command::Token { what: TokenWhat::Create { data, role, name, topics, pipelines, expires, why } } => {
             access::create(access::CreateArgs {
                 data: &data,
