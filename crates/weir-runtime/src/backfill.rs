@@ -862,3 +862,115 @@ impl Worker {
         compute(contract, input.as_mut(), self.store.as_ref(), run, &mut tick)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONTRACT: &str = r#"
+[pipeline]
+name = "paid"
+version = 1
+owner = "o"
+steward = "s"
+decision = "d"
+
+[source]
+topic = "payments"
+event_time = "t"
+key = ["acct"]
+
+[window]
+type = "tumbling"
+size = "1m"
+
+[[aggregate]]
+name = "total"
+fn = "sum"
+field = "amount"
+
+[[aggregate]]
+name = "payments"
+fn = "count"
+"#;
+
+    const MINUTE: i64 = 60_000;
+
+    /// The batch rows of `(account, minute, amount)` payments.
+    fn batch(contract: &Contract, payments: &[(&str, i64, &str)]) -> (Vec<Row>, RowFormat) {
+        let mut engine = Engine::new(contract, Mode::Batch, 1).unwrap();
+        let mut out = Output::default();
+        for (i, (acct, minute, amount)) in payments.iter().enumerate() {
+            let t = weir_engine::time::format_rfc3339_ms(minute * MINUTE + 1_000);
+            let line = format!(r#"{{"acct":"{acct}","t":"{t}","amount":{amount}}}"#);
+            engine.process(EventIn { partition: 0, offset: i as u64, bytes: line.as_bytes() }, &mut out);
+        }
+        engine.finish(&mut out);
+        (out.rows, engine.format().clone())
+    }
+
+    fn published(acct: &str, minute: i64, revision: u32, values: Value, events: u64) -> Published {
+        Published {
+            key: json!({ "acct": acct }),
+            start: minute * MINUTE,
+            end: Some((minute + 1) * MINUTE),
+            status: "settled".into(),
+            revision,
+            values,
+            events,
+        }
+    }
+
+    #[test]
+    fn decide_corrects_what_differs_adds_what_is_missing_withdraws_what_is_gone_and_leaves_the_rest() {
+        let contract = Contract::parse("c.toml", CONTRACT).unwrap();
+        let (rows, format) = batch(
+            &contract,
+            &[("a", 0, "1.50"), ("b", 1, "2"), ("b", 1, "3"), ("c", 2, "4"), ("e", 9, "1"), ("f", 30, "1")],
+        );
+        let stream = vec![
+            published("a", 0, 1, json!({"total": 1.5, "payments": 1}), 1), // unchanged (1.5 = 1.50)
+            published("b", 1, 2, json!({"total": 2, "payments": 1}), 1),   // one payment too late: corrected
+            published("d", 3, 1, json!({"total": 7, "payments": 1}), 1),   // the batch has none: withdrawn
+        ];
+        // Settled through minute 9's start: minute 9's window is still open; minute 30 is out of range.
+        let d = decide(&contract, &format, rows, stream, (0, 20 * MINUTE), 9 * MINUTE);
+        let got: Vec<(String, i64, u32, u32, u64)> = d
+            .corrections
+            .iter()
+            .map(|c| {
+                let mut key = String::new();
+                weir_engine::key_json(&c.row.key, &format.key_names, &mut key);
+                (key, c.row.window_start.unwrap() / MINUTE, c.row.revision, c.replaces, c.row.events)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (r#"{"acct":"b"}"#.to_owned(), 1, 3, 2, 2),
+                (r#"{"acct":"c"}"#.to_owned(), 2, 1, 0, 1),
+                (r#"{"acct":"d"}"#.to_owned(), 3, 2, 1, 0)
+            ]
+        );
+        assert!(d.corrections.iter().all(|c| c.row.status == Status::Corrected && c.row.watermark == Some(9 * MINUTE)));
+        assert_eq!(d.corrections[2].row.values, [OutValue::Null, OutValue::Int(0)], "no events: count 0, sum null");
+        assert_eq!((d.checked, d.new, d.withdrawn, d.unsettled), (4, 1, 1, 1));
+    }
+
+    #[test]
+    fn a_range_is_refused_when_not_settled_too_old_or_global() {
+        let contract = Contract::parse("c.toml", CONTRACT).unwrap();
+        let wm = 10 * MINUTE;
+        // At watermark 10:00 the window of 09:00-10:00 has settled, the next not.
+        assert_eq!(check_request(&contract, (0, 10 * MINUTE), Some(wm), None), Ok(()));
+        let e = check_request(&contract, (0, 10 * MINUTE + 1), Some(wm), None).unwrap_err();
+        assert!(e.contains("starting at 1970-01-01T00:10:00.000Z or later have not settled"), "{e}");
+        let e = check_request(&contract, (0, MINUTE), Some(wm), Some(30_000)).unwrap_err();
+        assert!(e.contains("retained input is whole only from 1970-01-01T00:00:30.000Z"), "{e}");
+        assert!(check_request(&contract, (0, MINUTE), None, None).unwrap_err().contains("no checkpoint yet"));
+        let global =
+            Contract::parse("c.toml", &CONTRACT.replace("type = \"tumbling\"\nsize = \"1m\"", "type = \"global\""))
+                .unwrap();
+        assert!(check_request(&global, (0, MINUTE), Some(wm), None).unwrap_err().contains("global window"));
+    }
+}

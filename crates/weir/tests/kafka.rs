@@ -1052,6 +1052,50 @@ fn a_backfill_on_kafka_corrects_settled_windows_to_the_batch_and_a_second_change
     assert!(wrong >= 2, "the too-late payments left windows wrong");
     let (_, changes_before) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", a.base));
 
+    // The payments system's export (the batch's numbers) with a refund of 25
+    // applied there only (a3, minute 5): a2's late payments in minute 4 are
+    // explained by the ledger, the refund is not.
+    let refund_at = t(base + 5 * 60_000);
+    let mut export = vec!["acct,minute,total,count".to_owned()];
+    for ((key, start), (values, _)) in &expected {
+        let (key, values): (Value, Value) = (serde_json::from_str(key).unwrap(), serde_json::from_str(values).unwrap());
+        let acct = key["acct"].as_str().unwrap();
+        let total: f64 = values["total"].to_string().parse().unwrap();
+        let total = if acct == "a3" && *start == refund_at { total - 25.0 } else { total };
+        export.push(format!("{acct},{start},{total:.2},{}", values["payments"]));
+    }
+    let url = format!(
+        "{}/v1/pipelines/paid/reconcile?why=close&source=export.csv&tolerance=0.001&map=key.acct=acct,window_start=minute,total=total,payments=count",
+        b.base
+    );
+    let (code, body) = post(&url, &(export.join("\n") + "\n"));
+    assert_eq!(code, 200, "{body}");
+    let report: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(report["verdict"], "fail", "{report}");
+    let window = |acct: &str, start: &str| {
+        report["differences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["key"]["acct"] == acct && d["window_start"] == start)
+            .cloned()
+    };
+    let late = window("a2", &t(base + 4 * 60_000)).unwrap_or_else(|| panic!("a2 minute 4: {report}"));
+    assert_eq!(
+        (late["causes"]["too_late"]["events"].clone(), late["explained"].clone()),
+        (2.into(), true.into()),
+        "{late}"
+    );
+    assert_eq!(late["accounted"]["total"], "4.5", "{late}");
+    let refund = window("a3", &refund_at).unwrap_or_else(|| panic!("a3 minute 5: {report}"));
+    assert_eq!(
+        (refund["explained"].clone(), refund["unexplained"]["total"].clone()),
+        (false.into(), "-25".into()),
+        "{refund}"
+    );
+    let (_, kept) = get(&format!("{}/v1/pipelines/paid/reconciliations/{}", a.base, report["id"]));
+    assert!(kept.contains("\"verdict\":\"fail\""), "stored in Postgres, read on the other worker: {kept}");
+
     // The backfill, asked of worker B, done by whichever worker claims it.
     let run = backfill_on(&b, range, "late payments");
     let report = &run["report"];
