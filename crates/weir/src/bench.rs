@@ -108,7 +108,12 @@ fn free_port() -> Result<u16, Failure> {
 
 /// Batches of `batch` generated payments (bench profile), event times from `start_ms` at `rate` per second.
 fn batches(events: u64, batch: usize, start_ms: i64, rate: u64) -> Vec<String> {
-    let mut stream = PaymentStream::new(11, 10_000, Profile::Bench, true);
+    batches_from(0, events, batch, start_ms, rate)
+}
+
+/// [`batches`] with payment ids from `first_id` on.
+fn batches_from(first_id: u64, events: u64, batch: usize, start_ms: i64, rate: u64) -> Vec<String> {
+    let mut stream = PaymentStream::new(11, 10_000, Profile::Bench, true).with_first_id(first_id);
     let mut out = Vec::new();
     let mut text = String::new();
     for i in 0..events {
@@ -405,7 +410,7 @@ pub fn backfill(events: u64) -> Result<(), Failure> {
     std::fs::write(&file, &contract).map_err(|e| fail(format!("cannot write {}: {e}", file.display())))?;
     let port = free_port()?;
     let server = serve(&dir.0, port)?;
-    let mut batches = batches(events, 1_000, GEN_START_MS, 1_000);
+    let mut posted = batches(events, 1_000, GEN_START_MS, 1_000);
     // A payment two days on for enough accounts to reach both partitions: every window settles.
     let flush_ms = GEN_START_MS + 2 * 86_400_000;
     let flush: String = (0..40)
@@ -416,13 +421,13 @@ pub fn backfill(events: u64) -> Result<(), Failure> {
             )
         })
         .collect();
-    batches.push(flush);
-    post_all(&server, &batches, 4)?;
+    posted.push(flush);
+    post_all(&server, &posted, 4)?;
     caught_up(&server, events + 40, Duration::from_secs(1200))?;
 
     let input = dir.0.join("events.jsonl");
-    std::fs::write(&input, batches.concat()).map_err(|e| fail(format!("cannot write {}: {e}", input.display())))?;
-    drop(batches);
+    std::fs::write(&input, posted.concat()).map_err(|e| fail(format!("cannot write {}: {e}", input.display())))?;
+    drop(posted);
     let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find the weir binary: {e}")))?;
     let started = Instant::now();
     let batch = Command::new(&exe)
@@ -437,6 +442,16 @@ pub fn backfill(events: u64) -> Result<(), Failure> {
         return Err(fail(format!("weir batch failed: {}", String::from_utf8_lossy(&batch.stderr))));
     }
     let batch_secs = started.elapsed().as_secs_f64();
+
+    // Live processing beside a backfill: the time to post and read a probe
+    // of 200,000 later events, before the backfill and while it runs.
+    let probe = |n: u64| batches_from(n * 1_000_000_000, 200_000, 1_000, flush_ms + n as i64 * 600_000, 1_000);
+    let mut total = events + 40;
+    let started = Instant::now();
+    post_all(&server, &probe(1), 2)?;
+    total += 200_000;
+    caught_up(&server, total, Duration::from_secs(600))?;
+    let idle_probe = started.elapsed().as_secs_f64();
 
     let agent = crate::client::agent();
     let url = format!("{}/v1/pipelines/paid_revenue/backfill", server.base);
@@ -454,6 +469,11 @@ pub fn backfill(events: u64) -> Result<(), Failure> {
         serde_json::from_str(&r.body_mut().read_to_string().unwrap_or_default()).unwrap_or_default();
     let Some(id) = answer["backfill"].as_i64() else { return Err(fail(format!("the backfill was refused: {answer}"))) };
     let one = format!("{}/v1/pipelines/paid_revenue/backfills/{id}", server.base);
+    let probe_started = Instant::now();
+    post_all(&server, &probe(2), 2)?;
+    total += 200_000;
+    caught_up(&server, total, Duration::from_secs(600))?;
+    let busy_probe = probe_started.elapsed().as_secs_f64();
     let run = loop {
         let mut r = crate::client::with_token(agent.get(&one), Some(&server.reader))
             .call()
@@ -479,6 +499,10 @@ pub fn backfill(events: u64) -> Result<(), Failure> {
         run["report"]["windows_checked"],
         run["report"]["windows_corrected"],
         rate / batch_rate
+    );
+    println!(
+        "  live beside it: 200,000 events posted and read in {idle_probe:.2} s before the backfill, {busy_probe:.2} s while it ran{}",
+        if busy_probe < secs { "" } else { " (the backfill ended first)" }
     );
     Ok(())
 }

@@ -115,6 +115,12 @@ impl PaymentStream {
         }
     }
 
+    /// Payment ids from `first` on (another stream's ids are not versions of this one's).
+    pub fn with_first_id(mut self, first: u64) -> PaymentStream {
+        self.next_id = first;
+        self
+    }
+
     /// Per thousand events, a later version of a recent payment: half with
     /// another amount (a correction), half declined (under a contract whose
     /// `where` keeps approved payments, a deletion). Same id, account and time.
