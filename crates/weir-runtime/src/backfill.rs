@@ -153,6 +153,10 @@ pub fn check_request(
     Ok(())
 }
 
+/// How often a run's claim is renewed while it reads (its lease is
+/// `weir_store::backfill::LEASE_MS`).
+const RENEW_EVERY: Duration = Duration::from_secs(3);
+
 /// How often a worker looks whether a scheduled run is due.
 const SCHEDULE_CHECK: Duration = Duration::from_secs(5);
 
@@ -485,7 +489,7 @@ pub struct Computed {
 }
 
 /// Steps 1-4 of a run (see the module's comment). `tick` is called every
-/// 10,000 records (to renew the claim, and to stop when it errs).
+/// 10,000 records (to renew the claim when due, and to stop when it errs).
 pub fn compute(
     contract: &Contract,
     input: &mut dyn Input,
@@ -852,7 +856,14 @@ impl Worker {
         let mut input = (self.input)(contract);
         let store = Arc::clone(&self.store);
         let (id, claimant) = (run.id, self.claimant.clone());
+        // The claim is renewed every few seconds, well within its lease (a
+        // renewal is a committed write).
+        let mut renewed = std::time::Instant::now();
         let mut tick = move || -> anyhow::Result<()> {
+            if renewed.elapsed() < RENEW_EVERY {
+                return Ok(());
+            }
+            renewed = std::time::Instant::now();
             if store.renew_backfill(id, &claimant)? {
                 Ok(())
             } else {

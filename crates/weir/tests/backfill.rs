@@ -136,6 +136,20 @@ fn batch(dir: &Scratch, input: &std::path::Path) -> Vec<Value> {
     json_lines(&std::fs::read_to_string(out).unwrap())
 }
 
+/// Posts `n` payments, waits until they are read (so both partitions'
+/// watermarks are past their windows), then the too-late ones and the flush,
+/// and waits again; the file of every event posted, in order.
+fn post_payments_then_late_ones(dir: &Scratch, base: &str, n: usize) -> std::path::PathBuf {
+    let (first, late, last) = (payments(0, n), too_late(), flush());
+    post(base, &first);
+    caught_up(base, first.len() as u64);
+    post(base, &late);
+    post(base, &last);
+    let all: Vec<String> = first.iter().chain(&late).chain(&last).cloned().collect();
+    caught_up(base, all.len() as u64);
+    dir.write("all.jsonl", &(all.join("\n") + "\n"))
+}
+
 fn setup(name: &str) -> (Scratch, u16, String) {
     let dir = Scratch::new(name);
     std::fs::create_dir_all(dir.path("contracts")).unwrap();
@@ -160,15 +174,7 @@ fn backfill(dir: &Scratch, base: &str, (from, to): (i64, i64), why: &str) -> Val
 fn a_backfill_corrects_what_too_late_events_left_wrong_and_a_second_changes_nothing() {
     let (dir, port, base) = setup("backfill");
     let _server = start(&dir.0, port);
-    let (first, late, last) = (payments(0, 3000), too_late(), flush());
-    post(&base, &first);
-    // Read before the late payments, so both partitions' watermarks are past their windows.
-    caught_up(&base, first.len() as u64);
-    post(&base, &late);
-    post(&base, &last);
-    let all: Vec<String> = first.iter().chain(&late).chain(&last).cloned().collect();
-    caught_up(&base, all.len() as u64);
-    let input = dir.write("all.jsonl", &(all.join("\n") + "\n"));
+    let input = post_payments_then_late_ones(&dir, &base, 3000);
     let expected = by_window(&batch(&dir, &input));
 
     // 1. The too-late payments made two settled windows wrong, and are in the ledger.
@@ -256,15 +262,7 @@ fn a_backfill_corrects_what_too_late_events_left_wrong_and_a_second_changes_noth
 fn a_kill_during_a_backfill_leaves_it_published_once_and_right() {
     let (dir, port, base) = setup("backfill-kill");
     let mut server = start(&dir.0, port);
-    let (first, late, last) = (payments(0, 200_000), too_late(), flush());
-    post(&base, &first);
-    // Read before the late payments, so both partitions' watermarks are past their windows.
-    caught_up(&base, first.len() as u64);
-    post(&base, &late);
-    post(&base, &last);
-    let all: Vec<String> = first.iter().chain(&late).chain(&last).cloned().collect();
-    caught_up(&base, all.len() as u64);
-    let input = dir.write("all.jsonl", &(all.join("\n") + "\n"));
+    let input = post_payments_then_late_ones(&dir, &base, 200_000);
     let expected = by_window(&batch(&dir, &input));
     let changes_before = json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?limit=10000000"))).len();
 
@@ -472,15 +470,7 @@ fn a_reconciliation_against_an_export_finds_each_planted_difference_with_its_cau
         &format!("alert_webhook = \"{hook}\"\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"),
     );
     let _server = start(&dir.0, port);
-    let (first, late, last) = (payments(0, 3000), too_late(), flush());
-    post(&base, &first);
-    // Read before the late payments, so both partitions' watermarks are past their windows.
-    caught_up(&base, first.len() as u64);
-    post(&base, &late);
-    post(&base, &last);
-    let all: Vec<String> = first.iter().chain(&late).chain(&last).cloned().collect();
-    caught_up(&base, all.len() as u64);
-    let input = dir.write("all.jsonl", &(all.join("\n") + "\n"));
+    let input = post_payments_then_late_ones(&dir, &base, 3000);
     let mut export = export_of(&batch(&dir, &input));
     // Planted: a refund of 50 applied in the payments system only (a5, minute 10),
     // and a payment weir never saw (a99, minute 3).
