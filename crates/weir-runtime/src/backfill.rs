@@ -764,15 +764,12 @@ impl Worker {
 
     /// Claims and does one run; whether there was one.
     pub fn once(&self) -> anyhow::Result<bool> {
-        let Some(run) = self.store.claim_backfill(&self.pipeline, &self.claimant)? else { return Ok(false) };
-        let Some(contract) = self.contracts.get(&run.version) else {
-            self.store.fail_backfill(
-                run.id,
-                &self.claimant,
-                &format!("this server has no contract of version {}", run.version),
-            )?;
-            return Ok(true);
+        // Only runs of versions this server has: another worker of a rolling upgrade does the rest.
+        let versions: Vec<u32> = self.contracts.keys().copied().collect();
+        let Some(run) = self.store.claim_backfill(&self.pipeline, &self.claimant, &versions)? else {
+            return Ok(false);
         };
+        let Some(contract) = self.contracts.get(&run.version) else { return Ok(false) };
         for _attempt in 0..3 {
             let computed = self.compute(contract, &run);
             let computed = match computed {

@@ -225,14 +225,23 @@ pub mod sqlite {
         rows.collect()
     }
 
-    /// The oldest run nobody holds, now held by `claimant` for [`LEASE_MS`].
-    pub fn claim(conn: &mut Connection, pipeline: &str, claimant: &str) -> rusqlite::Result<Option<Backfill>> {
+    /// The oldest run of one of `versions` nobody holds, now held by
+    /// `claimant` for [`LEASE_MS`].
+    pub fn claim(
+        conn: &mut Connection,
+        pipeline: &str,
+        claimant: &str,
+        versions: &[u32],
+    ) -> rusqlite::Result<Option<Backfill>> {
         let now = weir_log::now_ms();
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let listed = versions.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
         let id: Option<i64> = tx
             .query_row(
-                "SELECT id FROM backfills WHERE pipeline = ?1
-                   AND (state = 'pending' OR (state = 'running' AND lease_until < ?2)) ORDER BY id LIMIT 1",
+                &format!(
+                    "SELECT id FROM backfills WHERE pipeline = ?1 AND version IN ({listed})
+                       AND (state = 'pending' OR (state = 'running' AND lease_until < ?2)) ORDER BY id LIMIT 1"
+                ),
                 params![pipeline, now],
                 |r| r.get(0),
             )
@@ -409,22 +418,25 @@ pub mod pg {
         Ok(rows.iter().map(from_pg).collect())
     }
 
+    /// The oldest run of one of `versions` nobody holds, now held by `claimant`.
     pub fn claim(
         client: &mut Client,
         schema: &str,
         pipeline: &str,
         claimant: &str,
+        versions: &[u32],
     ) -> Result<Option<Backfill>, postgres::Error> {
         let now = weir_log::now_ms();
+        let versions: Vec<i32> = versions.iter().map(|v| *v as i32).collect();
         let row = client.query_opt(
             &format!(
                 "UPDATE {schema}.backfills SET state = 'running', claimed_by = $2, lease_until = $3
-                 WHERE id = (SELECT id FROM {schema}.backfills WHERE pipeline = $1
+                 WHERE id = (SELECT id FROM {schema}.backfills WHERE pipeline = $1 AND version = ANY($5)
                                AND (state = 'pending' OR (state = 'running' AND lease_until < $4))
                              ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
                  RETURNING {COLUMNS}"
             ),
-            &[&pipeline, &claimant, &(now + LEASE_MS), &now],
+            &[&pipeline, &claimant, &(now + LEASE_MS), &now, &versions],
         )?;
         Ok(row.as_ref().map(from_pg))
     }

@@ -136,8 +136,9 @@ pub trait Store: Send + Sync {
     fn schedule_backfill(&self, pipeline: &str, schedule: &Schedule<'_>) -> Result<Option<i64>>;
     /// The newest backfill runs, newest first.
     fn backfills(&self, pipeline: &str, limit: i64) -> Result<Vec<Backfill>>;
-    /// The oldest backfill nobody holds, now held by `claimant` (see [`backfill::LEASE_MS`]).
-    fn claim_backfill(&self, pipeline: &str, claimant: &str) -> Result<Option<Backfill>>;
+    /// The oldest backfill of one of `versions` nobody holds, now held by
+    /// `claimant` (see [`backfill::LEASE_MS`]).
+    fn claim_backfill(&self, pipeline: &str, claimant: &str, versions: &[u32]) -> Result<Option<Backfill>>;
     /// Extends a claim; false when the run is no longer `claimant`'s.
     fn renew_backfill(&self, id: i64, claimant: &str) -> Result<bool>;
     fn fail_backfill(&self, id: i64, claimant: &str, error: &str) -> Result<bool>;
@@ -262,8 +263,8 @@ impl Store for SqliteStore {
     fn backfills(&self, pipeline: &str, limit: i64) -> Result<Vec<Backfill>> {
         self.with(|c| backfill::sqlite::list(c, pipeline, limit))
     }
-    fn claim_backfill(&self, pipeline: &str, claimant: &str) -> Result<Option<Backfill>> {
-        self.with(|c| backfill::sqlite::claim(c, pipeline, claimant))
+    fn claim_backfill(&self, pipeline: &str, claimant: &str, versions: &[u32]) -> Result<Option<Backfill>> {
+        self.with(|c| backfill::sqlite::claim(c, pipeline, claimant, versions))
     }
     fn renew_backfill(&self, id: i64, claimant: &str) -> Result<bool> {
         self.with(|c| backfill::sqlite::renew(c, id, claimant))
@@ -405,8 +406,8 @@ impl Store for PostgresStore {
     fn backfills(&self, pipeline: &str, limit: i64) -> Result<Vec<Backfill>> {
         self.with(|c, s| backfill::pg::list(c, s, pipeline, limit))
     }
-    fn claim_backfill(&self, pipeline: &str, claimant: &str) -> Result<Option<Backfill>> {
-        self.with(|c, s| backfill::pg::claim(c, s, pipeline, claimant))
+    fn claim_backfill(&self, pipeline: &str, claimant: &str, versions: &[u32]) -> Result<Option<Backfill>> {
+        self.with(|c, s| backfill::pg::claim(c, s, pipeline, claimant, versions))
     }
     fn renew_backfill(&self, id: i64, claimant: &str) -> Result<bool> {
         self.with(|c, s| backfill::pg::renew(c, s, id, claimant))
