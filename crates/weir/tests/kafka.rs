@@ -1128,3 +1128,124 @@ fn a_backfill_on_kafka_corrects_settled_windows_to_the_batch_and_a_second_change
     let (_, changes_again) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", a.base));
     assert_eq!(changes_again.lines().count(), changes.lines().count());
 }
+
+#[test]
+fn a_scheduled_reconciliation_on_kafka_corrects_and_compares_with_the_system_of_record() {
+    let broker = Broker::start();
+    let schema = Schema::new("schedule");
+    let s = Scratch::new("kafka-schedule");
+    let base = 1_764_374_400_000i64;
+    let t = weir_engine::time::format_rfc3339_ms;
+    let mut first = events(0, 600);
+    for (i, minute) in [2i64, 2, 4].iter().enumerate() {
+        let at = t(base + minute * 60_000 + i as i64 * 1_000);
+        first.push(format!(r#"{{"id":"late{i}","acct":"a2","t":"{at}","amount":10.00,"status":"ok"}}"#));
+    }
+    let flush: Vec<String> = (0..40)
+        .map(|k| {
+            let at = t(base + 366 * 86_400_000);
+            format!(r#"{{"id":"flush{k}","acct":"flush{k}","t":"{at}","amount":0,"status":"ok"}}"#)
+        })
+        .collect();
+    // The payments system: the batch's numbers per account and minute, a refund of 25 there only (a3, minute 5).
+    let plain = CONTRACT
+        .replace("allowed_lateness = \"1h\"", "allowed_lateness = \"0s\"")
+        .replace("late = \"revise\"", "late = \"discard\"")
+        .replace("early = true", "early = false");
+    let all: Vec<String> = first.iter().chain(&flush).cloned().collect();
+    let input = s.write("all.jsonl", &(all.join("\n") + "\n"));
+    let file = s.write("plain.toml", &plain);
+    let out = s.path("batch.jsonl");
+    let batch = weir(&[&"batch", &file, &"--input", &input, &"--output", &out]);
+    assert!(batch.status.success(), "{}", text(&batch.stderr));
+    let expected = rows_by_window(&std::fs::read_to_string(&out).unwrap());
+    let table = format!("{}.payments_system", schema.0);
+    let mut pg = postgres::Client::connect(&postgres_url(), postgres::NoTls).unwrap();
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {}; CREATE TABLE {table} (acct TEXT, minute TIMESTAMPTZ, total NUMERIC, n INTEGER)",
+        schema.0
+    ))
+    .unwrap();
+    for ((key, start), (values, _)) in &expected {
+        let (key, values): (Value, Value) = (serde_json::from_str(key).unwrap(), serde_json::from_str(values).unwrap());
+        let refund = if key["acct"] == "a3" && *start == t(base + 5 * 60_000) { " - 25" } else { "" };
+        let insert = format!(
+            "INSERT INTO {table} VALUES ('{}', '{start}', {}{refund}, {})",
+            key["acct"].as_str().unwrap(),
+            values["total"],
+            values["payments"]
+        );
+        pg.batch_execute(&insert).unwrap();
+    }
+    // Every 3 s, the windows settled 8783 hours before (once the flush a year on is read: the first hour).
+    let query = format!(
+        "SELECT acct, minute, total, n FROM {table} WHERE minute >= $1::timestamptz AND minute < $2::timestamptz"
+    );
+    let contract = format!(
+        "{plain}\n[reconcile]\nevery = \"3s\"\ndelay = \"8783h\"\n\n[reconcile.system_of_record]\nquery = \"{query}\"\nmap = \"key.acct=acct,window_start=minute,total=total,payments=n\"\ntolerance = \"0.001\"\n"
+    );
+    let (root_a, root_b) = (worker_root(&s, "a", &broker, &schema), worker_root(&s, "b", &broker, &schema));
+    std::fs::write(root_a.join("contracts/paid.toml"), &contract).unwrap();
+    std::fs::write(root_b.join("contracts/paid.toml"), &contract).unwrap();
+    let a = worker(&root_a);
+    wait_held(&[&a], &[4]);
+    let b = worker(&root_b);
+    wait_held(&[&a, &b], &[2, 2]);
+    produced_ok(produce(&s, &broker, &first));
+    wait_caught_up(&[&a, &b], first.len() as u64);
+    // The first scheduled run covers the `every` before what had settled then; later ones go on from there.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !get(&format!("{}/v1/pipelines/paid/backfills", a.base)).1.contains("\"state\":\"done\"") {
+        assert!(Instant::now() < deadline, "no scheduled run");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    produced_ok(produce(&s, &broker, &flush));
+    wait_caught_up(&[&a, &b], all.len() as u64);
+
+    // A later scheduled run (asked by one worker, done by one) corrects the windows to the batch.
+    let in_first_hour = |rows: BTreeMap<(String, String), (String, u64)>| -> BTreeMap<_, _> {
+        rows.into_iter().filter(|((_, start), _)| *start >= t(base) && *start < t(base + 3_600_000)).collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (_, rows) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", b.base));
+        if in_first_hour(rows_by_window(&rows)) == in_first_hour(expected.clone()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the scheduled runs never corrected the windows");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (_, listed) = get(&format!("{}/v1/pipelines/paid/backfills", b.base));
+    let runs: Value = serde_json::from_str(&listed).unwrap();
+    assert!(runs["backfills"].as_array().unwrap().iter().all(|r| r["origin"] == "schedule"), "{runs}");
+    let corrected: u64 =
+        runs["backfills"].as_array().unwrap().iter().filter_map(|r| r["report"]["windows_corrected"].as_u64()).sum();
+    assert!(corrected >= 2, "{runs}");
+    // Counted in every worker's /metrics (the totals come from Postgres).
+    for w in [&a, &b] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, metrics) = get(&format!("{}/metrics", w.base));
+            let line = format!("weir_reconcile_corrected_windows_total{{pipeline=\"paid\",messaging_destination_name=\"payments\"}} {corrected}");
+            if metrics.lines().any(|l| l == line) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{line} not in {}'s metrics", w.base);
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    // After the run, the payments system's table: only the refund is unexplained.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let failed = loop {
+        let (_, listed) = get(&format!("{}/v1/pipelines/paid/reconciliations", a.base));
+        let listed: Value = serde_json::from_str(&listed).unwrap();
+        if let Some(r) = listed["reconciliations"].as_array().unwrap().iter().find(|r| r["verdict"] == "fail") {
+            break r.clone();
+        }
+        assert!(Instant::now() < deadline, "no failed reconciliation with the system of record: {listed}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(failed["source"], "system_of_record", "{failed}");
+    assert_eq!(failed["report"]["windows"]["unexplained"], 1, "{failed}");
+    assert_eq!(failed["report"]["totals"]["total"]["unexplained"], "-25", "{failed}");
+}
