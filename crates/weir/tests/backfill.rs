@@ -242,6 +242,11 @@ fn a_backfill_corrects_what_too_late_events_left_wrong_and_a_second_changes_noth
     let listed: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/backfills"))).unwrap();
     assert_eq!(listed["backfills"][0]["id"], run["id"]);
     assert_eq!(listed["backfills"][0]["why"], "late payments in minute 2 and 4");
+    // Audited, with the operator's token and why.
+    let audit = get(&format!("{base}/v1/audit"));
+    let entry = audit.lines().find(|l| l.contains("\"action\":\"backfill\"")).unwrap_or_else(|| panic!("{audit}"));
+    let operator_id = common::tokens_of(&dir.path("data")).operator.split('_').nth(1).unwrap().to_owned();
+    assert!(entry.contains("late payments in minute 2 and 4") && entry.contains(&operator_id), "{entry}");
 
     // 4. A second backfill over the same range changes nothing.
     let again = backfill(&dir, &base, range, "again");
@@ -540,8 +545,10 @@ fn a_reconciliation_against_an_export_finds_each_planted_difference_with_its_cau
     assert_eq!(report["totals"]["revenue"]["accounted"], "1234.5", "{report}");
     assert_eq!(report["totals"]["revenue"]["unexplained"], "-40", "{report}");
 
-    // Stored, readable over HTTP.
+    // Stored, readable over HTTP, and audited.
     let id = report["id"].as_i64().unwrap();
+    let audit = get(&format!("{base}/v1/audit"));
+    assert!(audit.lines().any(|l| l.contains("\"action\":\"reconcile\"") && l.contains("month-end close")), "{audit}");
     let kept: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/reconciliations/{id}"))).unwrap();
     assert_eq!(
         (kept["verdict"].clone(), kept["source"].clone(), kept["why"].clone()),
