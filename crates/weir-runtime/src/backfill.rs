@@ -153,6 +153,10 @@ pub fn check_request(
     Ok(())
 }
 
+/// Corrected windows a report lists one by one, at most (the counts and
+/// totals cover all of them).
+pub const WINDOWS_LISTED: usize = 1_000;
+
 /// How often a run's claim is renewed while it reads (its lease is
 /// `weir_store::backfill::LEASE_MS`).
 const RENEW_EVERY: Duration = Duration::from_secs(3);
@@ -679,7 +683,8 @@ fn report(
         "difference": difference,
         "corrected_amount": corrected_amount,
         "causes": cause_totals,
-        "windows": windows,
+        "windows_listed": windows.len().min(WINDOWS_LISTED),
+        "windows": windows.into_iter().take(WINDOWS_LISTED).collect::<Vec<_>>(),
     })
 }
 
