@@ -34,43 +34,75 @@ pub struct ReconcileTotals {
     /// Windows corrected by runs finished in the last hour.
     pub corrected_last_hour: u64,
     pub refreshed: Option<Instant>,
+    /// Each finished run's part, by id: a finished run never changes, so
+    /// its report is read once.
+    done: BTreeMap<i64, RunSummary>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct RunSummary {
+    origin: String,
+    finished_ms: i64,
+    corrected: u64,
+    amounts: Vec<(String, f64)>,
 }
 
 /// How often the totals are read again from the store.
 pub const RECONCILE_REFRESH: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The newest runs the totals read (a year of hourly runs).
-const RECONCILE_RUNS_READ: i64 = 10_000;
+/// The runs read at the first refresh (a year of hourly runs), then the
+/// newest ones each time (runs finish about in the order they are asked).
+const RECONCILE_RUNS_FIRST: i64 = 10_000;
+const RECONCILE_RUNS_NEWEST: i64 = 50;
 
-/// Reads a pipeline's totals again from its stored runs when they are older than [`RECONCILE_REFRESH`].
+/// Brings a pipeline's totals up to date with its stored runs when they are
+/// older than [`RECONCILE_REFRESH`].
 pub fn refresh_reconcile(watch: &Watch, name: &str, store: &dyn weir_store::Store) {
-    let due =
-        lock(&watch.reconcile).get(name).and_then(|t| t.refreshed).is_none_or(|at| at.elapsed() >= RECONCILE_REFRESH);
-    if !due {
+    let mut t = lock(&watch.reconcile).get(name).cloned().unwrap_or_default();
+    if t.refreshed.is_some_and(|at| at.elapsed() < RECONCILE_REFRESH) {
         return;
     }
-    let runs = match store.backfills(name, RECONCILE_RUNS_READ) {
+    let read = if t.refreshed.is_none() { RECONCILE_RUNS_FIRST } else { RECONCILE_RUNS_NEWEST };
+    let runs = match store.backfills(name, read) {
         Ok(runs) => runs,
         Err(e) => {
             eprintln!("weir: {name}: reading backfill runs: {e}");
             return;
         }
     };
-    let hour_ago = weir_log::now_ms() - 3_600_000;
-    let mut t = ReconcileTotals { refreshed: Some(Instant::now()), ..ReconcileTotals::default() };
     for run in runs.iter().filter(|r| r.state == weir_store::BackfillState::Done) {
-        *t.runs.entry(run.origin.clone()).or_default() += 1;
-        let Some(report) = run.report.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok()) else { continue };
-        let corrected = report["windows_corrected"].as_u64().unwrap_or(0);
-        t.corrected_windows += corrected;
-        if run.finished_ms.is_some_and(|f| f >= hour_ago) {
-            t.corrected_last_hour += corrected;
+        if t.done.contains_key(&run.id) {
+            continue;
         }
-        for (aggregate, amount) in report["corrected_amount"].as_object().into_iter().flatten() {
-            let amount = amount.as_str().and_then(|a| a.parse::<f64>().ok()).unwrap_or(0.0);
-            *t.corrected_amount.entry(aggregate.clone()).or_default() += amount;
+        let report = run.report.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok()).unwrap_or_default();
+        let amounts = report["corrected_amount"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(a, v)| (a.clone(), v.as_str().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)))
+            .collect();
+        let summary = RunSummary {
+            origin: run.origin.clone(),
+            finished_ms: run.finished_ms.unwrap_or(0),
+            corrected: report["windows_corrected"].as_u64().unwrap_or(0),
+            amounts,
+        };
+        t.done.insert(run.id, summary);
+    }
+    let hour_ago = weir_log::now_ms() - 3_600_000;
+    let (mut runs, mut corrected, mut last_hour, mut amount) = (BTreeMap::new(), 0, 0, BTreeMap::<String, f64>::new());
+    for s in t.done.values() {
+        *runs.entry(s.origin.clone()).or_default() += 1;
+        corrected += s.corrected;
+        if s.finished_ms >= hour_ago {
+            last_hour += s.corrected;
+        }
+        for (a, v) in &s.amounts {
+            *amount.entry(a.clone()).or_default() += v;
         }
     }
+    (t.runs, t.corrected_windows, t.corrected_last_hour, t.corrected_amount) = (runs, corrected, last_hour, amount);
+    t.refreshed = Some(Instant::now());
     lock(&watch.reconcile).insert(name.to_owned(), t);
 }
 
