@@ -8,6 +8,6 @@ use weir_engine::intake::{parse_body, Limits};
 
 fuzz_target!(|data: &[u8]| {
     let _ = parse_body(data, Some("account_id"), &Limits::size(1 << 16));
-    let tight = Limits { max_event_bytes: 64, max_depth: 3, max_fields: 8, max_key_bytes: 4 };
+    let tight = Limits { max_event_bytes: 64, max_depth: 3, max_fields: 8, max_key_bytes: 4, max_events: 16 };
     let _ = parse_body(data, Some("k"), &tight);
 });

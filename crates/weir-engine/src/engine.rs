@@ -342,6 +342,16 @@ impl Engine {
         }
     }
 
+    /// An event its source refused before the engine read it (a Kafka
+    /// record with its own `$kafka` member): read, ledgered with `reason`
+    /// and `detail`, counted nowhere, the watermark unmoved.
+    pub fn refuse(&mut self, event: EventIn<'_>, reason: Reason, detail: String, out: &mut Output) {
+        self.st.counters.read += 1;
+        let text = String::from_utf8_lossy(event.bytes);
+        let ctx = Ctx { partition: event.partition, offset: event.offset, payload: &text, time: None, id: None };
+        record(&mut self.st.counters, out, &ctx, None, reason, detail, None, None);
+    }
+
     /// Processes events in order; the same as calling [`Engine::process`] for each.
     pub fn process_batch<'a>(&mut self, events: impl IntoIterator<Item = EventIn<'a>>, out: &mut Output) {
         for event in events {

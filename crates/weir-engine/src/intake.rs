@@ -16,13 +16,21 @@ pub struct Limits {
     pub max_fields: usize,
     /// The partitioning field's value, as JSON text.
     pub max_key_bytes: usize,
+    /// Events in one body: past it the body is refused before the rest is read.
+    pub max_events: usize,
 }
 
 impl Limits {
     /// Only a size limit; nesting as deep as the engine reads (64).
     pub fn size(max_event_bytes: usize) -> Limits {
         let d = weir_contract::Limits::default();
-        Limits { max_event_bytes, max_depth: d.max_depth, max_fields: d.max_fields, max_key_bytes: d.max_key_bytes }
+        Limits {
+            max_event_bytes,
+            max_depth: d.max_depth,
+            max_fields: d.max_fields,
+            max_key_bytes: d.max_key_bytes,
+            max_events: usize::MAX,
+        }
     }
 }
 
@@ -45,16 +53,35 @@ pub enum BodyError {
         line: usize,
         why: String,
     },
+    /// Valid JSON that is not an object (SPEC.md 1: an event is one);
+    /// `what` says what it is.
+    NotObject {
+        line: usize,
+        what: &'static str,
+    },
+    /// An object with a top-level `$kafka` member: weir sets `$kafka` from
+    /// the Kafka record, so a producer's own would forge it.
+    Reserved {
+        line: usize,
+    },
+    /// More events than [`Limits::max_events`]; the rest was not read.
+    TooMany {
+        max: usize,
+    },
 }
+
+/// The top-level member weir fills from a Kafka record; no producer may send it.
+pub const RESERVED_MEMBER: &str = "$kafka";
 
 /// One event of a body: its partitioning key's JSON text (when the field
 /// is there) and its line.
 pub type BodyEvent<'b> = (Option<String>, &'b [u8]);
 
-/// A POST body's events: one JSON value a line (blank lines skipped, `\r\n`
+/// A POST body's events: one JSON object a line (blank lines skipped, `\r\n`
 /// accepted), each with its partitioning key's JSON text when `key` names a
 /// top-level field it has. The whole body is checked before anything is
-/// appended; the first bad line refuses it.
+/// appended; the first bad line refuses it, and so does the event past
+/// `limits.max_events`, before the lines after it are read.
 pub fn parse_body<'b>(body: &'b [u8], key: Option<&str>, limits: &Limits) -> Result<Vec<BodyEvent<'b>>, BodyError> {
     let mut events = Vec::new();
     for (i, line) in body.split(|&b| b == b'\n').enumerate() {
@@ -63,6 +90,9 @@ pub fn parse_body<'b>(body: &'b [u8], key: Option<&str>, limits: &Limits) -> Res
             continue;
         }
         let n = i + 1;
+        if events.len() == limits.max_events {
+            return Err(BodyError::TooMany { max: limits.max_events });
+        }
         if line.len() > limits.max_event_bytes {
             return Err(BodyError::TooLong { line: n, bytes: line.len() });
         }
@@ -73,26 +103,49 @@ pub fn parse_body<'b>(body: &'b [u8], key: Option<&str>, limits: &Limits) -> Res
             Ok(k) => k,
             Err(LineError::Json(e)) => return Err(BodyError::NotJson { line: n, why: e.to_string() }),
             Err(LineError::OverLimit(why)) => return Err(BodyError::OverLimit { line: n, why }),
+            Err(LineError::NotObject(what)) => return Err(BodyError::NotObject { line: n, what }),
+            Err(LineError::Reserved) => return Err(BodyError::Reserved { line: n }),
         };
         events.push((k, line));
     }
     Ok(events)
 }
 
-/// Checks that `line` is one JSON value, and finds the partitioning field's
-/// value (its JSON text) when `field` is set and the value is an object.
+/// Checks that `line` is one JSON object without a `$kafka` member, and
+/// finds the partitioning field's value (its JSON text) when `field` is set.
 /// Nesting is bounded by the engine's 64 levels, values by the line's size.
 pub fn key_of(line: &[u8], field: Option<&str>) -> Result<Option<String>, serde_json::Error> {
     match check_line(line, field, &Limits::size(usize::MAX)) {
         Ok(key) => Ok(key),
         Err(LineError::Json(e)) => Err(e),
         Err(LineError::OverLimit(why)) => Err(serde_json::Error::custom(why)),
+        Err(LineError::NotObject(what)) => {
+            Err(serde_json::Error::custom(format!("it is {what}, not a JSON object; an event is a JSON object")))
+        }
+        Err(LineError::Reserved) => Err(serde_json::Error::custom(reserved_why())),
     }
+}
+
+/// Why an event with its own `$kafka` member is refused.
+pub fn reserved_why() -> String {
+    format!("it has a top-level \"{RESERVED_MEMBER}\" member, which weir sets from the Kafka record; rename the member")
+}
+
+/// Whether `event` (one JSON value) has a top-level `$kafka` member,
+/// however its name is escaped. Cheap when the bytes cannot spell it.
+pub fn has_reserved_member(event: &[u8]) -> bool {
+    if memchr::memmem::find(event, b"kafka").is_none() && memchr::memmem::find(event, b"\\u").is_none() {
+        return false;
+    }
+    let mut de = serde_json::Deserializer::from_slice(event);
+    matches!(KeySeed(None).deserialize(&mut de), Ok(Shape::Object { reserved: true, .. }))
 }
 
 enum LineError {
     Json(serde_json::Error),
     OverLimit(String),
+    NotObject(&'static str),
+    Reserved,
 }
 
 fn check_line(line: &[u8], field: Option<&str>, limits: &Limits) -> Result<Option<String>, LineError> {
@@ -101,8 +154,13 @@ fn check_line(line: &[u8], field: Option<&str>, limits: &Limits) -> Result<Optio
     // bound (128) is never the one met.
     measure(line, limits).map_err(LineError::OverLimit)?;
     let mut de = serde_json::Deserializer::from_slice(line);
-    let key = KeySeed(field).deserialize(&mut de).map_err(LineError::Json)?;
+    let shape = KeySeed(field).deserialize(&mut de).map_err(LineError::Json)?;
     de.end().map_err(LineError::Json)?;
+    let key = match shape {
+        Shape::Object { reserved: true, .. } => return Err(LineError::Reserved),
+        Shape::Object { key, .. } => key,
+        Shape::Other(what) => return Err(LineError::NotObject(what)),
+    };
     if let Some(k) = &key {
         if k.len() > limits.max_key_bytes {
             return Err(LineError::OverLimit(format!(
@@ -172,54 +230,70 @@ fn measure(line: &[u8], limits: &Limits) -> Result<(), String> {
 
 struct KeySeed<'f>(Option<&'f str>);
 
+/// The member name serde_json's `arbitrary_precision` gives a number.
+const NUMBER_TOKEN: &str = "$serde_json::private::Number";
+
+/// What one line is: an object (with its partitioning key's JSON text, and
+/// whether it has a `$kafka` member), or what else.
+enum Shape {
+    Object { key: Option<String>, reserved: bool },
+    Other(&'static str),
+}
+
 impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
-    type Value = Option<String>;
+    type Value = Shape;
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for KeySeed<'_> {
-    type Value = Option<String>;
+    type Value = Shape;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a JSON value")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
+        let (mut key, mut reserved) = (None, false);
         while let Some(name) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if Some(name.as_ref()) == self.0 && found.is_none() {
-                found = Some(map.next_value::<serde_json::Value>()?.to_string());
+            if name == NUMBER_TOKEN {
+                // serde_json's `arbitrary_precision` hands a number over as this one-member map.
+                map.next_value::<IgnoredAny>()?;
+                return Ok(Shape::Other("a number"));
+            }
+            reserved |= name == RESERVED_MEMBER;
+            if Some(name.as_ref()) == self.0 && key.is_none() {
+                key = Some(map.next_value::<serde_json::Value>()?.to_string());
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
         }
-        Ok(found)
+        Ok(Shape::Object { key, reserved })
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(None)
+        Ok(Shape::Other("an array"))
     }
 
     fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(Shape::Other("true or false"))
     }
     fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(Shape::Other("a number"))
     }
     fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(Shape::Other("a number"))
     }
     fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(Shape::Other("a number"))
     }
     fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(Shape::Other("a string"))
     }
     fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(None)
+        Ok(Shape::Other("null"))
     }
 }
 
@@ -229,7 +303,7 @@ mod tests {
 
     #[test]
     fn a_body_is_refused_at_its_first_bad_line_and_keys_are_found() {
-        let body = b"{\"account_id\":\"a1\",\"n\":1}\r\n\n  \n[1,2]\n{\"account_id\":7}\n";
+        let body = b"{\"account_id\":\"a1\",\"n\":1}\r\n\n  \n{\"b\":[1,2]}\n{\"account_id\":7}\n";
         let events = parse_body(body, Some("account_id"), &Limits::size(100)).unwrap();
         let keys: Vec<Option<String>> = events.iter().map(|(k, _)| k.clone()).collect();
         assert_eq!(keys, [Some("\"a1\"".to_owned()), None, Some("7".to_owned())]);
@@ -252,8 +326,41 @@ mod tests {
     }
 
     #[test]
+    fn an_event_is_an_object_without_a_kafka_member_and_a_body_has_at_most_max_events() {
+        let limits = Limits::size(100);
+        for (line, what) in [
+            ("1", "a number"),
+            ("-2.5e3", "a number"),
+            ("\"x\"", "a string"),
+            ("[1]", "an array"),
+            ("null", "null"),
+            ("true", "true or false"),
+        ] {
+            let body = format!("{{}}\n{line}\n{{}}\n");
+            assert_eq!(
+                parse_body(body.as_bytes(), None, &limits),
+                Err(BodyError::NotObject { line: 2, what }),
+                "{line}"
+            );
+        }
+        for forged in [r#"{"$kafka":{"timestamp":1}}"#, r#"{"a":1,"\u0024kafka":{}}"#, r#"{"$\u006bafka":null}"#] {
+            assert_eq!(parse_body(forged.as_bytes(), None, &limits), Err(BodyError::Reserved { line: 1 }), "{forged}");
+            assert!(has_reserved_member(forged.as_bytes()), "{forged}");
+            assert!(key_of(forged.as_bytes(), None).unwrap_err().to_string().contains("$kafka"));
+        }
+        // Nested, or only spelled alike: an ordinary member.
+        for fine in [r#"{"a":{"$kafka":1}}"#, r#"{"kafka":1,"$kafkas":2}"#, "[\"$kafka\"]"] {
+            assert!(!has_reserved_member(fine.as_bytes()), "{fine}");
+        }
+        let tight = Limits { max_events: 3, ..limits };
+        assert_eq!(parse_body(b"{}\n{}\n\n{}\n", None, &tight).map(|e| e.len()), Ok(3));
+        // The fourth event refuses the body; the bad line after it is never read.
+        assert_eq!(parse_body(b"{}\n{}\n{}\n{}\n\xff\n", None, &tight), Err(BodyError::TooMany { max: 3 }));
+    }
+
+    #[test]
     fn nesting_values_and_key_length_are_bounded() {
-        let limits = Limits { max_event_bytes: 1000, max_depth: 3, max_fields: 6, max_key_bytes: 5 };
+        let limits = Limits { max_event_bytes: 1000, max_depth: 3, max_fields: 6, max_key_bytes: 5, max_events: 10 };
         let ok = br#"{"k":"abc","a":{"b":[1]}}"#;
         assert_eq!(parse_body(ok, Some("k"), &limits).map(|e| e.len()), Ok(1));
         let over = |body: &[u8]| match parse_body(body, Some("k"), &limits) {

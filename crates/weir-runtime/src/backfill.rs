@@ -49,6 +49,8 @@ pub struct Record<'a> {
     /// Append time (the embedded log) or timestamp (Kafka).
     pub time_ms: Option<i64>,
     pub bytes: &'a [u8],
+    /// A Kafka record with its own `$kafka` member, ledgered `bad_type` live.
+    pub forged: bool,
 }
 
 /// A topic's retained input, read once from its first kept record to the
@@ -100,6 +102,7 @@ impl Input for LogInput {
                         offset: r.offset,
                         time_ms: Some(r.append_ms),
                         bytes: &r.payload,
+                        forged: false,
                     })?;
                     next = r.offset + 1;
                 }
@@ -521,6 +524,11 @@ pub fn compute(
             return Ok(());
         }
         let event = EventIn { partition: r.partition, offset: r.offset, bytes: r.bytes };
+        if r.forged {
+            batch.refuse(event, weir_engine::Reason::BadType, weir_engine::intake::reserved_why(), &mut out);
+            out.clear();
+            return Ok(());
+        }
         batch.process(event, &mut out);
         if let Some(entries) = wanted.get(&(r.partition, r.offset)) {
             let mut seen = HashSet::new();
@@ -543,7 +551,7 @@ pub fn compute(
     let filter =
         ResultFilter { from_ms: Some(run.from_ms), to_ms: Some(run.to_ms), limit: i64::MAX, ..Default::default() };
     let published: Vec<Published> =
-        store.results(&run.pipeline, run.version, &filter)?.iter().filter_map(|t| Published::parse(t)).collect();
+        store.results(&run.pipeline, run.version, &filter)?.rows.iter().filter_map(|t| Published::parse(t)).collect();
     let decided = decide(contract, &format, rows, published, (run.from_ms, run.to_ms), settled);
     let causes = carried(&format, &wanted, cause_engines);
     let report = report(contract, &format, run, settled, read, &decided, &causes);

@@ -32,6 +32,9 @@
 //! event as a `"$kafka"` member, so they are also in ledger payloads and
 //! in duplicate comparison (a record resent by a producer has another
 //! timestamp, so with `$kafka.timestamp` it is a `duplicate_conflict`).
+//! A record whose payload has its own top-level `$kafka` member (however
+//! its name is escaped) would forge them: it is ledgered `bad_type` and
+//! counts nowhere, whatever the contract reads.
 //! Windows close on their partition's watermark, so a topic must be
 //! partitioned by the contract's key (as a Kafka Streams aggregation
 //! requires): `weir produce` and the HTTP API use the topic's `key` field
@@ -231,8 +234,14 @@ impl Source for KafkaSource {
             match consumer.poll(wait) {
                 None => break,
                 Some(Ok(m)) => {
-                    let bytes = self.fields.decorate(&m, m.payload().unwrap_or_default(), &mut self.decorated);
-                    batch.push(m.partition() as u32, m.offset().max(0) as u64, m.timestamp().to_millis(), bytes);
+                    let payload = m.payload().unwrap_or_default();
+                    let (partition, offset, time) =
+                        (m.partition() as u32, m.offset().max(0) as u64, m.timestamp().to_millis());
+                    if weir_engine::intake::has_reserved_member(payload) {
+                        batch.push_forged(partition, offset, time, payload);
+                    } else {
+                        batch.push(partition, offset, time, self.fields.decorate(&m, payload, &mut self.decorated));
+                    }
                 }
                 Some(Err(e)) => {
                     eprintln!("weir: {}: reading {}: {e}", self.name, self.topic);
@@ -361,12 +370,15 @@ impl crate::backfill::Input for KafkaInput {
                     Some(Ok(m)) => {
                         silent = Instant::now();
                         next = m.offset() + 1;
-                        let bytes = self.fields.decorate(&m, m.payload().unwrap_or_default(), &mut decorated);
+                        let payload = m.payload().unwrap_or_default();
+                        let forged = weir_engine::intake::has_reserved_member(payload);
+                        let bytes = if forged { payload } else { self.fields.decorate(&m, payload, &mut decorated) };
                         each(crate::backfill::Record {
                             partition: p as u32,
                             offset: m.offset().max(0) as u64,
                             time_ms: m.timestamp().to_millis(),
                             bytes,
+                            forged,
                         })?;
                     }
                 }

@@ -409,6 +409,7 @@ pub fn compare_and_keep(
     let filter = weir_store::ResultFilter { from_ms: Some(lo), to_ms: Some(hi), limit: i64::MAX, ..Default::default() };
     let published: Vec<crate::backfill::Published> = store
         .results(pipeline, version, &filter)?
+        .rows
         .iter()
         .filter_map(|t| crate::backfill::Published::parse(t))
         .collect();

@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use weir_contract::{Contract, ServerConfig};
-use weir_engine::{Engine, EventIn, Mode, Output};
+use weir_engine::{Engine, EventIn, Mode, Output, Reason};
 use weir_store::checkpoint::{CheckpointError, Checkpoints, Scope, Write};
 use weir_store::{Replay, VersionState};
 
@@ -99,6 +99,9 @@ pub struct Record {
     pub offset: u64,
     /// When it was appended to the log, or Kafka's timestamp (epoch ms).
     pub time_ms: Option<i64>,
+    /// The source refused it (a Kafka record with its own `$kafka`
+    /// member): the engine ledgers it `bad_type` without reading it.
+    pub forged: bool,
     start: usize,
     end: usize,
 }
@@ -114,7 +117,15 @@ impl Batch {
     pub fn push(&mut self, partition: u32, offset: u64, time_ms: Option<i64>, payload: &[u8]) {
         let start = self.bytes.len();
         self.bytes.extend_from_slice(payload);
-        self.records.push(Record { partition, offset, time_ms, start, end: self.bytes.len() });
+        self.records.push(Record { partition, offset, time_ms, forged: false, start, end: self.bytes.len() });
+    }
+
+    /// A record whose payload has its own `$kafka` member.
+    pub fn push_forged(&mut self, partition: u32, offset: u64, time_ms: Option<i64>, payload: &[u8]) {
+        self.push(partition, offset, time_ms, payload);
+        if let Some(r) = self.records.last_mut() {
+            r.forged = true;
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -635,7 +646,12 @@ impl Run {
                     unit.engine.set_partition_idle(rec.partition, false, &mut unit.out);
                 }
                 latencies.extend(rec.time_ms.map(|t| wall.saturating_sub(t).max(0) as f64 / 1e3));
-                unit.engine.process(EventIn { partition: rec.partition, offset: rec.offset, bytes }, &mut unit.out);
+                let event = EventIn { partition: rec.partition, offset: rec.offset, bytes };
+                if rec.forged {
+                    unit.engine.refuse(event, Reason::BadType, weir_engine::intake::reserved_why(), &mut unit.out);
+                } else {
+                    unit.engine.process(event, &mut unit.out);
+                }
                 unit.since += 1;
                 unit.dirty = true;
             }

@@ -722,7 +722,7 @@ fn check(world: &World, seed: u64) {
     let fail = |what: String| panic!("seed {seed}: {what}\n{:?}\nreplay with WEIR_SIM_SEED={seed}", world.tally);
     let filter = store::ResultFilter { limit: i64::MAX, ..Default::default() };
     let results: Vec<serde_json::Value> =
-        world.store.results("sim", 1, &filter).unwrap().iter().map(|r| serde_json::from_str(r).unwrap()).collect();
+        world.store.results("sim", 1, &filter).unwrap().rows.iter().map(|r| serde_json::from_str(r).unwrap()).collect();
     let changes = world.backend.changes();
     let ledger = world.backend.numbers("SELECT seq FROM {s}ledger WHERE pipeline = 'sim' ORDER BY seq");
     // The published rows equal the batch over the log.

@@ -86,12 +86,14 @@ pub(crate) async fn revoke_token(
 pub(crate) async fn audit(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
+    uri: axum::http::Uri,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     if !caller.grant.is_admin() {
         return Err(forbidden(&app, &caller, "read the audit log"));
     }
     let since = param(&q, "since", 1i64)?;
-    let limit = param(&q, "limit", 10_000i64)?;
-    Ok(joined(app.read(move |c| weir_store::audit::log(c, since, limit)).await?))
+    let limit = page_limit(&q, 10_000)?;
+    let rows = app.read(move |c| weir_store::audit::log(c, since, limit as i64 + 1)).await?;
+    Ok(page_by_seq(rows, limit, uri.path(), &q))
 }

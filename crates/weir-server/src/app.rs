@@ -210,11 +210,74 @@ pub(crate) async fn read_version(p: &Pipeline, name: &str, q: &BTreeMap<String, 
     }
 }
 
+/// The pipeline named `name`; a 404 names no other pipeline (a caller
+/// lists the ones it may read with `GET /v1/pipelines`).
 pub(crate) fn pipeline<'a>(app: &'a App, name: &str) -> Result<&'a Pipeline, ApiError> {
     app.pipelines.get(name).ok_or_else(|| {
-        let known: Vec<&String> = app.pipelines.keys().collect();
-        ApiError(StatusCode::NOT_FOUND, format!("no pipeline {name:?}; the pipelines are {known:?}"))
+        ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no pipeline {name:?}; GET /v1/pipelines lists the pipelines your token may read"),
+        )
     })
+}
+
+/// Most lines one answer of a list endpoint holds (SPEC.md 7).
+pub(crate) const MAX_LIMIT: usize = 100_000;
+
+/// `?limit=`: `default` when absent, else a whole number from 1 to
+/// [`MAX_LIMIT`]; anything else is a 400.
+pub(crate) fn page_limit(q: &BTreeMap<String, String>, default: usize) -> Result<usize, ApiError> {
+    let Some(v) = q.get("limit") else { return Ok(default) };
+    match v.parse::<usize>() {
+        Ok(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
+        _ => Err(bad(format!(
+            "limit={v:?} is not a number of lines from 1 to {MAX_LIMIT}; follow the Weir-Next header for the next page"
+        ))),
+    }
+}
+
+/// The query of the next page: this request's path and query with `set`
+/// replacing (or adding) one parameter.
+pub(crate) fn next_page(path: &str, q: &BTreeMap<String, String>, set: (&str, String)) -> String {
+    let mut q = q.clone();
+    q.insert(set.0.to_owned(), set.1);
+    let query = form_urlencoded::Serializer::new(String::new()).extend_pairs(&q).finish();
+    format!("{path}?{query}")
+}
+
+/// A page of lines, with `Weir-Next` holding the next page's query when
+/// there is one.
+pub(crate) fn paged(rows: Vec<String>, next: Option<String>) -> Response {
+    let mut r = joined(rows);
+    if let Some(next) = next.and_then(|n| header::HeaderValue::from_str(&n).ok()) {
+        r.headers_mut().insert(NEXT, next);
+    }
+    r
+}
+
+/// The response header naming the next page (SPEC.md 7).
+pub(crate) const NEXT: &str = "weir-next";
+
+/// A line's `seq`: read from its start where stored lines put it
+/// (`{"seq":N,...`), else from the parsed line.
+pub(crate) fn seq_of(line: &str) -> Option<i64> {
+    let quick = line.strip_prefix("{\"seq\":").and_then(|rest| {
+        let end = rest.find(|c: char| !c.is_ascii_digit() && c != '-')?;
+        rest[..end].parse().ok()
+    });
+    quick.or_else(|| serde_json::from_str::<serde_json::Value>(line).ok()?.get("seq")?.as_i64())
+}
+
+/// Lines read with one more than `limit` asked: past `limit`, the first
+/// left out gives the next page's `since` (its `seq`).
+pub(crate) fn page_by_seq(mut rows: Vec<String>, limit: usize, path: &str, q: &BTreeMap<String, String>) -> Response {
+    let next = if rows.len() > limit {
+        let first_left = rows.drain(limit..).next().as_deref().and_then(seq_of);
+        first_left.map(|seq| next_page(path, q, ("since", seq.to_string())))
+    } else {
+        None
+    };
+    paged(rows, next)
 }
 
 pub(crate) fn joined(rows: Vec<String>) -> Response {

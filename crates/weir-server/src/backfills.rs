@@ -135,7 +135,7 @@ pub(crate) async fn list(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
-    let limit: i64 = param(&q, "limit", 100)?;
+    let limit = page_limit(&q, 100)? as i64;
     let pn = name.clone();
     let runs = stored(p, move |s| s.backfills(&pn, limit)).await?;
     let listed: Vec<Value> = runs
@@ -257,7 +257,7 @@ pub(crate) async fn reconciliations(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
-    let limit: i64 = param(&q, "limit", 100)?;
+    let limit = page_limit(&q, 100)? as i64;
     let pn = name.clone();
     let kept = stored(p, move |s| s.reconciliations(&pn, None, limit)).await?;
     let listed: Vec<Value> = kept.iter().map(|r| describe_reconciliation(r, false)).collect();

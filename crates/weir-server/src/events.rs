@@ -44,6 +44,7 @@ pub(crate) async fn post_events(
         max_depth: tc.max_depth,
         max_fields: tc.max_fields,
         max_key_bytes: tc.max_key_bytes,
+        max_events: app.config.max_events_per_request,
     };
     let events = match weir_engine::intake::parse_body(&body, tc.key.as_deref(), &limits) {
         Ok(events) => events,
@@ -68,6 +69,26 @@ pub(crate) async fn post_events(
                 format!("line {line} is not JSON ({why}); nothing was appended; send one JSON value per line"),
             )
         }
+        Err(weir_engine::intake::BodyError::NotObject { line, what }) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("line {line} is {what}, not a JSON object; nothing was appended; an event is a JSON object, one per line"),
+            )
+        }
+        Err(weir_engine::intake::BodyError::Reserved { line }) => {
+            return error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("line {line} is refused: {}; nothing was appended", weir_engine::intake::reserved_why()),
+            )
+        }
+        Err(weir_engine::intake::BodyError::TooMany { max }) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the body has more than max_events_per_request = {max} events in weir.toml; nothing was appended; send them in smaller requests"
+                ),
+            )
+        }
         Err(weir_engine::intake::BodyError::OverLimit { line, why }) => {
             return error(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -77,16 +98,6 @@ pub(crate) async fn post_events(
             )
         }
     };
-    if events.len() > app.config.max_events_per_request {
-        return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "the body has {} events, over max_events_per_request = {} in weir.toml; nothing was appended; send them in smaller requests",
-                events.len(),
-                app.config.max_events_per_request
-            ),
-        );
-    }
     let mut keys = Vec::with_capacity(events.len());
     let mut records = Vec::with_capacity(events.len());
     for (key, line) in events {
@@ -157,6 +168,7 @@ pub(crate) async fn read_events(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
     Path(topic): Path<String>,
+    uri: axum::http::Uri,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     if !caller.grant.may_read_raw(&topic) {
@@ -171,11 +183,16 @@ pub(crate) async fn read_events(
     }
     let partition = param(&q, "partition", 0u32)?;
     let from = param(&q, "from", 0u64)?;
-    let limit = param(&q, "limit", 1000usize)?.min(100_000);
+    let limit = page_limit(&q, 1000)?;
     let log = app.log.clone();
     let t = topic.clone();
-    let read = tokio::task::spawn_blocking(move || log.read(&t, partition, from, limit, 64 << 20)).await;
-    let records = match read {
+    let read = tokio::task::spawn_blocking(move || {
+        let records = log.read(&t, partition, from, limit, 64 << 20)?;
+        let end = log.bounds(&t)?.get(partition as usize).map_or(0, |b| b.1);
+        Ok::<_, LogError>((records, end))
+    })
+    .await;
+    let (records, end) = match read {
         Ok(Ok(records)) => records,
         Ok(Err(e @ (LogError::NoTopic(_) | LogError::NoPartition { .. }))) => {
             return Err(ApiError(StatusCode::NOT_FOUND, e.to_string()))
@@ -187,6 +204,13 @@ pub(crate) async fn read_events(
         "topic": topic, "partition": partition, "from": from, "limit": limit, "returned": records.len(),
     });
     audited(&app, &caller, "raw-read", None, detail, why_of(&q)).await?;
+    // More past this page: the partition goes on after its last record
+    // (a page is cut at `limit` records or 64 MiB).
+    let next = records
+        .last()
+        .map(|r| r.offset + 1)
+        .filter(|n| *n < end)
+        .map(|n| next_page(uri.path(), &q, ("from", n.to_string())));
     let mut body = String::new();
     for r in records {
         body.push_str(&format!(
@@ -198,5 +222,9 @@ pub(crate) async fn read_events(
         body.push_str(&String::from_utf8_lossy(&r.payload));
         body.push_str("}\n");
     }
-    Ok(lines(body))
+    let mut r = lines(body);
+    if let Some(v) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
+        r.headers_mut().insert(NEXT, v);
+    }
+    Ok(r)
 }

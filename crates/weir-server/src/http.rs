@@ -3,6 +3,8 @@
 //!
 //! Every endpoint but `/`, `/healthz`, `/readyz` (and `/metrics` with
 //! `[auth] public_metrics = true`) needs a bearer token ([`authenticate`]);
+//! those public paths take no body: one that says it has a body gets 413
+//! at once, unread, and the connection is closed;
 //! each handler then checks that the token's role may do what it asks
 //! (SECURITY.md has the table). A missing, unknown, expired or revoked
 //! token is a 401, a token without the right a 403; both are counted in
@@ -77,6 +79,13 @@ fn public(app: &App, path: &str) -> bool {
     matches!(path, "/" | "/healthz" | "/readyz") || (path == "/metrics" && app.config.public_metrics)
 }
 
+/// Whether a request says it has a body: a `Content-Length` other than 0,
+/// or any `Transfer-Encoding`.
+fn carries_body(headers: &axum::http::HeaderMap) -> bool {
+    headers.contains_key(header::TRANSFER_ENCODING)
+        || headers.get(header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
+}
+
 /// Reads a request's body whole before its handler runs, within
 /// `body_timeout` and `max_body_bytes`: a client that sends its body slowly
 /// or stops halfway gets 408 and holds nothing of the server's after.
@@ -129,6 +138,16 @@ async fn whole_body(State(app): State<Arc<App>>, req: Request, next: Next) -> Re
 /// known, live token; otherwise the handler gets a [`Caller`].
 async fn authenticate(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
     if public(&app, req.uri().path()) {
+        if carries_body(req.headers()) {
+            // Never read: a caller without a token is not waited for.
+            app.count_denied("status=\"413\",reason=\"body_on_public_path\"".into());
+            let mut r = error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("{} takes no body; it was not read; send the request without one", req.uri().path()),
+            );
+            r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
         return next.run(req).await;
     }
     let header = req.headers().get(header::AUTHORIZATION).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
@@ -156,8 +175,10 @@ async fn healthz() -> Response {
     json(serde_json::json!({ "ok": true }))
 }
 
-/// Ready: the log accepts writes and no pipeline is failing.
-async fn readyz(State(app): State<Arc<App>>) -> Response {
+/// Ready: the log accepts writes and no pipeline is failing. Public, so it
+/// says only ready or not; the reasons (pipeline names and errors) go to
+/// an admin token alone.
+async fn readyz(State(app): State<Arc<App>>, headers: axum::http::HeaderMap) -> Response {
     let mut not_ready = Vec::new();
     if let Some(why) = app.log.unhealthy() {
         not_ready.push(format!("the log cannot write: {why}"));
@@ -176,6 +197,19 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
     if not_ready.is_empty() {
         return json(serde_json::json!({ "ready": true }));
     }
-    let body = serde_json::json!({ "ready": false, "why": not_ready }).to_string() + "\n";
+    let header = headers.get(header::AUTHORIZATION).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let admin = match header {
+        None => false,
+        Some(h) => matches!(
+            app.read(move |c| auth::authenticate(c, Some(&h), weir_log::now_ms())).await,
+            Ok(Ok(grant)) if grant.is_admin()
+        ),
+    };
+    let body = match admin {
+        true => serde_json::json!({ "ready": false, "why": not_ready }),
+        false => serde_json::json!({ "ready": false, "why": ["not ready; an admin token is told why"] }),
+    }
+    .to_string()
+        + "\n";
     (StatusCode::SERVICE_UNAVAILABLE, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }

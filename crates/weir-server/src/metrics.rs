@@ -167,7 +167,9 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>, caller: Option<Extensio
         vec![],
         &durable,
     );
-    for (name, p) in &app.pipelines {
+    // A token's own pipelines only; everyone's when metrics are public and asked without one.
+    let shown = |name: &str| caller.as_ref().is_none_or(|Extension(c)| c.grant.may_read(name));
+    for (name, p) in app.pipelines.iter().filter(|(name, _)| shown(name)) {
         let s = report(&app.log, &app.watch, name, p);
         let base = vec![label("pipeline", name), label("messaging_destination_name", &p.contract().source.topic)];
         let with = |k: &str, v: &str| {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use weir_engine::Reason;
@@ -70,10 +70,12 @@ pub(crate) async fn results(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
+    uri: Uri,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
     let version = read_version(p, &name, &q).await?;
+    let limit = page_limit(&q, 10_000)?;
     let time = |k: &str| -> Result<Option<i64>, ApiError> {
         let Some(v) = q.get(k) else { return Ok(None) };
         match weir_engine::time::parse_rfc3339_ms(v) {
@@ -86,9 +88,39 @@ pub(crate) async fn results(
         from_ms: time("from")?,
         to_ms: time("to")?,
         key: q.iter().filter_map(|(k, v)| Some((k.strip_prefix("key.")?.to_owned(), v.clone()))).collect(),
-        limit: param(&q, "limit", 10_000i64)?,
+        limit: limit as i64 + 1,
+        after: q.get("after").map(|a| after(a)).transpose()?,
     };
-    Ok(joined(stored(p, move |s| s.results(&name, version, &filter)).await?))
+    let mut page = stored(p, move |s| s.results(&name, version, &filter)).await?;
+    let mut next = None;
+    if page.rows.len() > limit {
+        page.rows.truncate(limit);
+        let (start, key) = &page.places[limit - 1];
+        next = Some(next_page(uri.path(), &q, ("after", format!("{start}:{}", hex(key)))));
+    }
+    Ok(paged(page.rows, next))
+}
+
+/// `after=START:KEY` of `Weir-Next`: the window start and the key bytes in
+/// hex of the last row of the page before.
+fn after(text: &str) -> Result<(i64, Vec<u8>), ApiError> {
+    let refuse =
+        || bad(format!("after={text:?} is not a place in the rows; use the Weir-Next header of the page before"));
+    let (start, key) = text.split_once(':').ok_or_else(refuse)?;
+    let start = start.parse::<i64>().map_err(|_| refuse())?;
+    if key.len() % 2 != 0 {
+        return Err(refuse());
+    }
+    let bytes = (0..key.len())
+        .step_by(2)
+        .map(|i| key.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(refuse)?;
+    Ok((start, bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `{seq}` is the row's place in the change stream, as `/results` and
@@ -118,18 +150,20 @@ pub(crate) async fn changes(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
+    uri: Uri,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
     let since = param(&q, "since", 1i64)?;
-    let limit = param(&q, "limit", 10_000i64)?;
+    let limit = page_limit(&q, 10_000)?;
     // Without `version`: the pipeline's whole change stream, every version's
     // rows and the promotes and rollbacks between them, in `seq` order.
     let version = match q.contains_key("version") {
         true => Some(read_version(p, &name, &q).await?),
         false => None,
     };
-    Ok(joined(stored(p, move |s| s.changes(&name, version, since, limit)).await?))
+    let rows = stored(p, move |s| s.changes(&name, version, since, limit as i64 + 1)).await?;
+    Ok(page_by_seq(rows, limit, uri.path(), &q))
 }
 
 /// The ledger: with payloads for a raw-reader of the pipeline's topic (the
@@ -138,6 +172,7 @@ pub(crate) async fn ledger(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
+    uri: Uri,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let p = pipeline(&app, &name)?;
@@ -153,23 +188,28 @@ pub(crate) async fn ledger(
         }
     }
     let since = param(&q, "since", 1i64)?;
-    let limit = param(&q, "limit", 10_000i64)?;
+    let limit = page_limit(&q, 10_000)?;
     let version = read_version(p, &name, &q).await?;
     let n = name.clone();
-    let entries = stored(p, move |s| s.ledger(&n, version, reason.as_deref(), since, limit)).await?;
+    let mut entries = stored(p, move |s| s.ledger(&n, version, reason.as_deref(), since, limit as i64 + 1)).await?;
+    let next = match entries.len() > limit {
+        true => entries.drain(limit..).next().as_deref().and_then(seq_of),
+        false => None,
+    }
+    .map(|seq| next_page(uri.path(), &q, ("since", seq.to_string())));
     if raw {
         let detail = serde_json::json!({
             "ledger": name, "version": version, "since": since, "limit": limit, "returned": entries.len()
         });
         audited(&app, &caller, "raw-read", Some(name), detail, why_of(&q)).await?;
-        return Ok(joined(entries));
+        return Ok(paged(entries, next));
     }
     let published: Vec<String> = entries
         .iter()
         .filter_map(|e| serde_json::from_str(e).ok())
         .map(|v| weir_runtime::privacy::published(v, p.contract()).to_string())
         .collect();
-    Ok(joined(published))
+    Ok(paged(published, next))
 }
 
 pub(crate) async fn status(

@@ -59,7 +59,7 @@ pub fn describe(p: &Pipeline, v: &weir_store::Version) -> Value {
 pub fn diff(p: &Pipeline, name: &str, a: u32, b: u32) -> weir_store::Result<Value> {
     let all = weir_store::ResultFilter { limit: i64::MAX, ..Default::default() };
     let rows = |v: u32| -> weir_store::Result<Vec<Value>> {
-        Ok(p.store.results(name, v, &all)?.iter().filter_map(|r| serde_json::from_str(r).ok()).collect())
+        Ok(p.store.results(name, v, &all)?.rows.iter().filter_map(|r| serde_json::from_str(r).ok()).collect())
     };
     Ok(crate::diff::compare(name, (a, rows(a)?), (b, rows(b)?)))
 }

@@ -647,7 +647,7 @@ fn metrics_move_with_the_input() {
     assert_eq!(post(&events, &(event(1, 1, now, "1.00") + "\n" + &event(2, 2, now, "1.00"))).0, 200);
     wait_read(&s, 2);
     let m = metrics();
-    let bad = "reason=\"malformed_json\"";
+    let bad = "reason=\"missing_field\"";
     assert_eq!(sample(&m, "weir_ledger_entries_total", &[bad]), 0.0);
     assert_eq!(sample(&m, "weir_events_read_total", &["pipeline=\"paid\""]), 2.0);
     assert!(sample(&m, "weir_ingest_durable_latency_seconds_count", &[]) >= 1.0);
@@ -655,7 +655,7 @@ fn metrics_move_with_the_input() {
     assert!(sample(&m, "weir_checkpoint_duration_seconds_count", &[]) >= 1.0);
     assert!(sample(&m, "weir_state_bytes", &[]) > 0.0);
     // A burst of bad events grows the ledger counter by as many.
-    let burst: Vec<&str> = vec!["[1,2]", "\"text\"", "42", "null", "[]"];
+    let burst: Vec<&str> = vec!["{}", "{\"a\":[1,2]}", "{\"b\":\"text\"}", "{\"c\":42}", "{\"d\":null}"];
     assert_eq!(post(&events, &(burst.join("\n") + "\n")).0, 200);
     wait_read(&s, 7);
     assert_eq!(sample(&metrics(), "weir_ledger_entries_total", &[bad]), 5.0);

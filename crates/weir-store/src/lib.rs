@@ -33,7 +33,7 @@ use std::path::PathBuf;
 
 pub use backfill::{Backfill, BackfillAsk, BackfillState, Correction, Finish, Reconciliation, Schedule};
 pub use checkpoint::{CheckpointError, Checkpoints, Claimed, PgCheckpoints, Scope, SqliteCheckpoints};
-pub use sqlite::{Annotation, Incident, ResultFilter, RowOrigin, Run};
+pub use sqlite::{Annotation, Incident, ResultFilter, ResultPage, RowOrigin, Run};
 pub use versions::{FileContract, Registration, Switch, SwitchError, Version, VersionState};
 
 /// Rebuild the state from the log, from this offset of every partition
@@ -84,7 +84,7 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// pooled connection for its duration.
 pub trait Store: Send + Sync {
     /// Latest row per window of a version, filtered (`GET .../results`).
-    fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<Vec<String>>;
+    fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<ResultPage>;
     /// The change stream from `since`, published entries only: every
     /// version's rows and the `version` entries, or one version's rows and
     /// the `version` entries.
@@ -181,7 +181,7 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
-    fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<Vec<String>> {
+    fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<ResultPage> {
         self.with(|c| sqlite::results(c, pipeline, version, filter))
     }
     fn changes(&self, pipeline: &str, version: Option<u32>, since: i64, limit: i64) -> Result<Vec<String>> {
@@ -324,7 +324,7 @@ impl PostgresStore {
 }
 
 impl Store for PostgresStore {
-    fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<Vec<String>> {
+    fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<ResultPage> {
         self.with(|c, s| pg::results(c, s, pipeline, version, filter))
     }
     fn changes(&self, pipeline: &str, version: Option<u32>, since: i64, limit: i64) -> Result<Vec<String>> {

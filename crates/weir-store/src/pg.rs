@@ -817,8 +817,8 @@ pub fn results(
     pipeline: &str,
     version: u32,
     f: &crate::sqlite::ResultFilter,
-) -> Result<Vec<String>, postgres::Error> {
-    let mut sql = format!("SELECT row FROM {schema}.results WHERE pipeline = $1 AND version = $2");
+) -> Result<crate::sqlite::ResultPage, postgres::Error> {
+    let mut sql = format!("SELECT row, window_start, key FROM {schema}.results WHERE pipeline = $1 AND version = $2");
     let mut args: Vec<Box<dyn postgres::types::ToSql + Sync>> =
         vec![Box::new(pipeline.to_owned()), Box::new(version as i32)];
     if let Some(s) = &f.status {
@@ -839,11 +839,21 @@ pub fn results(
         args.push(Box::new(value.clone()));
         sql.push_str(&format!(" AND (row::jsonb -> 'key') ->> ${path} = ${}", args.len()));
     }
+    if let Some((start, key)) = &f.after {
+        args.push(Box::new(*start));
+        args.push(Box::new(key.clone()));
+        sql.push_str(&format!(" AND (window_start, key) > (${}, ${})", args.len() - 1, args.len()));
+    }
     args.push(Box::new(f.limit));
     sql.push_str(&format!(" ORDER BY window_start, key LIMIT ${}", args.len()));
     let params: Vec<&(dyn postgres::types::ToSql + Sync)> = args.iter().map(|a| a.as_ref()).collect();
-    let rows = client.query(&sql, &params)?.into_iter().map(|r| r.get(0)).collect();
-    annotate(client, schema, pipeline, rows)
+    let mut page = crate::sqlite::ResultPage::default();
+    for r in client.query(&sql, &params)? {
+        page.rows.push(r.get(0));
+        page.places.push((r.get(1), r.get(2)));
+    }
+    page.rows = annotate(client, schema, pipeline, page.rows)?;
+    Ok(page)
 }
 
 /// The change stream from `since`, in commit order: every version's rows

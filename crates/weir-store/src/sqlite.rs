@@ -620,10 +620,21 @@ pub struct ResultFilter {
     /// `key.FIELD=value`: the key field's value as text.
     pub key: Vec<(String, String)>,
     pub limit: i64,
+    /// Only rows after this one in the order rows are listed (window
+    /// start, then key bytes): the place the previous page ended.
+    pub after: Option<(i64, Vec<u8>)>,
 }
 
-pub fn results(conn: &Connection, pipeline: &str, version: u32, f: &ResultFilter) -> rusqlite::Result<Vec<String>> {
-    let mut sql = String::from("SELECT row FROM results WHERE pipeline = ?1 AND version = ?2");
+/// Rows of `GET .../results`, and where the last one sits in their order.
+#[derive(Debug, Default)]
+pub struct ResultPage {
+    pub rows: Vec<String>,
+    /// Each row's window start and key bytes, for [`ResultFilter::after`].
+    pub places: Vec<(i64, Vec<u8>)>,
+}
+
+pub fn results(conn: &Connection, pipeline: &str, version: u32, f: &ResultFilter) -> rusqlite::Result<ResultPage> {
+    let mut sql = String::from("SELECT row, window_start, key FROM results WHERE pipeline = ?1 AND version = ?2");
     let mut args: Vec<rusqlite::types::Value> = vec![pipeline.to_owned().into(), i64::from(version).into()];
     if let Some(s) = &f.status {
         args.push(s.clone().into());
@@ -643,11 +654,25 @@ pub fn results(conn: &Connection, pipeline: &str, version: u32, f: &ResultFilter
         args.push(value.clone().into());
         sql.push_str(&format!(" AND CAST(json_extract(row, ?{path}) AS TEXT) = ?{}", args.len()));
     }
+    if let Some((start, key)) = &f.after {
+        args.push((*start).into());
+        args.push(key.clone().into());
+        sql.push_str(&format!(" AND (window_start, key) > (?{}, ?{})", args.len() - 1, args.len()));
+    }
     args.push(f.limit.into());
     sql.push_str(&format!(" ORDER BY window_start, key LIMIT ?{}", args.len()));
     let mut stmt = conn.prepare(&sql)?;
-    let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| r.get::<_, String>(0))?;
-    annotate_rows(conn, pipeline, rows.collect::<rusqlite::Result<Vec<String>>>()?)
+    let found = stmt.query_map(rusqlite::params_from_iter(args), |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, Vec<u8>>(2)?))
+    })?;
+    let mut page = ResultPage::default();
+    for f in found {
+        let (row, start, key) = f?;
+        page.rows.push(row);
+        page.places.push((start, key));
+    }
+    page.rows = annotate_rows(conn, pipeline, page.rows)?;
+    Ok(page)
 }
 
 /// The published change stream from `since`: every version's rows and the

@@ -188,7 +188,8 @@ fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() 
         1,
         &weir_store::sqlite::ResultFilter { limit: 10, ..Default::default() },
     )
-    .unwrap();
+    .unwrap()
+    .rows;
     assert_eq!(results.len(), 1);
     assert!(results[0].contains("\"revision\":3") && results[0].contains("7.00"), "{results:?}");
     let parts = pg::partitions(&mut s.client, &s.name, "paid", 1).unwrap();
@@ -219,7 +220,8 @@ fn a_row_never_goes_back_to_a_lower_revision() {
         1,
         &weir_store::sqlite::ResultFilter { limit: 10, ..Default::default() },
     )
-    .unwrap();
+    .unwrap()
+    .rows;
     assert!(results[0].contains("\"revision\":3") && results[0].contains("7.00"), "{results:?}");
 }
 
@@ -377,8 +379,8 @@ fn two_versions_hold_a_partition_side_by_side_each_fenced_and_seq_shared() {
     let only_v1 = pg::changes(&mut s.client, &s.name, "paid", Some(1), 1, 100).unwrap();
     assert_eq!(only_v1.len(), 2, "version 1's row and the promote: {only_v1:?}");
     let filter = weir_store::sqlite::ResultFilter { limit: 10, ..Default::default() };
-    assert_eq!(pg::results(&mut s.client, &s.name, "paid", 1, &filter).unwrap().len(), 1);
-    assert_eq!(pg::results(&mut s.client, &s.name, "paid", 2, &filter).unwrap().len(), 1);
+    assert_eq!(pg::results(&mut s.client, &s.name, "paid", 1, &filter).unwrap().rows.len(), 1);
+    assert_eq!(pg::results(&mut s.client, &s.name, "paid", 2, &filter).unwrap().rows.len(), 1);
     // A rollback makes version 1 live again.
     let (switch, seq) = pg::switch_version(&mut other, &s.name, "paid", None, "op", "test").unwrap().unwrap();
     assert_eq!((switch.from, switch.to, seq), (Some(2), 1, 4));
@@ -402,7 +404,7 @@ fn a_pause_holds_the_rows_of_every_worker_and_a_resume_publishes_them() {
     commit_as(&mut s.client, &s.name, &mut ea, &out, (0, a.generation, a.run), 1, &c).unwrap();
     let published = |client: &mut postgres::Client| {
         let f = weir_store::sqlite::ResultFilter { limit: 100, ..Default::default() };
-        let results = pg::results(client, &s.name, "paid", 1, &f).unwrap();
+        let results = pg::results(client, &s.name, "paid", 1, &f).unwrap().rows;
         (pg::changes(client, &s.name, "paid", None, 1, 100).unwrap().len(), results)
     };
     let mut reader = pg::connect(&url()).unwrap();

@@ -183,7 +183,7 @@ fn a_version_5_database_keeps_its_rows_as_the_live_version() {
     assert_eq!((versions[0].version, versions[0].state), (3, weir_store::VersionState::Live));
     assert_eq!(versions[0].contract_hash, "00000000000000aa");
     let all = weir_store::ResultFilter { limit: 10, ..Default::default() };
-    assert_eq!(weir_store::sqlite::results(&conn, "paid", 3, &all).unwrap().len(), 1);
+    assert_eq!(weir_store::sqlite::results(&conn, "paid", 3, &all).unwrap().rows.len(), 1);
     assert_eq!(weir_store::sqlite::changes(&conn, "paid", Some(3), 1, 10).unwrap().len(), 1);
     assert_eq!(weir_store::sqlite::ledger(&conn, "paid", Some(3), None, 1, 10).unwrap().len(), 1);
     let checkpoint = weir_store::sqlite::load(&mut conn, "paid", 3).unwrap().unwrap();

@@ -148,11 +148,12 @@ pub fn produce(args: ProduceArgs<'_>) -> Result<(), Failure> {
 
 /// `weir results`: the current rows of a pipeline, as a table or JSON lines.
 pub fn results(url: &str, pipeline: &str, status: Option<&str>, json: bool) -> Result<(), Failure> {
-    let mut target = format!("{}/v1/pipelines/{pipeline}/results?limit=100000", url.trim_end_matches('/'));
+    let base = url.trim_end_matches('/');
+    let mut target = format!("{base}/v1/pipelines/{pipeline}/results?limit=100000");
     if let Some(s) = status {
         target.push_str(&format!("&status={s}"));
     }
-    let body = get_ok(&agent(), &target)?;
+    let body = get_all(&agent(), base, &target)?;
     if json {
         print!("{body}");
         return Ok(());
@@ -214,13 +215,30 @@ fn plain(v: &serde_json::Value) -> String {
 
 /// GETs a body the server answered with 200, else its error as a failure.
 fn get_ok(agent: &ureq::Agent, url: &str) -> Result<String, Failure> {
+    get_page(agent, url).map(|(body, _)| body)
+}
+
+/// One page of a list and the query of the next (`Weir-Next`, SPEC.md 7).
+fn get_page(agent: &ureq::Agent, url: &str) -> Result<(String, Option<String>), Failure> {
     let mut r = authed(agent.get(url))
         .call()
         .map_err(|e| Failure::run(anyhow::anyhow!("cannot reach {url}: {e}; is weir serve running there?")))?;
     let code = r.status().as_u16();
+    let next = r.headers().get("weir-next").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let body = r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap_or_default();
     if code != 200 {
         return Err(Failure::run(anyhow::anyhow!("{} ({code})", error_text(&body))));
+    }
+    Ok((body, next))
+}
+
+/// Every page of a list, from `url` on, following `Weir-Next` (a path on `base`).
+fn get_all(agent: &ureq::Agent, base: &str, url: &str) -> Result<String, Failure> {
+    let (mut body, mut next) = get_page(agent, url)?;
+    while let Some(path) = next.take() {
+        let (more, after) = get_page(agent, &format!("{base}{path}"))?;
+        body.push_str(&more);
+        next = after;
     }
     Ok(body)
 }

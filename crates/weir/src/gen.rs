@@ -94,8 +94,8 @@ pub struct PaymentStream {
     recent: Vec<Payment>,
     accounts: u64,
     realistic: bool,
-    /// Malformed events stay valid JSON (for posting to the server, which
-    /// refuses a body with a line that is not JSON).
+    /// Malformed events stay JSON objects (for posting to the server, which
+    /// refuses a body with a line that is not a JSON object).
     json_only: bool,
     next_id: u64,
     /// Later versions of a recent payment per thousand events.
@@ -227,8 +227,10 @@ fn malformed(rng: &mut Rng, i: u64, nominal: i64, json_only: bool, out: &mut Str
         .write(&mut good);
     let good = good.trim_end();
     match rng.below(5) {
-        0 if json_only => out.push_str("\"just a string\""),
+        // Over HTTP every line must be a JSON object: bad inside, not in form.
+        0 if json_only => out.push_str("{\"note\":\"an object without a payment's fields\"}"),
         0 => out.push_str(&good[..good.len() / 2]),
+        1 if json_only => out.push_str(&good.replace("\"amount\":19.99", "\"amount\":{\"value\":19.99}")),
         1 => out.push_str("[\"not\",\"an\",\"object\"]"),
         2 => out.push_str(&good.replace("\"account_id\"", "\"acct\"")),
         3 => out.push_str(&good.replace("\"amount\":19.99", "\"amount\":\"n/a\"")),

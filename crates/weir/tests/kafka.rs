@@ -153,9 +153,16 @@ fn agent() -> ureq::Agent {
     ureq::Agent::config_builder().http_status_as_error(false).build().into()
 }
 
+/// A GET's status and body, every page of it (following `Weir-Next`).
 fn get(url: &str) -> (u16, String) {
-    let mut r = authed(agent().get(url), "GET", url).call().unwrap();
-    (r.status().as_u16(), r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap())
+    let (code, mut body, mut next) = common::get_page(url);
+    let origin = url.find("/v1/").map_or(url, |at| &url[..at]).to_owned();
+    while let Some(path) = next.take().filter(|_| code == 200) {
+        let (_, more, after) = common::get_page(&format!("{origin}{path}"));
+        body.push_str(&more);
+        next = after;
+    }
+    (code, body)
 }
 
 fn status(w: &Worker) -> Value {
@@ -293,7 +300,7 @@ fn check_against_batch_ledgered(s: &Scratch, w: &Worker, lines: &[String], times
     assert!(superseded > 0);
     let (_, body) = get(&format!("{}/v1/pipelines/paid/ledger?reason=superseded&limit=100000", w.base));
     assert_eq!(body.lines().count(), superseded * times, "superseded versions in Postgres");
-    let (_, body) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", w.base));
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/changes?limit=100000", w.base));
     let mut last: BTreeMap<(String, String), u64> = BTreeMap::new();
     for (i, l) in body.lines().enumerate() {
         let v: Value = serde_json::from_str(l).unwrap();
@@ -439,7 +446,7 @@ fn post(url: &str, body: &str) -> (u16, String) {
 /// The rows `/results` and `/changes` of a worker show now.
 fn published(w: &Worker) -> (String, usize) {
     let (_, results) = get(&format!("{}/v1/pipelines/paid/results", w.base));
-    let (_, changes) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", w.base));
+    let (_, changes) = get(&format!("{}/v1/pipelines/paid/changes?limit=100000", w.base));
     (results, changes.lines().count())
 }
 
@@ -577,8 +584,8 @@ fn kafka_records(broker: &Broker, partition: i32, first: i64, last: i64) -> Vec<
 
 /// Each of a few rows' provenance, checked against the records in Kafka.
 fn check_provenance(broker: &Broker, w: &Worker) {
-    let (_, body) = get(&format!("{}/v1/pipelines/paid/results?limit=5", w.base));
-    let (_, ledger) = get(&format!("{}/v1/pipelines/paid/ledger?limit=1000000", w.base));
+    let (_, body, _) = common::get_page(&format!("{}/v1/pipelines/paid/results?limit=5", w.base));
+    let (_, ledger) = get(&format!("{}/v1/pipelines/paid/ledger?limit=100000", w.base));
     let ledgered: std::collections::HashSet<(u64, u64)> = ledger
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
@@ -645,7 +652,19 @@ fn a_contract_reads_the_records_kafka_timestamp_and_key() {
     let lines = events(0, 30);
     let before = weir_log::now_ms();
     produced_ok(produce(&s, &broker, &lines));
-    wait_caught_up(&[&w], lines.len() as u64);
+    // A record that brings its own `$kafka` member would forge the key and
+    // the time: `weir produce` refuses it, and a worker ledgers it `bad_type`.
+    let forged = r#"{"id":"forged","acct":"a1","amount":1,"status":"ok","t":"2025-11-29T00:00:00Z","$kafka":{"timestamp":0,"key":"zz"}}"#;
+    let out = produce(&s, &broker, &[forged.to_owned()]).wait_with_output().unwrap();
+    assert!(!out.status.success() && text(&out.stderr).contains("$kafka"), "{}", text(&out.stderr));
+    {
+        use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+        let producer: BaseProducer =
+            rdkafka::ClientConfig::new().set("bootstrap.servers", &broker.url).create().unwrap();
+        producer.send(BaseRecord::to("payments").key("a1").payload(forged)).map_err(|(e, _)| e).unwrap();
+        producer.flush(Duration::from_secs(10)).unwrap();
+    }
+    wait_caught_up(&[&w], lines.len() as u64 + 1);
     let deadline = Instant::now() + Duration::from_secs(20);
     let rows: Vec<Value> = loop {
         let (_, body) = get(&format!("{}/v1/pipelines/paid/results", w.base));
@@ -673,7 +692,12 @@ fn a_contract_reads_the_records_kafka_timestamp_and_key() {
         .body_mut()
         .read_to_string()
         .unwrap();
-    let entries: Vec<Value> = ledger.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut entries: Vec<Value> = ledger.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let at = entries.iter().position(|e| e["reason"] == "bad_type").expect("the forged record is ledgered");
+    let refused = entries.remove(at);
+    assert!(refused["detail"].as_str().unwrap().contains("$kafka"), "{refused}");
+    assert!(refused["payload"].as_str().unwrap().contains("\"zz\""), "its payload as sent: {refused}");
+    assert!(!keys.contains("\"zz\""), "the forged key counted nowhere");
     assert_eq!(entries.len(), 2, "p0 and p25 resent: {ledger}");
     for e in &entries {
         assert_eq!(e["reason"], "duplicate", "the same record twice, same timestamp: {e}");
@@ -719,7 +743,7 @@ fn consume_all(broker: &Broker, topic: &str, at_least: usize) -> Vec<Value> {
 
 /// The sink holds every row of `/changes` (at least once), keyed by key and window.
 fn check_sink(broker: &Broker, w: &Worker, topic: &str) {
-    let (_, body) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", w.base));
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/changes?limit=100000", w.base));
     let changes: Vec<Value> = body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert!(!changes.is_empty());
     let records = consume_all(broker, topic, changes.len());
@@ -848,7 +872,7 @@ fn check_version_against_batch(s: &Scratch, w: &Worker, (version, contract): (u3
     let mut expected: Vec<_> =
         std::fs::read_to_string(&out).unwrap().lines().map(|l| identity(&serde_json::from_str(l).unwrap())).collect();
     expected.sort();
-    let (code, body) = get(&format!("{}/v1/pipelines/paid/results?version={version}&limit=1000000", w.base));
+    let (code, body) = get(&format!("{}/v1/pipelines/paid/results?version={version}&limit=100000", w.base));
     assert_eq!(code, 200, "{body}");
     let rows: Vec<Value> = body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert!(rows.iter().all(|r| r["version"] == version), "rows of another version in version {version}'s");
@@ -876,7 +900,7 @@ fn two_versions_run_side_by_side_on_kafka_through_a_rolling_restart_and_the_sink
     let mut produced = events(0, 300);
     produced_ok(produce(&s, &broker, &produced));
     wait_caught_up(&[&a, &b], produced.len() as u64);
-    let (_, before) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", a.base));
+    let (_, before) = get(&format!("{}/v1/pipelines/paid/results?limit=100000", a.base));
 
     // A rolling restart to version 2: B first (killed with SIGKILL once while it builds), then A.
     signal(&b, "KILL");
@@ -886,7 +910,7 @@ fn two_versions_run_side_by_side_on_kafka_through_a_rolling_restart_and_the_sink
     signal(&b, "KILL");
     drop(b);
     b = worker(&root_b);
-    let (_, during) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", a.base));
+    let (_, during) = get(&format!("{}/v1/pipelines/paid/results?limit=100000", a.base));
     assert_eq!(during, before, "version 1 keeps serving, unchanged, while version 2 is built");
     let (_, versions) = get(&format!("{}/v1/pipelines/paid/versions", a.base));
     let states: Vec<(Value, Value)> = versions
@@ -910,15 +934,15 @@ fn two_versions_run_side_by_side_on_kafka_through_a_rolling_restart_and_the_sink
     let (code, answer) =
         post(&format!("{}/v1/pipelines/paid/promote", a.base), r#"{"version":2,"why":"2-minute windows"}"#);
     assert_eq!(code, 200, "{answer}");
-    let (_, on_b) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", b.base));
+    let (_, on_b) = get(&format!("{}/v1/pipelines/paid/results?limit=100000", b.base));
     assert!(on_b.lines().all(|l| l.contains("\"version\":2")), "{on_b}");
     let (code, answer) = post(&format!("{}/v1/pipelines/paid/rollback", b.base), r#"{"why":"not yet"}"#);
     assert_eq!(code, 200, "{answer}");
-    let (_, on_a) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", a.base));
+    let (_, on_a) = get(&format!("{}/v1/pipelines/paid/results?limit=100000", a.base));
     assert!(!on_a.is_empty() && on_a.lines().all(|l| l.contains("\"version\":1")), "{on_a}");
 
     // The change stream: seq 1.. without a gap across both versions and the two version entries.
-    let (_, body) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", a.base));
+    let (_, body) = get(&format!("{}/v1/pipelines/paid/changes?limit=100000", a.base));
     let changes: Vec<Value> = body.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     for (i, c) in changes.iter().enumerate() {
         assert_eq!(c["seq"], i as u64 + 1, "{c}");
@@ -1046,11 +1070,11 @@ fn a_backfill_on_kafka_corrects_settled_windows_to_the_batch_and_a_second_change
         rows.into_iter().filter(|((_, start), _)| *start >= t(range.0) && *start < t(range.1)).collect()
     };
     let expected = in_range(rows_by_window(&std::fs::read_to_string(&out).unwrap()));
-    let (_, before) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", a.base));
+    let (_, before) = get(&format!("{}/v1/pipelines/paid/results?limit=100000", a.base));
     let before = in_range(rows_by_window(&before));
     let wrong = expected.iter().filter(|(k, v)| before.get(*k) != Some(*v)).count();
     assert!(wrong >= 2, "the too-late payments left windows wrong");
-    let (_, changes_before) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", a.base));
+    let (_, changes_before) = get(&format!("{}/v1/pipelines/paid/changes?limit=100000", a.base));
 
     // The payments system's export (the batch's numbers) with a refund of 25
     // applied there only (a3, minute 5): a2's late payments in minute 4 are
@@ -1102,10 +1126,10 @@ fn a_backfill_on_kafka_corrects_settled_windows_to_the_batch_and_a_second_change
     assert_eq!(report["windows_corrected"], wrong as u64, "{report}");
     assert!(report["causes"]["too_late"]["events"].as_u64().unwrap() >= 5, "{report}");
     for w in [&a, &b] {
-        let (_, after) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", w.base));
+        let (_, after) = get(&format!("{}/v1/pipelines/paid/results?limit=100000", w.base));
         assert_eq!(in_range(rows_by_window(&after)), expected, "the rows after the backfill against weir batch");
     }
-    let (_, changes) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", a.base));
+    let (_, changes) = get(&format!("{}/v1/pipelines/paid/changes?limit=100000", a.base));
     let new: Vec<Value> =
         changes.lines().skip(changes_before.lines().count()).map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(new.len(), wrong, "one corrected row per wrong window");
@@ -1125,7 +1149,7 @@ fn a_backfill_on_kafka_corrects_settled_windows_to_the_batch_and_a_second_change
     // A second backfill, asked of A, changes nothing.
     let again = backfill_on(&a, range, "again");
     assert_eq!(again["report"]["windows_corrected"], 0, "{again}");
-    let (_, changes_again) = get(&format!("{}/v1/pipelines/paid/changes?limit=1000000", a.base));
+    let (_, changes_again) = get(&format!("{}/v1/pipelines/paid/changes?limit=100000", a.base));
     assert_eq!(changes_again.lines().count(), changes.lines().count());
 }
 
@@ -1208,7 +1232,7 @@ fn a_scheduled_reconciliation_on_kafka_corrects_and_compares_with_the_system_of_
     };
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let (_, rows) = get(&format!("{}/v1/pipelines/paid/results?limit=1000000", b.base));
+        let (_, rows) = get(&format!("{}/v1/pipelines/paid/results?limit=100000", b.base));
         if in_first_hour(rows_by_window(&rows)) == in_first_hour(expected.clone()) {
             break;
         }

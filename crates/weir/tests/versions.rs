@@ -132,7 +132,7 @@ struct Follower {
 impl Follower {
     fn follow(&mut self, base: &str) {
         let since = self.seen.last().map_or(1, |v| v["seq"].as_i64().unwrap() + 1);
-        for entry in json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?since={since}&limit=1000000"))) {
+        for entry in json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?since={since}&limit=100000"))) {
             let expected = self.seen.len() as i64 + 1;
             assert_eq!(entry["seq"].as_i64(), Some(expected), "a gap or a step back in the change stream: {entry}");
             self.seen.push(entry);
@@ -205,7 +205,7 @@ fn versions_side_by_side_candidate_promote_rollback_and_a_refused_change() {
     post(&base, &first);
     caught_up(&base, "", first.len() as u64);
     follower.follow(&base);
-    let v1_rows_before = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=1000000")));
+    let v1_rows_before = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=100000")));
     assert!(!v1_rows_before.is_empty());
     assert!(follower.seen.iter().all(|r| r["version"] == 1));
     let versions = json_lines(&get(&format!("{base}/v1/pipelines/paid/versions")));
@@ -227,7 +227,7 @@ fn versions_side_by_side_candidate_promote_rollback_and_a_refused_change() {
     let states: Vec<(Value, Value)> = versions.iter().map(|v| (v["version"].clone(), v["state"].clone())).collect();
     assert_eq!(states, [(1.into(), "live".into()), (2.into(), "candidate".into())]);
     // Version 1 keeps serving, its rows as they were.
-    let v1_rows = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=1000000")));
+    let v1_rows = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=100000")));
     assert_eq!(values(&v1_rows), values(&v1_rows_before), "the candidate moved version 1's rows");
 
     // 3. More events and a flush: both versions settle every window.
@@ -245,15 +245,15 @@ fn versions_side_by_side_candidate_promote_rollback_and_a_refused_change() {
     caught_up(&base, "?version=2", total);
     follower.follow(&base);
     let input = dir.write("all.jsonl", &(first.iter().chain(&second).cloned().collect::<Vec<_>>().join("\n") + "\n"));
-    let v1 = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?version=1&limit=1000000")));
-    let v2_rows = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?version=2&limit=1000000")));
+    let v1 = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?version=1&limit=100000")));
+    let v2_rows = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?version=2&limit=100000")));
     same_rows(&v1, &batch(&dir, V1, &input), "version 1 against its batch");
     same_rows(&v2_rows, &batch(&dir, &v2(), &input), "version 2 against its batch");
     assert!(v2_rows.iter().all(|r| r["version"] == 2) && v1.iter().all(|r| r["version"] == 1));
     // Each version's own change stream: no revision twice, none skipped.
     for v in [1, 2] {
         let mut last = std::collections::BTreeMap::new();
-        for r in json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?version={v}&limit=1000000"))) {
+        for r in json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?version={v}&limit=100000"))) {
             assert_eq!(r["version"], v, "{r}");
             let rev = r["revision"].as_u64().unwrap();
             let prev = last.insert((r["key"].to_string(), r["window_start"].to_string()), rev).unwrap_or(0);
@@ -294,7 +294,7 @@ fn versions_side_by_side_candidate_promote_rollback_and_a_refused_change() {
     assert!(!refused.status.success());
     let promoted = weir_as(&t.operator, &[&"promote", &"paid", &"2", &"--why", &"2-minute windows", &"--url", &base]);
     assert!(promoted.status.success(), "{}", text(&promoted.stderr));
-    let defaults = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=1000000")));
+    let defaults = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=100000")));
     assert_eq!(values(&defaults), values(&v2_rows), "readers' default is the promoted version");
     assert_eq!(status(&base, "")["version"], 2);
     let again = call("POST", &format!("{base}/v1/pipelines/paid/promote"), Some(r#"{"version":2,"why":"again"}"#));
@@ -320,12 +320,12 @@ fn versions_side_by_side_candidate_promote_rollback_and_a_refused_change() {
     assert_eq!(states, [(1.into(), "live".into()), (2.into(), "superseded".into())]);
     assert!(versions[1]["promoted_by"].is_string() && versions[1]["promoted"].is_string(), "{versions:?}");
     // Version 1's rows were readable all along, and are the default again.
-    let defaults = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=1000000")));
+    let defaults = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=100000")));
     assert_eq!(values(&defaults), values(&v1));
     let audit = get(&format!("{base}/v1/audit?limit=1000"));
     assert!(audit.contains("\"promote\"") && audit.contains("\"rollback\"") && audit.contains("2-minute windows"));
     // The follower saw every entry once: the whole stream again, from 1.
-    let whole = json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?since=1&limit=1000000")));
+    let whole = json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?since=1&limit=100000")));
     assert_eq!(whole, follower.seen);
 
     // 6. Version 1's contract changed without a bump: refused, the other pipeline runs on.
@@ -336,7 +336,11 @@ fn versions_side_by_side_candidate_promote_rollback_and_a_refused_change() {
     let failed = s["failed"].as_str().unwrap_or_default().to_owned();
     assert!(failed.contains("without a version bump") && failed.contains("version = 3"), "{s}");
     let (code, ready) = call("GET", &format!("{base}/readyz"), None);
-    assert!(code == 503 && ready.contains("does not run"), "{code} {ready}");
+    assert!(code == 503 && ready.contains("does not run"), "an admin is told why: {code} {ready}");
+    let mut anyone = common::agent().get(format!("{base}/readyz")).call().unwrap();
+    let said = anyone.body_mut().read_to_string().unwrap();
+    assert_eq!(anyone.status().as_u16(), 503);
+    assert!(!said.contains("paid") && !said.contains("bump"), "no names or errors without a token: {said}");
     let more = payments(6000, 10);
     post(&base, &more);
     let total = total + more.len() as u64;

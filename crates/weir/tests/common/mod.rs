@@ -182,7 +182,11 @@ pub fn token_for(method: &str, url: &str) -> Option<String> {
         ("POST", p) if p.starts_with("/v1/topics/") => t.producer,
         (_, p) if p.starts_with("/v1/topics/") => t.raw_reader,
         ("POST", _) if operator_action => t.operator,
-        (_, p) if p.starts_with("/v1/audit") || p.starts_with("/v1/tokens") || p == "/v1/dashboard" => t.admin,
+        (_, p)
+            if p.starts_with("/v1/audit") || p.starts_with("/v1/tokens") || p == "/v1/dashboard" || p == "/readyz" =>
+        {
+            t.admin
+        }
         _ => t.reader,
     })
 }
@@ -222,11 +226,28 @@ pub fn call(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
     (r.status().as_u16(), r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap())
 }
 
-/// A GET that must answer 200; the body.
+/// A GET that must answer 200; the body, every page of it (following
+/// `Weir-Next`, SPEC.md 7).
 pub fn get(url: &str) -> String {
-    let (code, body) = call("GET", url, None);
+    let (code, body, next) = get_page(url);
     assert_eq!(code, 200, "{url}: {body}");
+    let mut body = body;
+    let origin = url.find("/v1/").map_or(url, |at| &url[..at]).to_owned();
+    let mut next = next;
+    while let Some(path) = next.take() {
+        let (code, more, after) = get_page(&format!("{origin}{path}"));
+        assert_eq!(code, 200, "{path}: {more}");
+        body.push_str(&more);
+        next = after;
+    }
     body
+}
+
+/// One page of a GET: the status, the body and `Weir-Next`.
+pub fn get_page(url: &str) -> (u16, String, Option<String>) {
+    let mut r = authed(agent().get(url), "GET", url).call().unwrap();
+    let next = r.headers().get("weir-next").map(|v| v.to_str().unwrap().to_owned());
+    (r.status().as_u16(), r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap(), next)
 }
 
 pub fn json_lines(text: &str) -> Vec<Value> {

@@ -1,0 +1,391 @@
+//! The findings of the outside review (issue 17), one test per point,
+//! each named after it, on a running `weir serve` (the embedded log and
+//! SQLite). Each test failed before its fix.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::{agent, call, get, json_lines, start, Scratch, Server};
+use serde_json::Value;
+
+const PAID: &str = r#"[pipeline]
+name = "paid"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Revenue per account"
+
+[source]
+topic = "payments"
+event_time = "approved_at"
+key = ["account_id"]
+event_id = "payment_id"
+
+[window]
+type = "tumbling"
+size = "1m"
+
+[[aggregate]]
+name = "revenue"
+fn = "sum"
+field = "amount"
+"#;
+
+/// 2026-11-01T00:00:00Z
+const BASE: i64 = 1_793_491_200_000;
+
+fn payment(id: usize, account: &str, time_ms: i64) -> String {
+    format!(
+        r#"{{"payment_id":"p{id}","account_id":"{account}","amount":"1.50","approved_at":"{}"}}"#,
+        weir_engine::time::format_rfc3339_ms(time_ms)
+    )
+}
+
+struct Running {
+    /// Removed when the test ends.
+    _dir: Scratch,
+    server: Server,
+    base: String,
+    port: u16,
+}
+
+fn serve(name: &str, toml: &str) -> Running {
+    let dir = Scratch::new(name);
+    std::fs::create_dir_all(dir.path("contracts")).unwrap();
+    dir.write("contracts/paid.toml", PAID);
+    dir.write("weir.toml", &format!("{toml}\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let server = start(&dir.0, port);
+    Running { _dir: dir, server, base: format!("http://127.0.0.1:{port}"), port }
+}
+
+impl Running {
+    fn post(&self, body: &str) -> (u16, String) {
+        call("POST", &format!("{}/v1/topics/payments/events", self.base), Some(body))
+    }
+
+    /// Every record of the topic, read back as a raw-reader.
+    fn records(&self) -> usize {
+        (0..2).map(|p| self.pages(&format!("/v1/topics/payments/events?partition={p}&limit=100000")).len()).sum()
+    }
+
+    /// A GET as the path's role, following `Weir-Next` to the last page.
+    fn pages(&self, first: &str) -> Vec<Value> {
+        let mut all = Vec::new();
+        let mut next = Some(first.to_owned());
+        while let Some(path) = next.take() {
+            let url = format!("{}{path}", self.base);
+            let mut r = common::authed(agent().get(&url), "GET", &url).call().unwrap();
+            assert_eq!(r.status().as_u16(), 200, "{path}");
+            next = r.headers().get("weir-next").map(|v| v.to_str().unwrap().to_owned());
+            all.extend(json_lines(&r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap()));
+        }
+        all
+    }
+
+    /// Resident memory of the server, and its peak so far, in bytes.
+    fn memory(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.server.child.id())).unwrap();
+        let kib = |name: &str| -> u64 {
+            let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+            line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+        };
+        (kib("VmRSS:"), kib("VmHWM:"))
+    }
+
+    fn read_count(&self) -> u64 {
+        let status: Value = serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", self.base))).unwrap();
+        status["events"]["read"].as_u64().unwrap_or(0)
+    }
+
+    fn wait_read(&self, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.read_count() < n {
+            assert!(Instant::now() < deadline, "the pipeline read {} of {n} events", self.read_count());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Sends `head` and `body_start` on a new connection and stalls; the answer
+/// read until the server closes the connection, and how long that took.
+fn stalled(port: u16, head: &str, body_start: &[u8], deadline: Duration) -> (String, Duration) {
+    let mut sock = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    sock.set_read_timeout(Some(deadline)).unwrap();
+    let began = Instant::now();
+    let _ = sock.write_all(head.as_bytes());
+    let _ = sock.write_all(body_start);
+    let mut out = Vec::new();
+    let _ = sock.read_to_end(&mut out);
+    (String::from_utf8_lossy(&out).into_owned(), began.elapsed())
+}
+
+#[test]
+fn point_1_a_body_on_a_public_path_is_refused_unread() {
+    let r = serve("public-bodies", "header_timeout = \"2s\"\n[auth]\npublic_metrics = true");
+    let (rss_before, _) = r.memory();
+    let paths = ["/", "/healthz", "/readyz", "/metrics"];
+    let clients: Vec<_> = (0..50)
+        .map(|i| {
+            let port = r.port;
+            let path = paths[i % paths.len()];
+            std::thread::spawn(move || {
+                let head = match i % 3 {
+                    0 => format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 67108864\r\n\r\n"),
+                    1 => format!("GET {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 67108864\r\n\r\n"),
+                    _ => format!("POST {path} HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n4000000\r\n"),
+                };
+                stalled(port, &head, &vec![b'x'; 256 << 10], Duration::from_secs(30))
+            })
+        })
+        .collect();
+    for c in clients {
+        let (answer, took) = c.join().unwrap();
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        assert!(answer.contains("takes no body"), "{answer}");
+        assert!(took < Duration::from_secs(2), "cut off within header_timeout, not after {took:?}");
+    }
+    let (rss_after, _) = r.memory();
+    assert!(
+        rss_after < rss_before + (16 << 20),
+        "resident memory stays flat: {rss_before} bytes before, {rss_after} after 50 bodies of 64 MiB"
+    );
+    // Without a body they answer as before, and the refusals are counted.
+    let metrics = get(&format!("{}/metrics", r.base));
+    assert!(metrics.contains("reason=\"body_on_public_path\""), "{metrics}");
+    assert!(get(&format!("{}/healthz", r.base)).contains("true"));
+}
+
+#[test]
+fn point_2_one_request_costs_memory_in_proportion_and_every_event_is_an_object() {
+    let r = serve("request-memory", "");
+    // A line that is not a JSON object refuses the whole body, naming it.
+    for (line, what) in [("1", "a number"), ("[1,2]", "an array"), ("\"text\"", "a string"), ("null", "null")] {
+        let body =
+            format!("{}\n{}\n{line}\n{}\n", payment(1, "a1", BASE), payment(2, "a2", BASE), payment(3, "a3", BASE));
+        let (code, answer) = r.post(&body);
+        assert_eq!(code, 400, "{answer}");
+        assert!(answer.contains(&format!("line 3 is {what}, not a JSON object")), "{answer}");
+        assert!(answer.contains("nothing was appended"), "{answer}");
+    }
+    assert_eq!(r.records(), 0, "nothing of a refused request is appended");
+
+    // Past max_events_per_request (100,000 by default): 413, nothing appended.
+    let many = "{}\n".repeat(100_001);
+    let (code, answer) = r.post(&many);
+    assert_eq!(code, 413, "{answer}");
+    assert!(answer.contains("max_events_per_request = 100000"), "{answer}");
+    assert_eq!(r.records(), 0);
+
+    // 32 MB of `1` lines (16 million events, once): refused at the first line.
+    let (_, peak_before) = r.memory();
+    let ones = "1\n".repeat(16 << 20);
+    assert_eq!(r.post(&ones).0, 400);
+    // 100,000 payments (about 12 MB), accepted whole and processed.
+    let body: Vec<String> = (0..100_000).map(|i| payment(i, &format!("a{}", i % 5000), BASE + i as i64)).collect();
+    let body = body.join("\n");
+    assert_eq!(r.post(&body).0, 200);
+    r.wait_read(100_000);
+    let (_, peak_after) = r.memory();
+    let largest = ones.len().max(body.len()) as u64;
+    assert!(
+        peak_after.saturating_sub(peak_before) < 5 * largest,
+        "peak resident memory grew by {} bytes for bodies of at most {largest} bytes (at most 5 times)",
+        peak_after.saturating_sub(peak_before)
+    );
+    assert_eq!(r.records(), 100_000);
+}
+
+#[test]
+fn point_3_limit_is_checked_and_pages_follow_weir_next() {
+    let r = serve("paging", "");
+    // 25,000 accounts paying in one minute, then a payment ten minutes on
+    // closes it: 25,000 rows.
+    for chunk in 0..5 {
+        let body: Vec<String> = (chunk * 5_000..(chunk + 1) * 5_000)
+            .map(|i| payment(i, &format!("a{i:05}"), BASE + (i % 50_000) as i64))
+            .collect();
+        assert_eq!(r.post(&body.join("\n")).0, 200);
+    }
+    // 2,500 payments without an account: 2,500 ledger entries.
+    let unpaid: Vec<String> =
+        (0..2_500).map(|i| payment(30_000 + i, "b1", BASE + 1_000).replace(r#""account_id":"b1","#, "")).collect();
+    assert_eq!(r.post(&unpaid.join("\n")).0, 200);
+    assert_eq!(r.post(&payment(99_999, "a00000", BASE + 600_000)).0, 200);
+    r.wait_read(27_501);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while r.pages("/v1/pipelines/paid/changes?limit=100000").len() < 25_000 {
+        assert!(Instant::now() < deadline, "the rows were not published");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    for path in [
+        "/v1/pipelines/paid/results",
+        "/v1/pipelines/paid/changes",
+        "/v1/pipelines/paid/ledger",
+        "/v1/topics/payments/events",
+        "/v1/audit",
+        "/v1/pipelines/paid/backfills",
+    ] {
+        for limit in ["-1", "0", "abc", "100001", "1.5", ""] {
+            let (code, answer) = call("GET", &format!("{}{path}?limit={limit}", r.base), None);
+            assert_eq!(code, 400, "{path}?limit={limit}: {answer}");
+            assert!(answer.contains("from 1 to 100000"), "{answer}");
+        }
+    }
+
+    // /results: 25 pages of 1,000 and the last without Weir-Next; each row once.
+    let rows = r.pages("/v1/pipelines/paid/results?limit=1000");
+    let place = |r: &Value| (r["key"].to_string(), r["window_start"].to_string());
+    let places: BTreeSet<(String, String)> = rows.iter().map(place).collect();
+    let published: BTreeSet<(String, String)> =
+        r.pages("/v1/pipelines/paid/changes?limit=100000").iter().map(place).collect();
+    assert!(rows.len() >= 25_000);
+    assert_eq!((rows.len(), &places), (published.len(), &published), "every row exactly once");
+    // The default page is 10,000 rows, and says there is more.
+    let url = format!("{}/v1/pipelines/paid/results", r.base);
+    let first = common::authed(agent().get(&url), "GET", &url).call().unwrap();
+    let next = first.headers().get("weir-next").map(|v| v.to_str().unwrap().to_owned());
+    assert!(next.as_deref().is_some_and(|n| n.starts_with("/v1/pipelines/paid/results?after=")), "{next:?}");
+    // Filters are kept from page to page.
+    let a1 = r.pages("/v1/pipelines/paid/results?limit=1&key.account_id=a00001");
+    assert_eq!(a1.len(), 1);
+    let (code, answer) = call("GET", &format!("{url}?after=nonsense"), None);
+    assert_eq!(code, 400, "{answer}");
+
+    // /changes: seq 1..n, each once, over pages of 7,000.
+    let changes = r.pages("/v1/pipelines/paid/changes?limit=7000");
+    let seqs: Vec<i64> = changes.iter().map(|c| c["seq"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>());
+    assert!(seqs.len() >= 25_000);
+    // /ledger: 2,500 entries over pages of 1,000.
+    let ledger = r.pages("/v1/pipelines/paid/ledger?limit=1000");
+    let ids: BTreeSet<String> = ledger.iter().map(|e| e["seq"].to_string()).collect();
+    assert_eq!((ledger.len(), ids.len()), (2_500, 2_500));
+    // The raw events: every record once, in pages of 3,000.
+    let mut offsets = 0;
+    for p in 0..2 {
+        let page = r.pages(&format!("/v1/topics/payments/events?partition={p}&limit=3000"));
+        let each: BTreeSet<u64> = page.iter().map(|e| e["offset"].as_u64().unwrap()).collect();
+        assert_eq!(each.len(), page.len());
+        offsets += page.len();
+    }
+    assert_eq!(offsets, 27_501);
+    // The audit log (every raw read above is in it), in pages of 2.
+    let audit = r.pages("/v1/audit?limit=2");
+    let seqs: Vec<i64> = audit.iter().map(|e| e["seq"].as_i64().unwrap()).collect();
+    assert!(seqs.len() > 4 && seqs == (1..=seqs.len() as i64).collect::<Vec<_>>(), "{seqs:?}");
+}
+
+#[test]
+fn point_5_a_producer_cannot_send_its_own_kafka_member() {
+    let r = serve("forged-kafka", "");
+    for forged in [
+        r#"{"payment_id":"p1","account_id":"a1","amount":"1","approved_at":"2026-11-01T00:00:00Z","$kafka":{"timestamp":0}}"#,
+        r#"{"payment_id":"p1","account_id":"a1","amount":"1","approved_at":"2026-11-01T00:00:00Z","\u0024kafka":{}}"#,
+    ] {
+        let body = format!("{}\n{forged}\n", payment(0, "a0", BASE));
+        let (code, answer) = r.post(&body);
+        assert_eq!(code, 422, "{answer}");
+        assert!(answer.contains("line 2") && answer.contains("$kafka"), "{answer}");
+    }
+    assert_eq!(r.records(), 0, "nothing of the request was appended");
+    // Nested, it is an ordinary member.
+    let nested = payment(0, "a0", BASE).replace(r#""amount""#, r#""meta":{"$kafka":1},"amount""#);
+    assert_eq!(r.post(&nested).0, 200);
+}
+
+const OTHER: &str = r#"[pipeline]
+name = "other"
+version = 1
+owner = "refunds-ops"
+steward = "data-platform"
+decision = "Refunds per account"
+
+[source]
+topic = "refunds"
+event_time = "at"
+key = ["account_id"]
+
+[window]
+type = "tumbling"
+size = "1m"
+
+[[aggregate]]
+name = "refunds"
+fn = "count"
+
+[alerts]
+max_watermark_age = "1s"
+"#;
+
+#[test]
+fn point_6_a_token_sees_only_the_pipelines_it_may_read() {
+    let dir = Scratch::new("leaks");
+    std::fs::create_dir_all(dir.path("contracts")).unwrap();
+    dir.write("contracts/paid.toml", PAID);
+    dir.write("contracts/other.toml", OTHER);
+    dir.write("weir.toml", "[topics.payments]\npartitions = 2\nkey = \"account_id\"\n");
+    let data = dir.path("data");
+    let paid_reader = common::make_token(&data, &["--role", "reader", "--pipeline", "paid"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let base = format!("http://127.0.0.1:{port}");
+    let server = start(&dir.0, port);
+    let as_paid_reader = |path: &str| -> (u16, String) {
+        let mut r = agent()
+            .get(format!("{base}{path}"))
+            .header("authorization", format!("Bearer {paid_reader}"))
+            .call()
+            .unwrap();
+        (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+    };
+    // An old refund: pipeline other's watermark is a year old, and its alert fires.
+    let refund = r#"{"account_id":"a1","at":"2025-11-01T00:00:00Z"}"#;
+    assert_eq!(call("POST", &format!("{base}/v1/topics/refunds/events"), Some(refund)).0, 200);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let dashboard: Value = serde_json::from_str(&get(&format!("{base}/v1/dashboard"))).unwrap();
+        if dashboard["incidents"]["alerts"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|i| i.to_string().contains("other")))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the admin's dashboard never showed other's alert");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // The dashboard: paid only, and none of other's incidents.
+    let (code, dashboard) = as_paid_reader("/v1/dashboard");
+    assert_eq!(code, 200, "{dashboard}");
+    assert!(!dashboard.contains("other") && !dashboard.contains("refunds"), "{dashboard}");
+    assert!(dashboard.contains("\"paid\""));
+    // A 404 names no pipeline.
+    let (code, missing) = as_paid_reader("/v1/pipelines/nope/results");
+    assert_eq!(code, 404, "{missing}");
+    assert!(!missing.contains("other") && !missing.contains("\"paid\""), "{missing}");
+    // /metrics: paid's series, none of other's.
+    let (code, metrics) = as_paid_reader("/metrics");
+    assert_eq!(code, 200);
+    assert!(metrics.contains("pipeline=\"paid\""), "{metrics}");
+    assert!(!metrics.contains("pipeline=\"other\"") && !metrics.contains("refunds"), "other's series leaked");
+    let admin_metrics = get(&format!("{base}/metrics"));
+    assert!(admin_metrics.contains("pipeline=\"other\""));
+    drop(server);
+
+    // /readyz with a pipeline that does not run (its contract changed
+    // without a version bump): 503 for everyone, the reasons for an admin only.
+    dir.write("contracts/other.toml", &OTHER.replace("size = \"1m\"", "size = \"2m\""));
+    let _server = start(&dir.0, port);
+    let mut anyone = agent().get(format!("{base}/readyz")).call().unwrap();
+    let said = anyone.body_mut().read_to_string().unwrap();
+    assert_eq!(anyone.status().as_u16(), 503, "{said}");
+    assert!(!said.contains("other") && !said.contains("bump"), "no names or errors without a token: {said}");
+    let (code, told) = as_paid_reader("/readyz");
+    assert!(code == 503 && !told.contains("other"), "nor to a reader: {told}");
+    let (code, admin) = call("GET", &format!("{base}/readyz"), None);
+    assert!(code == 503 && admin.contains("pipeline other does not run"), "{admin}");
+}
