@@ -34,6 +34,23 @@ use partition::Partition;
 pub use partition::Recovered;
 pub use record::{Record, RECORD_MAX};
 
+/// Creates `dir` and any missing parent owner-only (0700): the log and the
+/// results database hold raw events. A folder already there keeps its mode.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+/// Creates the empty file `path` owner-only (0600) unless it is there.
+pub fn create_private_file(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LogError {
     #[error("cannot {action} {}: {message}", file.display())]
@@ -161,7 +178,7 @@ impl Pending {
 impl Log {
     /// Opens (or creates) the log in `dir`, recovering every topic on disk.
     pub fn open(dir: &Path, options: LogOptions) -> Result<(Log, Vec<(String, Recovered)>), LogError> {
-        std::fs::create_dir_all(dir).map_err(|e| LogError::io(dir, "create the log folder", e))?;
+        create_private_dir(dir).map_err(|e| LogError::io(dir, "create the log folder", e))?;
         let mut topics = BTreeMap::new();
         let mut recovered = Vec::new();
         let entries = std::fs::read_dir(dir).map_err(|e| LogError::io(dir, "list the log folder", e))?;

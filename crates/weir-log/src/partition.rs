@@ -12,6 +12,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -63,7 +64,7 @@ fn segment_name(base: u64) -> String {
 impl Partition {
     /// Creates an empty partition folder.
     pub(crate) fn create(dir: &Path) -> Result<Partition, LogError> {
-        std::fs::create_dir_all(dir).map_err(|e| LogError::io(dir, "create the partition folder", e))?;
+        crate::create_private_dir(dir).map_err(|e| LogError::io(dir, "create the partition folder", e))?;
         let mut p = Partition {
             dir: dir.to_owned(),
             segments: Vec::new(),
@@ -188,9 +189,13 @@ impl Partition {
         self.pending_meta.clear();
         if let Some(seg) = self.segments.last() {
             self.next_offset = seg.end;
-            // Best effort: if this fails too, the partition stays unhealthy and
-            // the next recovery cuts the unacknowledged tail.
-            let _ = seg.file.set_len(seg.len);
+            // The cut made durable, so refused records cannot come back
+            // after a crash. Best effort: if this fails too, the partition
+            // stays unhealthy, and its probe cuts and syncs again before
+            // any write is taken.
+            if seg.file.set_len(seg.len).is_ok() {
+                let _ = seg.file.sync_all();
+            }
         }
     }
 
@@ -209,6 +214,7 @@ impl Partition {
             .truncate(false)
             .read(true)
             .append(true)
+            .mode(0o600)
             .open(&path)
             .map_err(|e| LogError::io(&path, "create a segment", e))?;
         sync_dir(&self.dir)?;

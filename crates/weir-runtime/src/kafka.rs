@@ -41,7 +41,7 @@
 //! as the record key.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -53,6 +53,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use weir_contract::{Contract, KafkaConfig, PostgresConfig, ServerConfig};
 use weir_store::PgCheckpoints;
 
+use crate::lock;
 use crate::runner::{Batch, Connected, Holder, Source};
 
 /// The librdkafka settings of `kafka` (brokers first, then its `config`).
@@ -100,6 +101,17 @@ pub fn input_kept_from(brokers: &str, kafka: Option<&KafkaConfig>, topic: &str) 
         }
     }
     Ok(kept_from)
+}
+
+/// The end (high watermark) of each partition of `topic`, asked now. Blocks.
+pub fn topic_ends(brokers: &str, kafka: Option<&KafkaConfig>, topic: &str) -> anyhow::Result<Vec<u64>> {
+    let consumer: BaseConsumer =
+        client_config(brokers, kafka).set("group.id", "weir-topic-ends").set("enable.auto.commit", "false").create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions = metadata.topics().first().map_or(0, |t| t.partitions().len());
+    (0..partitions as i32)
+        .map(|p| Ok(consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?.1.max(0) as u64))
+        .collect()
 }
 
 /// Where a contract's Kafka source is: brokers and group id.
@@ -172,6 +184,18 @@ pub fn connect(
 struct Ctx {
     holder: Arc<dyn Holder>,
     topic: String,
+    /// A panic caught in a rebalance callback: the run fails at its next
+    /// read (a panic may not cross into librdkafka, which would abort).
+    panicked: Mutex<Option<String>>,
+}
+
+impl Ctx {
+    fn guarded(&self, what: &str, f: impl FnOnce()) {
+        if let Err(why) = crate::caught(f) {
+            eprintln!("weir: the rebalance callback ({what}) panicked: {why}");
+            lock(&self.panicked).get_or_insert(format!("the rebalance callback ({what}) panicked: {why}"));
+        }
+    }
 }
 
 impl ClientContext for Ctx {
@@ -187,7 +211,7 @@ impl ConsumerContext for Ctx {
         if let Rebalance::Revoke(tpl) = rebalance {
             let partitions: Vec<u32> =
                 tpl.elements_for_topic(&self.topic).iter().map(|e| e.partition() as u32).collect();
-            self.holder.revoked(&partitions);
+            self.guarded("revoke", || self.holder.revoked(&partitions));
         }
     }
 
@@ -196,7 +220,7 @@ impl ConsumerContext for Ctx {
             Rebalance::Assign(tpl) => {
                 let partitions: Vec<u32> =
                     tpl.elements_for_topic(&self.topic).iter().map(|e| e.partition() as u32).collect();
-                self.holder.assigned(&partitions);
+                self.guarded("assign", || self.holder.assigned(&partitions));
             }
             Rebalance::Error(e) => eprintln!("weir: rebalance failed: {e}"),
             Rebalance::Revoke(_) => {}
@@ -221,7 +245,8 @@ impl Source for KafkaSource {
             // checkpointed, dropped and restored when another one moves.
             config.set("partition.assignment.strategy", "cooperative-sticky");
         }
-        let consumer: BaseConsumer<Ctx> = config.create_with_context(Ctx { holder, topic: self.topic.clone() })?;
+        let ctx = Ctx { holder, topic: self.topic.clone(), panicked: Mutex::new(None) };
+        let consumer: BaseConsumer<Ctx> = config.create_with_context(ctx)?;
         consumer.subscribe(&[&self.topic])?;
         self.consumer = Some(consumer);
         Ok(())
@@ -231,7 +256,11 @@ impl Source for KafkaSource {
         let Some(consumer) = self.consumer.as_ref() else { return Ok(()) };
         while batch.len() < max {
             let wait = if batch.is_empty() { wait } else { Duration::ZERO };
-            match consumer.poll(wait) {
+            let polled = consumer.poll(wait);
+            if let Some(why) = lock(&consumer.context().panicked).take() {
+                anyhow::bail!("{why}");
+            }
+            match polled {
                 None => break,
                 Some(Ok(m)) => {
                     let payload = m.payload().unwrap_or_default();
@@ -584,6 +613,25 @@ mod tests {
     fn kafka(settings: &[(&str, &str)]) -> KafkaConfig {
         let config: BTreeMap<String, String> = settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         KafkaConfig { brokers: "127.0.0.1:9".into(), group: None, config }
+    }
+
+    struct Panicking;
+
+    impl Holder for Panicking {
+        fn assigned(&self, _: &[u32]) {
+            panic!("the holder broke");
+        }
+        fn revoked(&self, _: &[u32]) {}
+    }
+
+    #[test]
+    fn point_11_a_panic_in_a_rebalance_callback_fails_the_run_instead_of_aborting() {
+        let ctx = Ctx { holder: Arc::new(Panicking), topic: "payments".into(), panicked: Mutex::new(None) };
+        ctx.guarded("assign", || ctx.holder.assigned(&[0]));
+        let why = lock(&ctx.panicked).clone().unwrap_or_default();
+        assert_eq!(why, "the rebalance callback (assign) panicked: the holder broke");
+        ctx.guarded("revoke", || ctx.holder.revoked(&[0]));
+        assert_eq!(lock(&ctx.panicked).as_deref(), Some(why.as_str()), "the first panic is the one kept");
     }
 
     #[test]

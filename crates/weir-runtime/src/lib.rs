@@ -105,7 +105,10 @@ pub fn supervise(
     let mut why = "server start".to_owned();
     loop {
         let started = Instant::now();
-        let Err(e) = attempt(&why) else { return };
+        // A panic fails the run as an error does: the pipeline is marked
+        // failed (so /readyz says not ready) and starts again after the backoff.
+        let result = caught(|| attempt(&why)).unwrap_or_else(|p| Err(anyhow::anyhow!("it panicked: {p}")));
+        let Err(e) = result else { return };
         why = format!("restart after a failure: {e:#}");
         let message = format!("pipeline {name} failed and restarts from its last checkpoint: {e:#}");
         eprintln!("weir: {message}");
@@ -128,6 +131,58 @@ pub fn supervise(
     }
 }
 
+/// Runs `f`, catching a panic; its message when it panicked.
+pub fn caught<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        p.downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_owned())
+    })
+}
+
 pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn point_11_a_panicking_run_is_marked_failed_and_restarted_with_backoff() {
+        let status = Mutex::new(Status::default());
+        let stop = AtomicBool::new(false);
+        let mut runs = Vec::new();
+        let started = Instant::now();
+        supervise("paid", &status, &stop, |why| {
+            runs.push((why.to_owned(), started.elapsed()));
+            match runs.len() {
+                1 => panic!("an index out of bounds"),
+                2 => {
+                    // The failure shows while it waits, as /readyz reads it.
+                    let s = lock(&status);
+                    assert!(s.failed.as_deref().is_some_and(|f| f.contains("panicked: an index out of bounds")));
+                    assert_eq!(s.restarts, 1);
+                    anyhow::bail!("then an error")
+                }
+                _ => Ok(()),
+            }
+        });
+        assert_eq!(runs.len(), 3, "{runs:?}");
+        assert!(runs[1].0.contains("it panicked: an index out of bounds"), "{runs:?}");
+        assert!(
+            runs[1].1 >= Duration::from_millis(500) && runs[2].1 - runs[1].1 >= Duration::from_secs(1),
+            "backoff doubles: {runs:?}"
+        );
+        assert_eq!(lock(&status).restarts, 2);
+    }
+
+    #[test]
+    fn point_11_caught_gives_the_panic_message() {
+        assert_eq!(caught(|| 7), Ok(7));
+        assert_eq!(caught(|| -> u8 { panic!("static text") }), Err("static text".to_owned()));
+        let n = 3;
+        assert_eq!(caught(|| -> u8 { panic!("formatted {n}") }), Err("formatted 3".to_owned()));
+    }
 }

@@ -173,6 +173,16 @@ pub(crate) async fn replay(
                 .ok_or_else(|| bad(format!("from_time={t:?} is not an RFC 3339 time such as 2026-11-29T14:00:00Z")))?,
         ),
     };
+    if let Some(offset) = r.from_offset {
+        let ends = topic_ends(&app, p).await?;
+        let end = ends.iter().copied().max().unwrap_or(0);
+        if offset > end {
+            return Err(bad(format!(
+                "from_offset {offset} is past the end of every partition of topic {:?} (their ends: {ends:?}); nothing would be replayed: give an offset at most {end}, or from_time",
+                p.contract().source.topic
+            )));
+        }
+    }
     // A request in the pipeline's store: every worker applies it to the partitions it holds.
     let asked = weir_store::Replay { from_offset: r.from_offset, from_time };
     let pn = name.clone();
@@ -183,6 +193,34 @@ pub(crate) async fn replay(
     let seq = audited(&app, &caller, "replay", Some(name.clone()), detail, why).await?;
     let body = serde_json::json!({ "pipeline": name, "replay": "started", "id": id, "audit": seq }).to_string() + "\n";
     Ok((StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+/// The end of each partition of the pipeline's topic: from the embedded
+/// log, or asked of Kafka.
+async fn topic_ends(app: &App, p: &weir_runtime::Pipeline) -> Result<Vec<u64>, ApiError> {
+    let contract = p.contract();
+    let topic = contract.source.topic.clone();
+    match weir_runtime::kafka::source_of(contract, &app.config) {
+        None => Ok(app
+            .log
+            .bounds(&topic)
+            .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+            .iter()
+            .map(|b| b.1)
+            .collect()),
+        Some((brokers, _)) => {
+            let kafka = app.config.kafka.clone();
+            tokio::task::spawn_blocking(move || weir_runtime::kafka::topic_ends(&brokers, kafka.as_ref(), &topic))
+                .await
+                .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+                .map_err(|e| {
+                    ApiError(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("cannot ask Kafka where the topic ends: {e}; try again"),
+                    )
+                })
+        }
+    }
 }
 
 #[derive(serde::Deserialize)]

@@ -12,7 +12,10 @@
 //! minus the append time of the oldest record not yet read;
 //! `max_ledger_rate` ledger entries per event read over the last minute;
 //! `max_corrected_windows` the windows corrected by backfill runs (operator
-//! or scheduled) that finished in the last hour.
+//! or scheduled) that finished in the last hour. One alert needs no
+//! `[alerts]`: `offsets_skipped` fires while offsets of the input were
+//! skipped in the last hour (deleted by retention, or by Kafka's, before the
+//! pipeline read them: those events never counted and are in no ledger).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,8 +45,27 @@ fn ratio(v: f64) -> String {
     format!("{v:.4}")
 }
 
-fn checks(alerts: &Alerts, status: &Report, ledger_rate: Option<f64>, corrected_last_hour: Option<u64>) -> Vec<Check> {
-    let mut out = Vec::new();
+/// Ledger entries per event read between two samples of (read, ledgered);
+/// none when nothing was read. Counts go back when a partition is handed
+/// over, so a difference is never taken below zero.
+fn ledger_rate((r0, l0): (u64, u64), (r1, l1): (u64, u64)) -> Option<f64> {
+    (r1 > r0).then(|| l1.saturating_sub(l0) as f64 / (r1 - r0) as f64)
+}
+
+fn checks(
+    alerts: &Alerts,
+    status: &Report,
+    ledger_rate: Option<f64>,
+    corrected_last_hour: Option<u64>,
+    skipped_last_hour: u64,
+) -> Vec<Check> {
+    let mut out = vec![Check {
+        alert: "offsets_skipped",
+        observed: skipped_last_hour as f64,
+        threshold: 0.0,
+        show: count,
+        question: "Which events were deleted before the pipeline read them? Retention (or Kafka's) removed offsets it had not read: they counted nowhere; backfill the windows from the system of record, or keep the input longer.".into(),
+    }];
     if let (Some(t), v) = (alerts.max_lag_ms, status.lag_ms as f64) {
         out.push(Check {
             alert: "max_lag",
@@ -139,7 +161,8 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Val
         let status = report(&app.log, &app.watch, name, p);
         crate::watch::record(&app.watch, name, status.events.read, status.lag_records, status.watermark_age_ms);
         crate::watch::refresh_reconcile(&app.watch, name, p.store.as_ref());
-        let Some(alerts) = &p.contract().alerts else { continue };
+        let no_alerts = Alerts::default();
+        let alerts = p.contract().alerts.as_ref().unwrap_or(&no_alerts);
         let corrected_last_hour = lock(&app.watch.reconcile).get(name).map(|t| t.corrected_last_hour);
         let (read, ledger) = (status.events.read, status.ledgered());
         let rate = {
@@ -151,15 +174,20 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Val
             }
             let (first, last) = (h.front().copied(), h.back().copied());
             match (first, last) {
-                (Some((_, r0, l0)), Some((_, r1, l1))) if r1 > r0 => Some((l1 - l0) as f64 / (r1 - r0) as f64),
+                (Some((_, r0, l0)), Some((_, r1, l1))) => ledger_rate((r0, l0), (r1, l1)),
                 _ => None,
             }
         };
+        let skipped = lock(&app.watch.alerts)
+            .skipped
+            .entry(name.clone())
+            .or_default()
+            .observe(status.offsets_not_delivered, Instant::now());
         let webhook = alerts.webhook.clone().or_else(|| app.config.alert_webhook.clone());
         let mut state = lock(&app.watch.alerts);
         let firing = state.firing.entry(name.clone()).or_default();
         let mut notes = Vec::new();
-        for c in checks(alerts, &status, rate, corrected_last_hour) {
+        for c in checks(alerts, &status, rate, corrected_last_hour, skipped) {
             let over = c.observed > c.threshold;
             let at = firing.iter().position(|f| f.alert == c.alert);
             let change = match (over, at) {
@@ -287,5 +315,27 @@ mod tests {
         assert_eq!(enqueue(&tx, "http://127.0.0.1:9/", notes[3].clone()), None);
         let queued: Vec<serde_json::Value> = (0..3).map(|_| rx.recv().unwrap().1).collect();
         assert_eq!(queued, [notes[1].clone(), notes[2].clone(), notes[3].clone()]);
+    }
+
+    #[test]
+    fn point_11_the_ledger_rate_survives_counts_that_go_back_after_a_rebalance() {
+        assert_eq!(ledger_rate((100, 10), (200, 30)), Some(0.2));
+        // A partition handed over: the worker's ledger count falls below the earlier sample.
+        assert_eq!(ledger_rate((100, 40), (150, 5)), Some(0.0));
+        assert_eq!(ledger_rate((100, 10), (100, 30)), None, "nothing read: no rate");
+        assert_eq!(ledger_rate((200, 10), (150, 30)), None, "read went back: no rate");
+    }
+
+    #[test]
+    fn point_12_skipped_offsets_are_counted_for_an_hour_and_survive_a_count_going_back() {
+        let t0 = Instant::now();
+        let mut s = crate::watch::Skipped::default();
+        assert_eq!(s.observe(0, t0), 0);
+        assert_eq!(s.observe(40, t0 + Duration::from_secs(1)), 40);
+        assert_eq!(s.observe(40, t0 + Duration::from_secs(60)), 40, "still within the hour");
+        // A restart: the count starts again from 0, and 5 more are skipped.
+        assert_eq!(s.observe(0, t0 + Duration::from_secs(61)), 40);
+        assert_eq!(s.observe(5, t0 + Duration::from_secs(62)), 45);
+        assert_eq!(s.observe(5, t0 + Duration::from_secs(62 + 3601)), 0, "an hour without a skip resolves it");
     }
 }

@@ -248,7 +248,7 @@ pub async fn serve(
     on_listen: impl FnOnce(std::net::SocketAddr),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&opts.data)
+    weir_log::create_private_dir(&opts.data)
         .with_context(|| format!("cannot create the data folder {}", opts.data.display()))?;
     // A bad certificate or key stops the start before anything else.
     let tls = match &opts.tls {
@@ -297,7 +297,8 @@ pub async fn serve(
         let url = pg.url.clone();
         let schema = pg.schema.clone();
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-            let mut client = pg::connect(&url).with_context(|| format!("cannot connect to Postgres at {url:?}"))?;
+            let mut client =
+                pg::connect(&url).with_context(|| format!("cannot connect to Postgres at {:?}", pg::redacted(&url)))?;
             pg::migrate(&mut client, &schema)
         })
         .await??;

@@ -252,8 +252,8 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>, caller: Option<Extensio
             s.restarts,
         );
         m.counter(
-            "weir_kafka_offsets_not_delivered",
-            "Kafka offsets skipped between two records the broker delivered (retention, compaction, transaction markers or a broker fault).",
+            "weir_offsets_skipped",
+            "Input offsets skipped between two records read: deleted by retention before the pipeline read them (the embedded log's or Kafka's), compaction, transaction markers or a broker fault.",
             base.clone(),
             s.offsets_not_delivered,
         );

@@ -123,6 +123,34 @@ pub struct AlertState {
     pub delivered: u64,
     pub undelivered: u64,
     pub(crate) history: BTreeMap<String, VecDeque<(Instant, u64, u64)>>,
+    /// Offsets skipped, per pipeline: the count last seen, and those
+    /// skipped in the last hour with when the last of them was.
+    pub(crate) skipped: BTreeMap<String, Skipped>,
+}
+
+/// Offsets a pipeline's source did not deliver, as the alert loop saw them.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Skipped {
+    pub seen: u64,
+    pub recent: u64,
+    pub last_at: Option<Instant>,
+}
+
+impl Skipped {
+    /// Takes the count now (it goes back when a partition is handed over or
+    /// the server restarts); the offsets skipped within the last hour.
+    pub(crate) fn observe(&mut self, count: u64, now: Instant) -> u64 {
+        if count > self.seen {
+            self.recent += count - self.seen;
+            self.last_at = Some(now);
+        }
+        self.seen = count;
+        if self.last_at.is_some_and(|t| now.duration_since(t) > std::time::Duration::from_secs(3600)) {
+            self.recent = 0;
+            self.last_at = None;
+        }
+        self.recent
+    }
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -1180,3 +1180,59 @@ fn promote_auto_makes_a_caught_up_candidate_live_and_a_superseded_version_goes_a
     let kept = get(&format!("{}/v1/pipelines/paid/results", server.url)).1;
     assert!(!kept.is_empty() && kept.lines().all(|l| l.contains("\"version\":2")), "{kept}");
 }
+
+#[test]
+fn point_12_retention_ahead_of_a_stalled_pipeline_is_counted_and_alerted_and_a_replay_past_the_end_is_400() {
+    let config = "idle_timeout = \"1h\"\n[topics.payments]\npartitions = 1\nkey = \"acct\"\nretention = \"1s\"\n";
+    let dir = std::env::temp_dir().join(format!("weir-server-test-skipped-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let s = Server::start_in_with(dir, CONTRACT, config, Some(2048));
+    let events = format!("{}/v1/topics/payments/events", s.url);
+    let metrics = || get(&format!("{}/metrics", s.url)).1;
+    assert_eq!(post(&events, &(event(0, 1, 0, "1.00") + "\n")).0, 200);
+    wait_read(&s, 1);
+    // The pipeline cannot checkpoint (another process holds the write lock)
+    // while 200 events fill closed 2 KiB segments that retention deletes
+    // after a second: once it restarts from its checkpoint, they are gone.
+    let db = rusqlite::Connection::open(s.dir.join("weir.db")).unwrap();
+    db.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let lines: Vec<String> = (1..=200).map(|i| event(i, i % 3, i64::from(i), "1.00")).collect();
+    assert_eq!(post(&events, &(lines.join("\n") + "\n")).0, 200);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while sample(&metrics(), "weir_pipeline_restarts_total", &[]) < 1.0 {
+        assert!(Instant::now() < deadline, "no restart while the database stayed locked");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(post(&events, &(event(201, 1, 201, "1.00") + "\n")).0, 200);
+    db.execute_batch("ROLLBACK").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let skipped = loop {
+        let n = sample(&metrics(), "weir_offsets_skipped_total", &["pipeline=\"paid\""]);
+        if n > 0.0 {
+            break n;
+        }
+        assert!(Instant::now() < deadline, "the offsets retention deleted were never counted");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(skipped < 202.0, "{skipped}");
+    // ... and the always-on alert fires, saying what to do.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status: serde_json::Value =
+            serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", s.url)).1).unwrap();
+        let alerts = status["alerts"].as_array().cloned().unwrap_or_default();
+        if let Some(a) = alerts.iter().find(|a| a["alert"] == "offsets_skipped") {
+            assert_eq!(a["observed"].as_str(), Some(skipped.to_string().as_str()), "{a}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no offsets_skipped alert: {status}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A replay from past the end of every partition is refused; from the end is fine.
+    let (code, body) = post_json(&format!("{}/v1/pipelines/paid/replay", s.url), r#"{"from_offset":203,"why":"t"}"#);
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("past the end") && body.contains("202"), "{body}");
+    let (code, body) = post_json(&format!("{}/v1/pipelines/paid/replay", s.url), r#"{"from_offset":202,"why":"t"}"#);
+    assert_eq!(code, 202, "{body}");
+}

@@ -68,6 +68,8 @@ pub fn connect(url: &str) -> Result<Client, crate::pg_tls::ConnectError> {
     crate::pg_tls::connect(url)
 }
 
+pub use crate::pg_tls::redacted;
+
 fn schema_sql(schema: &str) -> String {
     format!(
         "CREATE SCHEMA IF NOT EXISTS {schema};

@@ -38,9 +38,50 @@ const TLS_KEYS: &[&str] = &["sslmode", "sslrootcert", "sslcert", "sslkey"];
 #[error("{0}")]
 pub struct ConnectError(pub String);
 
-/// Connects to `url`, with TLS as its `sslmode` says.
+/// Connects to `url`, with TLS as its `sslmode` says. The error never
+/// holds the password.
 pub fn connect(url: &str) -> Result<Client, ConnectError> {
-    open(url).map_err(ConnectError)
+    open(url).map_err(|e| ConnectError(without_password(url, &e)))
+}
+
+/// `url` with its password (`password=...`, or `user:...@` in a URL) as `***`:
+/// what a log line or an error may show.
+pub fn redacted(url: &str) -> String {
+    without_password(url, url)
+}
+
+/// `text` with every spelling of `url`'s password replaced by `***`.
+fn without_password(url: &str, text: &str) -> String {
+    let mut secrets: Vec<String> = Vec::new();
+    if let Ok(config) = postgres::Config::from_str(url) {
+        if let Some(p) = config.get_password() {
+            secrets.push(String::from_utf8_lossy(p).into_owned());
+        }
+    }
+    // `password=VALUE` (quoted or not) and `scheme://user:VALUE@`, as written.
+    for (at, _) in url.match_indices("password=") {
+        let rest = &url[at + "password=".len()..];
+        let end = match rest.strip_prefix('\'') {
+            Some(quoted) => quoted.find('\'').map_or(rest.len(), |e| e + 2),
+            None => rest.find(|c: char| c.is_whitespace() || c == '&').unwrap_or(rest.len()),
+        };
+        secrets.push(rest[..end].to_owned());
+    }
+    if let Some((_, after)) = url.split_once("://") {
+        let authority = after.split(['/', '?']).next().unwrap_or_default();
+        if let Some((userinfo, _)) = authority.rsplit_once('@') {
+            if let Some((_, password)) = userinfo.split_once(':') {
+                secrets.push(password.to_owned());
+            }
+        }
+    }
+    secrets.retain(|s| !s.is_empty());
+    secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut out = text.to_owned();
+    for s in secrets {
+        out = out.replace(&s, "***");
+    }
+    out
 }
 
 fn open(url: &str) -> Result<Client, String> {
@@ -291,6 +332,27 @@ fn percent_decode(text: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_password_is_never_shown() {
+        for (url, shown) in [
+            ("host=db user=weir password=s3cret dbname=test", "host=db user=weir password=*** dbname=test"),
+            ("host=db password='two words' dbname=test", "host=db password=*** dbname=test"),
+            ("postgresql://weir:s3cret@db:5432/test", "postgresql://weir:***@db:5432/test"),
+            (
+                "postgres://weir@db/test?password=s3cret&sslmode=disable",
+                "postgres://weir@db/test?password=***&sslmode=disable",
+            ),
+            ("host=db user=weir dbname=test", "host=db user=weir dbname=test"),
+        ] {
+            assert_eq!(redacted(url), shown);
+        }
+        // Nor in a refusal: nothing listens on port 9.
+        let e = connect("host=127.0.0.1 port=9 user=weir password=s3cret dbname=test connect_timeout=2").err().unwrap();
+        assert!(!e.0.contains("s3cret"), "{}", e.0);
+        let e = connect("host=127.0.0.1 port=notaport password=s3cret").err().unwrap();
+        assert!(!e.0.contains("s3cret"), "{}", e.0);
+    }
 
     #[test]
     fn tls_settings_come_out_of_both_forms() {

@@ -190,7 +190,15 @@ fn migrate_5_to_6(conn: &Connection) -> rusqlite::Result<()> {
 /// A global window's start in the `results` key (it has none).
 pub(crate) const GLOBAL_START: i64 = i64::MIN;
 
+/// Opens (or creates, owner-only: 0600, which SQLite gives its `-wal` and
+/// `-shm` files too) the results database.
 pub fn open(path: &Path) -> rusqlite::Result<Connection> {
+    if let Err(e) = weir_log::create_private_file(path) {
+        return Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+            Some(format!("cannot create {}: {e}", path.display())),
+        ));
+    }
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;

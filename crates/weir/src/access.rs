@@ -20,7 +20,7 @@ fn open_or_create(data: &Path, create: bool) -> Result<rusqlite::Connection, Fai
                 db.display()
             )));
         }
-        std::fs::create_dir_all(data)
+        weir_log::create_private_dir(data)
             .map_err(|e| Failure::usage(format!("cannot create {}: {e}; choose a writable folder", data.display())))?;
     }
     let conn = store::open(&db).map_err(|e| Failure::run(anyhow::anyhow!("cannot open {}: {e}", db.display())))?;

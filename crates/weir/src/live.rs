@@ -162,8 +162,10 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
     let mut config_text = CONFIG.to_owned();
     if let (Some(brokers), Some(url)) = (&args.kafka, &args.postgres) {
         // A demo starts afresh: offsets kept from another run would not match the topic.
-        let mut client = weir_store::pg::connect(url)
-            .map_err(|e| Failure::usage(format!("cannot connect to Postgres at {url:?}: {e}; check --postgres")))?;
+        let mut client = weir_store::pg::connect(url).map_err(|e| {
+            let url = weir_store::pg::redacted(url);
+            Failure::usage(format!("cannot connect to Postgres at {url:?}: {e}; check --postgres"))
+        })?;
         weir_store::pg::drop_schema(&mut client, "weir_demo")
             .map_err(|e| Failure::run(anyhow::anyhow!("cannot reset the schema weir_demo: {e}")))?;
         eprintln!("weir demo: results and checkpoints in Postgres schema weir_demo (emptied first), events on Kafka at {brokers}");

@@ -389,3 +389,57 @@ fn point_6_a_token_sees_only_the_pipelines_it_may_read() {
     let (code, admin) = call("GET", &format!("{base}/readyz"), None);
     assert!(code == 503 && admin.contains("pipeline other does not run"), "{admin}");
 }
+
+#[test]
+fn point_8_the_data_folder_is_owner_only_and_no_password_is_printed() {
+    use std::os::unix::fs::PermissionsExt;
+    let r = serve("private-files", "");
+    let body: Vec<String> = (0..50).map(|i| payment(i, "a1", BASE + i as i64)).collect();
+    assert_eq!(r.post(&body.join("\n")).0, 200);
+    r.wait_read(50);
+    let data = r._dir.path("data");
+    let mut seen = (0, 0);
+    let mut stack = vec![data.clone()];
+    while let Some(dir) = stack.pop() {
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{} is {mode:o}", dir.display());
+        seen.0 += 1;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+                assert_eq!(mode, 0o600, "{} is {mode:o}", path.display());
+                seen.1 += 1;
+            }
+        }
+    }
+    let names: Vec<String> =
+        std::fs::read_dir(&data).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert!(names.iter().any(|n| n == "weir.db-wal"), "the WAL is there and was checked: {names:?}");
+    assert!(seen.0 >= 3 && seen.1 >= 4, "folders and files checked: {seen:?}");
+
+    // A start that cannot reach Postgres names it without the password.
+    let dir = Scratch::new("pg-password");
+    std::fs::create_dir_all(dir.path("contracts")).unwrap();
+    dir.write("contracts/paid.toml", PAID);
+    let toml = "[kafka]\nbrokers = \"127.0.0.1:9\"\n\n[postgres]\nurl = \"host=127.0.0.1 port=9 user=weir password=Sup3rSecret dbname=test connect_timeout=2\"\n";
+    dir.write("weir.toml", toml);
+    let (data, contracts, config) = (dir.path("data"), dir.path("contracts"), dir.path("weir.toml"));
+    let out = common::weir(&[
+        &"serve",
+        &"--data",
+        &data,
+        &"--contracts",
+        &contracts,
+        &"--config",
+        &config,
+        &"--listen",
+        &"127.0.0.1:0",
+    ]);
+    let err = common::text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("cannot connect to Postgres") && err.contains("password=***"), "{err}");
+    assert!(!err.contains("Sup3rSecret"), "{err}");
+}
