@@ -27,6 +27,8 @@ pub struct App {
     /// `weir.db` through a pool: tokens, the audit log, and the embedded pipelines' rows.
     pub sqlite: Arc<weir_store::SqliteStore>,
     pub(crate) round_robin: AtomicU64,
+    /// `(topic, Idempotency-Key)` of the POSTs being done now.
+    pub(crate) in_flight: Mutex<std::collections::HashSet<(String, String)>>,
     /// Producers for the topics Kafka pipelines read.
     pub producers: BTreeMap<String, rdkafka::producer::FutureProducer>,
     /// Refused requests by their metric labels (status and reason or role).
@@ -56,6 +58,7 @@ impl App {
             durable: Mutex::default(),
             sqlite,
             round_robin: AtomicU64::new(0),
+            in_flight: Mutex::default(),
             producers: BTreeMap::new(),
             denied: Mutex::default(),
             alerts_dropped: AtomicU64::new(0),

@@ -15,6 +15,7 @@ use axum::Extension;
 use weir_engine::time::format_rfc3339_ms;
 use weir_log::LogError;
 use weir_runtime::lock;
+use weir_store::idempotency::Found;
 
 use crate::app::*;
 
@@ -22,6 +23,7 @@ pub(crate) async fn post_events(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
     Path(topic): Path<String>,
+    headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
     if !caller.grant.may_produce(&topic) {
@@ -99,7 +101,7 @@ pub(crate) async fn post_events(
         }
     };
     let mut keys = Vec::with_capacity(events.len());
-    let mut records = Vec::with_capacity(events.len());
+    let mut records: Vec<(u32, Vec<u8>)> = Vec::with_capacity(events.len());
     for (key, line) in events {
         let partition = match &key {
             Some(k) => (xxhash_rust::xxh3::xxh3_64(k.as_bytes()) % u64::from(partitions)) as u32,
@@ -112,9 +114,86 @@ pub(crate) async fn post_events(
         return error(StatusCode::BAD_REQUEST, "the body has no events: send one JSON value per line");
     }
     let count = records.len();
+    // With an Idempotency-Key: at most once (SPEC.md 7).
+    let mut found_before: Vec<(u32, u64)> = Vec::new();
+    let _in_flight = match idempotency_key(&headers) {
+        Err(why) => return error(StatusCode::BAD_REQUEST, why),
+        Ok(None) => None,
+        Ok(Some(key)) => {
+            let Some(guard) = InFlight::claim(&app, &topic, &key) else {
+                let mut r = error(
+                    StatusCode::CONFLICT,
+                    format!(
+                        "a request with Idempotency-Key {key:?} is being done now; send it again once it is answered"
+                    ),
+                );
+                r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return r;
+            };
+            let hash = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&body));
+            let starts: Vec<u64> = match kafka {
+                Some(_) => Vec::new(),
+                None => app.log.bounds(&topic).map(|b| b.iter().map(|x| x.1).collect()).unwrap_or_default(),
+            };
+            let (t, k, h) = (topic.clone(), key.clone(), hash);
+            let st = starts.clone();
+            let found = app.read(move |c| weir_store::idempotency::begin(c, &t, &k, &h, &st, weir_log::now_ms())).await;
+            let other_body = || {
+                error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!("Idempotency-Key {key:?} was used for another body in the last 24 hours; nothing was appended; give new events a new key"),
+                )
+            };
+            match found {
+                Err(e) => return e.into_response(),
+                Ok(Found::New) => {}
+                Ok(Found::Done { same_body: true, answer }) => {
+                    let mut r = ([(header::CONTENT_TYPE, "application/json")], answer).into_response();
+                    r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+                    return r;
+                }
+                Ok(Found::Done { same_body: false, .. } | Found::Pending { same_body: false, .. }) => {
+                    return other_body()
+                }
+                Ok(Found::Pending { same_body: true, starts }) => {
+                    if kafka.is_some() {
+                        return error(
+                            StatusCode::CONFLICT,
+                            format!("the first request with Idempotency-Key {key:?} was cut short by a restart, and whether its events reached Kafka is not known here; read the topic to see, and send what is missing with a new key"),
+                        );
+                    }
+                    // A crash cut the first attempt short: what it appended is
+                    // in the log past `starts`; only the rest is appended now.
+                    let log = app.log.clone();
+                    let t = topic.clone();
+                    let wanted: Vec<Vec<u8>> = records.iter().map(|r| r.1.clone()).collect();
+                    let looked =
+                        tokio::task::spawn_blocking(move || already_appended(&log, &t, &starts, &wanted)).await;
+                    let Ok(Ok(at)) = looked else {
+                        return error(StatusCode::SERVICE_UNAVAILABLE, "the log could not be read to finish an earlier attempt with this Idempotency-Key; send it again");
+                    };
+                    let mut left = Vec::new();
+                    let mut left_keys = Vec::new();
+                    for ((record, key), at) in records.into_iter().zip(keys).zip(at) {
+                        match at {
+                            Some(place) => found_before.push(place),
+                            None => {
+                                left.push(record);
+                                left_keys.push(key);
+                            }
+                        }
+                    }
+                    records = left;
+                    keys = left_keys;
+                }
+            }
+            Some(guard)
+        }
+    };
     let arrived = std::time::Instant::now();
-    let answer = match kafka {
-        Some(producer) => match weir_runtime::kafka::produce(&producer, &topic, &records, &keys).await {
+    let answer = match (kafka, records.is_empty()) {
+        (_, true) => Ok(Vec::new()),
+        (Some(producer), false) => match weir_runtime::kafka::produce(&producer, &topic, &records, &keys).await {
             Ok(offsets) => Ok(offsets),
             Err(e) => {
                 let mut r = error(StatusCode::SERVICE_UNAVAILABLE, e);
@@ -122,7 +201,7 @@ pub(crate) async fn post_events(
                 return r;
             }
         },
-        None => match app.log.append(&topic, records) {
+        (None, false) => match app.log.append(&topic, records) {
             Ok(pending) => pending.wait().await,
             Err(e) => Err(e),
         },
@@ -130,10 +209,11 @@ pub(crate) async fn post_events(
     if answer.is_ok() {
         lock(&app.durable).observe(arrived.elapsed().as_secs_f64());
     }
+    let key = _in_flight.as_ref().map(|g| g.key.1.clone());
     match answer {
         Ok(offsets) => {
             let mut ranges: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
-            for (p, o) in offsets {
+            for (p, o) in offsets.into_iter().chain(found_before) {
                 let r = ranges.entry(p).or_insert((o, o, 0));
                 r.0 = r.0.min(o);
                 r.1 = r.1.max(o);
@@ -143,23 +223,96 @@ pub(crate) async fn post_events(
                 .into_iter()
                 .map(|(p, (first, last, n))| serde_json::json!({"partition": p, "first": first, "last": last, "count": n}))
                 .collect();
-            json(serde_json::json!({ "accepted": count, "partitions": parts }))
+            let answer = serde_json::json!({ "accepted": count, "partitions": parts }).to_string() + "\n";
+            if let Some(key) = key {
+                let (t, a) = (topic.clone(), answer.clone());
+                if let Err(e) = app.read(move |c| weir_store::idempotency::finish(c, &t, &key, &a)).await {
+                    // Durable, but a repeat would not get this answer: say so rather than 200.
+                    return e.into_response();
+                }
+            }
+            ([(header::CONTENT_TYPE, "application/json")], answer).into_response()
         }
-        Err(LogError::Unavailable(why)) => {
-            let mut r = error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the log cannot write now ({why}); nothing was acknowledged; send again later"),
-            );
-            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            r
+        Err(e) => {
+            if let Some(key) = key {
+                // Nothing was appended: the key is free for the retry.
+                let t = topic.clone();
+                let _ = app.read(move |c| weir_store::idempotency::forget(c, &t, &key)).await;
+            }
+            match e {
+                LogError::Unavailable(why) => {
+                    let mut r = error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("the log cannot write now ({why}); nothing was acknowledged; send again later"),
+                    );
+                    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    r
+                }
+                e @ LogError::Busy { .. } => {
+                    let mut r = error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+                    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    r
+                }
+                e => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            }
         }
-        Err(e @ LogError::Busy { .. }) => {
-            let mut r = error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
-            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            r
-        }
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+/// The request's `Idempotency-Key`: 1-128 visible ASCII characters.
+fn idempotency_key(headers: &axum::http::HeaderMap) -> Result<Option<String>, String> {
+    let Some(v) = headers.get("idempotency-key") else { return Ok(None) };
+    let bytes = v.as_bytes();
+    if bytes.is_empty() || bytes.len() > 128 || !bytes.iter().all(|b| b.is_ascii_graphic()) {
+        return Err("Idempotency-Key must be 1 to 128 visible ASCII characters; nothing was appended".into());
+    }
+    Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+/// A key held while its request is done; released when dropped.
+struct InFlight {
+    app: Arc<App>,
+    key: (String, String),
+}
+
+impl InFlight {
+    fn claim(app: &Arc<App>, topic: &str, key: &str) -> Option<InFlight> {
+        let k = (topic.to_owned(), key.to_owned());
+        lock(&app.in_flight).insert(k.clone()).then(|| InFlight { app: Arc::clone(app), key: k })
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        lock(&self.app.in_flight).remove(&self.key);
+    }
+}
+
+/// Where each of `wanted` already is in the log past `starts` (its
+/// partition's end before an attempt a crash cut short), each record
+/// matched once, in order; `None` for those not there.
+fn already_appended(
+    log: &weir_log::Log,
+    topic: &str,
+    starts: &[u64],
+    wanted: &[Vec<u8>],
+) -> Result<Vec<Option<(u32, u64)>>, LogError> {
+    let mut there: std::collections::HashMap<&[u8], std::collections::VecDeque<(u32, u64)>> =
+        std::collections::HashMap::new();
+    let mut records = Vec::new();
+    for (p, &(_, end)) in log.bounds(topic)?.iter().enumerate() {
+        let mut from = starts.get(p).copied().unwrap_or(end);
+        while from < end {
+            let got = log.read(topic, p as u32, from, 10_000, 16 << 20)?;
+            let Some(last) = got.last() else { break };
+            from = last.offset + 1;
+            records.extend(got.into_iter().map(|r| (p as u32, r)));
+        }
+    }
+    for (p, r) in &records {
+        there.entry(&r.payload[..]).or_default().push_back((*p, r.offset));
+    }
+    Ok(wanted.iter().map(|w| there.get_mut(&w[..]).and_then(|q| q.pop_front())).collect())
 }
 
 /// Raw events: raw-reader tokens only, and every read is in the audit log

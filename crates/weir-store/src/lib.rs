@@ -22,6 +22,7 @@ pub mod audit;
 pub mod backfill;
 pub mod checkpoint;
 mod digest;
+pub mod idempotency;
 pub mod pg;
 pub mod pg_tls;
 pub mod pool;

@@ -237,6 +237,7 @@ pub fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
 pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
     conn.execute_batch(SCHEMA)?;
     conn.execute_batch(crate::tokens::SCHEMA)?;
+    conn.execute_batch(crate::idempotency::SCHEMA)?;
     let found: Option<String> =
         conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0)).optional()?;
     let mut version = match found {

@@ -1,5 +1,6 @@
 //! Commands against a running `weir serve`: `weir produce` posts JSON lines
-//! in batches and retries what was not acknowledged; `weir results` prints
+//! in batches and retries what was not acknowledged (each batch with its own
+//! `Idempotency-Key`, so a retry appends nothing twice); `weir results` prints
 //! a pipeline's current rows.
 
 use std::io::{BufRead, BufReader, Read};
@@ -36,13 +37,31 @@ fn authed<B>(r: ureq::RequestBuilder<B>) -> ureq::RequestBuilder<B> {
 /// One POST of a batch: `Ok(true)` acknowledged, `Ok(false)` worth retrying
 /// (the server was unreachable or answered 503), `Err` a refusal to report.
 pub fn post_batch(agent: &ureq::Agent, url: &str, body: &str, token: Option<&str>) -> Result<bool, String> {
-    match with_token(agent.post(url), token).header("content-type", "application/x-ndjson").send(body) {
+    post_batch_keyed(agent, url, body, token, None)
+}
+
+/// [`post_batch`] with an `Idempotency-Key` (SPEC.md 7): sent again with
+/// the same key, a batch whose answer was lost is appended once.
+pub fn post_batch_keyed(
+    agent: &ureq::Agent,
+    url: &str,
+    body: &str,
+    token: Option<&str>,
+    key: Option<&str>,
+) -> Result<bool, String> {
+    let mut request = with_token(agent.post(url), token).header("content-type", "application/x-ndjson");
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    match request.send(body) {
         Ok(mut r) => {
             let code = r.status().as_u16();
             let text = r.body_mut().read_to_string().unwrap_or_default();
+            let busy = code == 409 && text.contains("being done now");
             match code {
                 200 => Ok(true),
                 502..=504 => Ok(false),
+                409 if busy => Ok(false),
                 _ => Err(format!("the server refused a batch ({code}): {}", error_text(&text))),
             }
         }
@@ -89,6 +108,8 @@ pub fn produce(args: ProduceArgs<'_>) -> Result<(), Failure> {
     let agent = agent();
     let token = env_token();
     let started = Instant::now();
+    // One Idempotency-Key per batch, the same for each retry of it.
+    let run = format!("{:x}{:x}", std::process::id(), weir_log::now_ms());
     let (mut sent, mut retries, mut batch, mut first_line) = (0u64, 0u64, String::new(), 1u64);
     let mut lines = BufReader::new(reader).lines();
     let mut n = 0u64;
@@ -107,7 +128,10 @@ pub fn produce(args: ProduceArgs<'_>) -> Result<(), Failure> {
             loop {
                 let sent_batch = match &to_kafka {
                     Some(k) => k.send(&batch, first_line),
-                    None => post_batch(&agent, &url, &batch, token.as_deref()),
+                    None => {
+                        let key = format!("weir-produce-{run}-{first_line}");
+                        post_batch_keyed(&agent, &url, &batch, token.as_deref(), Some(&key))
+                    }
                 };
                 match sent_batch {
                     Ok(true) => break,

@@ -443,3 +443,64 @@ fn point_8_the_data_folder_is_owner_only_and_no_password_is_printed() {
     assert!(err.contains("cannot connect to Postgres") && err.contains("password=***"), "{err}");
     assert!(!err.contains("Sup3rSecret"), "{err}");
 }
+
+#[test]
+fn point_13_a_post_with_an_idempotency_key_is_done_at_most_once() {
+    let r = serve("idempotency", "");
+    let url = format!("{}/v1/topics/payments/events", r.base);
+    let producer = common::tokens_of(&r._dir.path("data")).producer;
+    let post = |key: &str, body: &str| -> (u16, String, bool) {
+        let mut a = agent()
+            .post(&url)
+            .header("authorization", format!("Bearer {producer}"))
+            .header("idempotency-key", key)
+            .send(body)
+            .unwrap();
+        let replayed = a.headers().contains_key("idempotent-replayed");
+        (a.status().as_u16(), a.body_mut().read_to_string().unwrap(), replayed)
+    };
+    let body: Vec<String> = (0..10).map(|i| payment(i, &format!("a{i}"), BASE)).collect();
+    let body = body.join("\n");
+    let first = post("batch-1", &body);
+    assert_eq!((first.0, first.2), (200, false), "{}", first.1);
+    // The answer was lost; the producer sends the same body with the same key.
+    let again = post("batch-1", &body);
+    assert_eq!((again.0, again.1.as_str(), again.2), (200, first.1.as_str(), true), "the first answer again");
+    assert_eq!(r.records(), 10, "appended once");
+    // The same key with another body: 422, nothing appended.
+    let other = post("batch-1", &payment(99, "a1", BASE));
+    assert_eq!(other.0, 422, "{}", other.1);
+    assert!(other.1.contains("another body"), "{}", other.1);
+    // Keys are 1-128 visible ASCII characters.
+    for bad in ["x".repeat(129), "two words".into()] {
+        let (code, answer, _) = post(&bad, &body);
+        assert_eq!(code, 400, "{answer}");
+    }
+    // Twenty producers at once with one key: one append.
+    let sent: Vec<_> = (0..20)
+        .map(|_| {
+            let (url, producer, body) = (url.clone(), producer.clone(), body.replace("p", "q"));
+            std::thread::spawn(move || loop {
+                let r = agent()
+                    .post(&url)
+                    .header("authorization", format!("Bearer {producer}"))
+                    .header("idempotency-key", "batch-2")
+                    .send(&body)
+                    .unwrap();
+                match r.status().as_u16() {
+                    409 => std::thread::sleep(Duration::from_millis(20)),
+                    code => break code,
+                }
+            })
+        })
+        .collect();
+    assert!(sent.into_iter().all(|t| t.join().unwrap() == 200));
+    assert_eq!(r.records(), 20);
+    // `weir produce` sends a key per batch.
+    let file =
+        r._dir.write("more.jsonl", &(0..30).map(|i| payment(200 + i, "b1", BASE)).collect::<Vec<_>>().join("\n"));
+    let out =
+        common::weir_as(&producer, &[&"produce", &"--url", &r.base, &"--topic", &"payments", &"--batch", &"7", &file]);
+    assert!(out.status.success(), "{}", common::text(&out.stderr));
+    assert_eq!(r.records(), 50);
+}
