@@ -11,7 +11,8 @@
 //! max_events_per_request = 100000 # most events in one POST (413 past it, nothing appended)
 //! log_queue_bytes = 268435456   # events waiting for the log's writer; past it a POST gets 503 and Retry-After
 //! max_connections = 1024        # open client connections; more wait in the listen backlog
-//! alert_queue = 1000            # alert notifications waiting for the webhook; past it they are counted as dropped
+//! alert_queue = 1000            # alert notifications waiting for each webhook; past it the oldest is dropped and counted
+//! allow_link_local_webhooks = false  # true: alerts may go to link-local and cloud metadata addresses
 //! pool_connections = 16         # connections each reader pool (SQLite, Postgres) opens at most
 //! header_timeout = "10s"        # a connection's request head must arrive within this (idle ones close too)
 //! body_timeout = "60s"          # a request's body must arrive whole within this
@@ -82,6 +83,9 @@ pub struct ServerConfig {
     pub postgres: Option<PostgresConfig>,
     /// `[auth] public_metrics = true`: `/metrics` answers without a token.
     pub public_metrics: bool,
+    /// `allow_link_local_webhooks = true`: alerts may go to link-local and
+    /// cloud metadata addresses (refused by default).
+    pub allow_link_local_webhooks: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,6 +151,7 @@ impl Default for ServerConfig {
             kafka: None,
             postgres: None,
             public_metrics: false,
+            allow_link_local_webhooks: false,
         }
     }
 }
@@ -165,6 +170,7 @@ const TOP_KEYS: &[&str] = &[
     "header_timeout",
     "body_timeout",
     "alert_webhook",
+    "allow_link_local_webhooks",
     "ledger_payload_retention",
     "superseded_retention",
     "topics",
@@ -267,6 +273,17 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         Some(t) => read_postgres(r, t),
         None => Some(None),
     };
+    let mut allow_link_local_webhooks = false;
+    if let Some(item) = root.get("allow_link_local_webhooks") {
+        match item.as_bool() {
+            Some(b) => allow_link_local_webhooks = b,
+            None => r.error(
+                item.span(),
+                "allow_link_local_webhooks",
+                "must be true (alerts may go to link-local and cloud metadata addresses) or false (the default)",
+            ),
+        }
+    }
     let mut public_metrics = false;
     if let Some(t) = r.table(root, "auth", false) {
         r.unknown_keys(t, "auth", AUTH_KEYS);
@@ -283,6 +300,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
     }
     Some(ServerConfig {
         public_metrics,
+        allow_link_local_webhooks,
         kafka: kafka?,
         postgres: postgres?,
         listen,

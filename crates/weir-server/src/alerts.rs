@@ -3,7 +3,9 @@
 //! An alert fires when its observed value passes the threshold and resolves
 //! when the value comes back; each change is a notification POSTed as JSON
 //! to the contract's `webhook` (else weir.toml's `alert_webhook`), retried
-//! with backoff on a thread of its own, so delivery never blocks processing.
+//! with backoff on that webhook's own queue and thread
+//! ([`crate::webhooks`]), so delivery never blocks processing, and a dead
+//! hook delays no other.
 //! Firing alerts are shown by `status`.
 //!
 //! Observed values: `max_lag` the log time between the oldest record not yet
@@ -127,20 +129,26 @@ fn count(v: f64) -> String {
 /// Every second, forever: samples every pipeline for the dashboard's
 /// charts and evaluates its alerts.
 pub async fn run(app: Arc<App>) {
-    // Bounded: a webhook that is down cannot make notifications pile up without end.
-    let (tx, rx) = std::sync::mpsc::sync_channel::<(String, serde_json::Value)>(app.config.alert_queue);
-    let delivery = Arc::clone(&app);
-    std::thread::Builder::new().name("weir-alerts".into()).spawn(move || deliver(&delivery, &rx)).ok();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
         let a = Arc::clone(&app);
-        let tx = tx.clone();
-        let _ = tokio::task::spawn_blocking(move || evaluate(&a, &tx)).await;
+        let _ = tokio::task::spawn_blocking(move || evaluate(&a)).await;
     }
 }
 
-fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Value)>) {
+/// Queues `note` on its webhook's own queue (see [`crate::webhooks`]); a
+/// full queue drops its oldest, which is logged and counted.
+fn notify(app: &App, url: &str, note: serde_json::Value) {
+    let (capacity, allow) = (app.config.alert_queue, app.config.allow_link_local_webhooks);
+    if let Some(dropped) = app.webhooks.send(url, note, capacity, allow) {
+        eprintln!(
+            "weir: alert notification dropped: {capacity} notifications wait for {url} (weir.toml alert_queue): {dropped}"
+        );
+    }
+}
+
+fn evaluate(app: &App) {
     let now = weir_log::now_ms();
     // Versions: candidates that caught up, automatic promotes, and the notifications of both.
     let waiting = std::mem::take(&mut *lock(&app.notes));
@@ -151,10 +159,7 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Val
         }
         let webhook = p.contract().alerts.as_ref().and_then(|a| a.webhook.clone());
         if let Some(url) = webhook.or_else(|| app.config.alert_webhook.clone()) {
-            if let Some(note) = enqueue(tx, &url, note) {
-                app.alerts_dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                eprintln!("weir: version notification dropped: the webhook queue is full: {note}");
-            }
+            notify(app, &url, note);
         }
     }
     for (name, p) in &app.pipelines {
@@ -242,57 +247,8 @@ fn evaluate(app: &App, tx: &std::sync::mpsc::SyncSender<(String, serde_json::Val
                 eprintln!("weir: alert notification not kept in the store ({e}): {note}");
             }
             if let Some(url) = &webhook {
-                if let Some(note) = enqueue(tx, url, note) {
-                    app.alerts_dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    eprintln!(
-                        "weir: alert notification dropped: {} notifications wait for the webhook (weir.toml alert_queue): {note}",
-                        app.config.alert_queue
-                    );
-                }
+                notify(app, url, note);
             }
-        }
-    }
-}
-
-/// Queues a notification for the webhook without waiting; gives it back
-/// when the queue is full (or delivery stopped).
-fn enqueue(
-    tx: &std::sync::mpsc::SyncSender<(String, serde_json::Value)>,
-    url: &str,
-    note: serde_json::Value,
-) -> Option<serde_json::Value> {
-    match tx.try_send((url.to_owned(), note)) {
-        Ok(()) => None,
-        Err(
-            std::sync::mpsc::TrySendError::Full((_, note)) | std::sync::mpsc::TrySendError::Disconnected((_, note)),
-        ) => Some(note),
-    }
-}
-
-/// Sends notifications in order, each retried with backoff for up to a minute.
-fn deliver(app: &App, rx: &std::sync::mpsc::Receiver<(String, serde_json::Value)>) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(10)))
-        .build()
-        .into();
-    for (url, note) in rx {
-        let started = Instant::now();
-        let mut wait = Duration::from_millis(250);
-        let body = note.to_string();
-        loop {
-            let sent = agent.post(&url).header("content-type", "application/json").send(&body);
-            if matches!(&sent, Ok(r) if r.status().is_success()) {
-                lock(&app.watch.alerts).delivered += 1;
-                break;
-            }
-            if started.elapsed() > Duration::from_secs(60) {
-                eprintln!("weir: could not deliver an alert to {url} for a minute; it stays in status");
-                lock(&app.watch.alerts).undelivered += 1;
-                break;
-            }
-            std::thread::sleep(wait);
-            wait = (wait * 2).min(Duration::from_secs(8));
         }
     }
 }
@@ -300,22 +256,6 @@ fn deliver(app: &App, rx: &std::sync::mpsc::Receiver<(String, serde_json::Value)
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_queue_to_the_webhook_holds_at_most_alert_queue_notifications() {
-        // A webhook that does not answer: nothing is taken off the queue.
-        let (tx, rx) = std::sync::mpsc::sync_channel(3);
-        let notes: Vec<serde_json::Value> = (0..5).map(|i| serde_json::json!({ "n": i })).collect();
-        let given_back: Vec<Option<serde_json::Value>> =
-            notes.iter().map(|n| enqueue(&tx, "http://127.0.0.1:9/", n.clone())).collect();
-        assert_eq!(given_back[..3], [None, None, None], "three fit");
-        assert_eq!(given_back[3..], [Some(notes[3].clone()), Some(notes[4].clone())], "the rest are given back");
-        // Once one is delivered, there is room again, and order is kept.
-        assert_eq!(rx.recv().unwrap().1, notes[0]);
-        assert_eq!(enqueue(&tx, "http://127.0.0.1:9/", notes[3].clone()), None);
-        let queued: Vec<serde_json::Value> = (0..3).map(|_| rx.recv().unwrap().1).collect();
-        assert_eq!(queued, [notes[1].clone(), notes[2].clone(), notes[3].clone()]);
-    }
 
     #[test]
     fn point_11_the_ledger_rate_survives_counts_that_go_back_after_a_rebalance() {

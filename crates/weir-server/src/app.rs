@@ -34,7 +34,8 @@ pub struct App {
     /// Refused requests by their metric labels (status and reason or role).
     pub denied: Mutex<BTreeMap<String, u64>>,
     /// Alert notifications dropped because `alert_queue` were waiting.
-    pub alerts_dropped: AtomicU64,
+    /// The webhooks' queues and delivery counts.
+    pub webhooks: crate::webhooks::Webhooks,
     /// Candidates announced, and version notifications waiting to be sent.
     pub versions: Mutex<crate::versions::VersionWatch>,
     /// Per pipeline: a reader of its input for backfills (the log or Kafka).
@@ -61,7 +62,7 @@ impl App {
             in_flight: Mutex::default(),
             producers: BTreeMap::new(),
             denied: Mutex::default(),
-            alerts_dropped: AtomicU64::new(0),
+            webhooks: crate::webhooks::Webhooks::default(),
             versions: Mutex::new(crate::versions::VersionWatch::default()),
             backfill_inputs: BTreeMap::new(),
             notes: weir_runtime::backfill::Notes::default(),

@@ -151,7 +151,7 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>, caller: Option<Extensio
         "weir_alert_notifications_dropped",
         "Alert notifications dropped because alert_queue notifications were waiting for the webhook.",
         vec![],
-        app.alerts_dropped.load(Ordering::Relaxed),
+        app.webhooks.dropped.load(Ordering::Relaxed),
     );
     m.counter(
         "weir_log_appends_busy",

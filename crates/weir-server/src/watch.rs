@@ -119,9 +119,6 @@ pub struct Firing {
 pub struct AlertState {
     /// Firing alerts by pipeline.
     pub firing: BTreeMap<String, Vec<Firing>>,
-    /// Notifications sent and failed for good, for status and tests.
-    pub delivered: u64,
-    pub undelivered: u64,
     pub(crate) history: BTreeMap<String, VecDeque<(Instant, u64, u64)>>,
     /// Offsets skipped, per pipeline: the count last seen, and those
     /// skipped in the last hour with when the last of them was.

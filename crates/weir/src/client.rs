@@ -9,12 +9,36 @@ use std::time::{Duration, Instant};
 
 use crate::Failure;
 
+/// The client of the commands against a server: `https://` URLs are
+/// checked against the usual public roots, or only against the PEM
+/// certificates in the file `WEIR_CA_CERT` names (a server started with
+/// `--tls-cert` and a certificate of its own).
 pub fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into()
+    let mut config =
+        ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(60)));
+    if let Some(roots) = ca_certs() {
+        config = config.tls_config(ureq::tls::TlsConfig::builder().root_certs(roots).build());
+    }
+    config.build().into()
+}
+
+/// The certificates of `WEIR_CA_CERT`, when it names a readable PEM file.
+fn ca_certs() -> Option<ureq::tls::RootCerts> {
+    let path = std::env::var_os("WEIR_CA_CERT")?;
+    let pem = match std::fs::read(&path) {
+        Ok(pem) => pem,
+        Err(e) => {
+            eprintln!("weir: WEIR_CA_CERT {}: {e}; using the public roots", std::path::Path::new(&path).display());
+            return None;
+        }
+    };
+    let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    Some(ureq::tls::RootCerts::from(certs))
 }
 
 /// The token commands against a server send: `WEIR_TOKEN`.

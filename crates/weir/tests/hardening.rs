@@ -504,3 +504,25 @@ fn point_13_a_post_with_an_idempotency_key_is_done_at_most_once() {
     assert!(out.status.success(), "{}", common::text(&out.stderr));
     assert_eq!(r.records(), 50);
 }
+
+#[test]
+fn point_10_a_webhook_to_a_metadata_address_stops_the_start_unless_allowed() {
+    let dir = Scratch::new("metadata-hook");
+    std::fs::create_dir_all(dir.path("contracts")).unwrap();
+    let hooked =
+        format!("{PAID}\n[alerts]\nmax_lag = \"1m\"\nwebhook = \"http://169.254.169.254/latest/meta-data/\"\n");
+    dir.write("contracts/paid.toml", &hooked);
+    dir.write("weir.toml", "");
+    let (data, contracts, config) = (dir.path("data"), dir.path("contracts"), dir.path("weir.toml"));
+    let args: [&dyn AsRef<std::ffi::OsStr>; 9] =
+        [&"serve", &"--data", &data, &"--contracts", &contracts, &"--config", &config, &"--listen", &"127.0.0.1:0"];
+    let out = common::weir(&args);
+    let err = common::text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("169.254.169.254") && err.contains("allow_link_local_webhooks"), "{err}");
+    // Allowed in weir.toml, it starts.
+    dir.write("weir.toml", "allow_link_local_webhooks = true\n");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let _server = start(&dir.0, port);
+    assert!(get(&format!("http://127.0.0.1:{port}/healthz")).contains("true"));
+}

@@ -106,6 +106,27 @@ fn the_server_speaks_https_with_the_given_certificate() {
     // A certificate the client does not trust is refused by the client.
     let other = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     assert!(https(port, other.cert.der(), &get("/healthz", None)).is_err());
+
+    // `weir produce` and `weir results` reach it over HTTPS, trusting the
+    // certificate WEIR_CA_CERT names, and nothing else.
+    let url = format!("https://localhost:{port}");
+    let file = s.write("e.jsonl", "{\"id\":\"p1\",\"acct\":\"a1\",\"t\":\"2026-11-30T12:00:00Z\"}\n");
+    let tokens = tokens_of(&s.path("data"));
+    let run = |token: &str, ca: &std::path::Path, args: &[&dyn AsRef<std::ffi::OsStr>]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+            .env("WEIR_TOKEN", token)
+            .env("WEIR_CA_CERT", ca)
+            .args(args.iter().map(|a| a.as_ref()))
+            .output()
+            .unwrap()
+    };
+    let produced = run(&tokens.producer, &cert_pem, &[&"produce", &"--url", &url, &"--topic", &"payments", &file]);
+    assert!(produced.status.success(), "{}", String::from_utf8_lossy(&produced.stderr));
+    let results = run(&tokens.reader, &cert_pem, &[&"results", &"paid", &"--url", &url, &"--format", &"json"]);
+    assert!(results.status.success(), "{}", String::from_utf8_lossy(&results.stderr));
+    let untrusted = s.write("other.pem", &other.cert.pem());
+    let refused = run(&tokens.reader, &untrusted, &[&"results", &"paid", &"--url", &url]);
+    assert!(!refused.status.success(), "a certificate it does not trust is refused");
 }
 
 #[test]
