@@ -15,6 +15,7 @@
 //! allow_link_local_webhooks = false  # true: alerts may go to link-local and cloud metadata addresses
 //! pool_connections = 16         # connections each reader pool (SQLite, Postgres) opens at most
 //! header_timeout = "10s"        # a connection's request head must arrive within this (idle ones close too)
+//! write_timeout = "30s"         # an answer the client stops reading is cut off after this; shutdown waits at most this
 //! body_timeout = "60s"          # a request's body must arrive whole within this
 //! alert_webhook = "http://..."  # where alerts go when a contract names no webhook
 //! ledger_payload_retention = "30d" # ledger payloads (and details) are erased after this, or after
@@ -68,6 +69,9 @@ pub struct ServerConfig {
     /// A client that has not sent a whole request head within this is
     /// disconnected; so is a kept-alive connection idle this long.
     pub header_timeout_ms: i64,
+    /// A write to a client that makes no progress for this long ends its
+    /// connection; a shutdown waits at most this for open connections.
+    pub write_timeout_ms: i64,
     /// A request body that has not arrived whole within this gets 408.
     pub body_timeout_ms: i64,
     /// Ledger payloads and details older than this are erased (the
@@ -145,6 +149,7 @@ impl Default for ServerConfig {
             ledger_payload_retention_ms: None,
             superseded_retention_ms: 30 * 24 * 3_600_000,
             header_timeout_ms: 10_000,
+            write_timeout_ms: 30_000,
             body_timeout_ms: 60_000,
             alert_webhook: None,
             topics: BTreeMap::new(),
@@ -168,6 +173,7 @@ const TOP_KEYS: &[&str] = &[
     "alert_queue",
     "pool_connections",
     "header_timeout",
+    "write_timeout",
     "body_timeout",
     "alert_webhook",
     "allow_link_local_webhooks",
@@ -231,7 +237,10 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
     let superseded_retention = r.duration(root, "weir.toml", "superseded_retention");
     let header_timeout = r.duration(root, "weir.toml", "header_timeout");
     let body_timeout = r.duration(root, "weir.toml", "body_timeout");
-    for (key, value) in [("header_timeout", &header_timeout), ("body_timeout", &body_timeout)] {
+    let write_timeout = r.duration(root, "weir.toml", "write_timeout");
+    for (key, value) in
+        [("header_timeout", &header_timeout), ("body_timeout", &body_timeout), ("write_timeout", &write_timeout)]
+    {
         if let Some(Some(ms)) = value {
             if !(100..=3_600_000).contains(ms) {
                 let span = root.get(key).and_then(Item::span);
@@ -316,6 +325,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         ledger_payload_retention_ms: ledger_retention?,
         superseded_retention_ms: superseded_retention?.unwrap_or(defaults.superseded_retention_ms),
         header_timeout_ms: header_timeout?.unwrap_or(defaults.header_timeout_ms),
+        write_timeout_ms: write_timeout?.unwrap_or(defaults.write_timeout_ms),
         body_timeout_ms: body_timeout?.unwrap_or(defaults.body_timeout_ms),
         alert_webhook,
         topics,

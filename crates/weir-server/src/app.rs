@@ -26,6 +26,9 @@ pub struct App {
     pub durable: Mutex<weir_runtime::histogram::Histogram>,
     /// `weir.db` through a pool: tokens, the audit log, and the embedded pipelines' rows.
     pub sqlite: Arc<weir_store::SqliteStore>,
+    /// `weir.db` through a pool of its own for token checks, so readers
+    /// that hold every connection of `sqlite` never stall producers' tokens.
+    pub auth: Arc<weir_store::SqliteStore>,
     pub(crate) round_robin: AtomicU64,
     /// `(topic, Idempotency-Key)` of the POSTs being done now.
     pub(crate) in_flight: Mutex<std::collections::HashSet<(String, String)>>,
@@ -57,6 +60,7 @@ impl App {
             pipelines,
             watch: Watch::default(),
             durable: Mutex::default(),
+            auth: Arc::clone(&sqlite),
             sqlite,
             round_robin: AtomicU64::new(0),
             in_flight: Mutex::default(),
@@ -76,6 +80,15 @@ impl App {
     ) -> Result<T, ApiError> {
         let sqlite = Arc::clone(&self.sqlite);
         blocking(move || sqlite.with(|c| query(c))).await
+    }
+
+    /// [`App::read`] on the token checks' own pool.
+    pub(crate) async fn read_tokens<T: Send + 'static>(
+        self: &Arc<Self>,
+        query: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let auth = Arc::clone(&self.auth);
+        blocking(move || auth.with(|c| query(c))).await
     }
 }
 

@@ -155,7 +155,7 @@ async fn authenticate(State(app): State<Arc<App>>, mut req: Request, next: Next)
         .extensions()
         .get::<ConnectInfo<crate::listen::Peer>>()
         .map_or_else(|| "unknown".to_owned(), |c| c.0 .0.to_string());
-    let found = app.read(move |c| auth::authenticate(c, header.as_deref(), weir_log::now_ms())).await;
+    let found = app.read_tokens(move |c| auth::authenticate(c, header.as_deref(), weir_log::now_ms())).await;
     match found {
         Ok(Ok(grant)) => {
             req.extensions_mut().insert(Caller { grant, origin });
@@ -201,7 +201,7 @@ async fn readyz(State(app): State<Arc<App>>, headers: axum::http::HeaderMap) -> 
     let admin = match header {
         None => false,
         Some(h) => matches!(
-            app.read(move |c| auth::authenticate(c, Some(&h), weir_log::now_ms())).await,
+            app.read_tokens(move |c| auth::authenticate(c, Some(&h), weir_log::now_ms())).await,
             Ok(Ok(grant)) if grant.is_admin()
         ),
     };

@@ -477,6 +477,7 @@ pub async fn serve(
     }
     audit::record_contracts(&store::open(&db)?, &accepted, &origin)?;
     let mut app = app::App::new(log.clone(), Arc::clone(&config), pipelines, sqlite);
+    app.auth = Arc::new(weir_store::SqliteStore::new(db.clone(), 4));
     app.producers = producers;
     app.backfill_inputs = backfill_inputs;
     app.notes = notes;
@@ -504,9 +505,10 @@ pub async fn serve(
     })?;
     on_listen(listener.local_addr()?);
     let listener = listen::WeirListener::new(listener, tls, config.max_connections)?;
-    let header_timeout = Duration::from_millis(config.header_timeout_ms as u64);
+    let timeouts =
+        (Duration::from_millis(config.header_timeout_ms as u64), Duration::from_millis(config.write_timeout_ms as u64));
     let kept = (Arc::clone(&app), pg_store);
-    listen::serve(listener, http::router(app), header_timeout, shutdown).await;
+    listen::serve(listener, http::router(app), timeouts, shutdown).await;
     retention.abort();
     alerting.abort();
     let _ = retention.await;

@@ -101,12 +101,87 @@ impl WeirListener {
     }
 }
 
+/// A connection whose writes must make progress: a write that waits
+/// longer than `limit` (a client that stopped reading) fails, which ends
+/// the connection.
+struct Stalling {
+    io: Box<dyn Conn>,
+    limit: Duration,
+    waiting: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Stalling {
+    fn new(io: Box<dyn Conn>, limit: Duration) -> Stalling {
+        Stalling { io, limit, waiting: None }
+    }
+
+    /// `Pending` from the connection: fails once it has lasted `limit`.
+    fn stalled<T>(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<T>> {
+        let limit = self.limit;
+        let sleep = self.waiting.get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match std::future::Future::poll(sleep.as_mut(), cx) {
+            std::task::Poll::Ready(()) => std::task::Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing for write_timeout",
+            ))),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for Stalling {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Stalling {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match std::pin::Pin::new(&mut self.io).poll_write(cx, data) {
+            std::task::Poll::Pending => self.stalled(cx),
+            done => {
+                self.waiting = None;
+                done
+            }
+        }
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match std::pin::Pin::new(&mut self.io).poll_flush(cx) {
+            std::task::Poll::Pending => self.stalled(cx),
+            done => {
+                self.waiting = None;
+                done
+            }
+        }
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown` completes; then stops
-/// accepting, lets every connection finish the request it is in, and returns.
+/// accepting, lets every connection finish the request it is in (for at
+/// most `write_timeout`), and returns.
 pub async fn serve(
     mut listener: WeirListener,
     router: Router,
-    header_timeout: Duration,
+    (header_timeout, write_timeout): (Duration, Duration),
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -126,13 +201,15 @@ pub async fn serve(
         tokio::spawn(async move {
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(TokioTimer::new()).header_read_timeout(header_timeout).max_header_size(MAX_HEAD_BYTES);
+            let io = Stalling::new(io, write_timeout);
             let conn = http.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}
                 _ = stopping.changed() => {
                     conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+                    // A client that stops reading cannot hold the shutdown up.
+                    let _ = tokio::time::timeout(write_timeout, conn).await;
                 }
             }
             drop((held, place));

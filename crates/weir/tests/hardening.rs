@@ -526,3 +526,52 @@ fn point_10_a_webhook_to_a_metadata_address_stops_the_start_unless_allowed() {
     let _server = start(&dir.0, port);
     assert!(get(&format!("http://127.0.0.1:{port}/healthz")).contains("true"));
 }
+
+#[test]
+fn point_4_a_client_that_stops_reading_is_cut_off_and_holds_no_shutdown() {
+    let dir = Scratch::new("stalled-reader");
+    std::fs::create_dir_all(dir.path("contracts")).unwrap();
+    dir.write("contracts/paid.toml", PAID);
+    dir.write("weir.toml", "write_timeout = \"2s\"\n[topics.payments]\npartitions = 1\n");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut server = start(&dir.0, port);
+    let raw_reader = common::tokens_of(&dir.path("data")).raw_reader;
+    // 100,000 events: about 20 MB read back, more than the sockets buffer.
+    let body: Vec<String> = (0..100_000).map(|i| payment(i, &format!("a{}", i % 100), BASE)).collect();
+    assert_eq!(call("POST", &format!("{base}/v1/topics/payments/events"), Some(&body.join("\n"))).0, 200);
+    let download = || {
+        let mut sock = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let request = format!(
+            "GET /v1/topics/payments/events?partition=0&limit=100000&why=test HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {raw_reader}\r\n\r\n"
+        );
+        sock.write_all(request.as_bytes()).unwrap();
+        let mut head = [0u8; 512];
+        let n = sock.read(&mut head).unwrap();
+        let head = String::from_utf8_lossy(&head[..n]).into_owned();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        sock
+    };
+    // A reader that stops reading: after write_timeout the server ends the connection.
+    let mut stalled = download();
+    std::thread::sleep(Duration::from_secs(5));
+    stalled.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut rest = Vec::new();
+    let _ = stalled.read_to_end(&mut rest);
+    let lines = rest.iter().filter(|&&b| b == b'\n').count();
+    assert!(lines < 99_000, "the stalled answer was cut off, not sent whole: {lines} lines arrived");
+    // SIGTERM while another download stalls: the server stops within write_timeout and a margin.
+    let _held = download();
+    let asked = Instant::now();
+    let pid = server.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if server.child.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "SIGTERM did not stop the server while a client stalled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(asked.elapsed() < Duration::from_secs(6), "stopped after {:?}: write_timeout is 2 s", asked.elapsed());
+}
