@@ -234,10 +234,7 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
         "CREATE INDEX IF NOT EXISTS ledger_unerased ON {schema}.ledger (pipeline, at_ms) WHERE NOT erased;
          DROP INDEX IF EXISTS {schema}.ledger_reason;
          CREATE INDEX IF NOT EXISTS ledger_by_version ON {schema}.ledger (pipeline, version, reason, seq);
-         CREATE INDEX IF NOT EXISTS changes_by_version ON {schema}.changes (pipeline, version, seq);
-         CREATE INDEX IF NOT EXISTS changes_place ON {schema}.changes
-             (pipeline, ((row::jsonb -> 'key')), ((row::jsonb -> 'window_start')), seq);
-         CREATE INDEX IF NOT EXISTS ledger_place ON {schema}.ledger (pipeline, ((entry::jsonb -> 'key')));"
+         CREATE INDEX IF NOT EXISTS changes_by_version ON {schema}.changes (pipeline, version, seq);"
     ))?;
     tx.commit()?;
     Ok(())

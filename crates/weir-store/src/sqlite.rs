@@ -123,9 +123,6 @@ CREATE INDEX IF NOT EXISTS ledger_unerased ON ledger (pipeline, at_ms) WHERE era
 DROP INDEX IF EXISTS ledger_reason;
 CREATE INDEX IF NOT EXISTS ledger_by_version ON ledger (pipeline, version, reason, seq);
 CREATE INDEX IF NOT EXISTS changes_by_version ON changes (pipeline, version, seq);
-CREATE INDEX IF NOT EXISTS changes_place ON changes
-    (pipeline, json_extract(row, '$.key'), json_extract(row, '$.window_start'), seq);
-CREATE INDEX IF NOT EXISTS ledger_place ON ledger (pipeline, json_extract(entry, '$.key'));
 ";
 
 /// Version 5 to 6: a pipeline's tables keyed by version too. Each
@@ -897,26 +894,6 @@ pub struct Run {
 
 /// The published row `seq` of `pipeline` with where it came from; `None`
 /// when there is none (or it is held by a pause).
-/// The revision before a row: the same version, key and window, found
-/// through `changes_place` (not a scan of the change stream).
-const PREVIOUS_REVISION: &str =
-    "SELECT seq, row FROM changes INDEXED BY changes_place WHERE pipeline = ?1 AND seq < ?2 AND kind = 'row'
-       AND version = json_extract(?3, '$.version')
-       AND json_extract(row, '$.key') = json_extract(?3, '$.key')
-       AND json_extract(row, '$.window_start') IS json_extract(?3, '$.window_start')
-     ORDER BY seq DESC LIMIT 1";
-
-/// The ledger entries of a row's key and window, by reason, found through
-/// `ledger_place`. RFC 3339 times with milliseconds in UTC compare as text.
-const LEDGERED_IN_WINDOW: &str = "SELECT reason, count(*) FROM ledger INDEXED BY ledger_place WHERE pipeline = ?1 AND version = json_extract(?2, '$.version')
-           AND json_extract(entry, '$.key') = json_extract(?2, '$.key')
-           AND (json_extract(?2, '$.window_start') IS NULL
-                OR json_extract(entry, '$.window_start') = json_extract(?2, '$.window_start')
-                OR (json_extract(entry, '$.window_start') IS NULL
-                    AND json_extract(entry, '$.event_time') >= json_extract(?2, '$.window_start')
-                    AND json_extract(entry, '$.event_time') < json_extract(?2, '$.window_end')))
-         GROUP BY reason ORDER BY reason";
-
 pub fn row_origin(conn: &Connection, pipeline: &str, seq: i64) -> rusqlite::Result<Option<RowOrigin>> {
     /// The row's text, checkpoint time, run and sources.
     type Found = (String, Option<i64>, Option<i64>, Option<String>);
@@ -949,12 +926,28 @@ pub fn row_origin(conn: &Connection, pipeline: &str, seq: i64) -> rusqlite::Resu
     // The same key and window, the latest before this one (a backward scan
     // from `seq`). Keys are compared as written, in the contract's field order.
     let previous = {
-        let mut stmt = conn.prepare_cached(PREVIOUS_REVISION)?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT seq, row FROM changes WHERE pipeline = ?1 AND seq < ?2 AND kind = 'row'
+               AND version = json_extract(?3, '$.version')
+               AND json_extract(row, '$.key') = json_extract(?3, '$.key')
+               AND json_extract(row, '$.window_start') IS json_extract(?3, '$.window_start')
+             ORDER BY seq DESC LIMIT 1",
+        )?;
         stmt.query_row(params![pipeline, seq, text], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
             .optional()?
             .map(|(s, t)| (s, serde_json::from_str(&t).unwrap_or(serde_json::Value::Null)))
     };
-    let mut stmt = conn.prepare_cached(LEDGERED_IN_WINDOW)?;
+    // RFC 3339 times with milliseconds in UTC compare as text.
+    let mut stmt = conn.prepare_cached(
+        "SELECT reason, count(*) FROM ledger WHERE pipeline = ?1 AND version = json_extract(?2, '$.version')
+           AND json_extract(entry, '$.key') = json_extract(?2, '$.key')
+           AND (json_extract(?2, '$.window_start') IS NULL
+                OR json_extract(entry, '$.window_start') = json_extract(?2, '$.window_start')
+                OR (json_extract(entry, '$.window_start') IS NULL
+                    AND json_extract(entry, '$.event_time') >= json_extract(?2, '$.window_start')
+                    AND json_extract(entry, '$.event_time') < json_extract(?2, '$.window_end')))
+         GROUP BY reason ORDER BY reason",
+    )?;
     let ledgered =
         stmt.query_map(params![pipeline, text], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
     Ok(Some(RowOrigin { row, at_ms, sources, run, previous, ledgered }))
@@ -1145,29 +1138,4 @@ pub fn switch_version(
     set_stream_position(&tx, pipeline, (seq + 1, lseq))?;
     tx.commit()?;
     Ok(Ok((switch, seq)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// SQLite's plan for `sql`, one line per step.
-    fn plan(conn: &Connection, sql: &str, args: usize) -> String {
-        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-        let nulls: Vec<rusqlite::types::Value> = (0..args).map(|_| rusqlite::types::Value::Null).collect();
-        let rows = stmt.query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3)).unwrap();
-        rows.map(Result::unwrap).collect::<Vec<_>>().join("\n")
-    }
-
-    #[test]
-    fn point_4_provenance_finds_its_rows_through_indexes_not_scans() {
-        let conn = Connection::open_in_memory().unwrap();
-        migrate(&conn).unwrap();
-        let previous = plan(&conn, PREVIOUS_REVISION, 3);
-        assert!(previous.contains("USING INDEX changes_place"), "{previous}");
-        assert!(!previous.contains("SCAN changes"), "{previous}");
-        let ledgered = plan(&conn, LEDGERED_IN_WINDOW, 2);
-        assert!(ledgered.contains("USING INDEX ledger_place"), "{ledgered}");
-        assert!(!ledgered.contains("SCAN ledger"), "{ledgered}");
-    }
 }
