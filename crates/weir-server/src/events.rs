@@ -116,7 +116,7 @@ pub(crate) async fn post_events(
     let count = records.len();
     // With an Idempotency-Key: at most once (SPEC.md 7).
     let mut found_before: Vec<(u32, u64)> = Vec::new();
-    let _in_flight = match idempotency_key(&headers) {
+    let in_flight = match idempotency_key(&headers) {
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
         Ok(None) => None,
         Ok(Some(key)) => {
@@ -196,6 +196,12 @@ pub(crate) async fn post_events(
         (Some(producer), false) => match weir_runtime::kafka::produce(&producer, &topic, &records, &keys).await {
             Ok(offsets) => Ok(offsets),
             Err(e) => {
+                if let Some(held) = &in_flight {
+                    // Not acknowledged: the key is free for the retry (Kafka may
+                    // hold part of the batch, which the retry then adds again).
+                    let (t, k) = (topic.clone(), held.key.1.clone());
+                    let _ = app.read(move |c| weir_store::idempotency::forget(c, &t, &k)).await;
+                }
                 let mut r = error(StatusCode::SERVICE_UNAVAILABLE, e);
                 r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
                 return r;
@@ -209,7 +215,7 @@ pub(crate) async fn post_events(
     if answer.is_ok() {
         lock(&app.durable).observe(arrived.elapsed().as_secs_f64());
     }
-    let key = _in_flight.as_ref().map(|g| g.key.1.clone());
+    let key = in_flight.as_ref().map(|g| g.key.1.clone());
     match answer {
         Ok(offsets) => {
             let mut ranges: BTreeMap<u32, (u64, u64, u64)> = BTreeMap::new();
