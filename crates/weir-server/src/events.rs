@@ -68,7 +68,7 @@ pub(crate) async fn post_events(
         Err(weir_engine::intake::BodyError::NotJson { line, why }) => {
             return error(
                 StatusCode::BAD_REQUEST,
-                format!("line {line} is not JSON ({why}); nothing was appended; send one JSON value per line"),
+                format!("line {line} is not JSON ({why}); nothing was appended; send one JSON object per line"),
             )
         }
         Err(weir_engine::intake::BodyError::NotObject { line, what }) => {
@@ -111,7 +111,7 @@ pub(crate) async fn post_events(
         keys.push(key);
     }
     if records.is_empty() {
-        return error(StatusCode::BAD_REQUEST, "the body has no events: send one JSON value per line");
+        return error(StatusCode::BAD_REQUEST, "the body has no events: send one JSON object per line");
     }
     let count = records.len();
     // With an Idempotency-Key: at most once (SPEC.md 7).

@@ -783,7 +783,7 @@ impl KafkaTarget {
                 continue;
             }
             let key = weir_runtime::kafka::key_of_line(line, self.key.as_deref()).map_err(|e| {
-                format!("line {} is not JSON ({e}); send one JSON value per line", first_line + i as u64)
+                format!("line {} is not JSON ({e}); send one JSON object per line", first_line + i as u64)
             })?;
             records.push((0, line.as_bytes().to_vec()));
             keys.push(key);

@@ -75,16 +75,7 @@ impl Running {
 
     /// A GET as the path's role, following `Weir-Next` to the last page.
     fn pages(&self, first: &str) -> Vec<Value> {
-        let mut all = Vec::new();
-        let mut next = Some(first.to_owned());
-        while let Some(path) = next.take() {
-            let url = format!("{}{path}", self.base);
-            let mut r = common::authed(agent().get(&url), "GET", &url).call().unwrap();
-            assert_eq!(r.status().as_u16(), 200, "{path}");
-            next = r.headers().get("weir-next").map(|v| v.to_str().unwrap().to_owned());
-            all.extend(json_lines(&r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap()));
-        }
-        all
+        json_lines(&get(&format!("{}{first}", self.base)))
     }
 
     /// Resident memory of the server, and its peak so far, in bytes.
