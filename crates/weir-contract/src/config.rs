@@ -21,6 +21,7 @@
 //! ledger_payload_retention = "30d" # ledger payloads (and details) are erased after this, or after
 //!                               # the topic's retention when that is shorter
 //! superseded_retention = "30d"  # a superseded contract version stays readable this long, then is removed
+//! audit_key_file = "/etc/weir/audit.key" # the audit log's HMAC key (at least 32 bytes, mode 0600, outside the data folder)
 //!
 //! [topics.payments]
 //! partitions = 4
@@ -90,6 +91,9 @@ pub struct ServerConfig {
     /// `allow_link_local_webhooks = true`: alerts may go to link-local and
     /// cloud metadata addresses (refused by default).
     pub allow_link_local_webhooks: bool,
+    /// The file holding the audit log's HMAC key (kept outside the data
+    /// folder, so whoever can edit `weir.db` cannot recompute the chain).
+    pub audit_key_file: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,6 +161,7 @@ impl Default for ServerConfig {
             postgres: None,
             public_metrics: false,
             allow_link_local_webhooks: false,
+            audit_key_file: None,
         }
     }
 }
@@ -177,6 +182,7 @@ const TOP_KEYS: &[&str] = &[
     "body_timeout",
     "alert_webhook",
     "allow_link_local_webhooks",
+    "audit_key_file",
     "ledger_payload_retention",
     "superseded_retention",
     "topics",
@@ -233,6 +239,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
     let alert_queue = r.whole(root, "weir.toml", "alert_queue", 1, 1 << 20);
     let pool = r.whole(root, "weir.toml", "pool_connections", 1, 1024);
     let alert_webhook = r.string(root, "weir.toml", "alert_webhook", false);
+    let audit_key_file = r.string(root, "weir.toml", "audit_key_file", false);
     let ledger_retention = r.duration(root, "weir.toml", "ledger_payload_retention");
     let superseded_retention = r.duration(root, "weir.toml", "superseded_retention");
     let header_timeout = r.duration(root, "weir.toml", "header_timeout");
@@ -328,6 +335,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         write_timeout_ms: write_timeout?.unwrap_or(defaults.write_timeout_ms),
         body_timeout_ms: body_timeout?.unwrap_or(defaults.body_timeout_ms),
         alert_webhook,
+        audit_key_file,
         topics,
     })
 }

@@ -1,6 +1,7 @@
-//! Operator actions: pause, resume, replay and annotations. Each is written
-//! to the pipeline's store (read by every runner of the pipeline) before it
-//! is answered, and appended to the audit log with who, why and from where.
+//! Operator actions: pause, resume, replay, annotations, promote and
+//! rollback. Each is written to the pipeline's store (read by every runner
+//! of the pipeline) before it is answered, together with its audit entry
+//! (who, why and from where; see [`act_audited`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -12,6 +13,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use weir_engine::time::format_rfc3339_ms;
+
+use weir_store::{Act, Acted};
 
 use crate::app::*;
 
@@ -43,12 +46,12 @@ pub(crate) async fn set_paused(
     let p = may_operate(&app, &caller, &name, action)?;
     let (why, for_whom) = why_and_for_whom(&body)?;
     // The pause is a row in the pipeline's store, read by every checkpoint of every worker.
-    let pn = name.clone();
+    let act = if pause { Act::Pause } else { Act::Resume };
+    let detail = serde_json::json!({ "for": for_whom });
+    let (acted, seq) = act_audited(&app, p, &caller, &name, act, action, detail, why).await?;
     // Both answer whether it was paused before.
-    let was_paused = stored(p, move |s| if pause { s.pause(&pn) } else { s.resume(&pn) }).await?;
+    let was_paused = matches!(acted, Acted::Paused { was: true });
     p.paused.store(pause, Ordering::SeqCst);
-    let detail = serde_json::json!({ "was_paused": was_paused, "for": for_whom });
-    let seq = audited(&app, &caller, action, Some(name.clone()), detail, why).await?;
     Ok(json(serde_json::json!({ "pipeline": name, "paused": pause, "was_paused": was_paused, "audit": seq })))
 }
 
@@ -104,25 +107,16 @@ pub(crate) async fn annotate(
         Some(w) => format!("{w} via {}", caller.grant.who()),
         None => caller.grant.who(),
     };
-    let (pn, n, w, origin, actor) = (name.clone(), note.clone(), who, caller.origin.clone(), caller.grant.who());
-    // The note is kept beside the rows it marks (Postgres for a pipeline on Kafka); the audit entry in weir.db.
-    let id = {
-        let (pn, n, w) = (pn.clone(), n.clone(), w.clone());
-        stored(p, move |s| s.add_annotation(&pn, (from_ms, to_ms), &n, &w)).await?
+    // The note is kept beside the rows it marks (Postgres for a pipeline on Kafka).
+    let detail = serde_json::json!({ "from": format_rfc3339_ms(from_ms), "to": format_rfc3339_ms(to_ms), "for": who });
+    let act = Act::Annotate { range: (from_ms, to_ms), note: note.clone(), who };
+    let (acted, _) = act_audited(&app, p, &caller, &name, act, "annotate", detail, note).await?;
+    let Acted::Annotation { id } = acted else {
+        return Err(ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the store did {acted:?}, not the annotation"),
+        ));
     };
-    app.read(move |c| {
-            let detail = serde_json::json!({ "annotation": id, "from": format_rfc3339_ms(from_ms), "to": format_rfc3339_ms(to_ms), "for": w });
-            let entry = weir_store::audit::Entry {
-                who: &actor,
-                action: "annotate",
-                pipeline: Some(&pn),
-                detail: &detail,
-                why: &n,
-                origin: &origin,
-            };
-            weir_store::audit::append(c, &entry)
-        })
-        .await?;
     Ok(json(serde_json::json!({ "pipeline": name, "annotation": id })))
 }
 
@@ -184,13 +178,15 @@ pub(crate) async fn replay(
         }
     }
     // A request in the pipeline's store: every worker applies it to the partitions it holds.
-    let asked = weir_store::Replay { from_offset: r.from_offset, from_time };
-    let pn = name.clone();
-    let id = stored(p, move |s| s.ask_replay(&pn, version, asked)).await?;
+    let replay = weir_store::Replay { from_offset: r.from_offset, from_time };
     let detail = serde_json::json!({
-        "replay": id, "version": version, "from_offset": r.from_offset.unwrap_or(0), "from_time": r.from_time, "for": for_whom
+        "version": version, "from_offset": r.from_offset.unwrap_or(0), "from_time": r.from_time, "for": for_whom
     });
-    let seq = audited(&app, &caller, "replay", Some(name.clone()), detail, why).await?;
+    let act = Act::Replay { version, replay };
+    let (acted, seq) = act_audited(&app, p, &caller, &name, act, "replay", detail, why).await?;
+    let Acted::Replay { id } = acted else {
+        return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("the store did {acted:?}, not the replay")));
+    };
     let body = serde_json::json!({ "pipeline": name, "replay": "started", "id": id, "audit": seq }).to_string() + "\n";
     Ok((StatusCode::ACCEPTED, [(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
@@ -267,8 +263,12 @@ async fn switch(
 ) -> Result<Response, ApiError> {
     let p = pipeline(&app, &name)?;
     let action = if promote.is_some() { "promote" } else { "rollback" };
-    let (pn, who, w) = (name.clone(), caller.grant.who(), why.clone());
-    let switched = stored(p, move |s| s.switch_version(&pn, promote, &who, &w)).await?;
+    let act = Act::Switch { promote, who: caller.grant.who(), why: why.clone() };
+    let detail = serde_json::json!({ "for": for_whom, "asked": promote });
+    let (acted, audit) = act_audited(&app, p, &caller, &name, act, action, detail, why).await?;
+    let Acted::Switched(switched) = acted else {
+        return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("the store did {acted:?}, not the switch")));
+    };
     let (switch, seq) = switched.map_err(|e| {
         let code = match e {
             weir_store::SwitchError::Unknown { .. } => StatusCode::NOT_FOUND,
@@ -278,8 +278,6 @@ async fn switch(
     })?;
     // This server's readers and reports follow at once; other workers within a checkpoint interval.
     crate::versions::switched(p, switch);
-    let detail = serde_json::json!({ "from": switch.from, "to": switch.to, "seq": seq, "for": for_whom });
-    let audit = audited(&app, &caller, action, Some(name.clone()), detail, why).await?;
     crate::versions::notify(&app, &name, action, switch).await;
     Ok(json(serde_json::json!({
         "pipeline": name, "from": switch.from, "to": switch.to, "seq": seq, "audit": audit

@@ -162,6 +162,55 @@ pub(crate) async fn audited(
     .await
 }
 
+/// Does an operator action with its audit entry, so no action stands
+/// unaudited. Where the pipeline's store holds the audit log (`weir.db`),
+/// both commit in one transaction. Otherwise (Postgres) the entry is
+/// written first, naming the action as asked, and if the action then
+/// fails a second entry (`action-failed`) says so. Returns what was done
+/// and the entry's `seq` (none for a switch refused in SQLite: nothing was done).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn act_audited(
+    app: &Arc<App>,
+    p: &Pipeline,
+    caller: &Caller,
+    name: &str,
+    act: weir_store::Act,
+    action: &'static str,
+    detail: serde_json::Value,
+    why: String,
+) -> Result<(weir_store::Acted, Option<i64>), ApiError> {
+    let (who, origin, pipeline) = (caller.grant.who(), caller.origin.clone(), name.to_owned());
+    if p.store.keeps_audit_log() {
+        return stored(p, move |s| {
+            let entry = weir_store::audit::Entry {
+                who: &who,
+                action,
+                pipeline: Some(&pipeline),
+                detail: &detail,
+                why: &why,
+                origin: &origin,
+            };
+            s.act(&pipeline, &act, Some(&entry))
+        })
+        .await;
+    }
+    let mut asked = detail;
+    asked["outcome"] = "asked".into();
+    let seq = audited(app, caller, action, Some(pipeline.clone()), asked, why).await?;
+    let done = stored(p, move |s| s.act(&pipeline, &act, None)).await;
+    let failure = match &done {
+        Ok((weir_store::Acted::Switched(Err(e)), _)) => Some(e.to_string()),
+        Ok(_) => None,
+        Err(e) => Some(e.0.to_string() + ": " + &e.1),
+    };
+    if let Some(error) = failure {
+        let detail = serde_json::json!({ "action": action, "entry": seq, "error": error });
+        let why = "the action audited in the entry named did not take effect".to_owned();
+        audited(app, caller, "action-failed", Some(name.to_owned()), detail, why).await?;
+    }
+    done.map(|(acted, _)| (acted, Some(seq)))
+}
+
 /// The pipeline, when the caller may read its published data.
 pub(crate) fn may_read<'a>(app: &'a App, caller: &Caller, name: &str) -> Result<&'a Pipeline, ApiError> {
     let p = pipeline(app, name)?;

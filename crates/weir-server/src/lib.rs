@@ -294,6 +294,21 @@ pub async fn serve(
     let conn = store::open(&db).with_context(|| format!("cannot open {}", db.display()))?;
     store::migrate(&conn)?;
     let origin = format!("weir serve (process {}) reading its contracts folder", std::process::id());
+    // The audit log's key: once its entries are keyed, they stay keyed.
+    match (&config.audit_key_file, audit::key_named(&conn)?) {
+        (Some(file), _) => {
+            let file = Path::new(file);
+            let key = audit::Key::load(file, &opts.data).map_err(|e| anyhow::anyhow!("{e}"))?;
+            audit::use_key(&conn, &key, file, &origin)?;
+        }
+        (None, Some((file, id))) => anyhow::bail!(
+            "the audit log in {} is chained with key {id} from {}; set audit_key_file = {:?} in weir.toml (a keyed audit log stays keyed)",
+            db.display(),
+            file.display(),
+            file.display().to_string()
+        ),
+        (None, None) => {}
+    }
     drop(conn);
 
     // Pipelines over Kafka publish to Postgres, shared by the workers.

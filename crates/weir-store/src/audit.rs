@@ -9,15 +9,28 @@
 //! entry breaks the chain at that entry, which [`verify`] names. Removing
 //! entries from the end leaves a shorter valid chain: `weir audit verify`
 //! prints the count and the last hash so they can be kept elsewhere and
-//! compared (`--expect-head`).
+//! compared (`--expect-head`, or `--at SEQ:HASH` for any entry kept).
+//!
+//! With a key (weir.toml `audit_key_file`, kept outside the data folder)
+//! the chain is an HMAC instead: `hash = HMAC-SHA-256(key, prev_hash "\n"
+//! content)`, and the entry names the key by its id (`key_id`). Whoever can
+//! edit `weir.db` but not read the key cannot recompute it. Once an entry
+//! is keyed every later one must be: an unkeyed entry after a keyed one
+//! breaks the chain. `weir.db` names the key's file and id (`meta`), so
+//! every writer (the server, `weir token`) keys its entries with it, and an
+//! entry that cannot be keyed (the file gone or changed) is not written,
+//! and neither is the action it records.
+
+use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
-use crate::digest::sha256_hex;
+use crate::digest::{hmac_sha256_hex, sha256_hex};
 
 const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// One entry to append.
+#[derive(Clone, Copy)]
 pub struct Entry<'a> {
     pub who: &'a str,
     pub action: &'a str,
@@ -57,8 +70,128 @@ fn row_content(r: &rusqlite::Row<'_>) -> rusqlite::Result<String> {
     ))
 }
 
-fn chained(prev: &str, content: &str) -> String {
-    sha256_hex(format!("{prev}\n{content}").as_bytes())
+fn chained(key: Option<&Key>, prev: &str, content: &str) -> String {
+    let message = format!("{prev}\n{content}");
+    match key {
+        Some(k) => hmac_sha256_hex(&k.secret, message.as_bytes()),
+        None => sha256_hex(message.as_bytes()),
+    }
+}
+
+/// The shortest key accepted, in bytes.
+pub const MIN_KEY_BYTES: usize = 32;
+
+/// The audit log's HMAC key, read from its file.
+pub struct Key {
+    secret: Vec<u8>,
+    /// Names the key in each entry it chains, without revealing it.
+    pub id: String,
+}
+
+impl Key {
+    /// Reads a key file: its bytes without trailing white space, at least
+    /// [`MIN_KEY_BYTES`] of them.
+    pub fn read(path: &Path) -> Result<Key, String> {
+        let bytes = std::fs::read(path).map_err(|e| {
+            format!(
+                "cannot read the audit key file {}: {e}; check the path and that weir's user may read it",
+                path.display()
+            )
+        })?;
+        let end = bytes.iter().rposition(|b| !b.is_ascii_whitespace()).map_or(0, |i| i + 1);
+        let secret = bytes[..end].to_vec();
+        if secret.len() < MIN_KEY_BYTES {
+            return Err(format!(
+                "the audit key file {} holds {} bytes; a key needs at least {MIN_KEY_BYTES}: make one with `head -c 32 /dev/urandom | base64 > {}`",
+                path.display(),
+                secret.len(),
+                path.display()
+            ));
+        }
+        let id = sha256_hex(&[b"weir audit key\n".as_slice(), &secret].concat())[..16].to_owned();
+        Ok(Key { secret, id })
+    }
+
+    /// Reads the key a server is configured with: the file must lie outside
+    /// the data folder `data` and be readable by its owner only.
+    pub fn load(path: &Path, data: &Path) -> Result<Key, String> {
+        let file = std::fs::canonicalize(path).map_err(|e| {
+            format!("cannot read the audit key file {}: {e}; check audit_key_file in weir.toml", path.display())
+        })?;
+        let folder = std::fs::canonicalize(data).unwrap_or_else(|_| data.to_path_buf());
+        if file.starts_with(&folder) {
+            return Err(format!(
+                "the audit key file {} is inside the data folder {}: whoever can edit weir.db could read it there; keep it elsewhere (e.g. /etc/weir/audit.key) and point audit_key_file at it",
+                path.display(),
+                data.display()
+            ));
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&file)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+                .permissions()
+                .mode();
+            if mode & 0o077 != 0 {
+                return Err(format!(
+                    "the audit key file {} may be read by others (mode {:o}); run `chmod 600 {}`",
+                    path.display(),
+                    mode & 0o777,
+                    path.display()
+                ));
+            }
+        }
+        Key::read(&file)
+    }
+}
+
+/// The key `weir.db` says its new entries are chained with: none, or the
+/// key its file holds, which must still be the one named.
+fn current_key(conn: &Connection) -> rusqlite::Result<Option<Key>> {
+    let Some((file, id)) = key_named(conn)? else { return Ok(None) };
+    let refuse = |message: String| rusqlite::Error::ToSqlConversionFailure(message.into());
+    let key = Key::read(&file).map_err(|e| refuse(format!("{e}; audited actions are refused until it can be read")))?;
+    if key.id != id {
+        return Err(refuse(format!(
+            "the audit key file {} holds key {}, not the key {id} this audit log is chained with; put the key back, or restart weir serve to chain on with the new one",
+            file.display(),
+            key.id
+        )));
+    }
+    Ok(Some(key))
+}
+
+/// The key file and key id `weir.db` names, if its log is keyed.
+pub fn key_named(conn: &Connection) -> rusqlite::Result<Option<(PathBuf, String)>> {
+    let get =
+        |k: &str| conn.query_row("SELECT value FROM meta WHERE key = ?1", [k], |r| r.get::<_, String>(0)).optional();
+    Ok(match (get("audit_key_file")?, get("audit_key_id")?) {
+        (Some(file), Some(id)) => Some((PathBuf::from(file), id)),
+        _ => None,
+    })
+}
+
+/// Chains new entries with `key` from now on (a server's start): `weir.db`
+/// names its file and id, and an `audit-key` entry, the first chained with
+/// it, records the change. Nothing is written when the key is the one in use.
+pub fn use_key(conn: &Connection, key: &Key, file: &Path, origin: &str) -> rusqlite::Result<()> {
+    let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
+    let was = key_named(conn)?;
+    let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+    if let Some((f, id)) = &was {
+        if *id == key.id && *f == file {
+            return tx.commit();
+        }
+    }
+    let path = file.to_string_lossy();
+    for (k, v) in [("audit_key_file", path.as_ref()), ("audit_key_id", key.id.as_str())] {
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)", [k, v])?;
+    }
+    let detail = serde_json::json!({ "key_id": key.id, "file": path, "was_key_id": was.map(|w| w.1) });
+    let why = "weir.toml names this audit_key_file: entries from here on are chained with it";
+    append(conn, &Entry { who: "weir serve", action: "audit-key", pipeline: None, detail: &detail, why, origin })?;
+    tx.commit()
 }
 
 /// Appends an entry; returns its `seq`. Runs in a transaction of its own
@@ -77,11 +210,14 @@ pub fn append(conn: &Connection, e: &Entry<'_>) -> rusqlite::Result<i64> {
     let seq = last + 1;
     let at_ms = weir_log::now_ms();
     let detail = e.detail.to_string();
-    let hash = chained(&prev, &content(seq, at_ms, e.who, e.action, e.pipeline, &detail, e.why, e.origin));
+    let key = current_key(conn)?;
+    let content = content(seq, at_ms, e.who, e.action, e.pipeline, &detail, e.why, e.origin);
+    let hash = chained(key.as_ref(), &prev, &content);
+    let key_id = key.as_ref().map_or("", |k| k.id.as_str());
     conn.execute(
-        "INSERT INTO audit (seq, at_ms, who, action, pipeline, detail, why, origin, prev_hash, hash)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-        params![seq, at_ms, e.who, e.action, e.pipeline, detail, e.why, e.origin, prev, hash],
+        "INSERT INTO audit (seq, at_ms, who, action, pipeline, detail, why, origin, prev_hash, hash, key_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        params![seq, at_ms, e.who, e.action, e.pipeline, detail, e.why, e.origin, prev, hash, key_id],
     )?;
     if let Some(tx) = own {
         tx.commit()?;
@@ -120,11 +256,13 @@ pub fn latest(conn: &Connection, limit: i64) -> rusqlite::Result<Vec<String>> {
     Ok(rows)
 }
 
-/// A chain that holds: how many entries, and the last one's hash.
+/// A chain that holds: how many entries, the last one's hash, and the
+/// first entry chained with a key.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Verified {
     pub entries: i64,
     pub head: String,
+    pub keyed_from: Option<i64>,
 }
 
 /// Where the chain breaks.
@@ -140,40 +278,54 @@ impl std::fmt::Display for Broken {
     }
 }
 
-/// Walks the chain from the first entry.
-pub fn verify(conn: &Connection) -> rusqlite::Result<Result<Verified, Broken>> {
+/// Walks the chain from the first entry; keyed entries are checked with
+/// the one of `keys` they name.
+pub fn verify(conn: &Connection, keys: &[Key]) -> rusqlite::Result<Result<Verified, Broken>> {
     let mut stmt = conn.prepare(
-        "SELECT seq, at_ms, who, action, pipeline, detail, why, origin, prev_hash, hash FROM audit ORDER BY seq",
+        "SELECT seq, at_ms, who, action, pipeline, detail, why, origin, prev_hash, hash, key_id FROM audit ORDER BY seq",
     )?;
     let mut rows = stmt.query([])?;
-    let (mut expected_seq, mut prev, mut entries) = (1i64, GENESIS.to_owned(), 0i64);
+    let (mut expected_seq, mut prev, mut entries, mut keyed_from) = (1i64, GENESIS.to_owned(), 0i64, None);
     while let Some(r) = rows.next()? {
         let seq: i64 = r.get(0)?;
-        let (stored_prev, hash): (String, String) = (r.get(8)?, r.get(9)?);
+        let (stored_prev, hash, key_id): (String, String, String) = (r.get(8)?, r.get(9)?, r.get(10)?);
+        let broken = |why: String| Ok(Err(Broken { seq, why }));
         if seq != expected_seq {
-            return Ok(Err(Broken {
-                seq,
-                why: format!("entries {expected_seq} to {} are missing (removed)", seq - 1),
-            }));
+            return broken(format!("entries {expected_seq} to {} are missing (removed)", seq - 1));
         }
         if stored_prev != prev {
-            return Ok(Err(Broken {
-                seq,
-                why: "it does not chain to the entry before it (an entry before it was changed, removed or inserted)"
-                    .into(),
-            }));
+            return broken(
+                "it does not chain to the entry before it (an entry before it was changed, removed or inserted)".into(),
+            );
         }
-        if chained(&prev, &row_content(r)?) != hash {
-            return Ok(Err(Broken {
-                seq,
-                why: "its content does not match its hash (it was changed after it was written)".into(),
-            }));
+        let key = match (key_id.as_str(), keyed_from) {
+            ("", None) => None,
+            ("", Some(first)) => {
+                return broken(format!(
+                    "it is not keyed, but entry {first} and those after it were: a keyed log never goes back to plain hashes (it was rewritten without the key)"
+                ))
+            }
+            (id, _) => match keys.iter().find(|k| k.id == id) {
+                Some(k) => Some(k),
+                None => return broken(format!("it is chained with key {id}; give that key's file (--key) to check it")),
+            },
+        };
+        if chained(key, &prev, &row_content(r)?) != hash {
+            return broken("its content does not match its hash (it was changed after it was written)".into());
+        }
+        if key.is_some() && keyed_from.is_none() {
+            keyed_from = Some(seq);
         }
         prev = hash;
         expected_seq += 1;
         entries += 1;
     }
-    Ok(Ok(Verified { entries, head: prev }))
+    Ok(Ok(Verified { entries, head: prev, keyed_from }))
+}
+
+/// The stored hash of entry `seq`, if there is one.
+pub fn hash_at(conn: &Connection, seq: i64) -> rusqlite::Result<Option<String>> {
+    conn.query_row("SELECT hash FROM audit WHERE seq = ?1", [seq], |r| r.get(0)).optional()
 }
 
 /// Schema version 2 to 3: `audit` gains `origin` and the hash chain (the
@@ -202,7 +354,7 @@ pub(crate) fn migrate_to_chain(conn: &Connection) -> rusqlite::Result<()> {
         rows.collect::<rusqlite::Result<_>>()?
     };
     for (seq, c) in old {
-        let hash = chained(&prev, &c);
+        let hash = chained(None, &prev, &c);
         conn.execute("UPDATE audit SET prev_hash = ?2, hash = ?3 WHERE seq = ?1", params![seq, prev, hash])?;
         prev = hash;
     }

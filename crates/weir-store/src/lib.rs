@@ -47,6 +47,62 @@ pub struct Replay {
     pub from_time: Option<i64>,
 }
 
+/// An operator action on a pipeline, done by [`Store::act`] with its audit entry.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Act {
+    /// Hold publishing from the next checkpoint on.
+    Pause,
+    /// Publish what was held and stop holding.
+    Resume,
+    /// Ask every runner of a version to replay.
+    Replay { version: u32, replay: Replay },
+    /// A note on an event-time range, by `who`.
+    Annotate { range: (i64, i64), note: String, who: String },
+    /// A promote (`Some(version)`) or a rollback (`None`), by `who`, with
+    /// its change stream entry.
+    Switch { promote: Option<u32>, who: String, why: String },
+}
+
+/// What an [`Act`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Acted {
+    /// Paused or resumed; whether it was paused before.
+    Paused {
+        was: bool,
+    },
+    Replay {
+        id: i64,
+    },
+    Annotation {
+        id: i64,
+    },
+    /// The switch and its change stream entry's `seq`, or why there was none
+    /// (then nothing was done, and nothing audited).
+    Switched(std::result::Result<(Switch, i64), SwitchError>),
+}
+
+impl Acted {
+    /// What the audit entry adds to its detail; `None` when nothing was done.
+    pub fn detail(&self) -> Option<serde_json::Value> {
+        Some(match self {
+            Acted::Paused { was } => serde_json::json!({ "was_paused": was }),
+            Acted::Replay { id } => serde_json::json!({ "replay": id }),
+            Acted::Annotation { id } => serde_json::json!({ "annotation": id }),
+            Acted::Switched(Ok((s, seq))) => serde_json::json!({ "from": s.from, "to": s.to, "seq": seq }),
+            Acted::Switched(Err(_)) => return None,
+        })
+    }
+}
+
+/// An audit entry's detail with what the action did added.
+pub fn detail_with(detail: &serde_json::Value, acted: &Acted) -> serde_json::Value {
+    let mut d = detail.clone();
+    if let (Some(obj), Some(serde_json::Value::Object(more))) = (d.as_object_mut(), acted.detail()) {
+        obj.extend(more);
+    }
+    d
+}
+
 /// What went wrong in the store, by whose move it is.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -99,6 +155,14 @@ pub trait Store: Send + Sync {
     fn latest_ledger(&self, pipeline: &str, version: u32, limit: i64) -> Result<Vec<String>>;
     /// One published row with where it came from.
     fn row_origin(&self, pipeline: &str, seq: i64) -> Result<Option<RowOrigin>>;
+    /// Whether the audit log is in this store's database (`weir.db`), so
+    /// [`Store::act`] commits an action and its audit entry together.
+    fn keeps_audit_log(&self) -> bool;
+    /// Does an operator action. With `audit` (only where
+    /// [`Store::keeps_audit_log`]), its entry, the detail gaining what the
+    /// action did, is appended in the same transaction: both happen or
+    /// neither does. Returns what was done and the entry's `seq`.
+    fn act(&self, pipeline: &str, act: &Act, audit: Option<&audit::Entry<'_>>) -> Result<(Acted, Option<i64>)>;
     /// Holds publishing from the next checkpoint on; whether it was paused already.
     fn pause(&self, pipeline: &str) -> Result<bool>;
     /// Publishes what was held and stops holding; whether it was paused.
@@ -182,6 +246,36 @@ impl SqliteStore {
 }
 
 impl Store for SqliteStore {
+    fn keeps_audit_log(&self) -> bool {
+        true
+    }
+    fn act(&self, pipeline: &str, act: &Act, audit: Option<&audit::Entry<'_>>) -> Result<(Acted, Option<i64>)> {
+        self.with(|c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let acted = match act {
+                Act::Pause => Acted::Paused { was: sqlite::pause(&tx, pipeline)? },
+                Act::Resume => Acted::Paused { was: sqlite::resume(&tx, pipeline)? },
+                Act::Replay { version, replay } => {
+                    Acted::Replay { id: sqlite::ask_replay(&tx, pipeline, *version, *replay)? }
+                }
+                Act::Annotate { range, note, who } => {
+                    Acted::Annotation { id: sqlite::add_annotation(&tx, pipeline, *range, note, who)? }
+                }
+                Act::Switch { promote, who, why } => {
+                    Acted::Switched(sqlite::switch_version(&tx, pipeline, *promote, who, why)?)
+                }
+            };
+            let seq = match (audit, acted.detail()) {
+                (Some(e), Some(_)) => {
+                    let detail = detail_with(e.detail, &acted);
+                    Some(audit::append(&tx, &audit::Entry { detail: &detail, ..*e })?)
+                }
+                _ => None,
+            };
+            tx.commit()?;
+            Ok((acted, seq))
+        })
+    }
     fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<ResultPage> {
         self.with(|c| sqlite::results(c, pipeline, version, filter))
     }
@@ -325,6 +419,21 @@ impl PostgresStore {
 }
 
 impl Store for PostgresStore {
+    fn keeps_audit_log(&self) -> bool {
+        false
+    }
+    fn act(&self, pipeline: &str, act: &Act, _audit: Option<&audit::Entry<'_>>) -> Result<(Acted, Option<i64>)> {
+        let acted = match act {
+            Act::Pause => Acted::Paused { was: self.pause(pipeline)? },
+            Act::Resume => Acted::Paused { was: self.resume(pipeline)? },
+            Act::Replay { version, replay } => Acted::Replay { id: self.ask_replay(pipeline, *version, *replay)? },
+            Act::Annotate { range, note, who } => {
+                Acted::Annotation { id: self.add_annotation(pipeline, *range, note, who)? }
+            }
+            Act::Switch { promote, who, why } => Acted::Switched(self.switch_version(pipeline, *promote, who, why)?),
+        };
+        Ok((acted, None))
+    }
     fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<ResultPage> {
         self.with(|c, s| pg::results(c, s, pipeline, version, filter))
     }

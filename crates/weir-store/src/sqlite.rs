@@ -7,16 +7,17 @@
 //! one, the engine's changed state, and the log offsets it consumed. After
 //! any crash the database holds some checkpoint whole, never a part.
 //!
-//! Schema version 6 (older ones are migrated in place: version 1's
+//! Schema version 7 (older ones are migrated in place: version 1's
 //! `changes` gains `at_ms`, `run` and `sources`, and `runs` is created;
 //! version 2's `audit` gains `origin` and its hash chain, and `tokens` is
 //! created; version 3's `ledger` gains `at_ms` and `erased`, its entries
 //! dated at the migration; version 4's `pipelines` gains `replayed`;
-//! version 5's tables are keyed by contract version too, see `migrate_5_to_6`):
+//! version 5's tables are keyed by contract version too, see `migrate_5_to_6`;
+//! version 6's `audit` gains `key_id`):
 //!
 //! | table | holds |
 //! |---|---|
-//! | `meta` | `schema_version` |
+//! | `meta` | `schema_version`; `audit_key_file` and `audit_key_id` when the audit log is keyed |
 //! | `versions` | per pipeline and contract version: its state (`candidate`, `live`, `superseded`), contract text and hash, who started and promoted it and when, the version it replaced (SPEC.md 8, see `versions.rs`) |
 //! | `streams` | per pipeline: the next change and ledger `seq`, shared by its versions |
 //! | `pipelines` | per pipeline and version: contract hash, engine header, last checkpoint time, the last replay applied |
@@ -34,7 +35,7 @@
 //! | `reconciliations` | reconciliations against a system of record: who, why, the export, the verdict and the report (added without a version change) |
 //! | `backfills` | backfill runs (SPEC.md 9): range, who and why, state, the worker holding it and until when, its run and report (see `backfill.rs`; added without a version change: older builds ignore it) |
 //! | `sinks` | per pipeline and Kafka sink topic: the next `seq` to publish (table added without a version change: older builds ignore it) |
-//! | `audit` | token changes, operator actions, contract changes, replays and raw reads: who, when, what, why, from where; each entry's `hash` chains it to the one before (append-only: triggers refuse updates and deletes; see `audit.rs`) |
+//! | `audit` | token changes, operator actions, contract changes, replays and raw reads: who, when, what, why, from where; each entry's `hash` chains it to the one before, with the key `key_id` names if any (append-only: triggers refuse updates and deletes; see `audit.rs`) |
 //! | `tokens` | bearer tokens: id, role, what they name, expiry, revocation, and the SHA-256 of the secret (see `tokens.rs`) |
 
 use std::path::Path;
@@ -44,7 +45,7 @@ use weir_engine::{Delta, LedgerEntry, Output, Row, RowFormat};
 
 use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError, Version, VersionState};
 
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -93,7 +94,8 @@ CREATE TABLE IF NOT EXISTS annotations (
 CREATE TABLE IF NOT EXISTS audit (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, who TEXT NOT NULL, action TEXT NOT NULL,
     pipeline TEXT, detail TEXT NOT NULL, why TEXT NOT NULL,
-    origin TEXT NOT NULL DEFAULT '', prev_hash TEXT NOT NULL DEFAULT '', hash TEXT NOT NULL DEFAULT '');
+    origin TEXT NOT NULL DEFAULT '', prev_hash TEXT NOT NULL DEFAULT '', hash TEXT NOT NULL DEFAULT '',
+    key_id TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS replays (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, from_offset INTEGER, from_time INTEGER,
     asked_ms INTEGER NOT NULL, version INTEGER NOT NULL DEFAULT 0);
@@ -296,6 +298,15 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
             return Err(e.into());
         }
         version = 6;
+    }
+    if version == 6 {
+        // The audit log's entries name the key that chains them ('' for none).
+        let has = conn.prepare("SELECT 1 FROM pragma_table_info('audit') WHERE name = 'key_id'")?.exists([])?;
+        let add = if has { "" } else { "ALTER TABLE audit ADD COLUMN key_id TEXT NOT NULL DEFAULT '';" };
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {add} UPDATE meta SET value = '7' WHERE key = 'schema_version'; COMMIT;"
+        ))?;
+        version = 7;
     }
     if version != SCHEMA_VERSION {
         anyhow::bail!(
@@ -724,28 +735,41 @@ pub fn ledger(
 /// Pauses publishing: rows checkpointed from now on are held until
 /// [`resume`] (a pause survives restarts). Returns whether it was paused
 /// already.
-pub fn pause(conn: &mut Connection, pipeline: &str) -> rusqlite::Result<bool> {
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let (next, _) = stream_position(&tx, pipeline)?;
-    let added = tx.execute(
+pub fn pause(conn: &Connection, pipeline: &str) -> rusqlite::Result<bool> {
+    let tx = own_transaction(conn)?;
+    let (next, _) = stream_position(conn, pipeline)?;
+    let added = conn.execute(
         "INSERT OR IGNORE INTO pauses (pipeline, from_seq, at_ms) VALUES (?1, ?2, ?3)",
         params![pipeline, next, weir_log::now_ms()],
     )?;
-    tx.commit()?;
+    commit(tx)?;
     Ok(added == 0)
+}
+
+/// A transaction of its own, unless `conn` is in the caller's (dropped
+/// before its commit, it rolls back).
+fn own_transaction(conn: &Connection) -> rusqlite::Result<Option<rusqlite::Transaction<'_>>> {
+    match conn.is_autocommit() {
+        true => Ok(Some(rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)?)),
+        false => Ok(None),
+    }
+}
+
+fn commit(tx: Option<rusqlite::Transaction<'_>>) -> rusqlite::Result<()> {
+    tx.map_or(Ok(()), |tx| tx.commit())
 }
 
 /// Resumes publishing: the held rows reach `results` and the change stream
 /// past the pause point becomes readable, in one transaction. Returns
 /// whether it was paused.
-pub fn resume(conn: &mut Connection, pipeline: &str) -> rusqlite::Result<bool> {
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let removed = tx.execute("DELETE FROM pauses WHERE pipeline = ?1", [pipeline])?;
+pub fn resume(conn: &Connection, pipeline: &str) -> rusqlite::Result<bool> {
+    let tx = own_transaction(conn)?;
+    let removed = conn.execute("DELETE FROM pauses WHERE pipeline = ?1", [pipeline])?;
     if removed > 0 {
-        tx.execute("INSERT OR REPLACE INTO results SELECT * FROM held_results WHERE pipeline = ?1", [pipeline])?;
-        tx.execute("DELETE FROM held_results WHERE pipeline = ?1", [pipeline])?;
+        conn.execute("INSERT OR REPLACE INTO results SELECT * FROM held_results WHERE pipeline = ?1", [pipeline])?;
+        conn.execute("DELETE FROM held_results WHERE pipeline = ?1", [pipeline])?;
     }
-    tx.commit()?;
+    commit(tx)?;
     Ok(removed > 0)
 }
 
@@ -1098,14 +1122,14 @@ pub fn register_version(
 /// with its `version` entry in the change stream; the switch and the
 /// entry's `seq`, or why it cannot happen.
 pub fn switch_version(
-    conn: &mut Connection,
+    conn: &Connection,
     pipeline: &str,
     promote: Option<u32>,
     who: &str,
     why: &str,
 ) -> rusqlite::Result<Result<(Switch, i64), SwitchError>> {
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let stored = versions(&tx, pipeline)?;
+    let tx = own_transaction(conn)?;
+    let stored = versions(conn, pipeline)?;
     let decided = match promote {
         Some(v) => crate::versions::promote(pipeline, &stored, v),
         None => crate::versions::rollback(pipeline, &stored),
@@ -1116,26 +1140,26 @@ pub fn switch_version(
     };
     let now = weir_log::now_ms();
     if let Some(from) = switch.from {
-        tx.execute(
+        conn.execute(
             "UPDATE versions SET state = 'superseded', superseded_ms = ?3 WHERE pipeline = ?1 AND version = ?2",
             params![pipeline, from, now],
         )?;
     }
     let replaced = if promote.is_some() { switch.from } else { None };
-    tx.execute(
+    conn.execute(
         "UPDATE versions SET state = 'live', promoted_ms = ?3, promoted_by = ?4, superseded_ms = NULL,
                 replaced = coalesce(?5, replaced)
          WHERE pipeline = ?1 AND version = ?2",
         params![pipeline, switch.to, now, who, replaced],
     )?;
-    let (seq, lseq) = stream_position(&tx, pipeline)?;
+    let (seq, lseq) = stream_position(conn, pipeline)?;
     let mut entry = String::new();
     with_seq(&crate::versions::marker(pipeline, switch, now, why, who), seq, &mut entry);
-    tx.execute(
+    conn.execute(
         "INSERT INTO changes (pipeline, seq, row, at_ms, version, kind) VALUES (?1, ?2, ?3, ?4, ?5, 'version')",
         params![pipeline, seq, entry, now, switch.to],
     )?;
-    set_stream_position(&tx, pipeline, (seq + 1, lseq))?;
-    tx.commit()?;
+    set_stream_position(conn, pipeline, (seq + 1, lseq))?;
+    commit(tx)?;
     Ok(Ok((switch, seq)))
 }

@@ -64,7 +64,7 @@ fn a_version_2_audit_log_is_chained_when_migrated() {
     let conn = weir_store::sqlite::open(&path).unwrap();
     weir_store::sqlite::migrate(&conn).unwrap();
     // The old entries are chained in order, and new ones chain on.
-    let verified = weir_store::audit::verify(&conn).unwrap().unwrap();
+    let verified = weir_store::audit::verify(&conn, &[]).unwrap().unwrap();
     assert_eq!(verified.entries, 2);
     let detail = serde_json::json!({});
     let entry = weir_store::audit::Entry {
@@ -76,7 +76,7 @@ fn a_version_2_audit_log_is_chained_when_migrated() {
         origin: "test",
     };
     assert_eq!(weir_store::audit::append(&conn, &entry).unwrap(), 3);
-    let verified = weir_store::audit::verify(&conn).unwrap().unwrap();
+    let verified = weir_store::audit::verify(&conn, &[]).unwrap().unwrap();
     assert_eq!(verified.entries, 3);
     assert!(conn.execute("UPDATE audit SET why = 'x'", []).unwrap_err().to_string().contains("append-only"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -192,7 +192,7 @@ fn a_version_5_database_keeps_its_rows_as_the_live_version() {
     let file = weir_store::FileContract { version: 4, hash: 0xbb, bytes_hash: 0xcc, text: "[pipeline]" };
     let registered = weir_store::sqlite::register_version(&mut conn, "paid", file, "test").unwrap();
     assert!(matches!(registered, weir_store::Registration::New { state: weir_store::VersionState::Candidate, .. }));
-    let (_, seq) = weir_store::sqlite::switch_version(&mut conn, "paid", Some(4), "op", "test").unwrap().unwrap();
+    let (_, seq) = weir_store::sqlite::switch_version(&conn, "paid", Some(4), "op", "test").unwrap().unwrap();
     assert_eq!(seq, 2);
     let _ = std::fs::remove_dir_all(&dir);
 }

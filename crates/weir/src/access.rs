@@ -2,7 +2,7 @@
 //! server's machine against its data folder (`weir.db`), the way a first
 //! admin token is made. Every token change is in the audit log.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use weir_store::sqlite as store;
 use weir_store::tokens::{self as auth, NewToken, Role};
@@ -121,28 +121,82 @@ pub fn list(data: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Exit 0 when the chain holds (and ends at `expect_head` if given), 1 where it breaks.
-pub fn verify(data: &Path, expect_head: Option<&str>) -> Result<(), Failure> {
+/// Exit 0 when the chain holds (ends at `expect_head` if given, and holds
+/// each entry `at` names unchanged), 1 where it breaks.
+pub fn verify(data: &Path, expect_head: Option<&str>, at: &[String], key_files: &[PathBuf]) -> Result<(), Failure> {
     let conn = open_read_only(data)?;
-    match weir_store::audit::verify(&conn).map_err(|e| Failure::run(e.into()))? {
-        Ok(v) => {
-            if let Some(h) = expect_head {
-                if h != v.head {
-                    return Err(Failure::run(anyhow::anyhow!(
-                        "the audit log's {} entries chain correctly but end at {}, not at the expected {h}: entries were removed from its end (or --expect-head is from another log)",
-                        v.entries,
-                        v.head
-                    )));
-                }
+    let mut saved = Vec::new();
+    for a in at {
+        let parsed = a.split_once(':').and_then(|(seq, hash)| Some((seq.parse::<i64>().ok()?, hash.to_owned())));
+        match parsed {
+            Some(p) => saved.push(p),
+            None => {
+                return Err(Failure::usage(format!(
+                    "--at {a:?} must be SEQ:HASH, as a line of GET /v1/audit gives them"
+                )))
             }
-            println!("{{\"entries\":{},\"head\":\"{}\"}}", v.entries, v.head);
-            eprintln!("weir: the audit log's {} entries chain correctly; keep the head hash to check later that none was removed from the end", v.entries);
-            Ok(())
-        }
-        Err(broken) => {
-            Err(Failure::run(anyhow::anyhow!("{broken}; the audit log was tampered with from this entry on")))
         }
     }
+    let named = weir_store::audit::key_named(&conn).map_err(|e| Failure::run(e.into()))?;
+    let mut keys = Vec::new();
+    for file in key_files {
+        keys.push(weir_store::audit::Key::read(file).map_err(Failure::usage)?);
+    }
+    if key_files.is_empty() {
+        if let Some((file, _)) = &named {
+            eprintln!(
+                "weir: checking keyed entries with {}, the key file weir.db names; pass --key to check with a key you trust",
+                file.display()
+            );
+            keys.push(weir_store::audit::Key::read(file).map_err(Failure::usage)?);
+        }
+    }
+    let v = match weir_store::audit::verify(&conn, &keys).map_err(|e| Failure::run(e.into()))? {
+        Ok(v) => v,
+        Err(broken) => {
+            return Err(Failure::run(anyhow::anyhow!("{broken}; the audit log was tampered with from this entry on")))
+        }
+    };
+    if !key_files.is_empty() && v.keyed_from.is_none() {
+        return Err(Failure::run(anyhow::anyhow!(
+            "none of the audit log's {} entries is chained with the key given: the log was rewritten without it, or no server used it",
+            v.entries
+        )));
+    }
+    if let Some(h) = expect_head {
+        if h != v.head {
+            return Err(Failure::run(anyhow::anyhow!(
+                "the audit log's {} entries chain correctly but end at {}, not at the expected {h}: entries were removed from its end (or --expect-head is from another log)",
+                v.entries,
+                v.head
+            )));
+        }
+    }
+    for (seq, hash) in &saved {
+        match weir_store::audit::hash_at(&conn, *seq).map_err(|e| Failure::run(e.into()))? {
+            Some(h) if h == *hash => {}
+            Some(h) => return Err(Failure::run(anyhow::anyhow!(
+                "audit entry {seq} has hash {h}, not the {hash} kept: the log was rewritten at or before entry {seq}"
+            ))),
+            None => {
+                return Err(Failure::run(anyhow::anyhow!(
+                    "audit entry {seq} is gone (the log has {} entries): entries were removed from its end",
+                    v.entries
+                )))
+            }
+        }
+    }
+    let keyed = v.keyed_from.map_or("null".to_owned(), |s| s.to_string());
+    println!("{{\"entries\":{},\"head\":\"{}\",\"keyed_from\":{keyed}}}", v.entries, v.head);
+    eprintln!(
+        "weir: the audit log's {} entries chain correctly{}; keep the head hash to check later that none was removed from the end",
+        v.entries,
+        match v.keyed_from {
+            Some(s) => format!(" (keyed from entry {s} on)"),
+            None => String::new(),
+        }
+    );
+    Ok(())
 }
 
 /// One token of each role over every topic and pipeline, for `weir demo`

@@ -311,7 +311,7 @@ enum Command {
         #[command(subcommand)]
         what: TokenWhat,
     },
-    /// Check the audit log's hash chain.
+    /// Check the audit log's hash chain (an HMAC with the key of weir.toml `audit_key_file`).
     Audit {
         #[command(subcommand)]
         what: AuditWhat,
@@ -367,6 +367,13 @@ enum AuditWhat {
         /// The head hash an earlier verify printed: also proves no entry was removed from the end since.
         #[arg(long)]
         expect_head: Option<String>,
+        /// An entry kept from earlier, as SEQ:HASH (the `seq` and `hash` of a line of GET /v1/audit): it must still be there, unchanged.
+        #[arg(long)]
+        at: Vec<String>,
+        /// The audit key file (weir.toml `audit_key_file`; repeat it for a key used before): keyed entries are checked with it.
+        /// Default: the file weir.db names, which whoever edited weir.db could have changed.
+        #[arg(long = "key")]
+        keys: Vec<PathBuf>,
     },
 }
 
@@ -589,8 +596,8 @@ fn main() -> ExitCode {
         }
         Command::Token { what: TokenWhat::Revoke { id, data, why } } => access::revoke(&data, &id, &why),
         Command::Token { what: TokenWhat::List { data } } => access::list(&data),
-        Command::Audit { what: AuditWhat::Verify { data, expect_head } } => {
-            access::verify(&data, expect_head.as_deref())
+        Command::Audit { what: AuditWhat::Verify { data, expect_head, at, keys } } => {
+            access::verify(&data, expect_head.as_deref(), &at, &keys)
         }
         Command::Check { contract } => load_contract(&contract).map(|c| print!("{}", c.summary())),
         Command::Gen { what: GenWhat::Payments { events, seed, accounts, rate, profile, corrections, output } } => {

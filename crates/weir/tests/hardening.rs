@@ -54,7 +54,10 @@ struct Running {
 }
 
 fn serve(name: &str, toml: &str) -> Running {
-    let dir = Scratch::new(name);
+    serve_in(Scratch::new(name), toml)
+}
+
+fn serve_in(dir: Scratch, toml: &str) -> Running {
     std::fs::create_dir_all(dir.path("contracts")).unwrap();
     dir.write("contracts/paid.toml", PAID);
     dir.write("weir.toml", &format!("{toml}\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"));
@@ -565,4 +568,133 @@ fn point_4_a_client_that_stops_reading_is_cut_off_and_holds_no_shutdown() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(asked.elapsed() < Duration::from_secs(6), "stopped after {:?}: write_timeout is 2 s", asked.elapsed());
+}
+
+/// Rewrites the audit log as someone who can edit weir.db but has no key
+/// would: one `why` changed, every hash recomputed as a plain SHA-256
+/// chain, the key's name taken out of `meta`.
+fn rewrite_audit_without_key(db: &std::path::Path) {
+    use sha2::{Digest, Sha256};
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.execute_batch(
+        "DROP TRIGGER audit_append_only_update; DROP TRIGGER audit_append_only_delete;
+         UPDATE audit SET why = 'nothing to see' WHERE action = 'pause';
+         DELETE FROM meta WHERE key LIKE 'audit_key%';",
+    )
+    .unwrap();
+    let rows: Vec<(i64, String)> = {
+        let mut stmt = conn
+            .prepare("SELECT seq, at_ms, who, action, pipeline, detail, why, origin FROM audit ORDER BY seq")
+            .unwrap();
+        let rows = stmt
+            .query_map([], |r| {
+                let content = serde_json::json!([
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, Option<String>>(4)?,
+                    r.get::<_, String>(5)?,
+                    r.get::<_, String>(6)?,
+                    r.get::<_, String>(7)?
+                ]);
+                Ok((r.get(0)?, content.to_string()))
+            })
+            .unwrap();
+        rows.map(Result::unwrap).collect()
+    };
+    let mut prev = "0".repeat(64);
+    for (seq, content) in rows {
+        let hash: String =
+            Sha256::digest(format!("{prev}\n{content}").as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+        conn.execute(
+            "UPDATE audit SET prev_hash = ?2, hash = ?3, key_id = '' WHERE seq = ?1",
+            rusqlite::params![seq, prev, hash],
+        )
+        .unwrap();
+        prev = hash;
+    }
+}
+
+#[test]
+fn point_9_the_audit_chain_is_keyed_and_no_action_stands_unaudited() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = Scratch::new("audit-key");
+    let key = dir.write("audit.key", "k3Y-0f-the-audit-log-not-in-the-data-folder-0123456789\n");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let r = serve_in(dir, &format!("audit_key_file = {:?}", key.display().to_string()));
+    let data = r._dir.path("data");
+    let audit = |r: &Running| r.pages("/v1/audit?since=1");
+    let act = |what: &str| call("POST", &format!("{}/v1/pipelines/paid/{what}", r.base), Some(r#"{"why":"drill"}"#));
+
+    let (code, body) = act("pause");
+    assert_eq!(code, 200, "{body}");
+    let entries = audit(&r);
+    let keyed = entries.iter().find(|e| e["action"] == "audit-key").expect("the key's first use is an entry");
+    assert_eq!(keyed["detail"]["key_id"].as_str().unwrap().len(), 16, "{keyed}");
+    let pause = entries.last().unwrap().clone();
+    assert_eq!((pause["action"].as_str(), pause["detail"]["was_paused"].as_bool()), (Some("pause"), Some(false)));
+
+    // An entry that cannot be keyed is not written, and neither is its action.
+    let kept = std::fs::read(&key).unwrap();
+    std::fs::remove_file(&key).unwrap();
+    let (code, body) = act("resume");
+    assert!(code >= 500, "{code} {body}");
+    let (code, body) = call(
+        "POST",
+        &format!("{}/v1/pipelines/paid/annotations", r.base),
+        Some(r#"{"from":"2026-11-01T00:00:00Z","to":"2026-11-01T01:00:00Z","note":"unkeyed"}"#),
+    );
+    assert!(code >= 500, "{code} {body}");
+    let status: Value = serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", r.base))).unwrap();
+    assert_eq!(status["paused"], true, "the resume did not take effect: {status}");
+    assert_eq!(get(&format!("{}/v1/pipelines/paid/annotations", r.base)).trim(), "", "no note was kept");
+    assert_eq!(audit(&r).len(), entries.len(), "nothing was audited");
+    std::fs::write(&key, &kept).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, body) = act("resume");
+    assert_eq!(code, 200, "{body}");
+    drop(r.server);
+
+    let verify = |args: &[&dyn AsRef<std::ffi::OsStr>]| {
+        let mut all: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"audit", &"verify", &"--data", &data];
+        all.extend_from_slice(args);
+        let out = common::weir(&all);
+        (out.status.success(), common::text(&out.stdout) + &common::text(&out.stderr))
+    };
+    let at = format!("{}:{}", pause["seq"], pause["hash"].as_str().unwrap());
+    let (ok, said) = verify(&[&"--key", &key, &"--at", &at]);
+    assert!(ok, "{said}");
+    assert!(said.contains(&format!("\"keyed_from\":{}", keyed["seq"])), "{said}");
+
+    // Someone who can edit weir.db but has no key rewrites the log.
+    rewrite_audit_without_key(&data.join("weir.db"));
+    let (ok, said) = verify(&[]);
+    assert!(ok, "the plain chain holds on its own: {said}");
+    let (ok, said) = verify(&[&"--key", &key]);
+    assert!(!ok && said.contains("none of the audit log's"), "{said}");
+    let (ok, said) = verify(&[&"--at", &at]);
+    assert!(!ok && said.contains(&format!("audit entry {} has hash", pause["seq"])), "{said}");
+
+    // The key is refused inside the data folder, or readable by others.
+    let serve_with = |toml: &str| {
+        let dir = Scratch::new("audit-key-refused");
+        std::fs::create_dir_all(dir.path("contracts")).unwrap();
+        std::fs::create_dir_all(dir.path("data")).unwrap();
+        dir.write("contracts/paid.toml", PAID);
+        let inside = dir.write("data/audit.key", &"k".repeat(40));
+        let open = dir.write("open.key", &"k".repeat(40));
+        std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let toml = toml.replace("INSIDE", &inside.display().to_string()).replace("OPEN", &open.display().to_string());
+        dir.write("weir.toml", &toml);
+        let (d, c, w) = (dir.path("data"), dir.path("contracts"), dir.path("weir.toml"));
+        let out =
+            common::weir(&[&"serve", &"--data", &d, &"--contracts", &c, &"--config", &w, &"--listen", &"127.0.0.1:0"]);
+        (out.status.success(), common::text(&out.stderr))
+    };
+    let (ok, err) = serve_with("audit_key_file = \"INSIDE\"");
+    assert!(!ok && err.contains("is inside the data folder"), "{err}");
+    let (ok, err) = serve_with("audit_key_file = \"OPEN\"");
+    assert!(!ok && err.contains("chmod 600"), "{err}");
 }

@@ -938,6 +938,17 @@ fn two_versions_run_side_by_side_on_kafka_through_a_rolling_restart_and_the_sink
     assert!(on_b.lines().all(|l| l.contains("\"version\":2")), "{on_b}");
     let (code, answer) = post(&format!("{}/v1/pipelines/paid/rollback", b.base), r#"{"why":"not yet"}"#);
     assert_eq!(code, 200, "{answer}");
+    // With Postgres the audit entry is written before the action; one that
+    // did not take effect (a promote of a version never stored) says so.
+    let (code, answer) =
+        post(&format!("{}/v1/pipelines/paid/promote", b.base), r#"{"version":9,"why":"no such version"}"#);
+    assert_eq!(code, 404, "{answer}");
+    let (_, audit) = get(&format!("{}/v1/audit", b.base));
+    let entries: Vec<Value> = audit.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let asked = entries.iter().find(|e| e["action"] == "promote" && e["detail"]["asked"] == 9).expect(&audit);
+    assert_eq!(asked["detail"]["outcome"], "asked", "{asked}");
+    let failed = entries.iter().find(|e| e["action"] == "action-failed").expect(&audit);
+    assert_eq!(failed["detail"]["entry"], asked["seq"], "{failed}");
     let (_, on_a) = get(&format!("{}/v1/pipelines/paid/results?limit=100000", a.base));
     assert!(!on_a.is_empty() && on_a.lines().all(|l| l.contains("\"version\":1")), "{on_a}");
 
