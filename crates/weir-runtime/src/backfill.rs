@@ -432,7 +432,7 @@ fn cause_entries(
     for reason in CAUSES {
         let mut since = 0;
         loop {
-            let page = store.ledger(pipeline, version, Some(reason.as_str()), since, 10_000)?;
+            let page = store.ledger(pipeline, version, Some(reason.as_str()), (since, 10_000), false)?;
             for text in &page {
                 let Ok(e) = serde_json::from_str::<Value>(text) else { continue };
                 since = since.max(e.get("seq").and_then(Value::as_i64).unwrap_or(0) + 1);

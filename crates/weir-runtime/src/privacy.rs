@@ -8,10 +8,9 @@
 //! whose payload has its personal fields masked.
 
 use serde_json::Value;
-use weir_contract::{Contract, FieldPath};
+use weir_contract::Contract;
 
-/// What stands where a personal value was.
-pub const MASK: &str = "(personal)";
+pub use weir_store::privacy::{mask_event, MASK};
 
 fn event_id_is_personal(contract: &Contract) -> bool {
     let id = contract.source.event_id.as_ref();
@@ -51,41 +50,4 @@ pub fn for_sink(mut entry: Value, contract: &Contract) -> Value {
         }
     }
     entry
-}
-
-/// The event with every personal field's value replaced by [`MASK`];
-/// `None` when it is not JSON.
-pub fn mask_event(payload: &str, personal: &[FieldPath]) -> Option<String> {
-    let mut v: Value = serde_json::from_str(payload).ok()?;
-    for path in personal {
-        mask_path(&mut v, path.segments());
-    }
-    Some(v.to_string())
-}
-
-fn mask_path(v: &mut Value, segments: &[String]) {
-    let Some((first, rest)) = segments.split_first() else { return };
-    let Some(child) = v.as_object_mut().and_then(|m| m.get_mut(first)) else { return };
-    if rest.is_empty() {
-        *child = MASK.into();
-    } else {
-        mask_path(child, rest);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn personal_fields_are_masked_at_any_depth_and_only_they() {
-        let personal = [FieldPath::parse("email").unwrap(), FieldPath::parse("card.last4").unwrap()];
-        let masked = mask_event(r#"{"email":"a@b.c","card":{"last4":"4242","brand":"visa"},"amount":3}"#, &personal);
-        let v: Value = serde_json::from_str(&masked.unwrap()).unwrap();
-        assert_eq!(v["email"], MASK);
-        assert_eq!(v["card"]["last4"], MASK);
-        assert_eq!(v["card"]["brand"], "visa");
-        assert_eq!(v["amount"], 3);
-        assert_eq!(mask_event("{not json", &personal), None);
-    }
 }

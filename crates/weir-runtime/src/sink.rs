@@ -70,9 +70,11 @@ impl Conn {
         let pipeline = &contract.pipeline.name;
         let lines = match (self, ledger) {
             (Conn::Sqlite(c), false) => store::changes(c, pipeline, None, since, BATCH)?,
-            (Conn::Sqlite(c), true) => store::ledger(c, pipeline, None, None, since, BATCH)?,
+            (Conn::Sqlite(c), true) => store::ledger(c, pipeline, None, None, (since, BATCH), false)?,
             (Conn::Postgres(c, schema), false) => weir_store::pg::changes(c, schema, pipeline, None, since, BATCH)?,
-            (Conn::Postgres(c, schema), true) => weir_store::pg::ledger(c, schema, pipeline, None, None, since, BATCH)?,
+            (Conn::Postgres(c, schema), true) => {
+                weir_store::pg::ledger(c, schema, pipeline, None, None, (since, BATCH), false)?
+            }
         };
         Ok(lines
             .into_iter()

@@ -318,7 +318,17 @@ pub async fn serve(
         Some(weir_contract::SourceKind::Log) => false,
         None => config.kafka.is_some(),
     };
-    if opts.contracts.iter().any(on_kafka) {
+    // Ledger entries stored whole before their contract named personal fields.
+    let (kafka_contracts, embedded): (Vec<Contract>, Vec<Contract>) =
+        opts.contracts.iter().cloned().partition(on_kafka);
+    for c in embedded.iter().filter(|c| !c.personal.is_empty()) {
+        let privacy = weir_store::privacy::Privacy::of(c);
+        let masked = store::mask_ledger(&store::open(&db)?, &c.pipeline.name, &privacy)?;
+        if masked > 0 {
+            eprintln!("weir: {}: {masked} ledger entries stored whole are now masked", c.pipeline.name);
+        }
+    }
+    if !kafka_contracts.is_empty() {
         let Some(pg) = config.postgres.clone() else {
             let names: Vec<&str> = opts.contracts.iter().filter(|c| on_kafka(c)).map(|c| &*c.pipeline.name).collect();
             anyhow::bail!(
@@ -330,7 +340,21 @@ pub async fn serve(
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
             let mut client =
                 pg::connect(&url).with_context(|| format!("cannot connect to Postgres at {:?}", pg::redacted(&url)))?;
-            pg::migrate(&mut client, &schema)
+            pg::migrate(&mut client, &schema)?;
+            if let Err(e) = pg::grant_roles(&mut client, &schema) {
+                eprintln!(
+                    "weir: cannot create the roles {schema}_reader and {schema}_raw_reader in Postgres ({e}); a DBA can create them as SECURITY.md says"
+                );
+            }
+            // Ledger entries stored whole before their contract named personal fields.
+            for c in kafka_contracts.iter().filter(|c| !c.personal.is_empty()) {
+                let privacy = weir_store::privacy::Privacy::of(c);
+                let masked = pg::mask_ledger(&mut client, &schema, &c.pipeline.name, &privacy)?;
+                if masked > 0 {
+                    eprintln!("weir: {}: {masked} ledger entries stored whole are now masked", c.pipeline.name);
+                }
+            }
+            Ok(())
         })
         .await??;
         for c in opts.contracts.iter().filter(|c| on_kafka(c)) {

@@ -191,7 +191,8 @@ pub(crate) async fn ledger(
     let limit = page_limit(&q, 10_000)?;
     let version = read_version(p, &name, &q).await?;
     let n = name.clone();
-    let mut entries = stored(p, move |s| s.ledger(&n, version, reason.as_deref(), since, limit as i64 + 1)).await?;
+    let page = (since, limit as i64 + 1);
+    let mut entries = stored(p, move |s| s.ledger(&n, version, reason.as_deref(), page, raw)).await?;
     let next = match entries.len() > limit {
         true => entries.drain(limit..).next().as_deref().and_then(seq_of),
         false => None,

@@ -136,6 +136,7 @@ struct Identity {
     pipeline: String,
     version: u32,
     text_hash: u64,
+    privacy: crate::privacy::Privacy,
 }
 
 impl Identity {
@@ -144,6 +145,7 @@ impl Identity {
             pipeline: contract.pipeline.name.clone(),
             version: contract.pipeline.version,
             text_hash: contract.text_hash,
+            privacy: crate::privacy::Privacy::of(contract),
         }
     }
 }
@@ -209,6 +211,7 @@ impl Checkpoints for SqliteCheckpoints {
             now_ms: w.now_ms,
             replay: w.replay,
             run: w.run,
+            privacy: &id.privacy,
         };
         Ok(sqlite::checkpoint(&mut self.conn, write)?)
     }
@@ -301,6 +304,7 @@ impl Checkpoints for PgCheckpoints {
             now_ms: w.now_ms,
             run: w.run,
             replay: w.replay,
+            privacy: &id.privacy,
         };
         pg::checkpoint(&mut self.client, &self.schema, write)
     }

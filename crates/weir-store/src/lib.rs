@@ -26,6 +26,7 @@ pub mod idempotency;
 pub mod pg;
 pub mod pg_tls;
 pub mod pool;
+pub mod privacy;
 pub mod sqlite;
 pub mod tokens;
 pub mod versions;
@@ -146,9 +147,17 @@ pub trait Store: Send + Sync {
     /// version's rows and the `version` entries, or one version's rows and
     /// the `version` entries.
     fn changes(&self, pipeline: &str, version: Option<u32>, since: i64, limit: i64) -> Result<Vec<String>>;
-    /// A version's ledger entries from `since`, of one reason or all, as stored (with payloads).
-    fn ledger(&self, pipeline: &str, version: u32, reason: Option<&str>, since: i64, limit: i64)
-        -> Result<Vec<String>>;
+    /// A version's ledger entries from `since`, of one reason or all: as
+    /// stored for everyone (personal fields masked), or with `raw` as they
+    /// arrived (a raw-reader's read).
+    fn ledger(
+        &self,
+        pipeline: &str,
+        version: u32,
+        reason: Option<&str>,
+        page: (i64, i64),
+        raw: bool,
+    ) -> Result<Vec<String>>;
     /// A version's newest published rows, newest first.
     fn latest_changes(&self, pipeline: &str, version: u32, limit: i64) -> Result<Vec<String>>;
     /// A version's newest ledger entries, newest first.
@@ -287,10 +296,10 @@ impl Store for SqliteStore {
         pipeline: &str,
         version: u32,
         reason: Option<&str>,
-        since: i64,
-        limit: i64,
+        page: (i64, i64),
+        raw: bool,
     ) -> Result<Vec<String>> {
-        self.with(|c| sqlite::ledger(c, pipeline, Some(version), reason, since, limit))
+        self.with(|c| sqlite::ledger(c, pipeline, Some(version), reason, page, raw))
     }
     fn latest_changes(&self, pipeline: &str, version: u32, limit: i64) -> Result<Vec<String>> {
         self.with(|c| sqlite::latest_changes(c, pipeline, version, limit))
@@ -445,10 +454,10 @@ impl Store for PostgresStore {
         pipeline: &str,
         version: u32,
         reason: Option<&str>,
-        since: i64,
-        limit: i64,
+        page: (i64, i64),
+        raw: bool,
     ) -> Result<Vec<String>> {
-        self.with(|c, s| pg::ledger(c, s, pipeline, Some(version), reason, since, limit))
+        self.with(|c, s| pg::ledger(c, s, pipeline, Some(version), reason, page, raw))
     }
     fn latest_changes(&self, pipeline: &str, version: u32, limit: i64) -> Result<Vec<String>> {
         self.with(|c, s| pg::latest_changes(c, s, pipeline, version, limit))

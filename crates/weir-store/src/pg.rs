@@ -106,6 +106,9 @@ CREATE TABLE IF NOT EXISTS {schema}.ledger (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
     at_ms BIGINT NOT NULL DEFAULT 0, erased BOOLEAN NOT NULL DEFAULT false, version INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (pipeline, seq));
+CREATE TABLE IF NOT EXISTS {schema}.ledger_raw (
+    pipeline TEXT NOT NULL, seq BIGINT NOT NULL, version INTEGER NOT NULL, entry TEXT NOT NULL,
+    PRIMARY KEY (pipeline, seq));
 CREATE TABLE IF NOT EXISTS {schema}.sinks (
     pipeline TEXT NOT NULL, topic TEXT NOT NULL, next_seq BIGINT NOT NULL, PRIMARY KEY (pipeline, topic));
 CREATE TABLE IF NOT EXISTS {schema}.runs (
@@ -253,14 +256,82 @@ pub fn erase_ledger_payloads(
 ) -> Result<u64, postgres::Error> {
     let mut detail = String::new();
     weir_engine::write_str(crate::sqlite::ERASED_DETAIL, &mut detail);
-    client.execute(
+    let mut tx = client.transaction()?;
+    tx.execute(
+        &format!(
+            "DELETE FROM {schema}.ledger_raw WHERE pipeline = $1 AND seq IN
+                 (SELECT seq FROM {schema}.ledger WHERE pipeline = $1 AND NOT erased AND at_ms < $2)"
+        ),
+        &[&pipeline, &before_ms],
+    )?;
+    // A masked entry (no `detail`; its members in another order) is rewritten as JSON.
+    let erased = tx.execute(
         &format!(
             "UPDATE {schema}.ledger
-             SET entry = left(entry, strpos(entry, ',\"detail\":') - 1) || ',\"detail\":' || $3 || '}}', erased = true
-             WHERE pipeline = $1 AND NOT erased AND at_ms < $2 AND strpos(entry, ',\"detail\":') > 0"
+             SET entry = CASE WHEN strpos(entry, ',\"detail\":') > 0
+                 THEN left(entry, strpos(entry, ',\"detail\":') - 1) || ',\"detail\":' || $3 || '}}'
+                 ELSE ((entry::jsonb - 'payload') || jsonb_build_object('detail', $4::TEXT))::TEXT END,
+                 erased = true
+             WHERE pipeline = $1 AND NOT erased AND at_ms < $2"
         ),
-        &[&pipeline, &before_ms, &detail],
-    )
+        &[&pipeline, &before_ms, &detail, &crate::sqlite::ERASED_DETAIL],
+    )?;
+    tx.commit()?;
+    Ok(erased)
+}
+
+/// Masks `pipeline`'s ledger entries stored whole, as
+/// [`crate::sqlite::mask_ledger`] does (Postgres frees the old row
+/// versions at its next vacuum). Returns how many entries were masked.
+pub fn mask_ledger(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    privacy: &crate::privacy::Privacy,
+) -> Result<usize, postgres::Error> {
+    if !privacy.masks() {
+        return Ok(0);
+    }
+    let mut tx = client.transaction()?;
+    let whole = tx.query(
+        &format!(
+            "SELECT seq, version, entry FROM {schema}.ledger l WHERE pipeline = $1 AND NOT erased
+               AND NOT EXISTS (SELECT 1 FROM {schema}.ledger_raw r WHERE r.pipeline = l.pipeline AND r.seq = l.seq)"
+        ),
+        &[&pipeline],
+    )?;
+    for row in &whole {
+        let (seq, version, entry): (i64, i32, String) = (row.get(0), row.get(1), row.get(2));
+        tx.execute(
+            &format!("INSERT INTO {schema}.ledger_raw (pipeline, seq, version, entry) VALUES ($1, $2, $3, $4)"),
+            &[&pipeline, &seq, &version, &entry],
+        )?;
+        tx.execute(
+            &format!("UPDATE {schema}.ledger SET entry = $3 WHERE pipeline = $1 AND seq = $2"),
+            &[&pipeline, &seq, &privacy.masked_entry(&entry)],
+        )?;
+    }
+    tx.commit()?;
+    Ok(whole.len())
+}
+
+/// The roles a DBA grants to people who read the schema directly:
+/// `{schema}_reader` reads every table but `ledger_raw`, which only
+/// `{schema}_raw_reader` reads (SECURITY.md). Needs the right to create
+/// roles; without it the server says so and runs on.
+pub fn grant_roles(client: &mut Client, schema: &str) -> Result<(), postgres::Error> {
+    let mut tx = client.transaction()?;
+    tx.batch_execute(&format!(
+        "DO $$ BEGIN
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{schema}_reader') THEN CREATE ROLE {schema}_reader NOLOGIN; END IF;
+             IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{schema}_raw_reader') THEN CREATE ROLE {schema}_raw_reader NOLOGIN; END IF;
+         END $$;
+         GRANT USAGE ON SCHEMA {schema} TO {schema}_reader, {schema}_raw_reader;
+         GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {schema}_reader;
+         REVOKE ALL ON {schema}.ledger_raw FROM PUBLIC, {schema}_reader;
+         GRANT SELECT ON {schema}.ledger_raw TO {schema}_raw_reader;"
+    ))?;
+    tx.commit()
 }
 
 /// Drops `schema` and everything in it (`weir demo --postgres` starts afresh).
@@ -444,9 +515,17 @@ pub fn switch_version(
 pub fn forget_version(client: &mut Client, schema: &str, pipeline: &str, version: u32) -> Result<(), postgres::Error> {
     let v = version as i32;
     let mut tx = client.transaction()?;
-    for table in
-        ["partitions", "state_windows", "state_ids", "results", "held_results", "ledger", "replays", "versions"]
-    {
+    for table in [
+        "partitions",
+        "state_windows",
+        "state_ids",
+        "results",
+        "held_results",
+        "ledger",
+        "ledger_raw",
+        "replays",
+        "versions",
+    ] {
         tx.execute(&format!("DELETE FROM {schema}.{table} WHERE pipeline = $1 AND version = $2"), &[&pipeline, &v])?;
     }
     tx.execute(
@@ -593,6 +672,9 @@ pub struct PartitionWrite<'a> {
     /// A replay starts: the partition's stored windows and ids are dropped
     /// first, and the replay (`replays.id`) is marked applied.
     pub replay: Option<i64>,
+    /// The contract's personal fields: ledger entries are stored masked,
+    /// the raw entry in `ledger_raw` (see `privacy.rs`).
+    pub privacy: &'a crate::privacy::Privacy,
 }
 
 /// Writes one partition's checkpoint in one transaction, refused unless the
@@ -653,14 +735,28 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
     };
     write_rows(&mut tx, schema, &at, &w.out.rows, seq, paused)?;
     if entries > 0 {
-        let (mut seqs, mut reasons, mut texts) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut seqs, mut reasons, mut texts, mut raws) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for entry in &w.out.ledger {
             let mut text = String::new();
             write_ledger(w.format, entry, lseq, w.version, &mut text);
             seqs.push(lseq);
             reasons.push(entry.reason.as_str());
-            texts.push(text);
+            if w.privacy.masks() {
+                texts.push(w.privacy.masked_entry(&text));
+                raws.push(text);
+            } else {
+                texts.push(text);
+            }
             lseq += 1;
+        }
+        if !raws.is_empty() {
+            tx.execute(
+                &format!(
+                    "INSERT INTO {schema}.ledger_raw (pipeline, seq, version, entry)
+                     SELECT $1, s, $2, e FROM UNNEST($3::BIGINT[], $4::TEXT[]) AS t(s, e)"
+                ),
+                &[&w.pipeline, &v, &seqs, &raws],
+            )?;
         }
         tx.execute(
             &format!(
@@ -881,18 +977,26 @@ pub fn changes(
     annotate(client, schema, pipeline, rows.into_iter().map(|r| r.get(0)).collect())
 }
 
+/// Entries as stored for everyone (masked where the contract names personal
+/// fields), or with `raw` as they arrived (only a raw-reader's read).
+#[allow(clippy::too_many_arguments)]
 pub fn ledger(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
     version: Option<u32>,
     reason: Option<&str>,
-    since: i64,
-    limit: i64,
+    (since, limit): (i64, i64),
+    raw: bool,
 ) -> Result<Vec<String>, postgres::Error> {
+    let entry = if raw {
+        format!("coalesce((SELECT r.entry FROM {schema}.ledger_raw r WHERE r.pipeline = l.pipeline AND r.seq = l.seq), l.entry)")
+    } else {
+        "l.entry".to_owned()
+    };
     let rows = client.query(
         &format!(
-            "SELECT entry FROM {schema}.ledger WHERE pipeline = $1 AND ($5::INTEGER IS NULL OR version = $5) AND ($2::TEXT IS NULL OR reason = $2)
+            "SELECT {entry} FROM {schema}.ledger l WHERE pipeline = $1 AND ($5::INTEGER IS NULL OR version = $5) AND ($2::TEXT IS NULL OR reason = $2)
                AND seq >= $3
              ORDER BY seq LIMIT $4"
         ),

@@ -28,6 +28,7 @@
 //! | `changes` | every row of every version in emission order (`seq` from 1 per pipeline), with its version, the checkpoint's time, the run that made it and its sources (`[[partition, first offset, last offset, events], ...]`); and the `version` entries of promotes and rollbacks (`kind = 'version'`) |
 //! | `runs` | every start of a pipeline (at server start, after a failure, at a replay): contract version and hash, weir's version |
 //! | `ledger` | every ledger entry in order (`seq` from 1), with its checkpoint's time; `erased` once its payload and detail are erased for retention ([`erase_ledger_payloads`]) |
+//! | `ledger_raw` | where the contract names personal fields: each ledger entry whole (the `ledger` row is masked); read only for a raw-reader (see `privacy.rs`) |
 //! | `pauses` | a paused pipeline: the first change `seq` not published (written by the operator's action; every checkpoint reads it) |
 //! | `replays` | replays an operator asked for; the pipeline applies those above its `replayed` |
 //! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
@@ -113,6 +114,9 @@ CREATE TABLE IF NOT EXISTS backfills (
     from_ms INTEGER NOT NULL, to_ms INTEGER NOT NULL, who TEXT NOT NULL, why TEXT NOT NULL, origin TEXT NOT NULL,
     asked_ms INTEGER NOT NULL, state TEXT NOT NULL, claimed_by TEXT, lease_until INTEGER, finished_ms INTEGER,
     run INTEGER, report TEXT, error TEXT);
+CREATE TABLE IF NOT EXISTS ledger_raw (
+    pipeline TEXT NOT NULL, seq INTEGER NOT NULL, version INTEGER NOT NULL, entry TEXT NOT NULL,
+    PRIMARY KEY (pipeline, seq));
 CREATE TRIGGER IF NOT EXISTS audit_append_only_update BEFORE UPDATE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS audit_append_only_delete BEFORE DELETE ON audit
@@ -205,6 +209,10 @@ pub fn open(path: &Path) -> rusqlite::Result<Connection> {
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
+    // Text deleted, replaced or moved (a page split copies cells) is
+    // overwritten, so a ledger payload erased or forgotten leaves no copy
+    // in the file's free space (SECURITY.md, "Personal data").
+    conn.pragma_update(None, "secure_delete", "ON")?;
     Ok(conn)
 }
 
@@ -317,6 +325,42 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Masks `pipeline`'s ledger entries stored whole (written before its
+/// contract named personal fields, or by a weir that did not mask): each
+/// raw entry moves to `ledger_raw` and `ledger` keeps it masked; the old
+/// text is overwritten (`secure_delete`) and the write-ahead log truncated.
+/// Returns how many entries were masked.
+pub fn mask_ledger(conn: &Connection, pipeline: &str, privacy: &crate::privacy::Privacy) -> rusqlite::Result<usize> {
+    if !privacy.masks() {
+        return Ok(0);
+    }
+    conn.pragma_update(None, "secure_delete", "ON")?;
+    let tx = own_transaction(conn)?;
+    let whole: Vec<(i64, i64, String)> = {
+        let mut stmt = conn.prepare(
+            "SELECT seq, version, entry FROM ledger l WHERE pipeline = ?1 AND erased = 0
+               AND NOT EXISTS (SELECT 1 FROM ledger_raw r WHERE r.pipeline = l.pipeline AND r.seq = l.seq)",
+        )?;
+        let rows = stmt.query_map([pipeline], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    for (seq, version, entry) in &whole {
+        conn.execute(
+            "INSERT INTO ledger_raw (pipeline, seq, version, entry) VALUES (?1, ?2, ?3, ?4)",
+            params![pipeline, seq, version, entry],
+        )?;
+        conn.execute(
+            "UPDATE ledger SET entry = ?3 WHERE pipeline = ?1 AND seq = ?2",
+            params![pipeline, seq, privacy.masked_entry(entry)],
+        )?;
+    }
+    commit(tx)?;
+    if !whole.is_empty() {
+        truncate_wal(conn);
+    }
+    Ok(whole.len())
+}
+
 /// What an erased entry's `detail` says (the detail may quote the payload).
 pub const ERASED_DETAIL: &str = "payload and detail erased: older than the ledger's payload retention";
 
@@ -328,15 +372,20 @@ pub const ERASED_DETAIL: &str = "payload and detail erased: older than the ledge
 /// many entries were erased.
 pub fn erase_ledger_payloads(conn: &Connection, pipeline: &str, before_ms: i64) -> rusqlite::Result<usize> {
     conn.pragma_update(None, "secure_delete", "ON")?;
+    let tx = own_transaction(conn)?;
+    conn.execute(
+        "DELETE FROM ledger_raw WHERE pipeline = ?1 AND seq IN
+             (SELECT seq FROM ledger WHERE pipeline = ?1 AND erased = 0 AND at_ms < ?2)",
+        params![pipeline, before_ms],
+    )?;
     let erased = conn.execute(
         "UPDATE ledger SET entry = json_set(json_remove(entry, '$.payload'), '$.detail', ?3), erased = 1
          WHERE pipeline = ?1 AND erased = 0 AND at_ms < ?2",
         params![pipeline, before_ms, ERASED_DETAIL],
     )?;
+    commit(tx)?;
     if erased > 0 {
-        // Busy readers can hold part of the log back; the next sweep finishes it.
-        let _: rusqlite::Result<(i64, i64, i64)> =
-            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)));
+        truncate_wal(conn);
     }
     Ok(erased)
 }
@@ -399,8 +448,11 @@ pub fn load(conn: &mut Connection, pipeline: &str, version: u32) -> rusqlite::Re
 /// Removes one version of a pipeline: its checkpoint, rows, change stream
 /// entries and ledger (a superseded version past its retention).
 pub fn forget_version(conn: &mut Connection, pipeline: &str, version: u32) -> rusqlite::Result<()> {
+    // What is deleted is overwritten in the file, not only unlinked.
+    conn.pragma_update(None, "secure_delete", "ON")?;
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    for table in ["offsets", "state_windows", "state_id_batches", "results", "held_results", "ledger", "replays"] {
+    let tables = ["offsets", "state_windows", "state_id_batches", "results", "held_results", "ledger", "ledger_raw"];
+    for table in tables.into_iter().chain(["replays"]) {
         tx.execute(&format!("DELETE FROM {table} WHERE pipeline = ?1 AND version = ?2"), params![pipeline, version])?;
     }
     tx.execute(
@@ -410,7 +462,16 @@ pub fn forget_version(conn: &mut Connection, pipeline: &str, version: u32) -> ru
     tx.execute("DELETE FROM pipelines WHERE name = ?1 AND version = ?2", params![pipeline, version])?;
     tx.execute("DELETE FROM versions WHERE pipeline = ?1 AND version = ?2", params![pipeline, version])?;
     tx.commit()?;
+    truncate_wal(conn);
     Ok(())
+}
+
+/// Copies the write-ahead log into the database and empties it, so text
+/// deleted with `secure_delete` is gone from the `-wal` file too. Busy
+/// readers can hold part of it back; the next call finishes it.
+fn truncate_wal(conn: &Connection) {
+    let _: rusqlite::Result<(i64, i64, i64)> =
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)));
 }
 
 /// What one checkpoint writes.
@@ -428,6 +489,9 @@ pub struct CheckpointWrite<'a> {
     pub replay: Option<i64>,
     /// The run (see [`start_run`]) the rows come from.
     pub run: i64,
+    /// The contract's personal fields: ledger entries are stored masked,
+    /// the raw entry in `ledger_raw` (see `privacy.rs`).
+    pub privacy: &'a crate::privacy::Privacy,
 }
 
 /// Records a start of a pipeline; returns the run's id, which its rows carry.
@@ -492,10 +556,18 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
         let mut ledger = tx.prepare_cached(
             "INSERT INTO ledger (pipeline, seq, reason, entry, at_ms, version) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?;
+        let mut raw =
+            tx.prepare_cached("INSERT INTO ledger_raw (pipeline, seq, version, entry) VALUES (?1, ?2, ?3, ?4)")?;
         for entry in &w.out.ledger {
             text.clear();
             write_ledger(w.format, entry, lseq, w.version, &mut text);
-            ledger.execute(params![w.pipeline, lseq, entry.reason.as_str(), text, w.now_ms, w.version])?;
+            if w.privacy.masks() {
+                let masked = w.privacy.masked_entry(&text);
+                ledger.execute(params![w.pipeline, lseq, entry.reason.as_str(), masked, w.now_ms, w.version])?;
+                raw.execute(params![w.pipeline, lseq, w.version, text])?;
+            } else {
+                ledger.execute(params![w.pipeline, lseq, entry.reason.as_str(), text, w.now_ms, w.version])?;
+            }
             lseq += 1;
         }
         let mut put_window = tx.prepare_cached(
@@ -716,18 +788,25 @@ pub fn changes(
     annotate_rows(conn, pipeline, rows.collect::<rusqlite::Result<Vec<String>>>()?)
 }
 
+/// Entries as stored for everyone (masked where the contract names personal
+/// fields), or with `raw` as they arrived (only a raw-reader's read).
 pub fn ledger(
     conn: &Connection,
     pipeline: &str,
     version: Option<u32>,
     reason: Option<&str>,
-    since: i64,
-    limit: i64,
+    (since, limit): (i64, i64),
+    raw: bool,
 ) -> rusqlite::Result<Vec<String>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT entry FROM ledger WHERE pipeline = ?1 AND (?5 IS NULL OR version = ?5) AND (?2 IS NULL OR reason = ?2) AND seq >= ?3
-         ORDER BY seq LIMIT ?4",
-    )?;
+    let entry = if raw {
+        "coalesce((SELECT r.entry FROM ledger_raw r WHERE r.pipeline = l.pipeline AND r.seq = l.seq), l.entry)"
+    } else {
+        "l.entry"
+    };
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {entry} FROM ledger l WHERE pipeline = ?1 AND (?5 IS NULL OR version = ?5) AND (?2 IS NULL OR reason = ?2) AND seq >= ?3
+         ORDER BY seq LIMIT ?4"
+    ))?;
     let rows = stmt.query_map(params![pipeline, reason, since, limit, version], |r| r.get::<_, String>(0))?;
     rows.collect()
 }

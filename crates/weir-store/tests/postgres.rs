@@ -101,6 +101,7 @@ fn commit_as(
     c: &Contract,
 ) -> Result<(), weir_store::CheckpointError> {
     let delta = engine.take_delta();
+    let privacy = weir_store::privacy::Privacy::of(c);
     let w = pg::PartitionWrite {
         pipeline: "paid",
         partition,
@@ -114,6 +115,7 @@ fn commit_as(
         now_ms: weir_log::now_ms(),
         run,
         replay: None,
+        privacy: &privacy,
     };
     pg::checkpoint(client, schema, w)
 }
@@ -458,4 +460,76 @@ fn a_version_2_schema_is_migrated_and_generations_go_on_above_the_old_ones() {
     assert!(claim.generation > 7, "{}", claim.generation);
     let other = pg::claim(&mut s.client, &s.name, "paid", 1, "new", (1, c.text_hash)).unwrap();
     assert!(other.generation > claim.generation);
+}
+
+#[test]
+fn point_7_personal_fields_are_stored_masked_and_the_raw_entry_only_for_its_role() {
+    let mut s = Schema::new("masked");
+    pg::grant_roles(&mut s.client, &s.name).unwrap();
+    let text =
+        CONTRACT.replace("[window]", "[privacy]\npersonal = [\"email\"]\n\n[dedup]\nhorizon = \"1h\"\n\n[window]");
+    let c = Contract::parse("paid.toml", &text).unwrap();
+    register(&mut s.client, &s.name, &c);
+    let a = pg::claim(&mut s.client, &s.name, "paid", 3, "worker-a", (c.pipeline.version, c.text_hash)).unwrap();
+    let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    engine.track_changes();
+    let with_email =
+        |id: u32, amount: &str| event(id, 1, 0, amount).replace("}", r#","email":"eve.secret@example.com"}"#);
+    // Two duplicates: two ledger entries carrying the e-mail address.
+    let events = [with_email(1, "1.00"), with_email(1, "1.00"), with_email(1, "1.00")];
+    let out = feed(&mut engine, 3, 0, &events);
+    assert_eq!(out.ledger.len(), 2);
+    commit_as(&mut s.client, &s.name, &mut engine, &out, (3, a.generation, a.run), 3, &c).unwrap();
+
+    let secret = "eve.secret@example.com";
+    let stored: Vec<String> = s
+        .client
+        .query(&format!("SELECT entry FROM {}.ledger ORDER BY seq", s.name), &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(stored.len(), 2);
+    for e in &stored {
+        assert!(!e.contains(secret) && e.contains("(personal)"), "{e}");
+    }
+    let everyone = pg::ledger(&mut s.client, &s.name, "paid", Some(1), None, (1, 10), false).unwrap();
+    assert!(everyone.iter().all(|e| !e.contains(secret)), "{everyone:?}");
+    let raw = pg::ledger(&mut s.client, &s.name, "paid", Some(1), None, (1, 10), true).unwrap();
+    assert!(raw.len() == 2 && raw.iter().all(|e| e.contains(secret)), "{raw:?}");
+
+    // The raw table is the raw-reader role's alone.
+    let may = |client: &mut postgres::Client, role: &str, table: &str| -> bool {
+        let q = "SELECT has_table_privilege($1, $2, 'SELECT')";
+        client.query_one(q, &[&role, &format!("{}.{table}", s.name)]).unwrap().get(0)
+    };
+    let (reader, raw_reader) = (format!("{}_reader", s.name), format!("{}_raw_reader", s.name));
+    assert!(may(&mut s.client, &reader, "ledger") && may(&mut s.client, &reader, "results"));
+    assert!(!may(&mut s.client, &reader, "ledger_raw"));
+    assert!(may(&mut s.client, &raw_reader, "ledger_raw"));
+
+    // Entries stored whole before the contract named the field are masked at the next start.
+    let whole = raw[0].replace("\"seq\":1,", "\"seq\":99,");
+    let insert = format!("INSERT INTO {}.ledger VALUES ('paid', 99, 3, 'duplicate', $1, $2, false, 1)", s.name);
+    s.client.execute(&insert, &[&whole, &weir_log::now_ms()]).unwrap();
+    let privacy = weir_store::privacy::Privacy::of(&c);
+    assert_eq!(pg::mask_ledger(&mut s.client, &s.name, "paid", &privacy).unwrap(), 1);
+    assert_eq!(pg::mask_ledger(&mut s.client, &s.name, "paid", &privacy).unwrap(), 0, "masked once");
+    let everyone = pg::ledger(&mut s.client, &s.name, "paid", Some(1), None, (1, 10), false).unwrap();
+    assert!(everyone.len() == 3 && everyone.iter().all(|e| !e.contains(secret)), "{everyone:?}");
+
+    // Retention erases the raw entries with the payloads.
+    assert_eq!(pg::erase_ledger_payloads(&mut s.client, &s.name, "paid", i64::MAX).unwrap(), 3);
+    let left: i64 = s.client.query_one(&format!("SELECT count(*) FROM {}.ledger_raw", s.name), &[]).unwrap().get(0);
+    assert_eq!(left, 0);
+    let erased = pg::ledger(&mut s.client, &s.name, "paid", Some(1), None, (1, 10), true).unwrap();
+    for e in &erased {
+        let v: serde_json::Value = serde_json::from_str(e).unwrap();
+        assert!(v.get("payload").is_none() && v["detail"] == weir_store::sqlite::ERASED_DETAIL, "{e}");
+    }
+    for role in [reader, raw_reader] {
+        s.client
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE; DROP ROLE IF EXISTS {role}", s.name))
+            .unwrap();
+    }
 }

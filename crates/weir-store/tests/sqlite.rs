@@ -185,7 +185,7 @@ fn a_version_5_database_keeps_its_rows_as_the_live_version() {
     let all = weir_store::ResultFilter { limit: 10, ..Default::default() };
     assert_eq!(weir_store::sqlite::results(&conn, "paid", 3, &all).unwrap().rows.len(), 1);
     assert_eq!(weir_store::sqlite::changes(&conn, "paid", Some(3), 1, 10).unwrap().len(), 1);
-    assert_eq!(weir_store::sqlite::ledger(&conn, "paid", Some(3), None, 1, 10).unwrap().len(), 1);
+    assert_eq!(weir_store::sqlite::ledger(&conn, "paid", Some(3), None, (1, 10), true).unwrap().len(), 1);
     let checkpoint = weir_store::sqlite::load(&mut conn, "paid", 3).unwrap().unwrap();
     assert_eq!(checkpoint.offsets, [(0, 17)]);
     // The stream goes on from where version 5 left it: a promote takes seq 2.
@@ -194,5 +194,51 @@ fn a_version_5_database_keeps_its_rows_as_the_live_version() {
     assert!(matches!(registered, weir_store::Registration::New { state: weir_store::VersionState::Candidate, .. }));
     let (_, seq) = weir_store::sqlite::switch_version(&conn, "paid", Some(4), "op", "test").unwrap().unwrap();
     assert_eq!(seq, 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn point_7_entries_stored_whole_are_masked_and_forgetting_a_version_overwrites_its_text() {
+    let dir = std::env::temp_dir().join(format!("weir-store-forget-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("weir.db");
+    let mut conn = weir_store::sqlite::open(&path).unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
+    let marker = "eve.forgotten@example.com";
+    // Version 2's ledger as a weir that did not mask stored it, and version 1's.
+    for seq in 1..=400i64 {
+        let version = if seq % 2 == 0 { 2 } else { 1 };
+        let payload = format!(r#"{{"email":"{marker}","amount":"{seq}"}}"#);
+        let entry = serde_json::json!({ "seq": seq, "reason": "duplicate", "detail": marker, "payload": payload });
+        conn.execute(
+            "INSERT INTO ledger (pipeline, seq, reason, entry, at_ms, version) VALUES ('paid', ?1, 'duplicate', ?2, 0, ?3)",
+            rusqlite::params![seq, entry.to_string(), version],
+        )
+        .unwrap();
+    }
+    let privacy = weir_store::privacy::Privacy {
+        personal: vec![weir_contract::FieldPath::parse("email").unwrap()],
+        event_id: false,
+    };
+    assert_eq!(weir_store::sqlite::mask_ledger(&conn, "paid", &privacy).unwrap(), 400);
+    assert_eq!(weir_store::sqlite::mask_ledger(&conn, "paid", &privacy).unwrap(), 0, "masked once");
+    let everyone = weir_store::sqlite::ledger(&conn, "paid", None, None, (1, 1000), false).unwrap();
+    assert!(everyone.len() == 400 && everyone.iter().all(|e| !e.contains(marker) && e.contains("(personal)")));
+    let raw = weir_store::sqlite::ledger(&conn, "paid", Some(2), None, (1, 1000), true).unwrap();
+    assert!(raw.len() == 200 && raw.iter().all(|e| e.contains(marker)), "the raw-reader's read");
+
+    // Forgetting both versions leaves no trace of the text in the file or its WAL.
+    weir_store::sqlite::forget_version(&mut conn, "paid", 1).unwrap();
+    weir_store::sqlite::forget_version(&mut conn, "paid", 2).unwrap();
+    let on_disk: Vec<&str> = ["weir.db", "weir.db-wal"]
+        .into_iter()
+        .filter(|f| {
+            let bytes = std::fs::read(dir.join(f)).unwrap_or_default();
+            bytes.windows(marker.len()).any(|w| w == marker.as_bytes())
+        })
+        .collect();
+    assert!(on_disk.is_empty(), "{marker} is still in {on_disk:?} at {dir:?}");
+    drop(conn);
     let _ = std::fs::remove_dir_all(&dir);
 }

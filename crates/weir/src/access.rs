@@ -175,9 +175,11 @@ pub fn verify(data: &Path, expect_head: Option<&str>, at: &[String], key_files: 
     for (seq, hash) in &saved {
         match weir_store::audit::hash_at(&conn, *seq).map_err(|e| Failure::run(e.into()))? {
             Some(h) if h == *hash => {}
-            Some(h) => return Err(Failure::run(anyhow::anyhow!(
+            Some(h) => {
+                return Err(Failure::run(anyhow::anyhow!(
                 "audit entry {seq} has hash {h}, not the {hash} kept: the log was rewritten at or before entry {seq}"
-            ))),
+            )))
+            }
             None => {
                 return Err(Failure::run(anyhow::anyhow!(
                     "audit entry {seq} is gone (the log has {} entries): entries were removed from its end",

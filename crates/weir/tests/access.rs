@@ -478,6 +478,12 @@ fn personal_fields_appear_in_no_output_but_the_raw_readers() {
     outputs.push(("the server's standard error".into(), std::fs::read_to_string(s.path("serve.log")).unwrap()));
     outputs.push(("weir.db: results".into(), sqlite_text(&data, "SELECT row FROM results")));
     outputs.push(("weir.db: changes".into(), sqlite_text(&data, "SELECT row FROM changes")));
+    // The ledger table everyone's reads come from holds masked payloads; the raw ones are in a table of their own.
+    let stored = sqlite_text(&data, "SELECT entry FROM ledger");
+    assert!(stored.contains("(personal)") && stored.contains("visa"), "masked, not withheld: {stored}");
+    outputs.push(("weir.db: ledger".into(), stored));
+    let raw_table = sqlite_text(&data, "SELECT entry FROM ledger_raw");
+    assert!(raw_table.contains("alice.private@example.com"), "{raw_table}");
     for (what, text) in &outputs {
         for secret in secrets {
             assert!(!text.contains(secret), "{secret} in {what}: {text}");
