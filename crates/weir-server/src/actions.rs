@@ -126,7 +126,7 @@ pub(crate) async fn list_annotations(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
-    let notes = stored(p, move |s| s.annotations(&name)).await?;
+    let notes = read_stored(p, move |s| s.annotations(&name)).await?;
     let rows = notes
         .iter()
         .map(|a| {

@@ -94,6 +94,6 @@ pub(crate) async fn audit(
     }
     let since = param(&q, "since", 1i64)?;
     let limit = page_limit(&q, 10_000)?;
-    let rows = app.read(move |c| weir_store::audit::log(c, since, limit as i64 + 1)).await?;
+    let rows = app.read_as_reader(move |c| weir_store::audit::log(c, since, limit as i64 + 1)).await?;
     Ok(page_by_seq(rows, limit, uri.path(), &q))
 }

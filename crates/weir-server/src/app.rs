@@ -30,6 +30,8 @@ pub struct App {
     /// that hold every connection of `sqlite` never stall producers' tokens.
     pub auth: Arc<weir_store::SqliteStore>,
     pub(crate) round_robin: AtomicU64,
+    /// Where requests other than a producer's wait their turn (see `http::gate`).
+    pub(crate) gates: Gates,
     /// `(topic, Idempotency-Key)` of the POSTs being done now.
     pub(crate) in_flight: Mutex<std::collections::HashSet<(String, String)>>,
     /// Producers for the topics Kafka pipelines read.
@@ -45,6 +47,19 @@ pub struct App {
     pub backfill_inputs: BTreeMap<String, weir_runtime::backfill::InputFor>,
     /// Notifications for the owners (a failed reconciliation), sent by the alert loop.
     pub notes: weir_runtime::backfill::Notes,
+}
+
+/// The places of the request gates (see `http::gate`).
+pub(crate) struct Gates {
+    pub readers: tokio::sync::Semaphore,
+    pub public: tokio::sync::Semaphore,
+}
+
+impl Gates {
+    fn new() -> Gates {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Gates { readers: tokio::sync::Semaphore::new(2 * cores), public: tokio::sync::Semaphore::new(cores) }
+    }
 }
 
 impl App {
@@ -63,6 +78,7 @@ impl App {
             auth: Arc::clone(&sqlite),
             sqlite,
             round_robin: AtomicU64::new(0),
+            gates: Gates::new(),
             in_flight: Mutex::default(),
             producers: BTreeMap::new(),
             denied: Mutex::default(),
@@ -82,6 +98,15 @@ impl App {
         blocking(move || sqlite.with(|c| query(c))).await
     }
 
+    /// [`App::read`] for a reader's call, on the readers' threads.
+    pub(crate) async fn read_as_reader<T: Send + 'static>(
+        self: &Arc<Self>,
+        query: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let sqlite = Arc::clone(&self.sqlite);
+        reading(move || sqlite.with(|c| query(c))).await
+    }
+
     /// [`App::read`] on the token checks' own pool.
     pub(crate) async fn read_tokens<T: Send + 'static>(
         self: &Arc<Self>,
@@ -98,10 +123,27 @@ pub(crate) async fn blocking<T: Send + 'static>(
     call: impl FnOnce() -> weir_store::Result<T> + Send + 'static,
 ) -> Result<T, ApiError> {
     match tokio::task::spawn_blocking(call).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) if e.is_transient() => Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
-        Ok(Err(e)) => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+        Ok(done) => answer(done),
         Err(e) => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("a store call failed: {e}"))),
+    }
+}
+
+/// [`blocking`] for a reader's call: on the readers' threads, which yield
+/// the CPU to producers and pipelines (see `readers.rs`).
+pub(crate) async fn reading<T: Send + 'static>(
+    call: impl FnOnce() -> weir_store::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    match crate::readers::run(call).await {
+        Some(done) => answer(done),
+        None => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, "a store call failed".into())),
+    }
+}
+
+fn answer<T>(done: weir_store::Result<T>) -> Result<T, ApiError> {
+    match done {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_transient() => Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+        Err(e) => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
     }
 }
 
@@ -112,6 +154,15 @@ pub(crate) async fn stored<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     let store = Arc::clone(&p.store);
     blocking(move || call(store.as_ref())).await
+}
+
+/// [`stored`] for a reader's call, on the readers' threads.
+pub(crate) async fn read_stored<T: Send + 'static>(
+    p: &Pipeline,
+    call: impl FnOnce(&dyn weir_store::Store) -> weir_store::Result<T> + Send + 'static,
+) -> Result<T, ApiError> {
+    let store = Arc::clone(&p.store);
+    reading(move || call(store.as_ref())).await
 }
 
 /// The caller of a request: its token's rights and where it came from.

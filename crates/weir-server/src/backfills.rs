@@ -137,7 +137,7 @@ pub(crate) async fn list(
     let p = may_read(&app, &caller, &name)?;
     let limit = page_limit(&q, 100)? as i64;
     let pn = name.clone();
-    let runs = stored(p, move |s| s.backfills(&pn, limit)).await?;
+    let runs = read_stored(p, move |s| s.backfills(&pn, limit)).await?;
     let listed: Vec<Value> = runs
         .iter()
         .map(|b| {
@@ -160,7 +160,7 @@ pub(crate) async fn one(
     let p = may_read(&app, &caller, &name)?;
     let id: i64 = id.parse().map_err(|_| bad(format!("{id:?} is not a backfill id; GET .../backfills lists them")))?;
     let pn = name.clone();
-    match stored(p, move |s| s.backfill(&pn, id)).await? {
+    match read_stored(p, move |s| s.backfill(&pn, id)).await? {
         Some(b) => Ok(json(describe(&b))),
         None => Err(ApiError(
             StatusCode::NOT_FOUND,
@@ -259,7 +259,7 @@ pub(crate) async fn reconciliations(
     let p = may_read(&app, &caller, &name)?;
     let limit = page_limit(&q, 100)? as i64;
     let pn = name.clone();
-    let kept = stored(p, move |s| s.reconciliations(&pn, None, limit)).await?;
+    let kept = read_stored(p, move |s| s.reconciliations(&pn, None, limit)).await?;
     let listed: Vec<Value> = kept.iter().map(|r| describe_reconciliation(r, false)).collect();
     Ok(json(json!({ "pipeline": name, "reconciliations": listed })))
 }
@@ -275,7 +275,7 @@ pub(crate) async fn reconciliation(
         .parse()
         .map_err(|_| bad(format!("{id:?} is not a reconciliation id; GET .../reconciliations lists them")))?;
     let pn = name.clone();
-    match stored(p, move |s| s.reconciliations(&pn, Some(id), 1)).await?.first() {
+    match read_stored(p, move |s| s.reconciliations(&pn, Some(id), 1)).await?.first() {
         Some(r) => Ok(json(describe_reconciliation(r, true))),
         None => Err(ApiError(
             StatusCode::NOT_FOUND,

@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde_json::{json, Value};
 
-use crate::app::{forbidden, stored, ApiError, App, Caller};
+use crate::app::{forbidden, read_stored, ApiError, App, Caller};
 use crate::report::report;
 
 /// How long the charts look back.
@@ -55,8 +55,11 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
         return Err(forbidden(&app, &caller, "read the dashboard: it reads no pipeline"));
     }
     let admin = g.is_admin();
-    let audit =
-        if admin { Some(parsed(app.read(|c| weir_store::audit::latest(c, LATEST_AUDIT)).await?)) } else { None };
+    let audit = if admin {
+        Some(parsed(app.read_as_reader(|c| weir_store::audit::latest(c, LATEST_AUDIT)).await?))
+    } else {
+        None
+    };
     let mut pipelines = Vec::new();
     // The alert notifications of the pipelines the caller may read, from their stores.
     let mut incidents = Vec::new();
@@ -64,7 +67,7 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
         let Some(p) = app.pipelines.get(name) else { continue };
         let n = name.clone();
         let (live, _) = p.live();
-        let (rows, ledger, notes, kept, versions, checks) = stored(p, move |s| {
+        let (rows, ledger, notes, kept, versions, checks) = read_stored(p, move |s| {
             let rows = parsed(s.latest_changes(&n, live, LATEST_ROWS)?);
             let ledger = parsed(s.latest_ledger(&n, live, LATEST_LEDGER)?);
             let checks = (s.backfills(&n, LATEST_RUNS)?, s.reconciliations(&n, None, LATEST_RUNS)?);

@@ -70,7 +70,26 @@ pub fn router(app: Arc<App>) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&app), whole_body))
         .layer(auth)
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&app), gate))
         .with_state(app)
+}
+
+/// Every GET waits its turn at a gate of a few places (twice the cores;
+/// public paths have a gate of their own), so a flood of reads keeps only
+/// a few tasks ready at once and a producer's request is not queued behind
+/// hundreds of them. The waiting requests hold no thread and no CPU.
+/// Producers' POSTs and operators' and admins' actions pass at once: an
+/// operator's pause never waits behind slow reads.
+async fn gate(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    if req.method() != axum::http::Method::GET && req.method() != axum::http::Method::HEAD {
+        return next.run(req).await;
+    }
+    let gate = if public(&app, path) { &app.gates.public } else { &app.gates.readers };
+    let Ok(_turn) = gate.acquire().await else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping");
+    };
+    next.run(req).await
 }
 
 /// Paths that answer without a token: the dashboard's page (it holds no

@@ -23,6 +23,7 @@ pub mod listen;
 mod metrics;
 mod pipelines;
 mod provenance;
+mod readers;
 mod report;
 mod versions;
 mod watch;
@@ -515,6 +516,7 @@ pub async fn serve(
         pipelines.insert(name, Pipeline { versions: running, on_kafka: kafka, paused, store, refused });
     }
     audit::record_contracts(&store::open(&db)?, &accepted, &origin)?;
+    readers::start(config.pool_connections);
     let mut app = app::App::new(log.clone(), Arc::clone(&config), pipelines, sqlite);
     app.auth = Arc::new(weir_store::SqliteStore::new(db.clone(), 4));
     app.producers = producers;

@@ -91,7 +91,7 @@ pub(crate) async fn results(
         limit: limit as i64 + 1,
         after: q.get("after").map(|a| after(a)).transpose()?,
     };
-    let mut page = stored(p, move |s| s.results(&name, version, &filter)).await?;
+    let mut page = read_stored(p, move |s| s.results(&name, version, &filter)).await?;
     let mut next = None;
     if page.rows.len() > limit {
         page.rows.truncate(limit);
@@ -135,7 +135,7 @@ pub(crate) async fn provenance(
         return Err(bad(format!("{seq:?} is not a row: use the \"seq\" of a row from /results or /changes")));
     };
     let pn = name.clone();
-    let origin = stored(p, move |s| s.row_origin(&pn, seq)).await?;
+    let origin = read_stored(p, move |s| s.row_origin(&pn, seq)).await?;
     let Some(origin) = origin else {
         return Err(ApiError(StatusCode::NOT_FOUND, format!("pipeline {name:?} has published no row with seq {seq}")));
     };
@@ -162,7 +162,7 @@ pub(crate) async fn changes(
         true => Some(read_version(p, &name, &q).await?),
         false => None,
     };
-    let rows = stored(p, move |s| s.changes(&name, version, since, limit as i64 + 1)).await?;
+    let rows = read_stored(p, move |s| s.changes(&name, version, since, limit as i64 + 1)).await?;
     Ok(page_by_seq(rows, limit, uri.path(), &q))
 }
 
@@ -192,7 +192,7 @@ pub(crate) async fn ledger(
     let version = read_version(p, &name, &q).await?;
     let n = name.clone();
     let page = (since, limit as i64 + 1);
-    let mut entries = stored(p, move |s| s.ledger(&n, version, reason.as_deref(), page, raw)).await?;
+    let mut entries = read_stored(p, move |s| s.ledger(&n, version, reason.as_deref(), page, raw)).await?;
     let next = match entries.len() > limit {
         true => entries.drain(limit..).next().as_deref().and_then(seq_of),
         false => None,
@@ -242,7 +242,7 @@ pub(crate) async fn versions(
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
     let n = name.clone();
-    let stored_versions = stored(p, move |s| s.versions(&n)).await?;
+    let stored_versions = read_stored(p, move |s| s.versions(&n)).await?;
     let body: Vec<String> = stored_versions
         .iter()
         .map(|v| {
@@ -268,7 +268,7 @@ pub(crate) async fn diff(
     };
     let (a, b) = (version("a")?, version("b")?);
     let n = name.clone();
-    let stored_versions = stored(p, move |s| s.versions(&n)).await?;
+    let stored_versions = read_stored(p, move |s| s.versions(&n)).await?;
     let live = stored_versions.iter().find(|v| v.state == weir_store::VersionState::Live).map(|v| v.version);
     let newest_other = stored_versions.iter().rev().map(|v| v.version).find(|v| Some(*v) != live);
     let (Some(a), Some(b)) = (a.or(live), b.or(newest_other)) else {
@@ -284,7 +284,7 @@ pub(crate) async fn diff(
     }
     let app2 = Arc::clone(&app);
     let n = name.clone();
-    let report = blocking(move || match app2.pipelines.get(&n) {
+    let report = reading(move || match app2.pipelines.get(&n) {
         Some(p) => crate::versions::diff(p, &n, a, b),
         None => Ok(serde_json::Value::Null),
     })

@@ -59,8 +59,9 @@ use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError
 /// version 3 adds the generation sequence, the claimant's contract on each
 /// partition, pauses, held rows, replays and annotations.
 /// version 4 keys a pipeline's tables by contract version too and adds
-/// `versions` (SPEC.md 8).
-pub const SCHEMA_VERSION: i64 = 4;
+/// `versions` (SPEC.md 8); version 5 gives rows and ledger entries their
+/// key's `place` (see `sqlite::place`), indexed for provenance.
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Connects to `url` (`postgresql://user@host:port/db` or `host=... user=...`),
 /// with TLS as its libpq settings say (see [`crate::pg_tls`]).
@@ -101,11 +102,11 @@ CREATE TABLE IF NOT EXISTS {schema}.results (
 CREATE TABLE IF NOT EXISTS {schema}.changes (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, row TEXT NOT NULL,
     at_ms BIGINT NOT NULL, run BIGINT NOT NULL, sources TEXT NOT NULL,
-    version INTEGER NOT NULL DEFAULT 0, kind TEXT NOT NULL DEFAULT 'row', PRIMARY KEY (pipeline, seq));
+    version INTEGER NOT NULL DEFAULT 0, kind TEXT NOT NULL DEFAULT 'row', place BIGINT, PRIMARY KEY (pipeline, seq));
 CREATE TABLE IF NOT EXISTS {schema}.ledger (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
     at_ms BIGINT NOT NULL DEFAULT 0, erased BOOLEAN NOT NULL DEFAULT false, version INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (pipeline, seq));
+    place BIGINT, PRIMARY KEY (pipeline, seq));
 CREATE TABLE IF NOT EXISTS {schema}.ledger_raw (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, version INTEGER NOT NULL, entry TEXT NOT NULL,
     PRIMARY KEY (pipeline, seq));
@@ -151,6 +152,48 @@ pub fn check_schema_name(schema: &str) -> Result<(), String> {
     } else {
         Err(format!("{schema:?} is not a schema name weir uses: letters, digits and _, not starting with a digit"))
     }
+}
+
+/// Gives the rows and ledger entries stored before places were theirs
+/// (the migration to version 5, inside its transaction), in pages of
+/// 10,000. A key's fields are read in the order written (`json`, not
+/// `jsonb`, keeps it).
+fn place_stored(tx: &mut Transaction<'_>, schema: &str) -> Result<(), postgres::Error> {
+    for (table, column, only_rows) in [("changes", "row", " AND kind = 'row'"), ("ledger", "entry", "")] {
+        let read = format!(
+            "SELECT t.pipeline, t.seq, json_typeof(j.value), j.value #>> '{{}}'
+               FROM (SELECT pipeline, seq, {column} AS doc FROM {schema}.{table}
+                      WHERE (pipeline, seq) > ($1, $2){only_rows} ORDER BY pipeline, seq LIMIT 10000) t
+               LEFT JOIN LATERAL json_each(CASE WHEN json_typeof(t.doc::json -> 'key') = 'object'
+                                                THEN t.doc::json -> 'key' END) WITH ORDINALITY j ON true
+              ORDER BY t.pipeline, t.seq, j.ordinality"
+        );
+        let set = format!(
+            "UPDATE {schema}.{table} t SET place = u.place
+               FROM UNNEST($1::TEXT[], $2::BIGINT[], $3::BIGINT[]) AS u(pipeline, seq, place)
+              WHERE t.pipeline = u.pipeline AND t.seq = u.seq"
+        );
+        let mut after = (String::new(), i64::MIN);
+        loop {
+            let page = tx.query(&read, &[&after.0, &after.1])?;
+            let Some(last) = page.last() else { break };
+            after = (last.get(0), last.get(1));
+            let fields: Vec<(String, i64, Option<String>, Option<String>)> =
+                page.iter().map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))).collect();
+            let (mut pipelines, mut seqs, mut places) = (Vec::new(), Vec::new(), Vec::new());
+            for one in fields.chunk_by(|a, b| (&a.0, a.1) == (&b.0, b.1)) {
+                if one[0].2.is_none() {
+                    continue;
+                }
+                let each = one.iter().map(|f| (f.2.as_deref().unwrap_or(""), f.3.as_deref().unwrap_or("")));
+                pipelines.push(one[0].0.clone());
+                seqs.push(one[0].1);
+                places.push(crate::sqlite::place_of_fields(each));
+            }
+            tx.execute(&set, &[&pipelines, &seqs, &places])?;
+        }
+    }
+    Ok(())
 }
 
 /// Creates the schema, or checks that the database's is this build's. Two
@@ -224,6 +267,15 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
         tx.batch_execute(&sql)?;
         version = 4;
     }
+    if version == 4 {
+        // Rows and ledger entries name their key's place (see `sqlite::place`).
+        tx.batch_execute(&format!(
+            "ALTER TABLE {schema}.changes ADD COLUMN IF NOT EXISTS place BIGINT;
+             ALTER TABLE {schema}.ledger ADD COLUMN IF NOT EXISTS place BIGINT;"
+        ))?;
+        place_stored(&mut tx, schema)?;
+        version = 5;
+    }
     if version != SCHEMA_VERSION {
         anyhow::bail!(
             "the Postgres schema {schema} has weir schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or another [postgres] schema"
@@ -237,7 +289,11 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
         "CREATE INDEX IF NOT EXISTS ledger_unerased ON {schema}.ledger (pipeline, at_ms) WHERE NOT erased;
          DROP INDEX IF EXISTS {schema}.ledger_reason;
          CREATE INDEX IF NOT EXISTS ledger_by_version ON {schema}.ledger (pipeline, version, reason, seq);
-         CREATE INDEX IF NOT EXISTS changes_by_version ON {schema}.changes (pipeline, version, seq);"
+         CREATE INDEX IF NOT EXISTS changes_by_version ON {schema}.changes (pipeline, version, seq);
+         CREATE INDEX IF NOT EXISTS changes_by_place ON {schema}.changes (pipeline, version, place, seq)
+           WHERE place IS NOT NULL;
+         CREATE INDEX IF NOT EXISTS ledger_by_place ON {schema}.ledger (pipeline, version, place)
+           WHERE place IS NOT NULL;"
     ))?;
     tx.commit()?;
     Ok(())
@@ -736,10 +792,12 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
     write_rows(&mut tx, schema, &at, &w.out.rows, seq, paused)?;
     if entries > 0 {
         let (mut seqs, mut reasons, mut texts, mut raws) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut places = Vec::new();
         for entry in &w.out.ledger {
             let mut text = String::new();
             write_ledger(w.format, entry, lseq, w.version, &mut text);
             seqs.push(lseq);
+            places.push(entry.key.as_deref().map(crate::sqlite::place));
             reasons.push(entry.reason.as_str());
             if w.privacy.masks() {
                 texts.push(w.privacy.masked_entry(&text));
@@ -760,10 +818,11 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
         }
         tx.execute(
             &format!(
-                "INSERT INTO {schema}.ledger (pipeline, seq, partition, reason, entry, at_ms, version)
-                 SELECT $1, s, $2, r, e, $6, $7 FROM UNNEST($3::BIGINT[], $4::TEXT[], $5::TEXT[]) AS t(s, r, e)"
+                "INSERT INTO {schema}.ledger (pipeline, seq, partition, reason, entry, at_ms, version, place)
+                 SELECT $1, s, $2, r, e, $6, $7, pl
+                   FROM UNNEST($3::BIGINT[], $4::TEXT[], $5::TEXT[], $8::BIGINT[]) AS t(s, r, e, pl)"
             ),
-            &[&w.pipeline, &p, &seqs, &reasons, &texts, &w.now_ms, &v],
+            &[&w.pipeline, &p, &seqs, &reasons, &texts, &w.now_ms, &v, &places],
         )?;
     }
     write_state(&mut tx, schema, &w)?;
@@ -808,6 +867,7 @@ pub(crate) fn write_rows(
     let mut seqs = Vec::with_capacity(rows.len());
     let mut texts = Vec::with_capacity(rows.len());
     let mut sources = Vec::with_capacity(rows.len());
+    let mut places = Vec::with_capacity(rows.len());
     let mut one = String::new();
     for (i, row) in rows.iter().enumerate() {
         let seq = first_seq + i as i64;
@@ -815,15 +875,17 @@ pub(crate) fn write_rows(
         write_row(w.format, row, seq, &mut text);
         sources_json(row, &mut one);
         seqs.push(seq);
+        places.push(crate::sqlite::place(&row.key));
         texts.push(text);
         sources.push(one.clone());
     }
     tx.execute(
         &format!(
-            "INSERT INTO {schema}.changes (pipeline, seq, partition, row, at_ms, run, sources, version)
-             SELECT $1, s, $2, r, $3, $4, src, $8 FROM UNNEST($5::BIGINT[], $6::TEXT[], $7::TEXT[]) AS t(s, r, src)"
+            "INSERT INTO {schema}.changes (pipeline, seq, partition, row, at_ms, run, sources, version, place)
+             SELECT $1, s, $2, r, $3, $4, src, $8, pl
+               FROM UNNEST($5::BIGINT[], $6::TEXT[], $7::TEXT[], $9::BIGINT[]) AS t(s, r, src, pl)"
         ),
-        &[&w.pipeline, &p, &w.now_ms, &w.run, &seqs, &texts, &sources, &v],
+        &[&w.pipeline, &p, &w.now_ms, &w.run, &seqs, &texts, &sources, &v, &places],
     )?;
     // Only each window's last row of the checkpoint goes to `results`, and
     // only over a lower revision.
@@ -1062,7 +1124,8 @@ pub fn row_origin(
 ) -> Result<Option<crate::sqlite::RowOrigin>, postgres::Error> {
     let Some(found) = client.query_opt(
         &format!(
-            "SELECT c.row, c.at_ms, c.sources, r.id, r.version, r.text_hash, r.weir_version, r.started_ms, r.worker, r.partition
+            "SELECT c.row, c.at_ms, c.sources, r.id, r.version, r.text_hash, r.weir_version, r.started_ms, r.worker, r.partition,
+                    c.place
                FROM {schema}.changes c LEFT JOIN {schema}.runs r ON r.id = c.run
               WHERE c.pipeline = $1 AND c.seq = $2 AND c.kind = 'row' AND c.seq < {}",
             published_below(schema)
@@ -1087,32 +1150,40 @@ pub fn row_origin(
             p => format!("worker {} took partition {p}", found.get::<_, String>(8)),
         },
     });
+    // Only the rows and entries of the row's key are read (see `sqlite::row_origin`).
+    let at: Option<i64> = found.get(10);
+    let of_key = |n: usize| match at {
+        Some(_) => format!("place = ${n}"),
+        None => format!("${n}::BIGINT IS NULL"),
+    };
     let previous = client
         .query_opt(
             &format!(
                 "SELECT seq, row FROM {schema}.changes WHERE pipeline = $1 AND seq < $2 AND kind = 'row'
-                   AND version = ($3::text::jsonb ->> 'version')::INTEGER
+                   AND version = ($3::text::jsonb ->> 'version')::INTEGER AND {}
                    AND (row::jsonb -> 'key') = ($3::text::jsonb -> 'key')
                    AND (row::jsonb -> 'window_start') = ($3::text::jsonb -> 'window_start')
-                 ORDER BY seq DESC LIMIT 1"
+                 ORDER BY seq DESC LIMIT 1",
+                of_key(4)
             ),
-            &[&pipeline, &seq, &text],
+            &[&pipeline, &seq, &text, &at],
         )?
         .map(|r| (r.get::<_, i64>(0), serde_json::from_str(&r.get::<_, String>(1)).unwrap_or(serde_json::Value::Null)));
     let ledgered = client
         .query(
             &format!(
                 "SELECT reason, count(*) FROM {schema}.ledger WHERE pipeline = $1
-                   AND version = ($2::text::jsonb ->> 'version')::INTEGER
+                   AND version = ($2::text::jsonb ->> 'version')::INTEGER AND {}
                    AND (entry::jsonb -> 'key') = ($2::text::jsonb -> 'key')
                    AND (jsonb_typeof($2::text::jsonb -> 'window_start') = 'null'
                         OR (entry::jsonb -> 'window_start') = ($2::text::jsonb -> 'window_start')
                         OR (entry::jsonb -> 'window_start' IS NULL
                             AND entry::jsonb ->> 'event_time' >= $2::text::jsonb ->> 'window_start'
                             AND entry::jsonb ->> 'event_time' < $2::text::jsonb ->> 'window_end'))
-                 GROUP BY reason ORDER BY reason"
+                 GROUP BY reason ORDER BY reason",
+                of_key(3)
             ),
-            &[&pipeline, &text],
+            &[&pipeline, &text, &at],
         )?
         .into_iter()
         .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))

@@ -7,13 +7,14 @@
 //! one, the engine's changed state, and the log offsets it consumed. After
 //! any crash the database holds some checkpoint whole, never a part.
 //!
-//! Schema version 7 (older ones are migrated in place: version 1's
+//! Schema version 8 (older ones are migrated in place: version 1's
 //! `changes` gains `at_ms`, `run` and `sources`, and `runs` is created;
 //! version 2's `audit` gains `origin` and its hash chain, and `tokens` is
 //! created; version 3's `ledger` gains `at_ms` and `erased`, its entries
 //! dated at the migration; version 4's `pipelines` gains `replayed`;
 //! version 5's tables are keyed by contract version too, see `migrate_5_to_6`;
-//! version 6's `audit` gains `key_id`):
+//! version 6's `audit` gains `key_id`; version 7's `changes` and `ledger`
+//! gain `place`):
 //!
 //! | table | holds |
 //! |---|---|
@@ -25,9 +26,9 @@
 //! | `state_windows` | the engine's open windows, by their hash |
 //! | `state_id_batches` | the ids each checkpoint remembered (or forgot, by a correction), one row per checkpoint in the engine's batch form (`Delta::ids`; 44 bytes an id without corrections), deleted once all have expired |
 //! | `results` | per version: the latest row of every key and window |
-//! | `changes` | every row of every version in emission order (`seq` from 1 per pipeline), with its version, the checkpoint's time, the run that made it and its sources (`[[partition, first offset, last offset, events], ...]`); and the `version` entries of promotes and rollbacks (`kind = 'version'`) |
+//! | `changes` | every row of every version in emission order (`seq` from 1 per pipeline), with its version, the checkpoint's time, the run that made it, its sources (`[[partition, first offset, last offset, events], ...]`) and its key's `place` (indexed, see [`place`]); and the `version` entries of promotes and rollbacks (`kind = 'version'`) |
 //! | `runs` | every start of a pipeline (at server start, after a failure, at a replay): contract version and hash, weir's version |
-//! | `ledger` | every ledger entry in order (`seq` from 1), with its checkpoint's time; `erased` once its payload and detail are erased for retention ([`erase_ledger_payloads`]) |
+//! | `ledger` | every ledger entry in order (`seq` from 1), with its checkpoint's time and its key's `place`; `erased` once its payload and detail are erased for retention ([`erase_ledger_payloads`]) |
 //! | `ledger_raw` | where the contract names personal fields: each ledger entry whole (the `ledger` row is masked); read only for a raw-reader (see `privacy.rs`) |
 //! | `pauses` | a paused pipeline: the first change `seq` not published (written by the operator's action; every checkpoint reads it) |
 //! | `replays` | replays an operator asked for; the pipeline applies those above its `replayed` |
@@ -46,7 +47,7 @@ use weir_engine::{Delta, LedgerEntry, Output, Row, RowFormat};
 
 use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError, Version, VersionState};
 
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -76,14 +77,14 @@ CREATE TABLE IF NOT EXISTS results (
 CREATE TABLE IF NOT EXISTS changes (
     pipeline TEXT NOT NULL, seq INTEGER NOT NULL, row TEXT NOT NULL,
     at_ms INTEGER, run INTEGER, sources TEXT, version INTEGER NOT NULL DEFAULT 0, kind TEXT NOT NULL DEFAULT 'row',
-    PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
+    place INTEGER, PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, version INTEGER NOT NULL,
     text_hash TEXT NOT NULL, weir_version TEXT NOT NULL, started_ms INTEGER NOT NULL, why TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger (
     pipeline TEXT NOT NULL, seq INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
     at_ms INTEGER NOT NULL DEFAULT 0, erased INTEGER NOT NULL DEFAULT 0, version INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
+    place INTEGER, PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS pauses (pipeline TEXT PRIMARY KEY, from_seq INTEGER NOT NULL, at_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS held_results (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
@@ -123,12 +124,14 @@ CREATE TRIGGER IF NOT EXISTS audit_append_only_delete BEFORE DELETE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 ";
 
-/// Indexes on columns that version 6 added (created once the migration ran).
+/// Indexes on columns that versions 6 and 8 added (created once the migration ran).
 const INDEXES: &str = "
 CREATE INDEX IF NOT EXISTS ledger_unerased ON ledger (pipeline, at_ms) WHERE erased = 0;
 DROP INDEX IF EXISTS ledger_reason;
 CREATE INDEX IF NOT EXISTS ledger_by_version ON ledger (pipeline, version, reason, seq);
 CREATE INDEX IF NOT EXISTS changes_by_version ON changes (pipeline, version, seq);
+CREATE INDEX IF NOT EXISTS changes_by_place ON changes (pipeline, version, place, seq) WHERE place IS NOT NULL;
+CREATE INDEX IF NOT EXISTS ledger_by_place ON ledger (pipeline, version, place) WHERE place IS NOT NULL;
 ";
 
 /// Version 5 to 6: a pipeline's tables keyed by version too. Each
@@ -315,6 +318,25 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
             "BEGIN IMMEDIATE; {add} UPDATE meta SET value = '7' WHERE key = 'schema_version'; COMMIT;"
         ))?;
         version = 7;
+    }
+    if version == 7 {
+        // Rows and ledger entries name their key's place (see [`place`]);
+        // those from before have none, and their provenance is a scan.
+        let mut add = String::new();
+        for table in ["changes", "ledger"] {
+            let has = conn.prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = 'place'")?.exists([table])?;
+            if !has {
+                add.push_str(&format!("ALTER TABLE {table} ADD COLUMN place INTEGER;"));
+            }
+        }
+        conn.execute_batch(&format!("BEGIN IMMEDIATE; {add}"))?;
+        let placed = place_stored(conn)
+            .and_then(|()| conn.execute_batch("UPDATE meta SET value = '8' WHERE key = 'schema_version'; COMMIT;"));
+        if let Err(e) = placed {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(e.into());
+        }
+        version = 8;
     }
     if version != SCHEMA_VERSION {
         anyhow::bail!(
@@ -554,19 +576,20 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
         seq = write_rows(&tx, &rows, &w.out.rows, seq, results_table)?;
         let mut text = String::new();
         let mut ledger = tx.prepare_cached(
-            "INSERT INTO ledger (pipeline, seq, reason, entry, at_ms, version) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT INTO ledger (pipeline, seq, reason, entry, at_ms, version, place) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )?;
         let mut raw =
             tx.prepare_cached("INSERT INTO ledger_raw (pipeline, seq, version, entry) VALUES (?1, ?2, ?3, ?4)")?;
         for entry in &w.out.ledger {
             text.clear();
             write_ledger(w.format, entry, lseq, w.version, &mut text);
+            let at = entry.key.as_deref().map(place);
             if w.privacy.masks() {
                 let masked = w.privacy.masked_entry(&text);
-                ledger.execute(params![w.pipeline, lseq, entry.reason.as_str(), masked, w.now_ms, w.version])?;
+                ledger.execute(params![w.pipeline, lseq, entry.reason.as_str(), masked, w.now_ms, w.version, at])?;
                 raw.execute(params![w.pipeline, lseq, w.version, text])?;
             } else {
-                ledger.execute(params![w.pipeline, lseq, entry.reason.as_str(), text, w.now_ms, w.version])?;
+                ledger.execute(params![w.pipeline, lseq, entry.reason.as_str(), text, w.now_ms, w.version, at])?;
             }
             lseq += 1;
         }
@@ -638,7 +661,8 @@ pub(crate) fn write_rows(
     results_table: &str,
 ) -> rusqlite::Result<i64> {
     let mut change = tx.prepare_cached(
-        "INSERT INTO changes (pipeline, seq, row, at_ms, run, sources, version) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO changes (pipeline, seq, row, at_ms, run, sources, version, place)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?;
     let mut result = tx.prepare_cached(&format!(
         "INSERT INTO {results_table} (pipeline, version, key, window_start, window_end, status, revision, row)
@@ -655,7 +679,7 @@ pub(crate) fn write_rows(
         let mut text = String::new();
         write_row(w.format, row, seq, &mut text);
         sources_json(row, &mut sources);
-        change.execute(params![w.pipeline, seq, text, w.now_ms, w.run, sources, w.version])?;
+        change.execute(params![w.pipeline, seq, text, w.now_ms, w.run, sources, w.version, place(&row.key)])?;
         texts.push(text);
         last.insert((&row.key[..], row.window_start.unwrap_or(GLOBAL_START)), i);
         seq += 1;
@@ -676,6 +700,69 @@ pub(crate) fn write_rows(
         ])?;
     }
     Ok(seq)
+}
+
+/// Where a group key's rows and ledger entries are found: a 64-bit FNV-1a
+/// hash of the key's bytes, stored beside each and indexed, so that a
+/// row's provenance reads its key's rows and entries, not every one.
+/// Stable across releases (it is stored); equal keys have equal places,
+/// and readers still compare the keys themselves.
+pub fn place(key: &[u8]) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h as i64
+}
+
+/// [`place`] of a key read back from a stored row or entry: its fields in
+/// the order written, each a JSON type (`string`, `number`, `boolean`, as
+/// Postgres's `json_typeof` names them; SQLite's `text`, `integer`, `true`
+/// and `false` too) and its text.
+pub(crate) fn place_of_fields<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> i64 {
+    let values = fields.into_iter().map(|(kind, text)| match kind {
+        "string" | "text" => weir_engine::KeyValue::Str(text),
+        "true" => weir_engine::KeyValue::Bool(true),
+        "false" => weir_engine::KeyValue::Bool(false),
+        "boolean" => weir_engine::KeyValue::Bool(text == "true"),
+        _ => weir_engine::KeyValue::Int(text),
+    });
+    place(&weir_engine::encode_key(values))
+}
+
+/// Gives the rows and ledger entries stored before places were theirs
+/// (the schema's migration to version 8, inside its transaction).
+fn place_stored(conn: &Connection) -> rusqlite::Result<()> {
+    for (table, column, only_rows) in [("changes", "row", " AND kind = 'row'"), ("ledger", "entry", "")] {
+        // In pages of 10,000, so a large database is not held in memory.
+        let mut read = conn.prepare(&format!(
+            "SELECT t.pipeline, t.seq, j.type, CAST(j.atom AS TEXT)
+               FROM (SELECT pipeline, seq, {column} AS doc FROM {table}
+                      WHERE (pipeline, seq) > (?1, ?2){only_rows} ORDER BY pipeline, seq LIMIT 10000) t
+               LEFT JOIN json_each(CASE WHEN json_valid(t.doc) THEN t.doc END, '$.key') j
+              ORDER BY t.pipeline, t.seq, j.id"
+        ))?;
+        let mut set = conn.prepare(&format!("UPDATE {table} SET place = ?3 WHERE pipeline = ?1 AND seq = ?2"))?;
+        let mut after = (String::new(), i64::MIN);
+        loop {
+            type Field = (String, i64, Option<String>, Option<String>);
+            let page: Vec<Field> = read
+                .query_map(params![after.0, after.1], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .collect::<rusqlite::Result<_>>()?;
+            let Some(last) = page.last() else { break };
+            after = (last.0.clone(), last.1);
+            for one in page.chunk_by(|a, b| (&a.0, a.1) == (&b.0, b.1)) {
+                // Keyless entries (and text that is not JSON) have no place.
+                if one[0].2.is_none() {
+                    continue;
+                }
+                let fields = one.iter().map(|f| (f.2.as_deref().unwrap_or(""), f.3.as_deref().unwrap_or("")));
+                set.execute(params![one[0].0, one[0].1, place_of_fields(fields)])?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A row as served: the engine's JSON with its sequence number first.
@@ -998,17 +1085,17 @@ pub struct Run {
 /// The published row `seq` of `pipeline` with where it came from; `None`
 /// when there is none (or it is held by a pause).
 pub fn row_origin(conn: &Connection, pipeline: &str, seq: i64) -> rusqlite::Result<Option<RowOrigin>> {
-    /// The row's text, checkpoint time, run and sources.
-    type Found = (String, Option<i64>, Option<i64>, Option<String>);
+    /// The row's text, checkpoint time, run, sources and key's place.
+    type Found = (String, Option<i64>, Option<i64>, Option<String>, Option<i64>);
     let found: Option<Found> = conn
         .query_row(
-            "SELECT row, at_ms, run, sources FROM changes WHERE pipeline = ?1 AND seq = ?2 AND kind = 'row'
+            "SELECT row, at_ms, run, sources, place FROM changes WHERE pipeline = ?1 AND seq = ?2 AND kind = 'row'
                AND seq < coalesce((SELECT from_seq FROM pauses WHERE pipeline = ?1), 9223372036854775807)",
             params![pipeline, seq],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
         )
         .optional()?;
-    let Some((text, at_ms, run, sources)) = found else { return Ok(None) };
+    let Some((text, at_ms, run, sources, at)) = found else { return Ok(None) };
     let row: serde_json::Value = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
     let sources = sources.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or_default();
     let run = match run {
@@ -1026,33 +1113,43 @@ pub fn row_origin(conn: &Connection, pipeline: &str, seq: i64) -> rusqlite::Resu
             .optional()?,
         None => None,
     };
-    // The same key and window, the latest before this one (a backward scan
-    // from `seq`). Keys are compared as written, in the contract's field order.
+    // Only the rows and entries of the row's key are read: those at its
+    // place (by the index), or, for a row stored before places were, all.
+    // Keys are then compared as written, in the contract's field order.
+    // The planner, without statistics, prefers the primary key's `seq`
+    // range (a backward scan of every row): the index is named.
+    let (changes, ledger, of_key) = match at {
+        Some(_) => ("changes INDEXED BY changes_by_place", "ledger INDEXED BY ledger_by_place", "place = ?4"),
+        None => ("changes", "ledger", "?4 IS NULL"),
+    };
+    // The same key and window, the latest before this one.
     let previous = {
-        let mut stmt = conn.prepare_cached(
-            "SELECT seq, row FROM changes WHERE pipeline = ?1 AND seq < ?2 AND kind = 'row'
-               AND version = json_extract(?3, '$.version')
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT seq, row FROM {changes} WHERE pipeline = ?1 AND seq < ?2 AND kind = 'row'
+               AND version = json_extract(?3, '$.version') AND {of_key}
                AND json_extract(row, '$.key') = json_extract(?3, '$.key')
                AND json_extract(row, '$.window_start') IS json_extract(?3, '$.window_start')
-             ORDER BY seq DESC LIMIT 1",
-        )?;
-        stmt.query_row(params![pipeline, seq, text], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+             ORDER BY seq DESC LIMIT 1"
+        ))?;
+        stmt.query_row(params![pipeline, seq, text, at], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
             .optional()?
             .map(|(s, t)| (s, serde_json::from_str(&t).unwrap_or(serde_json::Value::Null)))
     };
     // RFC 3339 times with milliseconds in UTC compare as text.
-    let mut stmt = conn.prepare_cached(
-        "SELECT reason, count(*) FROM ledger WHERE pipeline = ?1 AND version = json_extract(?2, '$.version')
-           AND json_extract(entry, '$.key') = json_extract(?2, '$.key')
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT reason, count(*) FROM {ledger} WHERE pipeline = ?1 AND version = json_extract(?2, '$.version')
+           AND {} AND json_extract(entry, '$.key') = json_extract(?2, '$.key')
            AND (json_extract(?2, '$.window_start') IS NULL
                 OR json_extract(entry, '$.window_start') = json_extract(?2, '$.window_start')
                 OR (json_extract(entry, '$.window_start') IS NULL
                     AND json_extract(entry, '$.event_time') >= json_extract(?2, '$.window_start')
                     AND json_extract(entry, '$.event_time') < json_extract(?2, '$.window_end')))
          GROUP BY reason ORDER BY reason",
-    )?;
-    let ledgered =
-        stmt.query_map(params![pipeline, text], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+        of_key.replace("?4", "?3")
+    ))?;
+    let ledgered = stmt
+        .query_map(params![pipeline, text, at], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
     Ok(Some(RowOrigin { row, at_ms, sources, run, previous, ledgered }))
 }
 

@@ -242,3 +242,101 @@ fn point_7_entries_stored_whole_are_masked_and_forgetting_a_version_overwrites_i
     drop(conn);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn point_4_provenance_reads_its_keys_rows_by_their_place_and_older_rows_are_placed_when_migrated() {
+    let dir = std::env::temp_dir().join(format!("weir-store-place-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("weir.db");
+    let conn = weir_store::sqlite::open(&path).unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
+    // Rows and entries as version 7 stored them: no place. Three keys of
+    // two fields (a string and an integer, or a boolean), two windows, two
+    // revisions each, and ledger entries by window and by event time.
+    let key = |k: usize| match k {
+        0 => r#"{"acct":"a-0","n":7}"#.to_owned(),
+        1 => r#"{"acct":"a \"1\"","n":-3}"#.to_owned(),
+        _ => r#"{"acct":"a-2","vip":true}"#.to_owned(),
+    };
+    let window = |w: usize| (format!("2026-01-01T00:0{w}:00.000Z"), format!("2026-01-01T00:0{}:00.000Z", w + 1));
+    let mut seq = 0;
+    for revision in 1..=2 {
+        for k in 0..3 {
+            for w in 0..2 {
+                seq += 1;
+                let (start, end) = window(w);
+                let row = format!(
+                    r#"{{"seq":{seq},"pipeline":"paid","version":1,"key":{},"window_start":"{start}","window_end":"{end}","status":"provisional","revision":{revision},"values":{{}},"events":1,"late_events":0,"watermark":null}}"#,
+                    key(k)
+                );
+                conn.execute(
+                    "INSERT INTO changes (pipeline, seq, row, at_ms, sources, version) VALUES ('paid', ?1, ?2, 0, '[]', 1)",
+                    rusqlite::params![seq, row],
+                )
+                .unwrap();
+            }
+        }
+    }
+    for (lseq, (k, reason, at)) in
+        [(0, "duplicate", "window"), (0, "too_late", "time"), (1, "duplicate", "window"), (0, "bad_type", "none")]
+            .into_iter()
+            .enumerate()
+    {
+        let (start, end) = window(0);
+        let place = match at {
+            "window" => format!(r#","key":{},"window_start":"{start}","window_end":"{end}""#, key(k)),
+            "time" => format!(r#","key":{},"event_time":"2026-01-01T00:00:30.000Z""#, key(k)),
+            _ => String::new(),
+        };
+        let entry = format!(r#"{{"seq":{},"version":1,"reason":"{reason}"{place}}}"#, lseq + 1);
+        conn.execute(
+            "INSERT INTO ledger (pipeline, seq, reason, entry, at_ms, version) VALUES ('paid', ?1, ?2, ?3, 0, 1)",
+            rusqlite::params![lseq as i64 + 1, reason, entry],
+        )
+        .unwrap();
+    }
+    conn.execute("UPDATE meta SET value = '7' WHERE key = 'schema_version'", []).unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
+
+    // Each row's place is the one the write path gives its key's bytes.
+    use weir_engine::KeyValue::{Bool, Int, Str};
+    let places = [
+        weir_store::sqlite::place(&weir_engine::encode_key([Str("a-0"), Int("7")])),
+        weir_store::sqlite::place(&weir_engine::encode_key([Str("a \"1\""), Int("-3")])),
+        weir_store::sqlite::place(&weir_engine::encode_key([Str("a-2"), Bool(true)])),
+    ];
+    let stored: Vec<Option<i64>> = conn
+        .prepare("SELECT place FROM changes WHERE pipeline = 'paid' ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    let expected: Vec<Option<i64>> = (0..12).map(|i| Some(places[(i % 6) / 2])).collect();
+    assert_eq!(stored, expected);
+    let ledger: Vec<Option<i64>> = conn
+        .prepare("SELECT place FROM ledger WHERE pipeline = 'paid' ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(ledger, [Some(places[0]), Some(places[0]), Some(places[1]), None], "a keyless entry has no place");
+
+    // Revision 2 of key 0's first window (seq 7): its previous is seq 1,
+    // and the window's ledger entries are the two of key 0.
+    let origin = weir_store::sqlite::row_origin(&conn, "paid", 7).unwrap().unwrap();
+    assert_eq!(origin.previous.as_ref().map(|p| p.0), Some(1));
+    assert_eq!(origin.ledgered, [("duplicate".to_owned(), 1), ("too_late".to_owned(), 1)]);
+    // Key 1's revision 1 (seq 3) has no previous; its window has one duplicate.
+    let origin = weir_store::sqlite::row_origin(&conn, "paid", 3).unwrap().unwrap();
+    assert_eq!(origin.previous, None);
+    assert_eq!(origin.ledgered, [("duplicate".to_owned(), 1)]);
+    // A wrong place finds nothing: provenance reads by place, not by scan.
+    conn.execute("UPDATE changes SET place = place + 1 WHERE seq = 1", []).unwrap();
+    let origin = weir_store::sqlite::row_origin(&conn, "paid", 7).unwrap().unwrap();
+    assert_eq!(origin.previous, None);
+    drop(conn);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,6 +1,8 @@
-//! `weir bench ingest|latency|recovery|candidate|backfill`: the server's benchmarks
+//! `weir bench ingest|latency|recovery|candidate|backfill|provenance`: the server's benchmarks
 //! (BENCHMARKS.md). Each starts its own `weir serve` on a temporary folder
-//! with the demo's payments contract and prints what it measured.
+//! with the demo's payments contract and prints what it measured. With
+//! `WEIR_BENCH_SERVER=PATH`, that binary serves, so two builds can be
+//! measured alternately by the same client.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -61,8 +63,21 @@ impl Drop for Server {
 
 /// Starts `weir serve` on `dir` and returns once it serves.
 fn serve(dir: &Path, port: u16) -> Result<Server, Failure> {
-    let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find the weir binary: {e}")))?;
-    let tokens = crate::access::role_tokens(&dir.join("data"), "weir bench")?;
+    let exe = server_exe()?;
+    // The tokens come from the serving binary, whose schema the folder gets.
+    let token = |role: &str, scope: &str| -> Result<String, Failure> {
+        let made = Command::new(&exe)
+            .args(["token", "create", "--name", "weir bench", "--role", role, scope, "*", "--data"])
+            .arg(dir.join("data"))
+            .output()
+            .map_err(|e| fail(format!("cannot run {} token create: {e}", exe.display())))?;
+        match made.status.success() {
+            true => Ok(String::from_utf8_lossy(&made.stdout).trim().to_owned()),
+            false => Err(fail(format!("token create failed: {}", String::from_utf8_lossy(&made.stderr)))),
+        }
+    };
+    let (producer, reader, operator) =
+        (token("producer", "--topic")?, token("reader", "--pipeline")?, token("operator", "--pipeline")?);
     let mut child = Command::new(exe)
         .arg("serve")
         .arg("--data")
@@ -92,13 +107,16 @@ fn serve(dir: &Path, port: u16) -> Result<Server, Failure> {
             eprintln!("  weir serve: {line}");
         }
     });
-    Ok(Server {
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-        producer: tokens.producer,
-        reader: tokens.reader,
-        operator: tokens.operator,
-    })
+    Ok(Server { child, base: format!("http://127.0.0.1:{port}"), producer, reader, operator })
+}
+
+/// The binary that serves: `WEIR_BENCH_SERVER` when set (another build, for
+/// a before-and-after in one sitting), else this one.
+fn server_exe() -> Result<PathBuf, Failure> {
+    match std::env::var_os("WEIR_BENCH_SERVER") {
+        Some(path) => Ok(PathBuf::from(path)),
+        None => std::env::current_exe().map_err(|e| fail(format!("cannot find the weir binary: {e}"))),
+    }
 }
 
 fn free_port() -> Result<u16, Failure> {
@@ -505,4 +523,173 @@ pub fn backfill(events: u64) -> Result<(), Failure> {
         if busy_probe < secs { "" } else { " (the backfill ended first)" }
     );
     Ok(())
+}
+
+/// A POST of `body` to the payments topic, timed; an error unless acknowledged.
+fn timed_post(agent: &ureq::Agent, server: &Server, body: &str) -> Result<Duration, Failure> {
+    let url = format!("{}/v1/topics/payments/events", server.base);
+    let started = Instant::now();
+    match crate::client::post_batch(agent, &url, body, Some(&server.producer)) {
+        Ok(true) => Ok(started.elapsed()),
+        Ok(false) => Err(fail("a batch was not acknowledged".into())),
+        Err(e) => Err(fail(e)),
+    }
+}
+
+/// The `p` quantile of `d` (sorted here), in milliseconds.
+fn quantile_ms(d: &mut [Duration], p: f64) -> f64 {
+    d.sort_unstable();
+    match d.len() {
+        0 => f64::NAN,
+        n => d[((n as f64 * p).ceil() as usize).clamp(1, n) - 1].as_secs_f64() * 1e3,
+    }
+}
+
+/// Provenance with `events` in the pipeline: one request at a time, then a
+/// steady producer's POST time (100 events every 10 ms, for `seconds`)
+/// alone and while `readers` clients ask for provenance without pause.
+pub fn provenance(events: u64, readers: usize, seconds: u64) -> Result<(), Failure> {
+    let dir = Folder::new("provenance")?;
+    let server = serve(&dir.0, free_port()?)?;
+    post_all(&server, &batches(events, 1_000, GEN_START_MS, 1_000), 4)?;
+    caught_up(&server, events, Duration::from_secs(1200))?;
+    let agent = crate::client::agent();
+    // The rows' seqs, newest first: every revision of the latest windows.
+    let url = format!("{}/v1/pipelines/paid_revenue/results?limit=10000", server.base);
+    let body = crate::client::with_token(agent.get(&url), Some(&server.reader))
+        .call()
+        .and_then(|mut r| r.body_mut().with_config().limit(1 << 30).read_to_string())
+        .map_err(|e| fail(format!("cannot read the rows: {e}")))?;
+    let seqs: Vec<u64> =
+        body.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["seq"].as_u64()).collect();
+    if seqs.is_empty() {
+        return Err(fail("the pipeline published no row".into()));
+    }
+    let ask = |agent: &ureq::Agent, i: u64| -> Result<Duration, String> {
+        let seq = seqs[(i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 33) as usize % seqs.len()];
+        let url = format!("{}/v1/pipelines/paid_revenue/results/{seq}/provenance", server.base);
+        let started = Instant::now();
+        let mut r =
+            crate::client::with_token(agent.get(&url), Some(&server.reader)).call().map_err(|e| e.to_string())?;
+        r.body_mut().read_to_string().map_err(|e| e.to_string())?;
+        Ok(started.elapsed())
+    };
+    let mut alone = Vec::new();
+    for i in 0..500 {
+        alone.push(ask(&agent, i).map_err(|e| fail(format!("a provenance request failed: {e}")))?);
+    }
+    let mut stream = PaymentStream::new(5, 10_000, Profile::Bench, true).with_first_id(1_000_000_000);
+    let mut at_ms = GEN_START_MS + events as i64;
+    // A steady producer: a POST of 100 events every 10 ms.
+    let mut produce = |until: Instant| -> Result<Vec<Duration>, Failure> {
+        let mut took = Vec::new();
+        let mut next = Instant::now();
+        while next < until {
+            let mut body = String::new();
+            for _ in 0..100 {
+                stream.next(at_ms, &mut body);
+                at_ms += 1;
+            }
+            took.push(timed_post(&agent, &server, &body)?);
+            next += Duration::from_millis(10);
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        Ok(took)
+    };
+    let mut idle = produce(Instant::now() + Duration::from_secs(seconds))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let paths: Vec<String> =
+        seqs.iter().map(|seq| format!("/v1/pipelines/paid_revenue/results/{seq}/provenance")).collect();
+    let port = server.base.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()).unwrap_or(0);
+    let flood = {
+        let (stop, reader) = (Arc::clone(&stop), server.reader.clone());
+        std::thread::spawn(move || flood(port, &reader, paths, readers, stop))
+    };
+    let started = Instant::now();
+    let loaded = produce(Instant::now() + Duration::from_secs(seconds));
+    stop.store(true, Ordering::Relaxed);
+    let (answered, refused) = flood.join().map_err(|_| fail("the readers' thread panicked".into()))?;
+    let mut loaded = loaded?;
+    let flood_secs = started.elapsed().as_secs_f64();
+    println!(
+        "provenance: {events} events, {} rows to ask about; one at a time: p50 {:.2} ms, p99 {:.2} ms",
+        seqs.len(),
+        quantile_ms(&mut alone, 0.5),
+        quantile_ms(&mut alone, 0.99)
+    );
+    println!(
+        "            a producer's POST of 100 events every 10 ms: alone p50 {:.2} ms, p99 {:.2} ms ({} posts); with {readers} readers asking for provenance: p50 {:.2} ms, p99 {:.2} ms ({} posts), {:.0} provenance answers/s, {} failed",
+        quantile_ms(&mut idle, 0.5),
+        quantile_ms(&mut idle, 0.99),
+        idle.len(),
+        quantile_ms(&mut loaded, 0.5),
+        quantile_ms(&mut loaded, 0.99),
+        loaded.len(),
+        answered as f64 / flood_secs,
+        refused
+    );
+    Ok(())
+}
+
+/// `readers` connections to 127.0.0.1:`port`, each asking for one of
+/// `paths` after another until `stop`, all from one thread (readers stand
+/// for clients on other machines: hundreds of client threads here would
+/// take the CPU from the server they measure). Returns the answers with
+/// status 200 and the others.
+fn flood(port: u16, token: &str, paths: Vec<String>, readers: usize, stop: Arc<AtomicBool>) -> (u64, u64) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return (0, 0) };
+    let (paths, token) = (Arc::new(paths), Arc::new(token.to_owned()));
+    let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+    rt.block_on(async {
+        let mut all = tokio::task::JoinSet::new();
+        for r in 0..readers {
+            let (paths, token, counts, stop) =
+                (Arc::clone(&paths), Arc::clone(&token), Arc::clone(&counts), Arc::clone(&stop));
+            all.spawn(async move {
+                let (answered, failed) = ask_until(port, &token, &paths, r, &stop).await;
+                counts.0.fetch_add(answered, Ordering::Relaxed);
+                counts.1.fetch_add(failed, Ordering::Relaxed);
+            });
+        }
+        while all.join_next().await.is_some() {}
+    });
+    (counts.0.load(Ordering::Relaxed), counts.1.load(Ordering::Relaxed))
+}
+
+/// One reader of [`flood`] on one keep-alive connection: its answers with
+/// status 200 and the others (a connection that fails is one).
+async fn ask_until(port: u16, token: &str, paths: &[String], r: usize, stop: &AtomicBool) -> (u64, u64) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let Ok(conn) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { return (0, 1) };
+    let mut conn = tokio::io::BufReader::new(conn);
+    let (mut answered, mut i) = (0, r * 7919);
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let path = &paths[i % paths.len()];
+        let ask = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n");
+        if conn.get_mut().write_all(ask.as_bytes()).await.is_err() {
+            return (answered, 1);
+        }
+        // The status line, the headers up to the blank line, then Content-Length bytes.
+        let (mut line, mut ok, mut length) = (String::new(), false, 0usize);
+        loop {
+            line.clear();
+            if conn.read_line(&mut line).await.unwrap_or(0) == 0 {
+                return (answered, 1);
+            }
+            if line.starts_with("HTTP/1.1 ") {
+                ok = line.starts_with("HTTP/1.1 200");
+            } else if let Some(n) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = n.trim().parse().unwrap_or(0);
+            } else if line == "\r\n" {
+                break;
+            }
+        }
+        let mut body = vec![0; length];
+        if !ok || conn.read_exact(&mut body).await.is_err() {
+            return (answered, 1);
+        }
+        answered += 1;
+    }
+    (answered, 0)
 }

@@ -408,6 +408,15 @@ enum BenchWhat {
         #[arg(long, default_value_t = 5_000_000)]
         events: u64,
     },
+    /// Provenance requests one at a time, and a producer's POST time idle and while many readers ask for provenance.
+    Provenance {
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
+        #[arg(long, default_value_t = 300)]
+        readers: usize,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
     /// Time to serve again after kill -9 with this many events in the log.
     Recovery {
         #[arg(long, default_value_t = 1_000_000)]
@@ -583,6 +592,9 @@ fn main() -> ExitCode {
         Command::Bench { what: BenchWhat::Recovery { events } } => bench::recovery(events),
         Command::Bench { what: BenchWhat::Candidate { events, early } } => bench::candidate(events, early),
         Command::Bench { what: BenchWhat::Backfill { events } } => bench::backfill(events),
+        Command::Bench { what: BenchWhat::Provenance { events, readers, seconds } } => {
+            bench::provenance(events, readers, seconds)
+        }
         Command::Token { what: TokenWhat::Create { data, role, name, topics, pipelines, expires, why } } => {
             access::create(access::CreateArgs {
                 data: &data,
