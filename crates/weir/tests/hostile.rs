@@ -5,7 +5,11 @@
 //! the whole time. Every good request must succeed, good requests must
 //! keep completing while the attack runs, every acknowledged event must be
 //! in the log exactly once and counted, and every hostile event that got
-//! in must be in the ledger as `over_limit`.
+//! in must be in the ledger as `over_limit`. The review's points 1 to 4
+//! (issue 17) join the attack: bodies on public paths without a token,
+//! lines that are not objects and requests past `max_events_per_request`,
+//! bad `limit`s, and readers asking without pause for the ledger and
+//! provenance.
 
 mod common;
 
@@ -49,6 +53,7 @@ const WEIR_TOML: &str = r#"
 header_timeout = "1s"
 body_timeout = "2s"
 max_body_bytes = 65536
+max_events_per_request = 50
 
 [topics.payments]
 partitions = 2
@@ -78,6 +83,10 @@ fn raw(port: u16, request: &[u8]) -> (u16, String) {
     let code = answer.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = answer.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_owned());
     (code, body)
+}
+
+fn get_request(token: &str, path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n").into_bytes()
 }
 
 fn post_request(token: &str, body: impl AsRef<[u8]>) -> Vec<u8> {
@@ -217,6 +226,33 @@ fn good_traffic_flows_and_nothing_acknowledged_is_lost_under_hostile_requests() 
         }));
     }
 
+    // Readers asking for the ledger and a row's provenance without pause,
+    // from four connections: each answered (200, or 404 for a row not
+    // yet published), never an error of the server's.
+    let reads_stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..4)
+        .map(|r| {
+            let (stop, token) = (reads_stop.clone(), t.reader.clone());
+            let paths = ["/v1/pipelines/paid/ledger?limit=1000", "/v1/pipelines/paid/results/1/provenance"];
+            std::thread::spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+                let (mut answered, mut i) = (Vec::new(), r);
+                while !stop.load(Ordering::SeqCst) {
+                    i += 1;
+                    let url = format!("http://127.0.0.1:{port}{}", paths[i % 2]);
+                    match agent.get(&url).header("authorization", format!("Bearer {token}")).call() {
+                        Ok(mut a) => {
+                            let _ = a.body_mut().read_to_string();
+                            answered.push(a.status().as_u16());
+                        }
+                        Err(e) => panic!("a reader's request failed: {e}"),
+                    }
+                }
+                answered
+            })
+        })
+        .collect();
+
     // Oversized, deep, wide, long-keyed and malformed requests: refused, each with its reason.
     let p = &t.producer;
     let deep = format!("{{\"id\":\"d\",\"acct\":\"a0\",\"t\":\"{T}\",\"x\":{}1{}}}", "[".repeat(100), "]".repeat(100));
@@ -249,6 +285,21 @@ fn good_traffic_flows_and_nothing_acknowledged_is_lost_under_hostile_requests() 
             413,
             "max_body_bytes = 65536",
         ),
+        (
+            "a 64 MiB body on /healthz without a token",
+            format!("POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 67108864\r\n\r\n{}", "x".repeat(4096)).into_bytes(),
+            413,
+            "takes no body",
+        ),
+        ("lines that are numbers", post_request(p, "1\n2\n"), 400, "line 1 is a number, not a JSON object"),
+        (
+            "60 events in one request",
+            post_request(p, (0..60).map(|i| event(&format!("m{i}"), "a0", "") + "\n").collect::<String>()),
+            413,
+            "max_events_per_request = 50",
+        ),
+        ("limit=-1", get_request(&t.reader, "/v1/pipelines/paid/ledger?limit=-1"), 400, "from 1 to 100000"),
+        ("limit=many", get_request(&t.reader, "/v1/pipelines/paid/changes?limit=many"), 400, "from 1 to 100000"),
         ("a 100 KB header", format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n", "y".repeat(100_000)).into_bytes(), 431, ""),
         ("a request line of garbage", b"\x16\x03\x01\x02\x00 garbage\r\n\r\n".to_vec(), 400, ""),
     ];
@@ -278,6 +329,12 @@ fn good_traffic_flows_and_nothing_acknowledged_is_lost_under_hostile_requests() 
             held >= Duration::from_millis(limit * 1000 - 300) && held < Duration::from_secs(limit + 5),
             "{what} was held {held:?}, against a deadline of {limit}s"
         );
+    }
+    reads_stop.store(true, Ordering::SeqCst);
+    for reader in readers {
+        let answered = reader.join().unwrap();
+        assert!(!answered.is_empty(), "a reader got no answer during the attack");
+        assert!(answered.iter().all(|c| *c == 200 || *c == 404), "readers' answers: {answered:?}");
     }
     let attack_ended = Instant::now();
     std::thread::sleep(Duration::from_millis(300));
@@ -327,6 +384,7 @@ fn good_traffic_flows_and_nothing_acknowledged_is_lost_under_hostile_requests() 
     for line in [
         "weir_http_requests_denied_total{status=\"408\",reason=\"body_timeout\"} 8",
         "weir_http_requests_denied_total{status=\"413\",reason=\"body_too_large\"} 2",
+        "weir_http_requests_denied_total{status=\"413\",reason=\"body_on_public_path\"} 1",
     ] {
         assert!(metrics.contains(line), "{line} not in:\n{metrics}");
     }
