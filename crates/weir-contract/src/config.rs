@@ -18,6 +18,7 @@
 //! write_timeout = "30s"         # an answer the client stops reading is cut off after this; shutdown waits at most this
 //! body_timeout = "60s"          # a request's body must arrive whole within this
 //! alert_webhook = "http://..."  # where alerts go when a contract names no webhook
+//! webhook_ca_cert = "/etc/weir/hooks-ca.pem" # https webhooks are checked against these PEM certificates, not the public roots
 //! ledger_payload_retention = "30d" # ledger payloads (and details) are erased after this, or after
 //!                               # the topic's retention when that is shorter
 //! superseded_retention = "30d"  # a superseded contract version stays readable this long, then is removed
@@ -83,6 +84,9 @@ pub struct ServerConfig {
     pub superseded_retention_ms: i64,
     /// Where alerts go when a contract's `[alerts]` names no webhook.
     pub alert_webhook: Option<String>,
+    /// A PEM file of certificates that `https` webhooks are checked
+    /// against instead of the public roots (a private CA's, or a hook's own).
+    pub webhook_ca_cert: Option<String>,
     pub topics: BTreeMap<String, TopicConfig>,
     pub kafka: Option<KafkaConfig>,
     pub postgres: Option<PostgresConfig>,
@@ -156,6 +160,7 @@ impl Default for ServerConfig {
             write_timeout_ms: 30_000,
             body_timeout_ms: 60_000,
             alert_webhook: None,
+            webhook_ca_cert: None,
             topics: BTreeMap::new(),
             kafka: None,
             postgres: None,
@@ -181,6 +186,7 @@ const TOP_KEYS: &[&str] = &[
     "write_timeout",
     "body_timeout",
     "alert_webhook",
+    "webhook_ca_cert",
     "allow_link_local_webhooks",
     "audit_key_file",
     "ledger_payload_retention",
@@ -239,6 +245,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
     let alert_queue = r.whole(root, "weir.toml", "alert_queue", 1, 1 << 20);
     let pool = r.whole(root, "weir.toml", "pool_connections", 1, 1024);
     let alert_webhook = r.string(root, "weir.toml", "alert_webhook", false);
+    let webhook_ca_cert = r.string(root, "weir.toml", "webhook_ca_cert", false);
     let audit_key_file = r.string(root, "weir.toml", "audit_key_file", false);
     let ledger_retention = r.duration(root, "weir.toml", "ledger_payload_retention");
     let superseded_retention = r.duration(root, "weir.toml", "superseded_retention");
@@ -335,6 +342,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         write_timeout_ms: write_timeout?.unwrap_or(defaults.write_timeout_ms),
         body_timeout_ms: body_timeout?.unwrap_or(defaults.body_timeout_ms),
         alert_webhook,
+        webhook_ca_cert,
         audit_key_file,
         topics,
     })

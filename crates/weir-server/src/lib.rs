@@ -267,6 +267,10 @@ pub async fn serve(
             }
         }
     }
+    let webhook_roots = match &opts.config.webhook_ca_cert {
+        Some(path) => Some(webhooks::roots(path).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
     // A bad certificate or key stops the start before anything else.
     let tls = match &opts.tls {
         Some((cert, key)) => Some(listen::tls_acceptor(cert, key)?),
@@ -518,6 +522,9 @@ pub async fn serve(
     audit::record_contracts(&store::open(&db)?, &accepted, &origin)?;
     readers::start(config.pool_connections);
     let mut app = app::App::new(log.clone(), Arc::clone(&config), pipelines, sqlite);
+    if let Some(roots) = webhook_roots {
+        let _ = app.webhooks.trusted.set(roots);
+    }
     app.auth = Arc::new(weir_store::SqliteStore::new(db.clone(), 4));
     app.producers = producers;
     app.backfill_inputs = backfill_inputs;

@@ -4,7 +4,9 @@
 //! say more about now) and counts it. A URL that reaches a link-local or
 //! cloud metadata address is refused unless weir.toml allows it
 //! (`allow_link_local_webhooks = true`): a contract's author must not be
-//! able to make the server call the machine's metadata service.
+//! able to make the server call the machine's metadata service. An
+//! `https` webhook is checked against the public roots, or only against
+//! the certificates of weir.toml's `webhook_ca_cert` ([`roots`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{IpAddr, ToSocketAddrs};
@@ -23,6 +25,27 @@ pub struct Webhooks {
     /// Delivered, and given up after a minute of retries (or refused).
     pub delivered: Arc<AtomicU64>,
     pub undelivered: Arc<AtomicU64>,
+    /// What `https` webhooks are checked against (see [`roots`]); the
+    /// public roots until it is set.
+    pub trusted: std::sync::OnceLock<ureq::tls::RootCerts>,
+}
+
+/// The certificates of `webhook_ca_cert` (a PEM file), or why they cannot
+/// be used: the file unreadable, or holding no certificate.
+pub fn roots(path: &str) -> Result<ureq::tls::RootCerts, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("webhook_ca_cert {path:?} cannot be read: {e}"))?;
+    let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    if certs.is_empty() {
+        return Err(format!(
+            "webhook_ca_cert {path:?} holds no PEM certificate; give the file of the CA (or of the hook's own certificate) that https webhooks are checked against"
+        ));
+    }
+    Ok(ureq::tls::RootCerts::from(certs))
 }
 
 #[derive(Default)]
@@ -50,9 +73,10 @@ impl Webhooks {
                     queues.insert(url.to_owned(), Arc::clone(&q));
                     let (u, q2) = (url.to_owned(), Arc::clone(&q));
                     let (ok, failed) = (Arc::clone(&self.delivered), Arc::clone(&self.undelivered));
+                    let trusted = self.trusted.get().cloned();
                     let spawned = std::thread::Builder::new()
                         .name("weir-webhook".into())
-                        .spawn(move || deliver(&u, &q2, allow_link_local, &ok, &failed));
+                        .spawn(move || deliver(&u, &q2, (allow_link_local, trusted), &ok, &failed));
                     if let Err(e) = spawned {
                         eprintln!("weir: no delivery thread for the webhook {url}: {e}");
                     }
@@ -106,12 +130,19 @@ fn link_local(ip: IpAddr) -> bool {
 
 /// Sends one webhook's notifications in order, each retried with backoff
 /// for up to a minute.
-fn deliver(url: &str, queue: &Queue, allow_link_local: bool, delivered: &AtomicU64, undelivered: &AtomicU64) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(10)))
-        .build()
-        .into();
+fn deliver(
+    url: &str,
+    queue: &Queue,
+    (allow_link_local, trusted): (bool, Option<ureq::tls::RootCerts>),
+    delivered: &AtomicU64,
+    undelivered: &AtomicU64,
+) {
+    let mut config =
+        ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(10)));
+    if let Some(roots) = trusted {
+        config = config.tls_config(ureq::tls::TlsConfig::builder().root_certs(roots).build());
+    }
+    let agent: ureq::Agent = config.build().into();
     loop {
         let note = {
             let mut notes = lock(&queue.notes);

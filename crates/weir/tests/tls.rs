@@ -162,3 +162,93 @@ fn a_missing_or_mismatched_certificate_stops_the_start() {
     let out = weir(&[&"serve", &"--data", &s.path("data"), &"--contracts", &s.path("contracts"), &"--tls-cert", &cert]);
     assert_eq!(out.status.code(), Some(2), "--tls-cert needs --tls-key");
 }
+
+/// An HTTPS webhook receiver with `certified`'s certificate: each
+/// notification's JSON on the channel.
+fn https_receiver(certified: &rcgen::CertifiedKey) -> (u16, std::sync::mpsc::Receiver<serde_json::Value>) {
+    use std::io::BufRead;
+    let chain = vec![certified.cert.der().clone()];
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.key_pair.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    let config = Arc::new(config);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for sock in listener.incoming() {
+            let Ok(sock) = sock else { continue };
+            let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
+            let tls = rustls::StreamOwned::new(rustls::ServerConnection::new(Arc::clone(&config)).unwrap(), sock);
+            let mut reader = std::io::BufReader::new(tls);
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; length];
+            if length > 0 && reader.read_exact(&mut body).is_ok() {
+                let tls = reader.get_mut();
+                let _ = tls.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let _ = tls.flush();
+                if let Ok(v) = serde_json::from_slice(&body) {
+                    let _ = tx.send(v);
+                }
+            }
+        }
+    });
+    (port, rx)
+}
+
+#[test]
+fn point_10_an_https_webhook_gets_its_alerts_checked_against_webhook_ca_cert() {
+    let s = Scratch::new("tls-hook");
+    std::fs::create_dir_all(s.path("contracts")).unwrap();
+    s.write("contracts/paid.toml", &format!("{CONTRACT}\n[alerts]\nmax_watermark_age = \"1s\"\n"));
+    let hook = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (hook_port, notes) = https_receiver(&hook);
+    let ca = s.write("hook-ca.pem", &hook.cert.pem());
+    // A file with no certificate in it stops the start, naming it.
+    let key_only = s.write("key-only.pem", &hook.key_pair.serialize_pem());
+    s.write("weir.toml", &format!("webhook_ca_cert = {:?}\n", key_only.display().to_string()));
+    let refused = weir(&[
+        &"serve",
+        &"--data",
+        &s.path("data"),
+        &"--contracts",
+        &s.path("contracts"),
+        &"--config",
+        &s.path("weir.toml"),
+        &"--listen",
+        &"127.0.0.1:0",
+    ]);
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused.stderr));
+    assert!(text(&refused.stderr).contains("holds no PEM certificate"), "{}", text(&refused.stderr));
+
+    // With the hook's certificate trusted, a firing alert reaches it over HTTPS.
+    s.write(
+        "weir.toml",
+        &format!(
+            "webhook_ca_cert = {:?}\nalert_webhook = \"https://localhost:{hook_port}/hook\"\n",
+            ca.display().to_string()
+        ),
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let _server = common::start(&s.0, port);
+    let event = "{\"id\":\"p1\",\"acct\":\"a1\",\"t\":\"2026-11-30T12:00:00Z\"}\n";
+    let (code, answer) =
+        common::call("POST", &format!("http://127.0.0.1:{port}/v1/topics/payments/events"), Some(event));
+    assert_eq!(code, 200, "{answer}");
+    let note = notes.recv_timeout(Duration::from_secs(30)).expect("no alert reached the https webhook");
+    assert_eq!(note["pipeline"], "paid", "{note}");
+    assert!(note.to_string().contains("watermark"), "{note}");
+}
