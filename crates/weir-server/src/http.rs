@@ -79,10 +79,13 @@ pub fn router(app: Arc<App>) -> Router {
 /// a few tasks ready at once and a producer's request is not queued behind
 /// hundreds of them. The waiting requests hold no thread and no CPU.
 /// Producers' POSTs and operators' and admins' actions pass at once: an
-/// operator's pause never waits behind slow reads.
+/// operator's pause never waits behind slow reads. So does a GET that says
+/// it has a body: its body is read (within `body_timeout`) before its
+/// handler, and a client sending it slowly must not hold a place.
 async fn gate(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    if req.method() != axum::http::Method::GET && req.method() != axum::http::Method::HEAD {
+    let read = req.method() == axum::http::Method::GET || req.method() == axum::http::Method::HEAD;
+    if !read || carries_body(req.headers()) {
         return next.run(req).await;
     }
     let gate = if public(&app, path) { &app.gates.public } else { &app.gates.readers };
