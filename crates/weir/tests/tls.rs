@@ -166,7 +166,6 @@ fn a_missing_or_mismatched_certificate_stops_the_start() {
 /// An HTTPS webhook receiver with `certified`'s certificate: each
 /// notification's JSON on the channel.
 fn https_receiver(certified: &rcgen::CertifiedKey) -> (u16, std::sync::mpsc::Receiver<serde_json::Value>) {
-    use std::io::BufRead;
     let chain = vec![certified.cert.der().clone()];
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(certified.key_pair.serialize_der().into());
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
@@ -185,18 +184,7 @@ fn https_receiver(certified: &rcgen::CertifiedKey) -> (u16, std::sync::mpsc::Rec
             let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
             let tls = rustls::StreamOwned::new(rustls::ServerConnection::new(Arc::clone(&config)).unwrap(), sock);
             let mut reader = std::io::BufReader::new(tls);
-            let mut length = 0;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-            }
-            let mut body = vec![0; length];
-            if length > 0 && reader.read_exact(&mut body).is_ok() {
+            if let Some(body) = common::request_body(&mut reader).filter(|b| !b.is_empty()) {
                 let tls = reader.get_mut();
                 let _ = tls.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
                 let _ = tls.flush();

@@ -255,8 +255,25 @@ pub fn json_lines(text: &str) -> Vec<Value> {
 }
 
 /// A webhook receiver: every POST body, in order.
+/// The body of one HTTP/1.1 request read from `reader` (its head up to the
+/// blank line, then `Content-Length` bytes); `None` if it ends first.
+pub fn request_body(reader: &mut impl std::io::BufRead) -> Option<Vec<u8>> {
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok().map(|()| body)
+}
+
 pub fn receiver() -> (String, std::sync::mpsc::Receiver<Value>) {
-    use std::io::{BufRead, BufReader, Read, Write};
+    use std::io::{BufReader, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     let (tx, rx) = std::sync::mpsc::channel();
@@ -264,18 +281,7 @@ pub fn receiver() -> (String, std::sync::mpsc::Receiver<Value>) {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut length = 0;
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-            }
-            let mut body = vec![0; length];
-            if reader.read_exact(&mut body).is_ok() {
+            if let Some(body) = request_body(&mut reader) {
                 let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
                 if let Ok(v) = serde_json::from_slice(&body) {
                     let _ = tx.send(v);
