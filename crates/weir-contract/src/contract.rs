@@ -163,6 +163,9 @@ pub struct Source {
     pub event_id: Option<FieldPath>,
     pub rule: Option<(String, Expr)>,
     pub max_delay_ms: i64,
+    /// `max_future`: an event time further ahead of the processing clock
+    /// is ledgered `future` and moves no watermark (SPEC.md 3.1).
+    pub max_future_ms: Option<i64>,
     pub max_event_bytes: usize,
     /// `kind = "log"` (the embedded log) or `"kafka"`; `None`: the server's
     /// default (Kafka when weir.toml has `[kafka]`).
@@ -339,6 +342,7 @@ const SOURCE_KEYS: &[&str] = &[
     "event_id",
     "where",
     "max_delay",
+    "max_future",
     "max_event_bytes",
     "kind",
     "brokers",
@@ -467,6 +471,12 @@ impl Contract {
             },
             format_duration_ms(s.max_delay_ms)
         ));
+        if let Some(ms) = s.max_future_ms {
+            out.push_str(&format!(
+                "future     an event time more than {} ahead of the processing clock is ledgered `future`\n",
+                format_duration_ms(ms)
+            ));
+        }
         if let Some((text, _)) = &s.rule {
             out.push_str(&format!("where      {text}\n"));
         }
@@ -1034,6 +1044,7 @@ impl Reader<'_> {
         let event_id = self.path(t, "source", "event_id", false);
         let rule = self.rule(t, "source");
         let max_delay = self.duration(t, "source", "max_delay");
+        let max_future = self.duration(t, "source", "max_future");
         let max_event_bytes = match t.get("max_event_bytes") {
             None => Some(MAX_EVENT_BYTES_DEFAULT),
             Some(item) => match item.as_integer() {
@@ -1075,6 +1086,7 @@ impl Reader<'_> {
             event_id: event_id?,
             rule: rule?,
             max_delay_ms: max_delay?.unwrap_or(0),
+            max_future_ms: max_future?,
             max_event_bytes: max_event_bytes?,
         })
     }

@@ -169,6 +169,8 @@ fn refusals_name_file_line_key_and_fix() {
     check(&edit("owner", "# no owner"), Some(1), "pipeline.owner", "missing required key");
     check(&edit("max_delay", "max_delay = \"30secs\""), Some(14), "source.max_delay", "unknown unit");
     check(&edit("max_delay", "max_delay = \"30\""), Some(14), "source.max_delay", "without a unit");
+    check(&edit("max_delay", "max_future = \"soon\""), Some(14), "source.max_future", "");
+    check(&edit("max_delay", "max_future = 5"), Some(14), "source.max_future", "");
     check(
         &edit("size", "size = \"7m\"\nslide = \"2m\"").replace("tumbling", "hopping"),
         Some(19),

@@ -62,7 +62,7 @@ pub struct Counters {
     /// Events late but allowed: counted in a window whose end the watermark had passed.
     pub late_allowed: u64,
     /// Ledger entries by [`Reason::index`].
-    pub ledger: [u64; 10],
+    pub ledger: [u64; Reason::ALL.len()],
     pub rows_provisional: u64,
     pub rows_settled: u64,
     pub rows_retracted: u64,
@@ -200,6 +200,9 @@ pub struct Engine {
     /// The engine reads one partition, whatever its number: the watermark
     /// is that partition's (see [`Engine::read_one_partition`]).
     one_partition: bool,
+    /// The processing clock (ms since the epoch) as the caller last told
+    /// it ([`Engine::set_clock`]); `max_future` is measured from it.
+    clock_ms: Option<i64>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -243,7 +246,16 @@ impl Engine {
             dirty: Vec::new(),
             pending: Vec::new(),
             one_partition: false,
+            clock_ms: None,
         }
+    }
+
+    /// Tells the engine the processing clock, in milliseconds since the
+    /// epoch: an event time more than `max_future` ahead of it is ledgered
+    /// `future` (SPEC.md 3.1 step 4). The engine reads no clock; until it is
+    /// told one, no event is `future`. Not kept in snapshots.
+    pub fn set_clock(&mut self, now_ms: i64) {
+        self.clock_ms = Some(now_ms);
     }
 
     /// From now on the engine reads a single partition, whichever number
@@ -494,7 +506,12 @@ impl Engine {
         // Read first, refused only at step 4: any readable time moves the
         // watermark (step 8), whatever else happens to the event.
         let time = read_time(root.get(&plan.time_path), &plan);
-        let readable = time.as_ref().ok().copied();
+        // A time too far ahead of the processing clock moves no watermark (step 8).
+        let ahead = match (&time, plan.max_future_ms, self.clock_ms) {
+            (Ok(t), Some(max), Some(now)) if *t > now.saturating_add(max) => Some((*t, now, max)),
+            _ => None,
+        };
+        let readable = time.as_ref().ok().copied().filter(|_| ahead.is_none());
         // 3. The contract's rule, before any field is required.
         if let Some(rule) = &plan.rule {
             match rule.test(root) {
@@ -524,6 +541,25 @@ impl Engine {
             }
         };
         ctx.time = Some(time);
+        if let Some((t, now, max)) = ahead {
+            let detail = format!(
+                "event time {} is {} ahead of the processing clock ({}), more than max_future = {}; \
+                 fix the producer's clock, or raise [source] max_future if such times are real",
+                crate::time::format_rfc3339_ms(t),
+                weir_contract::format_duration_ms(t.saturating_sub(now)),
+                crate::time::format_rfc3339_ms(now),
+                weir_contract::format_duration_ms(max)
+            );
+            // The key and id, where they can be read, say whose clock it was.
+            if let Some(id_path) = &plan.id_path {
+                ctx.id = read_id(root.get(id_path), &plan.id_name).ok();
+            }
+            let mut key_buf = std::mem::take(&mut self.key_buf);
+            let key = read_key(root, &plan, &mut key_buf).is_ok_and(|n| n <= plan.max_key_bytes);
+            record(&mut self.st.counters, out, ctx, key.then_some(&key_buf[..]), Reason::Future, detail, None, None);
+            self.key_buf = key_buf;
+            return None;
+        }
         let mut key_buf = std::mem::take(&mut self.key_buf);
         let keyed = read_key(root, &plan, &mut key_buf);
         self.key_buf = key_buf;

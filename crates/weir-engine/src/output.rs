@@ -111,10 +111,13 @@ pub enum Reason {
     /// Replaced by a later version of the same event (`on_conflict =
     /// "correct"`, SPEC.md 3.3): it counted, and counts no more.
     Superseded,
+    /// An event time more than `max_future` ahead of the processing clock
+    /// (SPEC.md 3.1 step 4): not counted, and it moves no watermark.
+    Future,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 11] = [
         Reason::TooLarge,
         Reason::MalformedJson,
         Reason::MissingField,
@@ -125,6 +128,7 @@ impl Reason {
         Reason::TooLate,
         Reason::OverLimit,
         Reason::Superseded,
+        Reason::Future,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -139,6 +143,7 @@ impl Reason {
             Reason::TooLate => "too_late",
             Reason::OverLimit => "over_limit",
             Reason::Superseded => "superseded",
+            Reason::Future => "future",
         }
     }
 

@@ -35,6 +35,7 @@ pub(crate) struct Plan {
     pub id_name: String,
     pub rule: Option<Rule>,
     pub max_delay_ms: i64,
+    pub max_future_ms: Option<i64>,
     pub max_event_bytes: usize,
     /// `[limits]` for one event: nesting and number of values.
     pub bounds: Bounds,
@@ -100,6 +101,7 @@ impl Plan {
             id_name: source.event_id.as_ref().map(ToString::to_string).unwrap_or_default(),
             rule,
             max_delay_ms: source.max_delay_ms,
+            max_future_ms: source.max_future_ms,
             max_event_bytes: source.max_event_bytes,
             kind: contract.window.kind,
             lateness_ms: contract.window.allowed_lateness_ms,

@@ -17,17 +17,18 @@ use serde::{Deserialize, Serialize};
 use weir_contract::{Contract, WindowKind};
 
 use crate::engine::{Counted, Counters, Engine, Mode, PlanError, Seen, State, Window};
+use crate::output::Reason;
 use crate::plan::Plan;
 
 const MAGIC: &[u8; 8] = b"WEIRSNAP";
-/// The snapshot format this build writes. It also reads formats 5 and 4:
-/// format 6 counts ledger entries of the reason `superseded` and keeps what
+/// The snapshot format this build writes. It also reads formats 6, 5 and 4:
+/// format 7 counts ledger entries of the reason `future`; format 6 counts ledger entries of the reason `superseded` and keeps what
 /// each remembered id's counting version gave (corrections); format 5
 /// counts ledger entries of the reason `over_limit`. Format 4 adds each
 /// window's sources (partition, offset range, events); format 3 the
 /// revision floor (replays); format 2: window ids are `xxh3_128(key, seed =
 /// start)`; format 1 hashed start and key together.
-pub const SNAPSHOT_FORMAT: u32 = 6;
+pub const SNAPSHOT_FORMAT: u32 = 7;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SnapshotError {
@@ -78,7 +79,7 @@ macro_rules! old_counters {
 
         impl From<$name> for Counters {
             fn from(c: $name) -> Counters {
-                let mut ledger = [0; 10];
+                let mut ledger = [0; Reason::ALL.len()];
                 ledger[..$reasons].copy_from_slice(&c.ledger);
                 Counters {
                     read: c.read,
@@ -96,6 +97,7 @@ macro_rules! old_counters {
 }
 old_counters!(Counters4, 8);
 old_counters!(Counters5, 9);
+old_counters!(Counters6, 10);
 
 impl<C: Into<Counters>> ImageOf<C> {
     fn upgrade(self) -> Image {
@@ -317,6 +319,15 @@ fn decode_ids(bytes: &[u8], into: &mut IdMap) -> Result<(), SnapshotError> {
     Ok(())
 }
 
+/// The counted versions after the image (formats 6 and 7). A header
+/// (take_delta) ends with the image: its ids are in batches.
+fn counted_after(rest: &[u8]) -> Result<Vec<(u128, Counted)>, SnapshotError> {
+    if rest.is_empty() {
+        return Ok(Vec::new());
+    }
+    postcard::from_bytes(rest).map_err(|e| SnapshotError::Corrupt(e.to_string()))
+}
+
 /// A snapshot read: its plan, its image, and its counted versions (format 6).
 type Decoded = (Plan, Image, Vec<(u128, Counted)>);
 
@@ -329,9 +340,11 @@ fn decode(contract: &Contract, bytes: &[u8]) -> Result<Decoded, SnapshotError> {
     let (image, counted): (Image, Vec<(u128, Counted)>) = match found {
         SNAPSHOT_FORMAT => {
             let (image, rest) = postcard::take_from_bytes(&bytes[12..]).map_err(corrupt)?;
-            // A header (take_delta) ends with the image: its ids are in batches.
-            let counted = if rest.is_empty() { Vec::new() } else { postcard::from_bytes(rest).map_err(corrupt)? };
-            (image, counted)
+            (image, counted_after(rest)?)
+        }
+        6 => {
+            let (image, rest) = postcard::take_from_bytes::<ImageOf<Counters6>>(&bytes[12..]).map_err(corrupt)?;
+            (image.upgrade(), counted_after(rest)?)
         }
         5 => (postcard::from_bytes::<ImageOf<Counters5>>(&bytes[12..]).map_err(corrupt)?.upgrade(), Vec::new()),
         4 => (postcard::from_bytes::<ImageOf<Counters4>>(&bytes[12..]).map_err(corrupt)?.upgrade(), Vec::new()),
@@ -428,7 +441,7 @@ mod tests {
     }
 
     #[test]
-    fn format_4_and_5_snapshots_are_read_with_their_counters() {
+    fn format_4_5_and_6_snapshots_are_read_with_their_counters() {
         let text = "[pipeline]\nname = \"p\"\nversion = 1\nowner = \"o\"\nsteward = \"s\"\ndecision = \"d\"\n\
             [source]\ntopic = \"t\"\nevent_time = \"t\"\nkey = [\"k\"]\nevent_id = \"id\"\n\
             [window]\ntype = \"tumbling\"\nsize = \"10s\"\n[dedup]\nhorizon = \"1m\"\n\
@@ -460,7 +473,17 @@ mod tests {
             rows_settled: k.rows_settled,
             rows_retracted: k.rows_retracted,
         });
-        for mut bytes in [v4, v5] {
+        let v6 = older(&c, &engine, 6, |k| Counters6 {
+            read: k.read,
+            counted: k.counted,
+            filtered: k.filtered,
+            late_allowed: k.late_allowed,
+            ledger: k.ledger[..10].try_into().unwrap(),
+            rows_provisional: k.rows_provisional,
+            rows_settled: k.rows_settled,
+            rows_retracted: k.rows_retracted,
+        });
+        for mut bytes in [v4, v5, v6] {
             let restored = Engine::restore(&c, &bytes).unwrap();
             assert_eq!(restored.counters(), engine.counters());
             assert_eq!(restored.counters().ledger[1], 1);

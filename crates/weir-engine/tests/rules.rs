@@ -960,3 +960,63 @@ fn corrections_survive_a_snapshot_and_deltas() {
         assert_eq!(rest.ledger.len(), whole.ledger.len());
     }
 }
+
+/// SPEC.md 3.1 steps 4 and 8: with `max_future`, an event time further ahead
+/// of the processing clock than that is ledgered `future`, counts nowhere
+/// and moves no watermark, whichever step would have refused it later; a
+/// filtered event that far ahead moves none either.
+#[test]
+fn an_event_dated_next_year_neither_settles_windows_nor_makes_later_events_late() {
+    let year = 366 * 86_400;
+    let c = contract("max_future = \"5m\"\nwhere = 'amount != 0'", &format!("{TUMBLING_10S}\nlate = \"discard\""), "");
+    let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    engine.set_clock(20_000); // the processing clock: t = 20 s
+    let mut out = Output::default();
+    let events = [
+        ev("a", 1, "1", "2"),
+        ev("a", year, "2", "100"),                             // next year: future
+        r#"{"t":31622400000,"id":"3","amount":1}"#.to_owned(), // next year, no key: future first
+        ev("a", year, "4", "0"),                               // filtered, and moves nothing
+        ev("a", 5, "5", "3"),                                  // not late: the watermark is still 1 s
+        ev("a", 320, "6", "1"),                                // 300 s ahead exactly: not future
+    ];
+    for (i, e) in events.iter().enumerate() {
+        engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: e.as_bytes() }, &mut out);
+    }
+    let ledger: Vec<(u64, &str)> = out.ledger.iter().map(|l| (l.offset, l.reason.as_str())).collect();
+    assert_eq!(ledger, [(2, "future"), (3, "future")]);
+    assert_eq!(out.ledger[0].event_time, Some(year * 1000));
+    assert!(out.ledger[0].detail.contains("max_future = 5m"), "{}", out.ledger[0].detail);
+    assert_eq!(engine.counters().ledger[Reason::Future.index()], 2);
+    assert_eq!(engine.counters().counted, 3);
+    // Only the event at 320 s moved the watermark past [0,10): one settled row with both payments.
+    assert_eq!(engine.watermark(), Some(320_000));
+    let rows: Vec<String> = out.rows.iter().map(show_row).collect();
+    assert_eq!(rows, ["a [0,10) settled#1 events=2 late=0 {2,5}"]);
+
+    // Without a clock told, or without max_future, the same event moves the watermark.
+    for (c, clock) in [(c.clone(), None), (contract("", TUMBLING_10S, ""), Some(20_000))] {
+        let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+        if let Some(now) = clock {
+            engine.set_clock(now);
+        }
+        let mut out = Output::default();
+        engine.process(EventIn { partition: 0, offset: 1, bytes: ev("a", year, "2", "1").as_bytes() }, &mut out);
+        engine.process(EventIn { partition: 0, offset: 2, bytes: ev("a", 5, "5", "3").as_bytes() }, &mut out);
+        let reasons: Vec<&str> = out.ledger.iter().map(|l| l.reason.as_str()).collect();
+        assert_eq!(reasons, ["too_late"]);
+    }
+}
+
+#[test]
+fn future_counts_survive_a_snapshot() {
+    let c = contract("max_future = \"0s\"", TUMBLING_10S, "");
+    let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    engine.set_clock(1_000);
+    let mut out = Output::default();
+    engine.process(EventIn { partition: 0, offset: 1, bytes: ev("a", 2, "1", "1").as_bytes() }, &mut out);
+    assert_eq!(out.ledger[0].reason, Reason::Future);
+    let restored = Engine::restore(&c, &engine.snapshot()).unwrap();
+    assert_eq!(restored.counters().ledger[Reason::Future.index()], 1);
+    assert_eq!(restored.watermark(), None);
+}

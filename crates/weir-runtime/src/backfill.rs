@@ -512,6 +512,7 @@ pub fn compute(
     let wanted = cause_entries(store, (&run.pipeline, run.version), (run.from_ms, run.to_ms), span)?;
     let partitions = input.partitions()?;
     let mut batch = Engine::new(contract, Mode::Batch, partitions)?;
+    batch.set_clock(weir_log::now_ms()); // what is `future` now stays out
     let mut cause_engines: BTreeMap<&'static str, Engine> = BTreeMap::new();
     for reason in CAUSES {
         cause_engines.insert(reason.as_str(), Engine::new(contract, Mode::Batch, partitions)?);

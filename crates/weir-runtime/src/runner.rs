@@ -647,6 +647,7 @@ impl Run {
                 }
                 latencies.extend(rec.time_ms.map(|t| wall.saturating_sub(t).max(0) as f64 / 1e3));
                 let event = EventIn { partition: rec.partition, offset: rec.offset, bytes };
+                unit.engine.set_clock(wall);
                 if rec.forged {
                     unit.engine.refuse(event, Reason::BadType, weir_engine::intake::reserved_why(), &mut unit.out);
                 } else {

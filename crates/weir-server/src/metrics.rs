@@ -195,6 +195,12 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>, caller: Option<Extensio
                 s.ledger.get(r.as_str()).copied().unwrap_or(0),
             );
         }
+        m.counter(
+            "weir_future_events",
+            "Events whose time was more than max_future ahead of the processing clock (ledger reason future): not counted, the watermark unmoved.",
+            base.clone(),
+            s.ledger.get(Reason::Future.as_str()).copied().unwrap_or(0),
+        );
         for (status, n) in
             [("provisional", s.rows.provisional), ("settled", s.rows.settled), ("retracted", s.rows.retracted)]
         {

@@ -38,6 +38,8 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
     let contract = load_contract(&args.contract)?;
     let input = open_input(&args.input)?;
     let mut engine = Engine::new(&contract, args.mode, 1).map_err(|e| Failure::contract(e.to_string()))?;
+    // `max_future` is measured from when the run starts.
+    engine.set_clock(weir_log::now_ms());
     let mut rows = Sink::create(args.output.as_deref()).map_err(Failure::usage_from)?;
     let mut ledger = match &args.ledger {
         Some(path) => Sink::create(Some(path)).map_err(Failure::usage_from)?,

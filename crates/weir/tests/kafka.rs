@@ -17,9 +17,10 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::topology::{free_port, postgres_url, Broker, Schema};
 use common::{authed, start, text, weir, Scratch, Server};
 use serde_json::Value;
 
@@ -59,70 +60,6 @@ field = "amount"
 name = "payments"
 fn = "count"
 "#;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// A tansu broker on a free port, stopped when dropped.
-struct Broker {
-    child: Child,
-    url: String,
-}
-
-impl Broker {
-    fn start() -> Broker {
-        let bin = std::env::var("WEIR_TANSU").unwrap_or_else(|_| "tansu".into());
-        let port = free_port();
-        let listener = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(&bin)
-            .args(["broker", "--listener-url", &listener, "--advertised-listener-url", &listener])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start {bin}: {e}; install it with `cargo install tansu --locked --features dynostore` (scripts/test does)")
-            });
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "tansu did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Broker { child, url: format!("127.0.0.1:{port}") }
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn postgres_url() -> String {
-    std::env::var("WEIR_TEST_POSTGRES").unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=test".into())
-}
-
-/// A Postgres schema of this test's own, dropped at the end.
-struct Schema(String);
-
-impl Schema {
-    fn new(name: &str) -> Schema {
-        let s = format!("weir_test_{name}_{}", std::process::id());
-        let mut c = postgres::Client::connect(&postgres_url(), postgres::NoTls).unwrap();
-        c.batch_execute(&format!("DROP SCHEMA IF EXISTS {s} CASCADE")).unwrap();
-        Schema(s)
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        if let Ok(mut c) = postgres::Client::connect(&postgres_url(), postgres::NoTls) {
-            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0));
-        }
-    }
-}
 
 /// A worker's folder: the shared contract and weir.toml, its own data.
 fn worker_root(s: &Scratch, name: &str, broker: &Broker, schema: &Schema) -> PathBuf {
