@@ -246,11 +246,37 @@ fn evaluate(app: &App) {
             if let Err(e) = p.store.record_incident(name, now, &note.to_string()) {
                 eprintln!("weir: alert notification not kept in the store ({e}): {note}");
             }
+            if let Err(e) = raise_or_mitigate(p.store.as_ref(), name, &note) {
+                eprintln!("weir: alert not kept in an incident ({e}): {note}");
+            }
             if let Some(url) = &webhook {
                 notify(app, url, note);
             }
         }
     }
+}
+
+/// A firing alert opens an incident (`alert:NAME`), or goes in the
+/// timeline of the one it opened before that is not resolved; a resolved
+/// alert goes in that timeline and makes it mitigated. Resolving it takes
+/// an operator and a proof.
+fn raise_or_mitigate(store: &dyn weir_store::Store, name: &str, note: &serde_json::Value) -> weir_store::Result<()> {
+    let text = |k: &str| note[k].as_str().unwrap_or_default().to_owned();
+    let cause = format!("alert:{}", text("alert"));
+    let seen = format!(
+        "{} {}: observed {} (threshold {})",
+        text("alert"),
+        text("status"),
+        text("observed"),
+        text("threshold")
+    );
+    if note["status"] == "firing" {
+        let title = format!("{} firing on {name}: {}", text("alert"), text("question"));
+        store.raise_incident(name, &cause, (&title, &text("owner")), &seen)?;
+    } else {
+        store.mark_incidents(name, Some(&cause), ("alert", "weir", &seen), true)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

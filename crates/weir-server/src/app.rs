@@ -251,6 +251,7 @@ pub(crate) async fn act_audited(
     let done = stored(p, move |s| s.act(&pipeline, &act, None)).await;
     let failure = match &done {
         Ok((weir_store::Acted::Switched(Err(e)), _)) => Some(e.to_string()),
+        Ok((weir_store::Acted::Incident(Err(e)), _)) => Some(e.to_string()),
         Ok(_) => None,
         Err(e) => Some(e.0.to_string() + ": " + &e.1),
     };

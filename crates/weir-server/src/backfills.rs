@@ -95,7 +95,9 @@ pub(crate) async fn ask(
     let detail = json!({
         "backfill": id, "version": version, "from": format_rfc3339_ms(from_ms), "to": format_rfc3339_ms(to_ms), "for": for_whom
     });
-    let seq = audited(&app, &caller, "backfill", Some(name.clone()), detail, why).await?;
+    let seq = audited(&app, &caller, "backfill", Some(name.clone()), detail, why.clone()).await?;
+    let (pn, who, text) = (name.clone(), caller.grant.who(), format!("asked backfill {id}: {why}"));
+    stored(p, move |s| s.mark_incidents(&pn, None, ("backfill", &who, &text), false)).await?;
     let location = format!("/v1/pipelines/{name}/backfills/{id}");
     let body = json!({ "pipeline": name, "backfill": id, "state": "pending", "location": location, "audit": seq });
     Ok((
@@ -231,6 +233,9 @@ pub(crate) async fn reconcile(
     }
     let detail = json!({ "reconciliation": id, "version": version, "source": source, "verdict": report["verdict"] });
     audited(&app, &caller, "reconcile", Some(name.clone()), detail, why).await?;
+    let text = format!("reconciliation {id} against {source}: {}", report["verdict"].as_str().unwrap_or("?"));
+    let (pn, who) = (name.clone(), caller.grant.who());
+    stored(p, move |s| s.mark_incidents(&pn, None, ("reconciliation", &who, &text), false)).await?;
     Ok(json(report))
 }
 

@@ -63,6 +63,7 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
     let mut pipelines = Vec::new();
     // The alert notifications of the pipelines the caller may read, from their stores.
     let mut incidents = Vec::new();
+    let mut cases = Vec::new();
     for name in &names {
         let Some(p) = app.pipelines.get(name) else { continue };
         let n = name.clone();
@@ -71,7 +72,8 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
             let rows = parsed(s.latest_changes(&n, live, LATEST_ROWS)?);
             let ledger = parsed(s.latest_ledger(&n, live, LATEST_LEDGER)?);
             let checks = (s.backfills(&n, LATEST_RUNS)?, s.reconciliations(&n, None, LATEST_RUNS)?);
-            Ok((rows, ledger, s.annotations(&n)?, s.incidents(&n, LATEST_INCIDENTS)?, s.versions(&n)?, checks))
+            let kept = (s.incidents(&n, LATEST_INCIDENTS)?, s.incident_cases(&n, LATEST_INCIDENTS)?);
+            Ok((rows, ledger, s.annotations(&n)?, kept, s.versions(&n)?, checks))
         })
         .await?;
         let (backfills, reconciliations) = checks;
@@ -102,7 +104,9 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
             })
             .collect();
         let versions: Vec<Value> = versions.iter().map(|v| crate::versions::describe(p, v)).collect();
+        let (kept, kept_cases) = kept;
         incidents.extend(kept);
+        cases.extend(kept_cases);
         let notes: Vec<Value> = notes
             .into_iter()
             .map(|a| {
@@ -133,6 +137,9 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
         }));
     }
     incidents.sort_by_key(|i| std::cmp::Reverse(i.at_ms));
+    // Not resolved first, then the newest.
+    cases.sort_by_key(|c| (c.status == weir_store::cases::CaseStatus::Resolved, std::cmp::Reverse(c.opened_ms)));
+    let cases: Vec<Value> = cases.iter().take(LATEST_INCIDENTS as usize).map(crate::incidents::describe).collect();
     let alerts: Vec<Value> = incidents
         .iter()
         .take(LATEST_INCIDENTS as usize)
@@ -141,7 +148,7 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
     let body = json!({
         "now": weir_engine::time::format_rfc3339_ms(weir_log::now_ms()),
         "pipelines": pipelines,
-        "incidents": { "alerts": alerts, "actions": audit },
+        "incidents": { "cases": cases, "alerts": alerts, "actions": audit },
     });
     Ok(([(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-store")], body.to_string())
         .into_response())

@@ -19,6 +19,7 @@ mod dashboard;
 mod diff;
 mod events;
 mod http;
+mod incidents;
 pub mod listen;
 mod metrics;
 mod pipelines;

@@ -20,6 +20,7 @@
 
 pub mod audit;
 pub mod backfill;
+pub mod cases;
 pub mod checkpoint;
 mod digest;
 pub mod idempotency;
@@ -62,6 +63,30 @@ pub enum Act {
     /// A promote (`Some(version)`) or a rollback (`None`), by `who`, with
     /// its change stream entry.
     Switch { promote: Option<u32>, who: String, why: String },
+    /// A step on an incident: open, note, mitigate, resolve.
+    Incident(cases::CaseAct),
+}
+
+impl Act {
+    /// How an incident's timeline names this action (an incident's own steps are entries of their own).
+    fn timeline(&self) -> Option<String> {
+        Some(match self {
+            Act::Pause => "paused publishing".into(),
+            Act::Resume => "resumed publishing".into(),
+            Act::Replay { version, .. } => format!("asked version {version} to replay from the log"),
+            Act::Annotate { note, .. } => format!("annotated: {note}"),
+            Act::Switch { promote: Some(v), why, .. } => format!("promoted version {v}: {why}"),
+            Act::Switch { promote: None, why, .. } => format!("rolled back: {why}"),
+            Act::Incident(_) => return None,
+        })
+    }
+
+    fn who(&self) -> &str {
+        match self {
+            Act::Annotate { who, .. } | Act::Switch { who, .. } => who,
+            _ => "operator",
+        }
+    }
 }
 
 /// What an [`Act`] did.
@@ -80,6 +105,8 @@ pub enum Acted {
     /// The switch and its change stream entry's `seq`, or why there was none
     /// (then nothing was done, and nothing audited).
     Switched(std::result::Result<(Switch, i64), SwitchError>),
+    /// The incident as the step left it, or why nothing was done.
+    Incident(std::result::Result<cases::Case, cases::CaseError>),
 }
 
 impl Acted {
@@ -90,7 +117,8 @@ impl Acted {
             Acted::Replay { id } => serde_json::json!({ "replay": id }),
             Acted::Annotation { id } => serde_json::json!({ "annotation": id }),
             Acted::Switched(Ok((s, seq))) => serde_json::json!({ "from": s.from, "to": s.to, "seq": seq }),
-            Acted::Switched(Err(_)) => return None,
+            Acted::Switched(Err(_)) | Acted::Incident(Err(_)) => return None,
+            Acted::Incident(Ok(c)) => serde_json::json!({ "incident": c.id, "status": c.status.as_str() }),
         })
     }
 }
@@ -203,6 +231,24 @@ pub trait Store: Send + Sync {
     fn record_incident(&self, pipeline: &str, at_ms: i64, notification: &str) -> Result<i64>;
     /// The newest alert notifications, newest first.
     fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<Incident>>;
+    /// An alert or check (`cause`, `alert:NAME` or `check:NAME`) fired: a
+    /// new incident (`title`, `owner`) unless one of the same cause is not
+    /// resolved, which gets `text` in its timeline instead; its id.
+    fn raise_incident(&self, pipeline: &str, cause: &str, title_owner: (&str, &str), text: &str) -> Result<i64>;
+    /// Adds (`kind`, `who`, `text`) to the timeline of every incident of the
+    /// pipeline not resolved (of one cause, where given); with `mitigate`,
+    /// those open become mitigated. How many it touched.
+    fn mark_incidents(
+        &self,
+        pipeline: &str,
+        cause: Option<&str>,
+        entry: (&str, &str, &str),
+        mitigate: bool,
+    ) -> Result<usize>;
+    /// The newest incidents first.
+    fn incident_cases(&self, pipeline: &str, limit: i64) -> Result<Vec<cases::Case>>;
+    /// One incident and its timeline.
+    fn incident_case(&self, pipeline: &str, id: i64) -> Result<Option<(cases::Case, Vec<cases::CaseEntry>)>>;
     /// Stores a backfill to do; its id.
     fn ask_backfill(&self, pipeline: &str, ask: &BackfillAsk<'_>) -> Result<i64>;
     fn backfill(&self, pipeline: &str, id: i64) -> Result<Option<Backfill>>;
@@ -273,7 +319,12 @@ impl Store for SqliteStore {
                 Act::Switch { promote, who, why } => {
                     Acted::Switched(sqlite::switch_version(&tx, pipeline, *promote, who, why)?)
                 }
+                Act::Incident(step) => Acted::Incident(cases::sqlite::act(&tx, pipeline, step, weir_log::now_ms())?),
             };
+            if let (Some(text), Some(_)) = (act.timeline(), acted.detail()) {
+                let entry = ("action", act.who(), text.as_str());
+                cases::sqlite::mark(&tx, pipeline, None, entry, false, weir_log::now_ms())?;
+            }
             let seq = match (audit, acted.detail()) {
                 (Some(e), Some(_)) => {
                     let detail = detail_with(e.detail, &acted);
@@ -354,6 +405,29 @@ impl Store for SqliteStore {
     }
     fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<Incident>> {
         self.with(|c| sqlite::incidents(c, pipeline, limit))
+    }
+    fn raise_incident(&self, pipeline: &str, cause: &str, title_owner: (&str, &str), text: &str) -> Result<i64> {
+        self.with(|c| cases::sqlite::raise(c, pipeline, cause, title_owner, text, weir_log::now_ms()))
+    }
+    fn mark_incidents(
+        &self,
+        pipeline: &str,
+        cause: Option<&str>,
+        entry: (&str, &str, &str),
+        mitigate: bool,
+    ) -> Result<usize> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let n = cases::sqlite::mark(&tx, pipeline, cause, entry, mitigate, weir_log::now_ms())?;
+            tx.commit()?;
+            Ok(n)
+        })
+    }
+    fn incident_cases(&self, pipeline: &str, limit: i64) -> Result<Vec<cases::Case>> {
+        self.with(|c| cases::sqlite::list(c, pipeline, limit))
+    }
+    fn incident_case(&self, pipeline: &str, id: i64) -> Result<Option<(cases::Case, Vec<cases::CaseEntry>)>> {
+        self.with(|c| cases::sqlite::get(c, pipeline, id))
     }
     fn ask_backfill(&self, pipeline: &str, ask: &BackfillAsk<'_>) -> Result<i64> {
         self.with(|c| backfill::sqlite::ask(c, pipeline, ask))
@@ -440,7 +514,13 @@ impl Store for PostgresStore {
                 Acted::Annotation { id: self.add_annotation(pipeline, *range, note, who)? }
             }
             Act::Switch { promote, who, why } => Acted::Switched(self.switch_version(pipeline, *promote, who, why)?),
+            Act::Incident(step) => {
+                Acted::Incident(self.with(|c, s| cases::pg::act(c, s, pipeline, step, weir_log::now_ms()))?)
+            }
         };
+        if let (Some(text), Some(_)) = (act.timeline(), acted.detail()) {
+            self.mark_incidents(pipeline, None, ("action", act.who(), &text), false)?;
+        }
         Ok((acted, None))
     }
     fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<ResultPage> {
@@ -512,6 +592,24 @@ impl Store for PostgresStore {
     }
     fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<Incident>> {
         self.with(|c, s| pg::incidents(c, s, pipeline, limit))
+    }
+    fn raise_incident(&self, pipeline: &str, cause: &str, title_owner: (&str, &str), text: &str) -> Result<i64> {
+        self.with(|c, s| cases::pg::raise(c, s, pipeline, cause, title_owner, text, weir_log::now_ms()))
+    }
+    fn mark_incidents(
+        &self,
+        pipeline: &str,
+        cause: Option<&str>,
+        entry: (&str, &str, &str),
+        mitigate: bool,
+    ) -> Result<usize> {
+        self.with(|c, s| cases::pg::mark(c, s, pipeline, cause, entry, mitigate, weir_log::now_ms()))
+    }
+    fn incident_cases(&self, pipeline: &str, limit: i64) -> Result<Vec<cases::Case>> {
+        self.with(|c, s| cases::pg::list(c, s, pipeline, limit))
+    }
+    fn incident_case(&self, pipeline: &str, id: i64) -> Result<Option<(cases::Case, Vec<cases::CaseEntry>)>> {
+        self.with(|c, s| cases::pg::get(c, s, pipeline, id))
     }
     fn ask_backfill(&self, pipeline: &str, ask: &BackfillAsk<'_>) -> Result<i64> {
         self.with(|c, s| backfill::pg::ask(c, s, pipeline, ask))

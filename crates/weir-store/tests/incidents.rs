@@ -25,6 +25,55 @@ fn kept_newest_first(write: &dyn Store, read: &dyn Store) {
     assert!(read.incidents("nobody", 10).unwrap().is_empty());
 }
 
+/// Incidents with a lifecycle: an alert raised twice keeps one incident, a
+/// pause goes in its timeline, the alert's resolution mitigates it, an
+/// operator resolves it with a proof and it takes nothing more; another
+/// pipeline's stay apart.
+fn cases_follow_their_lifecycle(write: &dyn Store, read: &dyn Store) {
+    use weir_store::cases::{CaseAct, CaseError, CaseStatus};
+    use weir_store::{Act, Acted};
+    let cause = "alert:max_lag";
+    let first = write.raise_incident("paid", cause, ("max_lag firing", "billing-ops"), "firing 1").unwrap();
+    let again = write.raise_incident("paid", cause, ("max_lag firing", "billing-ops"), "firing 2").unwrap();
+    assert_eq!(first, again, "one incident while it is not resolved");
+    let other = write.raise_incident("other", cause, ("max_lag firing", "ops"), "firing").unwrap();
+    assert_ne!(other, first);
+    let (acted, _) = write.act("paid", &Act::Pause, None).unwrap();
+    assert_eq!(acted, Acted::Paused { was: false });
+    assert_eq!(write.mark_incidents("paid", Some(cause), ("alert", "weir", "resolved"), true).unwrap(), 1);
+    let (c, entries) = read.incident_case("paid", first).unwrap().unwrap();
+    assert_eq!((c.status, c.owner.as_str(), c.cause.as_str()), (CaseStatus::Mitigated, "billing-ops", cause));
+    let kinds: Vec<(&str, &str)> = entries.iter().map(|e| (e.kind.as_str(), e.text.as_str())).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("opened", "max_lag firing (owner billing-ops)"),
+            ("alert", "firing 1"),
+            ("alert", "firing 2"),
+            ("action", "paused publishing"),
+            ("alert", "resolved")
+        ]
+    );
+    let resolve = |proof: &str| {
+        Act::Incident(CaseAct::Resolve { id: first, who: "ops".into(), why: "over".into(), proof: proof.into() })
+    };
+    assert_eq!(write.act("paid", &resolve(""), None).unwrap().0, Acted::Incident(Err(CaseError::NoProof(first))));
+    let Acted::Incident(Ok(done)) = write.act("paid", &resolve("reconciliation 3 passed"), None).unwrap().0 else {
+        panic!("not resolved")
+    };
+    assert_eq!((done.status, done.proof.as_deref()), (CaseStatus::Resolved, Some("reconciliation 3 passed")));
+    let note = Act::Incident(CaseAct::Note { id: first, who: "ops".into(), text: "late".into() });
+    assert_eq!(write.act("paid", &note, None).unwrap().0, Acted::Incident(Err(CaseError::Resolved(first))));
+    // Resolved: the same alert opens a new one.
+    let next = write.raise_incident("paid", cause, ("max_lag firing", "billing-ops"), "firing 3").unwrap();
+    assert!(next > first);
+    let listed: Vec<(i64, CaseStatus)> =
+        read.incident_cases("paid", 10).unwrap().iter().map(|c| (c.id, c.status)).collect();
+    assert_eq!(listed, [(next, CaseStatus::Open), (first, CaseStatus::Resolved)]);
+    assert_eq!(read.incident_cases("other", 10).unwrap().len(), 1);
+    assert!(read.incident_case("other", first).unwrap().is_none(), "another pipeline's incident is not found");
+}
+
 #[test]
 fn incidents_outlive_the_store_value_on_sqlite() {
     let dir = std::env::temp_dir().join(format!("weir-store-incidents-{}", std::process::id()));
@@ -36,6 +85,7 @@ fn incidents_outlive_the_store_value_on_sqlite() {
         let write = SqliteStore::new(db.clone(), 2);
         let read = SqliteStore::new(db.clone(), 2);
         kept_newest_first(&write, &read);
+        cases_follow_their_lifecycle(&write, &read);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -51,6 +101,7 @@ fn incidents_outlive_the_store_value_on_postgres() {
         let write = PostgresStore::new(url(), schema.clone(), 2);
         let read = PostgresStore::new(url(), schema.clone(), 2);
         kept_newest_first(&write, &read);
+        cases_follow_their_lifecycle(&write, &read);
     }
     pg::drop_schema(&mut client, &schema).unwrap();
 }

@@ -754,6 +754,59 @@ pub fn annotate(
     Ok(())
 }
 
+/// `weir incident open|note|mitigate|resolve`: `step` names the incident and the step; none opens one.
+pub fn incident(url: &str, pipeline: &str, step: Option<(i64, &str)>, body: serde_json::Value) -> Result<(), Failure> {
+    let base = format!("{}/v1/pipelines/{pipeline}/incidents", url.trim_end_matches('/'));
+    let target = match step {
+        None => base,
+        Some((id, what)) => format!("{base}/{id}/{what}"),
+    };
+    let v = post_json(&target, &body)?;
+    println!("{}", plain(&v["id"]));
+    eprintln!(
+        "weir: incident {} of {pipeline} is {} (owner {}; audit entry {})",
+        plain(&v["id"]),
+        plain(&v["status"]),
+        plain(&v["owner"]),
+        plain(&v["audit"])
+    );
+    Ok(())
+}
+
+/// `weir incident show PIPELINE [ID]`: the newest incidents, or one with its timeline.
+pub fn incidents(url: &str, pipeline: &str, id: Option<i64>) -> Result<(), Failure> {
+    let base = format!("{}/v1/pipelines/{pipeline}/incidents", url.trim_end_matches('/'));
+    let line = |c: &serde_json::Value| {
+        format!(
+            "#{} {} {} opened {} by {} (owner {}){}",
+            plain(&c["id"]),
+            plain(&c["status"]),
+            plain(&c["title"]),
+            plain(&c["opened_at"]),
+            plain(&c["opened_by"]),
+            plain(&c["owner"]),
+            c["proof"].as_str().map(|p| format!("; proof: {p}")).unwrap_or_default()
+        )
+    };
+    match id {
+        None => {
+            for l in get_ok(&agent(), &base)?.lines() {
+                let c: serde_json::Value = serde_json::from_str(l).map_err(|e| Failure::run(e.into()))?;
+                println!("{}", line(&c));
+            }
+        }
+        Some(id) => {
+            let c: serde_json::Value = serde_json::from_str(&get_ok(&agent(), &format!("{base}/{id}"))?)
+                .map_err(|e| Failure::run(e.into()))?;
+            println!("{}", line(&c));
+            for e in c["timeline"].as_array().into_iter().flatten() {
+                println!("  {} {:<14} {}: {}", plain(&e["at"]), plain(&e["kind"]), plain(&e["who"]), plain(&e["text"]));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `weir produce --kafka`: batches produced straight to a Kafka topic.
 struct KafkaTarget {
     producer: rdkafka::producer::FutureProducer,

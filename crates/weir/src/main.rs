@@ -311,10 +311,68 @@ enum Command {
         #[command(subcommand)]
         what: TokenWhat,
     },
+    /// Incidents of a running server's pipeline: open, note, mitigate, resolve (each audited), list and show.
+    Incident {
+        #[command(subcommand)]
+        what: IncidentWhat,
+    },
     /// Check the audit log's hash chain (an HMAC with the key of weir.toml `audit_key_file`).
     Audit {
         #[command(subcommand)]
         what: AuditWhat,
+    },
+}
+
+#[derive(Subcommand)]
+enum IncidentWhat {
+    /// Open an incident; prints its id.
+    Open {
+        pipeline: String,
+        #[arg(long)]
+        title: String,
+        /// Who owns it (default: the contract's owner).
+        #[arg(long)]
+        owner: Option<String>,
+        #[arg(long)]
+        why: Option<String>,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
+    /// Add a note to an incident's timeline.
+    Note {
+        pipeline: String,
+        id: i64,
+        #[arg(long)]
+        note: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
+    /// Mark an incident mitigated: the harm has stopped, the proof it is over is to come.
+    Mitigate {
+        pipeline: String,
+        id: i64,
+        #[arg(long)]
+        why: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
+    /// Resolve an incident with the proof that closed it (for example a reconciliation within tolerance).
+    Resolve {
+        pipeline: String,
+        id: i64,
+        #[arg(long)]
+        proof: String,
+        #[arg(long)]
+        why: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
+    /// The newest incidents, or one with its timeline.
+    Show {
+        pipeline: String,
+        id: Option<i64>,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
     },
 }
 
@@ -581,6 +639,27 @@ fn main() -> ExitCode {
         Command::Annotate { pipeline, from, to, note, who, url } => {
             client::annotate(&url, &pipeline, (&from, &to), &note, who.as_deref())
         }
+        Command::Incident { what } => match what {
+            IncidentWhat::Open { pipeline, title, owner, why, url } => client::incident(
+                &url,
+                &pipeline,
+                None,
+                serde_json::json!({ "title": title, "owner": owner, "why": why }),
+            ),
+            IncidentWhat::Note { pipeline, id, note, url } => {
+                client::incident(&url, &pipeline, Some((id, "notes")), serde_json::json!({ "note": note }))
+            }
+            IncidentWhat::Mitigate { pipeline, id, why, url } => {
+                client::incident(&url, &pipeline, Some((id, "mitigate")), serde_json::json!({ "why": why }))
+            }
+            IncidentWhat::Resolve { pipeline, id, proof, why, url } => client::incident(
+                &url,
+                &pipeline,
+                Some((id, "resolve")),
+                serde_json::json!({ "why": why, "proof": proof }),
+            ),
+            IncidentWhat::Show { pipeline, id, url } => client::incidents(&url, &pipeline, id),
+        },
         Command::Status { pipeline, url } => client::status(&url, pipeline.as_deref()),
         Command::Results { pipeline, url, status, format } => {
             client::results(&url, &pipeline, status.as_deref(), format == Format::Json)

@@ -142,6 +142,9 @@ fn every_role_against_every_endpoint() {
     let promote = r#"{"version":1,"why":"table test"}"#;
     let backfill = r#"{"from":"2025-11-29T00:00:00Z","to":"2099-01-01T00:00:00Z","why":"table test"}"#;
     let note = r#"{"from":"2025-11-29T00:00:00Z","to":"2025-11-29T00:01:00Z","note":"table test"}"#;
+    let incident = r#"{"title":"table test"}"#;
+    let incident_note = r#"{"note":"table test"}"#;
+    let proof = r#"{"why":"table test","proof":"table test"}"#;
     let new_token = r#"{"role":"reader","name":"carol","pipelines":["paid"],"expires":"1h"}"#;
     let event_line = event(10, 3, 300, "1.00") + "\n";
     let revoke = format!("/v1/tokens/{spare_id}");
@@ -180,6 +183,13 @@ fn every_role_against_every_endpoint() {
         ("POST",   format!("{p}/reconcile?why=t&map=key.acct=a,window_start=w,total=t"), Some("a,w\n1,2\n"), [401, 403, 403, 403, 400, 403, 403]),
         ("GET",    format!("{p}/reconciliations"),      None,     [401, 403, 200, 403, 200, 200, 403]),
         ("GET",    format!("{p}/reconciliations/999"),  None,     [401, 403, 404, 403, 404, 404, 403]),
+        ("POST",   format!("{p}/incidents"),            Some(incident), [401, 403, 403, 403, 201, 403, 403]),
+        ("GET",    format!("{p}/incidents"),            None,     [401, 403, 200, 403, 200, 200, 403]),
+        ("GET",    format!("{p}/incidents/1"),          None,     [401, 403, 200, 403, 200, 200, 403]),
+        ("GET",    format!("{p}/incidents/999"),        None,     [401, 403, 404, 403, 404, 404, 403]),
+        ("POST",   format!("{p}/incidents/1/notes"),    Some(incident_note), [401, 403, 403, 403, 200, 403, 403]),
+        ("POST",   format!("{p}/incidents/1/mitigate"), Some(why), [401, 403, 403, 403, 200, 403, 403]),
+        ("POST",   format!("{p}/incidents/1/resolve"),  Some(proof), [401, 403, 403, 403, 200, 403, 403]),
         ("POST",   "/v1/pipelines/other/pause".into(),  Some(why), [401, 403, 403, 403, 403, 403, 403]),
         ("GET",    "/v1/audit".into(),                  None,     [401, 403, 403, 403, 403, 200, 403]),
         ("GET",    "/v1/tokens".into(),                 None,     [401, 403, 403, 403, 403, 200, 403]),

@@ -186,6 +186,8 @@ fn the_dashboard_draws_live_and_marks_a_revised_row() {
     assert_eq!(post(&events, "{\"acct\":\"a1\",\"t\":\"not a time\"}\n").0, 200);
     let note = json!({"who": "alice", "from": "2025-11-29T00:00:00Z", "to": "2025-11-29T00:01:00Z", "note": "gateway retries"});
     assert_eq!(post(&format!("{base}/v1/pipelines/paid/annotations"), &note.to_string()).0, 200);
+    let opened = json!({"title": "refunds double-counted", "why": "the finance team saw it"});
+    assert_eq!(post(&format!("{base}/v1/pipelines/paid/incidents"), &opened.to_string()).0, 201);
 
     let browser = Browser::start();
     // An admin token sees everything, the audit log too.
@@ -220,6 +222,12 @@ fn the_dashboard_draws_live_and_marks_a_revised_row() {
         "the alert and the annotation among incidents",
         "return document.getElementById('incident-alerts').innerText.includes('max_watermark_age')
              && document.querySelector('#incident-actions [data-action=\"annotate\"]') !== null;",
+    );
+    browser.wait_for(
+        "the incidents: the alert's and the operator's, open",
+        "const t = document.getElementById('incident-cases').innerText;
+         return t.includes('open paid: max_watermark_age firing') && t.includes('open paid: refunds double-counted')
+             && document.querySelectorAll('#incident-cases [data-incident]').length === 2;",
     );
     let marked = browser.eval(&format!("return {card}.querySelectorAll('.mark.note').length;"));
     assert!(marked.as_u64() >= Some(3), "rows of the annotated window carry the note: {marked}");

@@ -127,3 +127,134 @@ fn one_event_dated_next_year_neither_settles_windows_nor_makes_later_events_late
         assert_eq!(metric(&base, "weir_future_events_total"), 1.0, "{}", topology.name());
     }
 }
+
+/// Waits until `check` holds of the incident `id` (its JSON with the timeline).
+fn wait_incident(base: &str, id: i64, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (code, body) = call("GET", &format!("{base}/v1/pipelines/paid/incidents/{id}"), None);
+        if code == 200 {
+            let v: Value = serde_json::from_str(&body).unwrap();
+            if check(&v) {
+                return v;
+            }
+        }
+        assert!(Instant::now() < deadline, "{what}: {code} {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn kinds(incident: &Value) -> Vec<String> {
+    let timeline = incident["timeline"].as_array().cloned().unwrap_or_default();
+    timeline.iter().map(|e| format!("{} {}", e["kind"].as_str().unwrap(), e["text"].as_str().unwrap())).collect()
+}
+
+/// An alert opens an incident; an operator's note, pause and resume and the
+/// alert resolving (which mitigates it) are its timeline, kept across a
+/// restart; it resolves only with a proof, then takes nothing more; an
+/// operator opens one with `weir incident open`; every step is audited.
+#[test]
+fn an_incidents_timeline_survives_a_restart_and_it_closes_with_a_proof() {
+    let contract = format!("{PAYMENTS}\n[alerts]\nmax_watermark_age = \"5m\"\n");
+    for topology in Topology::both("incidents") {
+        let s = Scratch::new("incidents");
+        let config = topology.config(("payments", 1, "acct"), "");
+        let root = topology.folder(&s, "server", &[("paid.toml", &contract)], &config);
+        let (server, base) = topology.serve(&root);
+        let name = topology.name();
+        let url = format!("{base}/v1/pipelines/paid/incidents");
+        // An hour behind the clock: max_watermark_age fires and opens incident 1.
+        post(&base, &[payment("p1", weir_log::now_ms() - 3_600_000, "1.00")]);
+        let opened = wait_incident(&base, 1, "the alert opens an incident", |v| v["status"] == "open");
+        assert_eq!(
+            (opened["cause"].as_str(), opened["owner"].as_str()),
+            (Some("alert:max_watermark_age"), Some("billing-ops")),
+            "{name}: {opened}"
+        );
+        let (code, body) = call("POST", &format!("{url}/1/notes"), Some(r#"{"note":"the payments producer stalled"}"#));
+        assert_eq!(code, 200, "{name}: {body}");
+        for action in ["pause", "resume"] {
+            let (code, body) = call(
+                "POST",
+                &format!("{base}/v1/pipelines/paid/{action}"),
+                Some(r#"{"why":"hold rows while the producer catches up"}"#),
+            );
+            assert_eq!(code, 200, "{name}: {body}");
+        }
+        // Current again: the alert resolves and the incident is mitigated.
+        post(&base, &[payment("p2", weir_log::now_ms(), "1.00")]);
+        wait_incident(&base, 1, "the resolved alert mitigates it", |v| v["status"] == "mitigated");
+        drop(server);
+        let (server, base) = topology.serve(&root);
+        let url = format!("{base}/v1/pipelines/paid/incidents");
+        let after = wait_incident(&base, 1, "kept across the restart", |v| v["status"] == "mitigated");
+        let timeline = kinds(&after);
+        let want = ["opened", "alert", "note", "action", "action", "alert"];
+        assert_eq!(
+            timeline.iter().map(|k| k.split(' ').next().unwrap()).collect::<Vec<_>>(),
+            want,
+            "{name}: {timeline:?}"
+        );
+        assert!(timeline[1].contains("max_watermark_age firing"), "{name}: {timeline:?}");
+        assert!(
+            timeline[2].contains("producer stalled")
+                && timeline[3].contains("paused")
+                && timeline[4].contains("resumed"),
+            "{timeline:?}"
+        );
+        assert!(timeline[5].contains("max_watermark_age resolved"), "{name}: {timeline:?}");
+        assert!(after["mitigated_at"].is_string() && after["resolved_at"].is_null(), "{after}");
+        // Resolving takes a proof; then the incident takes nothing more.
+        let (code, body) = call("POST", &format!("{url}/1/resolve"), Some(r#"{"why":"caught up"}"#));
+        assert_eq!(code, 400, "{name}: {body}");
+        let tokens = common::tokens_of(&root.join("data"));
+        let out = common::weir_as(
+            &tokens.operator,
+            &[
+                &"incident",
+                &"resolve",
+                &"paid",
+                &"1",
+                &"--proof",
+                &"reconciliation 7 within 0.01",
+                &"--why",
+                &"caught up",
+                &"--url",
+                &base,
+            ],
+        );
+        assert!(out.status.success(), "{name}: {}", common::text(&out.stderr));
+        let resolved = wait_incident(&base, 1, "resolved", |v| v["status"] == "resolved");
+        assert_eq!(resolved["proof"], "reconciliation 7 within 0.01", "{name}: {resolved}");
+        assert!(resolved["minutes_to_resolution"].as_f64().is_some_and(|m| m >= 0.0), "{resolved}");
+        assert_eq!(kinds(&resolved).last().map(|k| k.split(' ').next().unwrap().to_owned()), Some("resolved".into()));
+        let (code, _) = call("POST", &format!("{url}/1/notes"), Some(r#"{"note":"late"}"#));
+        assert_eq!(code, 409, "{name}: a resolved incident takes no note");
+        let (code, _) = call("POST", &format!("{url}/9/notes"), Some(r#"{"note":"no such"}"#));
+        assert_eq!(code, 404, "{name}");
+        // An operator opens one; a reader may not.
+        let out = common::weir_as(
+            &tokens.operator,
+            &[&"incident", &"open", &"paid", &"--title", &"refund double-counted", &"--url", &base],
+        );
+        assert!(out.status.success(), "{name}: {}", common::text(&out.stderr));
+        assert_eq!(common::text(&out.stdout).trim(), "2", "{name}");
+        let out = common::weir_as(&tokens.reader, &[&"incident", &"open", &"paid", &"--title", &"x", &"--url", &base]);
+        assert!(!out.status.success(), "{name}: a reader opened an incident");
+        let list = json_lines(&get(&url));
+        let ids: Vec<(i64, &str, &str)> = list
+            .iter()
+            .map(|c| (c["id"].as_i64().unwrap(), c["status"].as_str().unwrap(), c["cause"].as_str().unwrap()))
+            .collect();
+        assert_eq!(ids, [(2, "open", "operator"), (1, "resolved", "alert:max_watermark_age")], "{name}");
+        // Each operator step is in the audit log.
+        let audit = get(&format!("{base}/v1/audit"));
+        for action in ["incident-note", "incident-resolve", "incident-open"] {
+            assert!(
+                audit.contains(&format!("\"action\":\"{action}\"")),
+                "{name}: no {action} in the audit log:\n{audit}"
+            );
+        }
+        drop(server);
+    }
+}

@@ -176,10 +176,22 @@ pub fn token_for(method: &str, url: &str) -> Option<String> {
     let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
     let t = registered(host)?;
     let path = format!("/{}", path.split('?').next().unwrap_or(""));
-    let operator_action =
-        ["/pause", "/resume", "/annotations", "/replay", "/promote", "/rollback", "/backfill", "/reconcile"]
-            .iter()
-            .any(|a| path.ends_with(a));
+    let operator_action = [
+        "/pause",
+        "/resume",
+        "/annotations",
+        "/replay",
+        "/promote",
+        "/rollback",
+        "/backfill",
+        "/reconcile",
+        "/incidents",
+        "/notes",
+        "/mitigate",
+        "/resolve",
+    ]
+    .iter()
+    .any(|a| path.ends_with(a));
     Some(match (method, path.as_str()) {
         ("POST", p) if p.starts_with("/v1/topics/") => t.producer,
         (_, p) if p.starts_with("/v1/topics/") => t.raw_reader,
