@@ -66,6 +66,8 @@ pub struct Counters {
     pub rows_provisional: u64,
     pub rows_settled: u64,
     pub rows_retracted: u64,
+    /// How far behind the watermark each event that reached step 7 arrived.
+    pub lateness: crate::lateness::Lateness,
 }
 
 impl Counters {
@@ -89,6 +91,7 @@ impl Counters {
         self.rows_provisional += other.rows_provisional;
         self.rows_settled += other.rows_settled;
         self.rows_retracted += other.rows_retracted;
+        self.lateness.add(&other.lateness);
     }
 }
 
@@ -687,7 +690,11 @@ impl Engine {
                 None => remembered = Some((id_key, fresh)),
             }
         }
-        // 7. Windows.
+        // 7. Windows. How far behind the watermark the event arrived (the lateness advisor's input).
+        if self.mode == Mode::Stream {
+            let behind = if wm == WM_MIN { 0 } else { wm.saturating_sub(time) };
+            self.st.counters.lateness.record(behind, self.clock_ms);
+        }
         let key_bytes = std::mem::take(&mut self.key_buf);
         if let Some(detail) = self.over_state_limit(time, &key_bytes, wm) {
             record(&mut self.st.counters, out, ctx, Some(&key_bytes), Reason::OverLimit, detail, None, None);

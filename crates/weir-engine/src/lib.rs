@@ -10,6 +10,7 @@ mod engine;
 pub mod intake;
 mod json;
 mod key;
+pub mod lateness;
 mod number;
 mod output;
 mod plan;

@@ -22,7 +22,8 @@ use crate::plan::Plan;
 
 const MAGIC: &[u8; 8] = b"WEIRSNAP";
 /// The snapshot format this build writes. It also reads formats 6, 5 and 4:
-/// format 7 counts ledger entries of the reason `future`; format 6 counts ledger entries of the reason `superseded` and keeps what
+/// format 7 counts ledger entries of the reason `future` and keeps the
+/// lateness histogram (`crate::lateness`); format 6 counts ledger entries of the reason `superseded` and keeps what
 /// each remembered id's counting version gave (corrections); format 5
 /// counts ledger entries of the reason `over_limit`. Format 4 adds each
 /// window's sources (partition, offset range, events); format 3 the
@@ -90,6 +91,7 @@ macro_rules! old_counters {
                     rows_provisional: c.rows_provisional,
                     rows_settled: c.rows_settled,
                     rows_retracted: c.rows_retracted,
+                    lateness: Default::default(),
                 }
             }
         }
@@ -483,6 +485,8 @@ mod tests {
             rows_settled: k.rows_settled,
             rows_retracted: k.rows_retracted,
         });
+        // Older formats kept no lateness histogram.
+        engine.st.counters.lateness = Default::default();
         for mut bytes in [v4, v5, v6] {
             let restored = Engine::restore(&c, &bytes).unwrap();
             assert_eq!(restored.counters(), engine.counters());

@@ -70,6 +70,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/pipelines/{name}/incidents/{id}/notes", axum::routing::post(crate::incidents::note))
         .route("/v1/pipelines/{name}/incidents/{id}/mitigate", axum::routing::post(crate::incidents::mitigate))
         .route("/v1/pipelines/{name}/incidents/{id}/resolve", axum::routing::post(crate::incidents::resolve))
+        .route("/v1/pipelines/{name}/advice", get(crate::advice::advice))
         .route("/v1/audit", get(admin::audit))
         .route("/metrics", get(metrics::metrics))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))

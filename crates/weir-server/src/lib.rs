@@ -12,6 +12,7 @@
 
 mod actions;
 mod admin;
+mod advice;
 mod alerts;
 mod app;
 mod backfills;

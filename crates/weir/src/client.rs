@@ -754,6 +754,52 @@ pub fn annotate(
     Ok(())
 }
 
+/// `weir advise PIPELINE [--format json]`: the lateness advisor.
+pub fn advise(url: &str, pipeline: &str, format: &str) -> Result<(), Failure> {
+    if format != "text" && format != "json" {
+        return Err(Failure::usage(format!("--format {format:?}: use text or json")));
+    }
+    let target = format!("{}/v1/pipelines/{pipeline}/advice", url.trim_end_matches('/'));
+    let body = get_ok(&agent(), &target)?;
+    if format == "json" {
+        print!("{body}");
+        return Ok(());
+    }
+    let a: serde_json::Value = serde_json::from_str(&body).map_err(|e| Failure::run(e.into()))?;
+    print!("{}", advice_text(&a));
+    Ok(())
+}
+
+pub fn advice_text(a: &serde_json::Value) -> String {
+    let (p, c) = (&a["period"], &a["current"]);
+    let pct = |v: &serde_json::Value| format!("{:.3}%", v.as_f64().unwrap_or(0.0) * 100.0);
+    let mut out = format!(
+        "{} v{}: {} events observed from {} to {}\nnow: allowed_lateness = {} (late = {}): {} too late, {} bytes of state\n",
+        plain(&a["pipeline"]),
+        plain(&a["version"]),
+        plain(&p["events"]),
+        plain(&p["from"]),
+        plain(&p["to"]),
+        plain(&c["allowed_lateness"]),
+        plain(&c["late"]),
+        pct(&c["too_late_rate"]),
+        plain(&c["state_bytes"]),
+    );
+    for s in a["suggestions"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "for at most {} too late: allowed_lateness = {:<10} ({} observed; {} more events counted, {} extra revisions, state x{:.2} = {} bytes)\n",
+            pct(&s["target_too_late_rate"]),
+            plain(&s["allowed_lateness"]),
+            pct(&s["too_late_rate"]),
+            plain(&s["more_events_counted"]),
+            plain(&s["extra_revisions"]),
+            s["state_factor"].as_f64().unwrap_or(1.0),
+            plain(&s["state_bytes"]),
+        ));
+    }
+    out
+}
+
 /// `weir incident open|note|mitigate|resolve`: `step` names the incident and the step; none opens one.
 pub fn incident(url: &str, pipeline: &str, step: Option<(i64, &str)>, body: serde_json::Value) -> Result<(), Failure> {
     let base = format!("{}/v1/pipelines/{pipeline}/incidents", url.trim_end_matches('/'));

@@ -311,6 +311,15 @@ enum Command {
         #[command(subcommand)]
         what: TokenWhat,
     },
+    /// Suggest allowed_lateness for too-late rates of 1%, 0.1% and 0.01%, from how late events have arrived, with the cost of each.
+    Advise {
+        pipeline: String,
+        /// text (the default) or json
+        #[arg(long, default_value = "text")]
+        format: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
     /// Incidents of a running server's pipeline: open, note, mitigate, resolve (each audited), list and show.
     Incident {
         #[command(subcommand)]
@@ -639,6 +648,7 @@ fn main() -> ExitCode {
         Command::Annotate { pipeline, from, to, note, who, url } => {
             client::annotate(&url, &pipeline, (&from, &to), &note, who.as_deref())
         }
+        Command::Advise { pipeline, format, url } => client::advise(&url, &pipeline, &format),
         Command::Incident { what } => match what {
             IncidentWhat::Open { pipeline, title, owner, why, url } => client::incident(
                 &url,

@@ -258,3 +258,62 @@ fn an_incidents_timeline_survives_a_restart_and_it_closes_with_a_proof() {
         drop(server);
     }
 }
+
+/// The lateness advisor over 200 payments in order and 20 arriving 5 s to
+/// 100 s behind the watermark: today's `allowed_lateness = 0s` leaves the 20
+/// too late; each suggestion leaves at most its rate too late, counts the
+/// rest, and says the period and the events it covers; `weir advise` says
+/// the same in words.
+#[test]
+fn the_lateness_advisor_suggests_from_the_observed_lateness() {
+    for topology in Topology::both("advice") {
+        let s = Scratch::new("advice");
+        let config = topology.config(("payments", 1, "acct"), "");
+        let root = topology.folder(&s, "server", &[("paid.toml", PAYMENTS)], &config);
+        let (_server, base) = topology.serve(&root);
+        let name = topology.name();
+        let start = (weir_log::now_ms() - 3_600_000) / 1000 * 1000;
+        let on_time: Vec<String> = (0..200).map(|i| payment(&format!("p{i}"), start + i * 1000, "1.00")).collect();
+        post(&base, &on_time);
+        let late: Vec<String> =
+            (1..=20).map(|k| payment(&format!("late{k}"), start + 199_000 - k * 5_000, "1.00")).collect();
+        post(&base, &late);
+        wait_read(&base, 220);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let advice = loop {
+            let a: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/advice"))).unwrap();
+            if a["period"]["events"] == 220 {
+                break a;
+            }
+            assert!(Instant::now() < deadline, "{name}: the advice does not cover the 220 events: {a}");
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(advice["period"]["from"].is_string() && advice["period"]["to"].is_string(), "{advice}");
+        assert_eq!(advice["current"]["allowed_lateness"], "0s");
+        assert_eq!(advice["current"]["too_late_events"], 20, "{name}: {advice}");
+        let ledger = json_lines(&get(&format!("{base}/v1/pipelines/paid/ledger?reason=too_late")));
+        // An event behind the watermark may still land in an open window: the advice's count is an upper bound.
+        assert!((1..=20).contains(&ledger.len()), "{name}: {} too late in the ledger", ledger.len());
+        let suggestions = advice["suggestions"].as_array().unwrap();
+        assert_eq!(suggestions.len(), 3);
+        let mut last = 0;
+        for s in suggestions {
+            let (target, rate) = (s["target_too_late_rate"].as_f64().unwrap(), s["too_late_rate"].as_f64().unwrap());
+            assert!(rate <= target, "{name}: {s}");
+            let ms = s["allowed_lateness_ms"].as_i64().unwrap();
+            // 2 of 220 may stay too late at 1%: the third latest is 90 s behind.
+            assert!((90_000..=125_000).contains(&ms), "{name}: {s}");
+            assert!(ms >= last, "stricter targets need more lateness");
+            last = ms;
+            let over = s["too_late_events"].as_i64().unwrap();
+            assert_eq!(s["more_events_counted"].as_i64(), Some(20 - over), "{s}");
+            assert!(s["state_factor"].as_f64().unwrap() > 1.0, "a window held longer holds more: {s}");
+        }
+        assert!(suggestions[2]["allowed_lateness_ms"].as_i64() >= Some(100_000), "0.01%: none too late");
+        let tokens = common::tokens_of(&root.join("data"));
+        let out = common::weir_as(&tokens.reader, &[&"advise", &"paid", &"--url", &base]);
+        let said = common::text(&out.stdout);
+        assert!(out.status.success(), "{name}: {}", common::text(&out.stderr));
+        assert!(said.contains("220 events observed") && said.contains("for at most 1.000% too late"), "{said}");
+    }
+}
