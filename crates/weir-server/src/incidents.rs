@@ -48,10 +48,7 @@ pub(crate) async fn list(
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
-    let limit = param(&q, "limit", 100i64)?;
-    if !(1..=100_000).contains(&limit) {
-        return Err(bad(format!("limit={limit} is out of range: ask for 1 to 100000")));
-    }
+    let limit = page_limit(&q, 100)? as i64;
     let n = name.clone();
     let cases = read_stored(p, move |s| s.incident_cases(&n, limit)).await?;
     Ok(lines(cases.iter().map(|c| describe(c).to_string() + "\n").collect()))
