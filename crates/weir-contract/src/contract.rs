@@ -7,6 +7,7 @@ use std::ops::Range;
 
 use toml_edit::{Document, Item, Table, Value};
 
+use crate::checks::Check;
 use crate::duration::{format_duration_ms, parse_duration_ms};
 use crate::rule::{parse_rule, Expr, FieldPath};
 use crate::time_format::{TimeFormat, Zone};
@@ -29,6 +30,8 @@ pub struct Contract {
     pub personal: Vec<FieldPath>,
     /// `[limits]`: what one event and one pipeline may hold.
     pub limits: Limits,
+    /// `[[check]]`: named checks a server evaluates and keeps (issue 18).
+    pub checks: Vec<Check>,
     /// FNV-1a hash of the parsed contract (its canonical form: tables and
     /// keys in order, values as parsed, without comments or layout): names
     /// this exact contract in snapshots, checkpoints and provenance, so a
@@ -355,8 +358,19 @@ const ALERT_KEYS: &[&str] =
     &["max_lag", "max_watermark_age", "max_oldest_unprocessed", "max_ledger_rate", "max_corrected_windows", "webhook"];
 const RECONCILE_KEYS: &[&str] = &["every", "delay", "system_of_record"];
 const SYSTEM_OF_RECORD_KEYS: &[&str] = &["query", "map", "tolerance", "url"];
-const SECTIONS: &[&str] =
-    &["pipeline", "source", "window", "dedup", "aggregate", "alerts", "sink", "privacy", "limits", "reconcile"];
+const SECTIONS: &[&str] = &[
+    "pipeline",
+    "source",
+    "window",
+    "dedup",
+    "aggregate",
+    "alerts",
+    "sink",
+    "privacy",
+    "limits",
+    "reconcile",
+    "check",
+];
 const LIMIT_KEYS: &[&str] = &["max_depth", "max_fields", "max_key_bytes", "max_keys", "max_open_windows"];
 const PRIVACY_KEYS: &[&str] = &["personal"];
 const SINK_KEYS: &[&str] = &["topic", "ledger_topic", "brokers"];
@@ -596,7 +610,7 @@ impl Reader<'_> {
                     span,
                     name,
                     format!(
-                        "unknown section; a contract has [{}] (and [[aggregate]], [alerts])",
+                        "unknown section; a contract has [{}] (and [[aggregate]], [alerts], [[check]])",
                         SECTIONS[..4].join("], [")
                     ),
                 );
@@ -638,6 +652,7 @@ impl Reader<'_> {
             Some(t) => Some(self.reconcile(t, &source, &aggregates)?),
             None => None,
         };
+        let checks = self.checks(root, &source, &aggregates)?;
         // What a row carries (key, aggregated fields) and the event time may not be personal.
         let span = privacy_table.and_then(|t| t.get("personal")).and_then(Item::span);
         let mut carried: Vec<(String, &FieldPath)> = source.key.iter().map(|k| ("source.key".to_owned(), k)).collect();
@@ -695,6 +710,7 @@ impl Reader<'_> {
             reconcile,
             personal,
             limits,
+            checks,
             text_hash: 0, // set by `Contract::parse` from the whole document
             text: String::new(),
         })

@@ -4,6 +4,7 @@
 //! that can run: every refusal happens here, before anything runs, and names
 //! the file, the line, the key and what to do.
 
+mod checks;
 mod config;
 mod contract;
 mod duration;
@@ -11,6 +12,7 @@ pub mod reconcile;
 mod rule;
 mod time_format;
 
+pub use checks::{fields_of, Check, CheckKind, Severity, VolumePeriod};
 pub use config::{KafkaConfig, PostgresConfig, ServerConfig, TopicConfig};
 pub use contract::{
     overlaps, AggFn, Aggregate, Alerts, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Limits, OnConflict,

@@ -317,3 +317,49 @@ fn corrections_take_count_sum_and_avg_and_no_sessions() {
         "not a conflict policy",
     );
 }
+
+#[test]
+fn named_checks_parse_and_bad_ones_are_refused_with_line_and_key() {
+    use weir_contract::{CheckKind, Severity, VolumePeriod};
+    let checks = "[[check]]\nname = \"revenue_not_negative\"\nseverity = \"error\"\nquestion = \"Negative?\"\nrow = \"values.revenue >= 0 && events > 0 && key.account_id != ''\"\n\n[[check]]\nname = \"fresh\"\nseverity = \"warn\"\nquestion = \"Stopped?\"\nfreshness = \"10m\"\n\n[[check]]\nname = \"steady\"\nseverity = \"warn\"\nquestion = \"Dropped?\"\nvolume = \"week\"\nband = \"30%\"\n\n[[check]]\nname = \"books\"\nseverity = \"error\"\nquestion = \"Do the books agree?\"\nreconcile = true";
+    let c = Contract::parse("c.toml", &edit("", checks)).unwrap();
+    let got: Vec<(&str, Severity, &str)> =
+        c.checks.iter().map(|c| (c.name.as_str(), c.severity, c.kind.name())).collect();
+    assert_eq!(
+        got,
+        [
+            ("revenue_not_negative", Severity::Error, "row"),
+            ("fresh", Severity::Warn, "freshness"),
+            ("steady", Severity::Warn, "volume"),
+            ("books", Severity::Error, "reconcile")
+        ]
+    );
+    assert_eq!(c.checks[1].kind, CheckKind::Freshness { max_age_ms: 600_000 });
+    assert_eq!(c.checks[2].kind, CheckKind::Volume { period: VolumePeriod::Week, band_percent: 30.0 });
+    assert!(Contract::parse("c.toml", GOOD).unwrap().checks.is_empty());
+
+    // Lines 33 on: [[check]], name, severity, question, then the kind.
+    let one =
+        |rest: &str| edit("", &format!("[[check]]\nname = \"x\"\nseverity = \"error\"\nquestion = \"q\"\n{rest}"));
+    let row = |expr: &str| one(&format!("row = \"{expr}\""));
+    check(&row("values.revenue >="), Some(37), "check[1].row", "does not parse");
+    check(&row("values.refunds >= 0"), Some(37), "check[1].row", "values.revenue, values.payments");
+    check(&row("amount > 0"), Some(37), "check[1].row", "not part of a row");
+    check(&row("key.customer == 'x'"), Some(37), "check[1].row", "its key is key.account_id");
+    check(&one("freshness = \"soon\""), Some(37), "check[1].freshness", "");
+    check(&one("volume = \"month\"\nband = \"10%\""), Some(37), "check[1].volume", "\"day\" or \"week\"");
+    check(&one("volume = \"day\"\nband = \"half\""), Some(38), "check[1].band", "percentage");
+    check(&one("volume = \"day\""), Some(33), "check[1].band", "missing required key");
+    check(&one("reconcile = false"), Some(37), "check[1].reconcile", "must be true");
+    check(&one("row = \"events > 0\"\nfreshness = \"1m\""), Some(38), "check[1].freshness", "one kind");
+    check(&one("freshness = \"1m\"\nband = \"5%\""), Some(38), "check[1].band", "volume check");
+    check(&one(""), Some(33), "check[1]", "needs one of");
+    check(&one("row = \"events > 0\"\nlimit = 3"), Some(38), "check[1].limit", "unknown key");
+    let sev = edit("", "[[check]]\nname = \"x\"\nseverity = \"fatal\"\nquestion = \"q\"\nrow = \"events > 0\"");
+    check(&sev, Some(35), "check[1].severity", "\"warn\"");
+    let twice = format!(
+        "{}\n[[check]]\nname = \"x\"\nseverity = \"warn\"\nquestion = \"q\"\nrow = \"events > 1\"",
+        one("row = \"events > 0\"")
+    );
+    check(&twice, Some(40), "check[2].name", "names two checks");
+}

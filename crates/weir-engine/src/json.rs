@@ -21,7 +21,6 @@ pub(crate) struct Bounds {
 }
 
 impl Bounds {
-    #[cfg(test)]
     pub(crate) const MAX: Bounds = Bounds { depth: DEPTH_MAX, values: usize::MAX };
 }
 
@@ -160,8 +159,7 @@ struct Parser<'a> {
 }
 
 impl ParseError {
-    #[cfg(test)]
-    fn text(self) -> String {
+    pub(crate) fn text(self) -> String {
         match self {
             ParseError::Malformed(s) | ParseError::OverLimit(s) => s,
         }

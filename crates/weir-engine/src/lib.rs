@@ -25,5 +25,6 @@ pub use agg::OutValue;
 pub use engine::{Counters, Engine, EventIn, Mode, PlanError, WM_MAX, WM_MIN};
 pub use key::{encode as encode_key, write_json as key_json, KeyValue};
 pub use output::{LedgerEntry, Output, Reason, Row, RowFormat, Source, Sources, Status};
+pub use rule::Condition;
 pub use snapshot::{Delta, SnapshotError, SNAPSHOT_FORMAT};
 pub use text::write_str;

@@ -154,6 +154,32 @@ impl Rule {
     }
 }
 
+/// A CEL condition over any JSON document, outside the hot path: a
+/// contract's `[[check]] row` over a published row (issue 18), with the
+/// same semantics as `where`.
+#[derive(Debug, Clone)]
+pub struct Condition {
+    rule: Rule,
+    names: Names,
+}
+
+impl Condition {
+    pub fn compile(expr: &Expr) -> Result<Condition, String> {
+        let mut names = Names::default();
+        let rule = Rule::compile(expr, &mut names)?;
+        Ok(Condition { rule, names })
+    }
+
+    /// `Ok(true)` passes; an error says why it could not be evaluated
+    /// (a missing field, ordering a null).
+    pub fn test(&self, json: &str) -> Result<bool, String> {
+        let mut doc = crate::json::Doc::default();
+        let mut slots = Vec::new();
+        doc.parse_event(json, None, &self.names, &mut slots, crate::json::Bounds::MAX).map_err(|e| e.text())?;
+        self.rule.test(Event::from_slots(doc.root(json), &slots))
+    }
+}
+
 fn field_and_str<'e>(a: &'e Expr, b: &'e Expr) -> Option<(&'e weir_contract::FieldPath, &'e str)> {
     match (a, b) {
         (Expr::Field(p), Expr::Str(s)) | (Expr::Str(s), Expr::Field(p)) => Some((p, s)),
@@ -245,6 +271,16 @@ mod tests {
         check("amount == 1", r#"{"amount":"1"}"#, Some(false));
         check("x == null", r#"{"x":null}"#, Some(true));
         check("a.b < 'm'", r#"{"a":{"b":"k"}}"#, Some(true));
+    }
+
+    #[test]
+    fn a_condition_reads_a_whole_document() {
+        let c = |rule: &str| Condition::compile(&weir_contract::parse_rule(rule).unwrap()).unwrap();
+        let row = r#"{"values":{"revenue":-5.50,"n":2},"events":2,"key":{"acct":{"id":"a-1"}}}"#;
+        assert_eq!(c("values.revenue >= 0").test(row), Ok(false));
+        assert_eq!(c("values.n == events && key.acct.id == 'a-1'").test(row), Ok(true));
+        assert!(c("values.missing > 0").test(row).unwrap_err().contains("missing values.missing"));
+        assert!(c("values.revenue > 0").test("not json").is_err());
     }
 
     #[test]

@@ -68,12 +68,14 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
         let Some(p) = app.pipelines.get(name) else { continue };
         let n = name.clone();
         let (live, _) = p.live();
-        let (rows, ledger, notes, kept, versions, checks) = read_stored(p, move |s| {
+        let defined = p.contract().checks.clone();
+        let (rows, ledger, notes, kept, versions, checks, named) = read_stored(p, move |s| {
+            let named = crate::checks::summary(s, &n, live, &defined)?;
             let rows = parsed(s.latest_changes(&n, live, LATEST_ROWS)?);
             let ledger = parsed(s.latest_ledger(&n, live, LATEST_LEDGER)?);
             let checks = (s.backfills(&n, LATEST_RUNS)?, s.reconciliations(&n, None, LATEST_RUNS)?);
             let kept = (s.incidents(&n, LATEST_INCIDENTS)?, s.incident_cases(&n, LATEST_INCIDENTS)?);
-            Ok((rows, ledger, s.annotations(&n)?, kept, s.versions(&n)?, checks))
+            Ok((rows, ledger, s.annotations(&n)?, kept, s.versions(&n)?, checks, named))
         })
         .await?;
         let (backfills, reconciliations) = checks;
@@ -134,6 +136,7 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
             "annotations": notes,
             "backfills": backfills,
             "reconciliations": reconciliations,
+            "checks": named,
         }));
     }
     incidents.sort_by_key(|i| std::cmp::Reverse(i.at_ms));

@@ -65,6 +65,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/pipelines/{name}/reconcile", axum::routing::post(crate::backfills::reconcile))
         .route("/v1/pipelines/{name}/reconciliations", get(crate::backfills::reconciliations))
         .route("/v1/pipelines/{name}/reconciliations/{id}", get(crate::backfills::reconciliation))
+        .route("/v1/pipelines/{name}/checks", get(crate::checks::list))
         .route("/v1/pipelines/{name}/incidents", get(crate::incidents::list).post(crate::incidents::open))
         .route("/v1/pipelines/{name}/incidents/{id}", get(crate::incidents::one))
         .route("/v1/pipelines/{name}/incidents/{id}/notes", axum::routing::post(crate::incidents::note))

@@ -16,6 +16,7 @@ mod advice;
 mod alerts;
 mod app;
 mod backfills;
+mod checks;
 mod dashboard;
 mod diff;
 mod events;

@@ -304,6 +304,21 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>, caller: Option<Extensio
                 *amount,
             );
         }
+        for c in &s.checks {
+            let mut labels = with("check", &c.check);
+            labels.push(label("severity", c.severity));
+            for (outcome, n) in [("passed", c.passed), ("failed", c.failed)] {
+                let mut l = labels.clone();
+                l.push(label("outcome", outcome));
+                m.counter(
+                    "weir_check_results",
+                    "Results of the contract's named checks judged by this server, by outcome.",
+                    l,
+                    n,
+                );
+            }
+            m.gauge("weir_check_failing", "1 while a named check's last result failed.", labels, i64::from(c.failing));
+        }
         if let Some(age) = s.checkpoint_age_ms {
             m.gauge("weir_checkpoint_age_ms", "Milliseconds since the last checkpoint.", base.clone(), age);
         }

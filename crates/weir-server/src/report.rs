@@ -44,6 +44,8 @@ pub struct Report {
     pub offsets_not_delivered: u64,
     pub checkpoints_fenced: u64,
     pub alerts: Vec<FiringReport>,
+    /// The contract's named checks as this server last judged them.
+    pub checks: Vec<CheckReport>,
     /// Not in the JSON: the watermark in milliseconds and the latency histograms, for `/metrics`.
     #[serde(skip)]
     pub watermark_ms: Option<i64>,
@@ -90,6 +92,18 @@ pub struct FiringReport {
     pub threshold: String,
     pub observed: String,
     pub since: String,
+}
+
+/// One named check: its last outcome and the results judged by this server since it started.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckReport {
+    pub check: String,
+    pub severity: &'static str,
+    pub kind: &'static str,
+    pub failing: bool,
+    pub passed: u64,
+    pub failed: u64,
+    pub last_observed: Option<String>,
 }
 
 impl Report {
@@ -182,6 +196,26 @@ pub fn report_version(
             })
             .collect()
     });
+    let checks = {
+        let state = lock(&watch.checks);
+        let mine = state.get(name);
+        v.contract
+            .checks
+            .iter()
+            .map(|c| {
+                let s = mine.and_then(|m| m.get(&c.name)).filter(|s| s.version == version).cloned().unwrap_or_default();
+                CheckReport {
+                    check: c.name.clone(),
+                    severity: c.severity.as_str(),
+                    kind: c.kind.name(),
+                    failing: s.failing,
+                    passed: s.passed,
+                    failed: s.failed,
+                    last_observed: s.last.map(|l| l.observed),
+                }
+            })
+            .collect()
+    };
     Report {
         pipeline: name.to_owned(),
         version,
@@ -206,6 +240,7 @@ pub fn report_version(
         offsets_not_delivered: s.offsets_not_delivered,
         checkpoints_fenced: s.checkpoints_fenced,
         alerts,
+        checks,
         watermark_ms: s.watermark,
         processing: s.processing,
         checkpoint_duration: s.checkpoint_duration,

@@ -20,6 +20,8 @@ pub struct Watch {
     pub series: Mutex<Series>,
     /// Backfill and reconciliation totals by pipeline, from its store.
     pub reconcile: Mutex<BTreeMap<String, ReconcileTotals>>,
+    /// The named checks' state by pipeline (`crate::checks`).
+    pub checks: Mutex<Checks>,
 }
 
 /// What a pipeline's stored backfill runs add up to (refreshed by the
@@ -105,6 +107,26 @@ pub fn refresh_reconcile(watch: &Watch, name: &str, store: &dyn weir_store::Stor
     t.refreshed = Some(Instant::now());
     lock(&watch.reconcile).insert(name.to_owned(), t);
 }
+
+/// What this server knows of one check of one pipeline's live version.
+#[derive(Debug, Clone, Default)]
+pub struct CheckState {
+    pub version: u32,
+    /// The highest row `seq` judged (row and volume checks); `None` until read from the store.
+    pub(crate) cursor: Option<i64>,
+    /// The last result failed.
+    pub failing: bool,
+    /// Results this server evaluated since it started.
+    pub passed: u64,
+    pub failed: u64,
+    pub last: Option<weir_store::checks::CheckResult>,
+    pub(crate) last_kept_ms: i64,
+    /// The newest reconciliation judged.
+    pub(crate) reconciliation: Option<i64>,
+}
+
+/// Per pipeline, per check name.
+pub type Checks = BTreeMap<String, BTreeMap<String, CheckState>>;
 
 /// One firing alert.
 #[derive(Debug, Clone)]

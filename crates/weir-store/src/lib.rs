@@ -22,6 +22,7 @@ pub mod audit;
 pub mod backfill;
 pub mod cases;
 pub mod checkpoint;
+pub mod checks;
 mod digest;
 pub mod idempotency;
 pub mod pg;
@@ -250,6 +251,20 @@ pub trait Store: Send + Sync {
     /// One incident and its timeline.
     fn incident_case(&self, pipeline: &str, id: i64) -> Result<Option<(cases::Case, Vec<cases::CaseEntry>)>>;
     /// Stores a backfill to do; its id.
+    /// Keeps each check result not kept before (by pipeline, version, check
+    /// and subject); which ones were new.
+    fn record_checks(&self, pipeline: &str, results: &[checks::CheckResult]) -> Result<Vec<bool>>;
+    /// A version's check results, newest first.
+    fn check_results(
+        &self,
+        pipeline: &str,
+        version: u32,
+        filter: &checks::CheckFilter,
+    ) -> Result<Vec<checks::CheckResult>>;
+    /// How often each check of a version passed and failed since `since_ms`.
+    fn check_totals(&self, pipeline: &str, version: u32, since_ms: i64) -> Result<Vec<checks::CheckTotal>>;
+    /// The highest row `seq` a check of a version has judged (0 for none).
+    fn check_cursor(&self, pipeline: &str, version: u32, check: &str) -> Result<i64>;
     fn ask_backfill(&self, pipeline: &str, ask: &BackfillAsk<'_>) -> Result<i64>;
     fn backfill(&self, pipeline: &str, id: i64) -> Result<Option<Backfill>>;
     /// Asks the next scheduled backfill, unless one was asked too recently; its id.
@@ -428,6 +443,23 @@ impl Store for SqliteStore {
     }
     fn incident_case(&self, pipeline: &str, id: i64) -> Result<Option<(cases::Case, Vec<cases::CaseEntry>)>> {
         self.with(|c| cases::sqlite::get(c, pipeline, id))
+    }
+    fn record_checks(&self, pipeline: &str, results: &[checks::CheckResult]) -> Result<Vec<bool>> {
+        self.with(|c| checks::sqlite::record(c, pipeline, results))
+    }
+    fn check_results(
+        &self,
+        pipeline: &str,
+        version: u32,
+        filter: &checks::CheckFilter,
+    ) -> Result<Vec<checks::CheckResult>> {
+        self.with(|c| checks::sqlite::list(c, pipeline, version, filter))
+    }
+    fn check_totals(&self, pipeline: &str, version: u32, since_ms: i64) -> Result<Vec<checks::CheckTotal>> {
+        self.with(|c| checks::sqlite::totals(c, pipeline, version, since_ms))
+    }
+    fn check_cursor(&self, pipeline: &str, version: u32, check: &str) -> Result<i64> {
+        self.with(|c| checks::sqlite::cursor(c, pipeline, version, check))
     }
     fn ask_backfill(&self, pipeline: &str, ask: &BackfillAsk<'_>) -> Result<i64> {
         self.with(|c| backfill::sqlite::ask(c, pipeline, ask))
@@ -610,6 +642,23 @@ impl Store for PostgresStore {
     }
     fn incident_case(&self, pipeline: &str, id: i64) -> Result<Option<(cases::Case, Vec<cases::CaseEntry>)>> {
         self.with(|c, s| cases::pg::get(c, s, pipeline, id))
+    }
+    fn record_checks(&self, pipeline: &str, results: &[checks::CheckResult]) -> Result<Vec<bool>> {
+        self.with(|c, s| checks::pg::record(c, s, pipeline, results))
+    }
+    fn check_results(
+        &self,
+        pipeline: &str,
+        version: u32,
+        filter: &checks::CheckFilter,
+    ) -> Result<Vec<checks::CheckResult>> {
+        self.with(|c, s| checks::pg::list(c, s, pipeline, version, filter))
+    }
+    fn check_totals(&self, pipeline: &str, version: u32, since_ms: i64) -> Result<Vec<checks::CheckTotal>> {
+        self.with(|c, s| checks::pg::totals(c, s, pipeline, version, since_ms))
+    }
+    fn check_cursor(&self, pipeline: &str, version: u32, check: &str) -> Result<i64> {
+        self.with(|c, s| checks::pg::cursor(c, s, pipeline, version, check))
     }
     fn ask_backfill(&self, pipeline: &str, ask: &BackfillAsk<'_>) -> Result<i64> {
         self.with(|c, s| backfill::pg::ask(c, s, pipeline, ask))

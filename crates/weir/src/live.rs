@@ -52,6 +52,19 @@ field = "amount"
 [[aggregate]]
 name = "payments"
 fn = "count"
+
+# Named checks: each material assumption, evaluated and kept (GET .../checks).
+[[check]]
+name = "revenue_not_negative"
+severity = "error"
+question = "Can a minute's approved payments sum below zero? A negative amount is a refund sent as a payment."
+row = "values.revenue >= 0"
+
+[[check]]
+name = "payments_fresh"
+severity = "warn"
+question = "Has the payments gateway stopped sending approvals?"
+freshness = "10m"
 "#;
 
 const PLANS: &str = r#"# Each account's current plan: what the product shows and bills.
@@ -294,7 +307,7 @@ fn print_intro(base: &str, data: &Path, rate: u64, t: &crate::access::RoleTokens
     eprintln!("  {base}/#token={}    (the dashboard: live charts, latest rows, ledger, alerts, incidents)", t.admin);
     eprintln!("  curl -H 'Authorization: Bearer {}' {base}/v1/pipelines", t.reader);
     for p in ["paid_revenue", "current_plan", "accepted_invites"] {
-        eprintln!("  {base}/v1/pipelines/{p}/results    .../changes?since=1    .../ledger    .../status");
+        eprintln!("  {base}/v1/pipelines/{p}/results    .../changes?since=1    .../ledger    .../status    .../checks");
     }
     eprintln!("  {base}/v1/topics/payments/events?partition=0&from=0&limit=10    (raw-reader; audited)");
     eprintln!("  or: WEIR_TOKEN={} weir results paid_revenue --url {base}\n", t.reader);

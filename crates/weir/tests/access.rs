@@ -184,6 +184,7 @@ fn every_role_against_every_endpoint() {
         ("GET",    format!("{p}/reconciliations"),      None,     [401, 403, 200, 403, 200, 200, 403]),
         ("GET",    format!("{p}/reconciliations/999"),  None,     [401, 403, 404, 403, 404, 404, 403]),
         ("GET",    format!("{p}/advice"),               None,     [401, 403, 200, 403, 200, 200, 403]),
+        ("GET",    format!("{p}/checks"),               None,     [401, 403, 200, 403, 200, 200, 403]),
         ("POST",   format!("{p}/incidents"),            Some(incident), [401, 403, 403, 403, 201, 403, 403]),
         ("GET",    format!("{p}/incidents"),            None,     [401, 403, 200, 403, 200, 200, 403]),
         ("GET",    format!("{p}/incidents/1"),          None,     [401, 403, 200, 403, 200, 200, 403]),

@@ -87,6 +87,25 @@ fn a_contract_that_cannot_run_exits_2_naming_file_line_and_key() {
 }
 
 #[test]
+fn weir_check_refuses_a_bad_check_expression_naming_file_line_and_key() {
+    let s = Scratch::new("bad-check");
+    let checked = format!(
+        "{CONTRACT}\n[[check]]\nname = \"revenue_not_negative\"\nseverity = \"error\"\nquestion = \"Negative?\"\nrow = \"values.revenue >=\"\n"
+    );
+    let line = checked.lines().position(|l| l.starts_with("row = ")).unwrap() + 1;
+    let c = s.write("checked.toml", &checked);
+    let out = weir(&[&"check", &c]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("checked.toml:{line}:"))
+            && err.contains("check[1].row")
+            && err.contains("does not parse"),
+        "{err}"
+    );
+}
+
+#[test]
 fn bad_arguments_exit_2_and_leave_no_partial_file() {
     let (s, c, input) = setup("args", 100);
     let missing = weir(&[&"run", &c, &"--input", &s.path("nope.jsonl")]);

@@ -2,7 +2,7 @@
 //! WebDriver by Debian's chromedriver (`apt-get install chromium
 //! chromium-driver`; `scripts/test` installs them). The page loads with
 //! nothing from elsewhere, its charts draw, it shows the pipeline, alerts,
-//! annotations and incidents, and, without a reload, a late event makes a
+//! annotations, named checks and incidents, and, without a reload, a late event makes a
 //! revised row appear. A screenshot is kept in `target/artifacts/`.
 
 mod common;
@@ -42,6 +42,18 @@ field = "amount"
 
 [alerts]
 max_watermark_age = "10m"
+
+[[check]]
+name = "fresh"
+severity = "warn"
+question = "Has the payments producer stopped sending?"
+freshness = "10m"
+
+[[check]]
+name = "total_positive"
+severity = "warn"
+question = "Can a minute's payments add up to nothing?"
+row = "values.total > 0"
 "#;
 
 fn agent() -> ureq::Agent {
@@ -228,6 +240,17 @@ fn the_dashboard_draws_live_and_marks_a_revised_row() {
         "const t = document.getElementById('incident-cases').innerText;
          return t.includes('open paid: max_watermark_age firing') && t.includes('open paid: refunds double-counted')
              && document.querySelectorAll('#incident-cases [data-incident]').length === 2;",
+    );
+    // The named checks: the watermark a year old fails freshness; the rows are judged.
+    browser.wait_for(
+        "the checks, judged",
+        &format!(
+            "const c = {card};
+             const fresh = c.querySelector('[data-checks] tr[data-check=\"fresh\"]');
+             const rows = c.querySelector('[data-checks] tr[data-check=\"total_positive\"]');
+             return !!fresh && fresh.dataset.state === 'failing' && fresh.innerText.includes('watermark')
+                 && !!rows && rows.dataset.state !== 'not judged';"
+        ),
     );
     let marked = browser.eval(&format!("return {card}.querySelectorAll('.mark.note').length;"));
     assert!(marked.as_u64() >= Some(3), "rows of the annotated window carry the note: {marked}");

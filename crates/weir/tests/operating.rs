@@ -2,7 +2,8 @@
 //! SQLite, and Kafka with Postgres. A clock that cannot be poisoned: an
 //! event dated next year is ledgered `future`, counted in
 //! `weir_future_events_total`, and neither settles windows nor makes later
-//! events late.
+//! events late. Named checks: kept, served, counted, and an error check
+//! opening an incident.
 
 mod common;
 
@@ -315,5 +316,143 @@ fn the_lateness_advisor_suggests_from_the_observed_lateness() {
         let said = common::text(&out.stdout);
         assert!(out.status.success(), "{name}: {}", common::text(&out.stderr));
         assert!(said.contains("220 events observed") && said.contains("for at most 1.000% too late"), "{said}");
+    }
+}
+
+const CHECKS: &str = r#"
+[[check]]
+name = "revenue_not_negative"
+severity = "error"
+question = "Can a minute's payments sum below zero? A refund larger than the minute's payments is a sign error or a refund sent twice."
+row = "values.total >= 0"
+
+[[check]]
+name = "fresh"
+severity = "warn"
+question = "Has the payments producer stopped sending?"
+freshness = "5m"
+
+[[check]]
+name = "steady_volume"
+severity = "warn"
+question = "Did an account's payments drop or jump against the same minute yesterday?"
+volume = "day"
+band = "50%"
+"#;
+
+/// `GET .../checks`, once every result wanted is kept.
+fn wait_checks(base: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/checks"))).unwrap();
+        if done(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn check_of<'v>(v: &'v Value, name: &str) -> &'v Value {
+    v["checks"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["check"] == name))
+        .unwrap_or_else(|| panic!("no {name}: {v}"))
+}
+
+#[test]
+fn named_checks_are_kept_served_and_counted_and_a_failing_error_check_opens_an_incident() {
+    let (hook, notes) = common::receiver();
+    let contract = format!("{PAYMENTS}\n[alerts]\nwebhook = \"{hook}\"\n{CHECKS}");
+    for topology in Topology::both("checks") {
+        let s = Scratch::new("checks");
+        let config = topology.config(("payments", 1, "acct"), "");
+        let root = topology.folder(&s, "server", &[("paid.toml", &contract)], &config);
+        let (server, base) = topology.serve(&root);
+        let name = topology.name();
+        // Yesterday's minute M: four payments; today's minute D = M + 1 day: one refund of 10.
+        let d = (weir_log::now_ms() - 10 * 60_000) / 60_000 * 60_000;
+        let m = d - 86_400_000;
+        let mut events: Vec<String> = (1..=4).map(|i| payment(&format!("y{i}"), m + i * 1_000, "1.00")).collect();
+        events.push(payment("y5", m + 61_000, "1.00"));
+        events.push(payment("t1", d + 1_000, "-10.00"));
+        events.push(payment("t2", d + 61_000, "1.00"));
+        post(&base, &events);
+        wait_read(&base, 7);
+        let v = wait_checks(&base, "every check judged", |v| {
+            ["revenue_not_negative", "steady_volume"].iter().all(|c| check_of(v, c)["failed"] == 1)
+                && check_of(v, "fresh")["failed"].as_i64() >= Some(1)
+        });
+        let row = check_of(&v, "revenue_not_negative");
+        assert_eq!(
+            (row["severity"].as_str(), row["kind"].as_str(), row["definition"].as_str(), row["passed"].as_i64()),
+            (Some("error"), Some("row"), Some("values.total >= 0"), Some(2)),
+            "{name}: the two windows with payments pass, the refund's fails: {v}"
+        );
+        let volume = check_of(&v, "steady_volume");
+        assert_eq!(volume["passed"], 0, "{name}: only minute D has a window a day before: {v}");
+        assert!(
+            volume["last"]["observed"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("events 1 against 4 one day before (-75.0%"),
+            "{name}: {volume}"
+        );
+        assert_eq!(check_of(&v, "fresh")["failing"], true, "{name}: the watermark is ten minutes old: {v}");
+        let (code, body) =
+            call("GET", &format!("{base}/v1/pipelines/paid/checks?check=revenue_not_negative&failed=true"), None);
+        assert_eq!(code, 200, "{name}: {body}");
+        let failed: Value = serde_json::from_str(&body).unwrap();
+        let results = failed["results"].as_array().unwrap();
+        assert_eq!(results.len(), 1, "{name}: {failed}");
+        let r = &results[0];
+        assert_eq!(
+            (r["observed"].as_str(), r["key"].clone(), r["window_start"].as_str()),
+            (
+                Some("values.total = -10.00"),
+                serde_json::json!({"acct": "a1"}),
+                Some(weir_engine::time::format_rfc3339_ms(d).as_str())
+            ),
+            "{name}: {r}"
+        );
+        // The error check opened an incident for the owner and told the webhook; the warn checks only kept theirs.
+        let incidents = json_lines(&get(&format!("{base}/v1/pipelines/paid/incidents")));
+        let causes: Vec<(&str, &str)> =
+            incidents.iter().map(|i| (i["cause"].as_str().unwrap(), i["owner"].as_str().unwrap())).collect();
+        assert_eq!(causes, [("check:revenue_not_negative", "billing-ops")], "{name}: {incidents:?}");
+        let note = loop {
+            let n = notes.recv_timeout(Duration::from_secs(30)).expect("the owner is notified");
+            if n["check"] == "revenue_not_negative" {
+                break n;
+            }
+        };
+        assert_eq!((note["status"].as_str(), note["owner"].as_str()), (Some("failed"), Some("billing-ops")), "{note}");
+        let text = get(&format!("{base}/metrics"));
+        let failed_metric = text
+            .lines()
+            .find(|l| {
+                l.starts_with("weir_check_results_total{")
+                    && l.contains("check=\"revenue_not_negative\"")
+                    && l.contains("outcome=\"failed\"")
+            })
+            .unwrap_or_else(|| panic!("{name}: no check metric in\n{text}"));
+        assert!(failed_metric.ends_with(" 1"), "{name}: {failed_metric}");
+        // Kept: a restarted server goes on from the results it kept and judges no row twice.
+        drop(server);
+        let (_server, base) = topology.serve(&root);
+        std::thread::sleep(Duration::from_secs(3));
+        let v = wait_checks(&base, "the results outlive the restart", |v| {
+            check_of(v, "revenue_not_negative")["passed"] == 2
+        });
+        assert_eq!(check_of(&v, "revenue_not_negative")["failed"], 1, "{name}: {v}");
+        assert_eq!(check_of(&v, "steady_volume")["failed"], 1, "{name}: {v}");
+        let judged = status(&base)["checks"].clone();
+        let again = judged.as_array().and_then(|c| c.iter().find(|c| c["check"] == "revenue_not_negative")).cloned();
+        assert_eq!(
+            again.map(|c| (c["passed"].clone(), c["failed"].clone())),
+            Some((0.into(), 0.into())),
+            "{name}: no row judged again after the restart: {judged}"
+        );
+        while notes.try_recv().is_ok() {}
     }
 }
