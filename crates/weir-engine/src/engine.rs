@@ -206,6 +206,9 @@ pub struct Engine {
     /// The processing clock (ms since the epoch) as the caller last told
     /// it ([`Engine::set_clock`]); `max_future` is measured from it.
     clock_ms: Option<i64>,
+    /// The event time of the last event processed, when it had a readable one
+    /// within `max_future` ([`Engine::last_event_time`]). Not kept in snapshots.
+    last_time: Option<i64>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -250,6 +253,7 @@ impl Engine {
             pending: Vec::new(),
             one_partition: false,
             clock_ms: None,
+            last_time: None,
         }
     }
 
@@ -259,6 +263,13 @@ impl Engine {
     /// told one, no event is `future`. Not kept in snapshots.
     pub fn set_clock(&mut self, now_ms: i64) {
         self.clock_ms = Some(now_ms);
+    }
+
+    /// The event time of the last event [`Engine::process`] read, if it had
+    /// a readable one that was not `future` (whether or not it counted): the
+    /// runner's producer lag is its append time less this.
+    pub fn last_event_time(&self) -> Option<i64> {
+        self.last_time
     }
 
     /// From now on the engine reads a single partition, whichever number
@@ -347,7 +358,8 @@ impl Engine {
     pub fn process(&mut self, event: EventIn<'_>, out: &mut Output) {
         self.st.counters.read += 1;
         let wm_before = self.st.wm;
-        if let Some(time) = self.intake(event, wm_before, out) {
+        self.last_time = self.intake(event, wm_before, out);
+        if let Some(time) = self.last_time {
             if self.mode == Mode::Stream {
                 self.advance(event.partition, time);
             }

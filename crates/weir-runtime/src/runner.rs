@@ -612,6 +612,7 @@ impl Run {
             let held = &mut *held;
             let name = &held.contract.pipeline.name;
             let mut latencies = Vec::with_capacity(self.batch.len());
+            let mut producer_lags = Vec::with_capacity(self.batch.len());
             for (rec, bytes) in self.batch.iter() {
                 let scope = if held.per_partition { Scope::Partition(rec.partition) } else { Scope::Topic };
                 // A record of a partition handed over (read before the hand-over) is not this worker's.
@@ -652,6 +653,9 @@ impl Run {
                     unit.engine.refuse(event, Reason::BadType, weir_engine::intake::reserved_why(), &mut unit.out);
                 } else {
                     unit.engine.process(event, &mut unit.out);
+                    if let (Some(append), Some(t)) = (rec.time_ms, unit.engine.last_event_time()) {
+                        producer_lags.push(append.saturating_sub(t).max(0) as f64 / 1e3);
+                    }
                 }
                 unit.since += 1;
                 unit.dirty = true;
@@ -661,6 +665,9 @@ impl Run {
                 s.offsets_not_delivered += not_delivered;
                 for l in latencies {
                     s.processing.observe(l);
+                }
+                for l in producer_lags.drain(..) {
+                    s.producer_lag.observe(l);
                 }
             }
             if !held.per_partition {

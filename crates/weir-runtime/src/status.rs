@@ -30,6 +30,9 @@ pub struct Status {
     pub state_bytes: usize,
     /// From an event's append to the log to its processing.
     pub processing: Histogram,
+    /// Producer lag: from an event's time to its append to the log (Kafka's
+    /// timestamp on Kafka), for events with a readable time.
+    pub producer_lag: Histogram,
     pub checkpoint_duration: Histogram,
     /// Replays done since the server started.
     pub replays: u64,

@@ -107,19 +107,20 @@ pub(crate) async fn advice(
     let state_bytes = weir_runtime::lock(&v.status).state_bytes;
     let n = name.clone();
     let headers = read_stored(p, move |s| s.checkpoint_headers(&n, version)).await?;
+    let seen = observed(&contract, &headers).map_err(|e| ApiError(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    Ok(json(advise(&contract, &seen, state_bytes)))
+}
+
+/// The lateness histograms of a version's checkpoint headers, merged.
+pub(crate) fn observed(contract: &Contract, headers: &[(u32, Vec<u8>)]) -> Result<Lateness, String> {
     let mut seen = Lateness::default();
-    for (partition, header) in &headers {
+    for (partition, header) in headers {
         let engine =
-            weir_engine::Engine::restore_parts(&contract, header, std::iter::empty(), std::iter::empty::<&[u8]>())
-                .map_err(|e| {
-                    ApiError(
-                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                        format!("checkpoint of partition {partition}: {e}"),
-                    )
-                })?;
+            weir_engine::Engine::restore_parts(contract, header, std::iter::empty(), std::iter::empty::<&[u8]>())
+                .map_err(|e| format!("checkpoint of partition {partition}: {e}"))?;
         seen.add(&engine.counters().lateness);
     }
-    Ok(json(advise(&contract, &seen, state_bytes)))
+    Ok(seen)
 }
 
 #[cfg(test)]

@@ -17,7 +17,9 @@
 //! the one it opened, and the owner is notified like an alert; a `freshness`
 //! or `reconcile` check passing again mitigates it. A `warn` check is only
 //! kept. On Kafka each worker evaluates; a result is kept once (by its
-//! subject) and only the worker that kept it acts on it.
+//! subject) and only the worker that kept it acts on it. A pass reads at
+//! most [`ROWS_A_PASS`] rows, so a pipeline publishing more rows a second
+//! than that is judged behind (its results' `at` shows how far).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -28,6 +28,7 @@ mod pipelines;
 mod provenance;
 mod readers;
 mod report;
+mod review;
 mod versions;
 mod watch;
 pub mod webhooks;

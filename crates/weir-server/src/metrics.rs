@@ -245,6 +245,12 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>, caller: Option<Extensio
             &s.processing,
         );
         m.histogram(
+            "weir_producer_lag_seconds",
+            "Producer lag: from an event's time to its append to the log (Kafka's timestamp on Kafka).",
+            base.clone(),
+            &s.producer_lag,
+        );
+        m.histogram(
             "weir_checkpoint_duration_seconds",
             "How long a checkpoint took.",
             base.clone(),

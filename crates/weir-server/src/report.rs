@@ -52,6 +52,8 @@ pub struct Report {
     #[serde(skip)]
     pub processing: Histogram,
     #[serde(skip)]
+    pub producer_lag: Histogram,
+    #[serde(skip)]
     pub checkpoint_duration: Histogram,
 }
 
@@ -243,6 +245,7 @@ pub fn report_version(
         checks,
         watermark_ms: s.watermark,
         processing: s.processing,
+        producer_lag: s.producer_lag,
         checkpoint_duration: s.checkpoint_duration,
     }
 }

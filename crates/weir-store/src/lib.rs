@@ -187,6 +187,9 @@ pub trait Store: Send + Sync {
         page: (i64, i64),
         raw: bool,
     ) -> Result<Vec<String>>;
+    /// A version's ledger entries ledgered at `from_ms` or later, after
+    /// `after_seq`, as stored for everyone: `(seq, at_ms, entry)` (for `weir review`).
+    fn ledger_dated(&self, pipeline: &str, version: u32, page: (i64, i64, i64)) -> Result<Vec<(i64, i64, String)>>;
     /// A version's newest published rows, newest first.
     fn latest_changes(&self, pipeline: &str, version: u32, limit: i64) -> Result<Vec<String>>;
     /// A version's newest ledger entries, newest first.
@@ -366,6 +369,9 @@ impl Store for SqliteStore {
         raw: bool,
     ) -> Result<Vec<String>> {
         self.with(|c| sqlite::ledger(c, pipeline, Some(version), reason, page, raw))
+    }
+    fn ledger_dated(&self, pipeline: &str, version: u32, page: (i64, i64, i64)) -> Result<Vec<(i64, i64, String)>> {
+        self.with(|c| sqlite::ledger_dated(c, pipeline, version, page))
     }
     fn latest_changes(&self, pipeline: &str, version: u32, limit: i64) -> Result<Vec<String>> {
         self.with(|c| sqlite::latest_changes(c, pipeline, version, limit))
@@ -570,6 +576,9 @@ impl Store for PostgresStore {
         raw: bool,
     ) -> Result<Vec<String>> {
         self.with(|c, s| pg::ledger(c, s, pipeline, Some(version), reason, page, raw))
+    }
+    fn ledger_dated(&self, pipeline: &str, version: u32, page: (i64, i64, i64)) -> Result<Vec<(i64, i64, String)>> {
+        self.with(|c, s| pg::ledger_dated(c, s, pipeline, version, page))
     }
     fn latest_changes(&self, pipeline: &str, version: u32, limit: i64) -> Result<Vec<String>> {
         self.with(|c, s| pg::latest_changes(c, s, pipeline, version, limit))

@@ -1069,6 +1069,25 @@ pub fn ledger(
     Ok(rows.into_iter().map(|r| r.get(0)).collect())
 }
 
+/// A version's ledger entries ledgered at `from_ms` or later, after
+/// `after_seq`, as stored for everyone: `(seq, at_ms, entry)`.
+pub fn ledger_dated(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    version: u32,
+    (from_ms, after_seq, limit): (i64, i64, i64),
+) -> Result<Vec<(i64, i64, String)>, postgres::Error> {
+    let rows = client.query(
+        &format!(
+            "SELECT seq, at_ms, entry FROM {schema}.ledger WHERE pipeline = $1 AND version = $2 AND at_ms >= $3 AND seq > $4
+             ORDER BY seq LIMIT $5"
+        ),
+        &[&pipeline, &(version as i32), &from_ms, &after_seq, &limit],
+    )?;
+    Ok(rows.into_iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+}
+
 /// Each partition's next offset, generation and holder for one version, by partition.
 pub fn partitions(
     client: &mut Client,

@@ -900,6 +900,23 @@ pub fn ledger(
     rows.collect()
 }
 
+/// A version's ledger entries ledgered at `from_ms` or later, after
+/// `after_seq`, as stored for everyone: `(seq, at_ms, entry)`.
+pub fn ledger_dated(
+    conn: &Connection,
+    pipeline: &str,
+    version: u32,
+    (from_ms, after_seq, limit): (i64, i64, i64),
+) -> rusqlite::Result<Vec<(i64, i64, String)>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, at_ms, entry FROM ledger WHERE pipeline = ?1 AND version = ?2 AND at_ms >= ?3 AND seq > ?4
+         ORDER BY seq LIMIT ?5",
+    )?;
+    let rows = stmt
+        .query_map(params![pipeline, version, from_ms, after_seq, limit], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    rows.collect()
+}
+
 /// Pauses publishing: rows checkpointed from now on are held until
 /// [`resume`] (a pause survives restarts). Returns whether it was paused
 /// already.

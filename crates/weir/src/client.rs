@@ -262,7 +262,7 @@ fn plain(v: &serde_json::Value) -> String {
 }
 
 /// GETs a body the server answered with 200, else its error as a failure.
-fn get_ok(agent: &ureq::Agent, url: &str) -> Result<String, Failure> {
+pub fn get_ok(agent: &ureq::Agent, url: &str) -> Result<String, Failure> {
     get_page(agent, url).map(|(body, _)| body)
 }
 

@@ -58,7 +58,7 @@ fn = "count"
 name = "revenue_not_negative"
 severity = "error"
 question = "Can a minute's approved payments sum below zero? A negative amount is a refund sent as a payment."
-row = "values.revenue >= 0"
+row = "values.revenue == null || values.revenue >= 0"
 
 [[check]]
 name = "payments_fresh"

@@ -11,6 +11,7 @@ mod live;
 mod outfile;
 mod procstat;
 mod reconcile;
+mod review;
 mod run;
 mod serve;
 
@@ -316,6 +317,17 @@ enum Command {
         pipeline: String,
         /// text (the default) or json
         #[arg(long, default_value = "text")]
+        format: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
+    /// The review of a running server's pipelines over a period: exceptions by cause with their materiality, incidents with their times to mitigation and resolution, lateness advice, versions promoted.
+    Review {
+        /// How far back: 30d, 7d, 12h.
+        #[arg(long, default_value = "30d")]
+        since: String,
+        /// md (the default), html (one self-contained file with charts) or json
+        #[arg(long, default_value = "md")]
         format: String,
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
@@ -649,6 +661,7 @@ fn main() -> ExitCode {
             client::annotate(&url, &pipeline, (&from, &to), &note, who.as_deref())
         }
         Command::Advise { pipeline, format, url } => client::advise(&url, &pipeline, &format),
+        Command::Review { since, format, url } => review::review(&url, &since, &format),
         Command::Incident { what } => match what {
             IncidentWhat::Open { pipeline, title, owner, why, url } => client::incident(
                 &url,

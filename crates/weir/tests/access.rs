@@ -198,6 +198,7 @@ fn every_role_against_every_endpoint() {
         ("POST",   "/v1/tokens".into(),                 Some(new_token), [401, 403, 403, 403, 403, 200, 403]),
         ("DELETE", revoke,                              None,     [401, 403, 403, 403, 403, 200, 403]),
         ("GET",    "/v1/dashboard".into(),              None,     [401, 403, 200, 403, 200, 200, 200]),
+        ("GET",    "/v1/review?since=30d".into(),       None,     [401, 403, 200, 403, 200, 200, 200]),
         ("GET",    "/metrics".into(),                   None,     [401, 403, 200, 403, 200, 200, 200]),
         ("GET",    "/v1/nothing-here".into(),           None,     [401, 404, 404, 404, 404, 404, 404]),
     ];

@@ -379,6 +379,11 @@ fn named_checks_are_kept_served_and_counted_and_a_failing_error_check_opens_an_i
         events.push(payment("t2", d + 61_000, "1.00"));
         post(&base, &events);
         wait_read(&base, 7);
+        // Producer lag: each event's time to its append, five a day old and two ten minutes old.
+        assert_eq!(metric(&base, "weir_producer_lag_seconds_count"), 7.0, "{name}");
+        let lag = metric(&base, "weir_producer_lag_seconds_sum");
+        // Each event 9 to 11 minutes behind (its minute, ten minutes ago), five of them a day more.
+        assert!(lag > 5.0 * 86_400.0 + 7.0 * 500.0 && lag < 5.0 * 86_400.0 + 7.0 * 700.0, "{name}: {lag}");
         let v = wait_checks(&base, "every check judged", |v| {
             ["revenue_not_negative", "steady_volume"].iter().all(|c| check_of(v, c)["failed"] == 1)
                 && check_of(v, "fresh")["failed"].as_i64() >= Some(1)
@@ -454,5 +459,153 @@ fn named_checks_are_kept_served_and_counted_and_a_failing_error_check_opens_an_i
             "{name}: no row judged again after the restart: {judged}"
         );
         while notes.try_recv().is_ok() {}
+    }
+}
+
+/// A month of payments, one a minute at minutes 0, 10 and 20 of each day
+/// for three accounts, with planted exceptions: resent (every 5th day),
+/// resent with another amount (every 7th), a late one (every 6th), an event
+/// without its time and one whose amount is not a number.
+fn month(start: i64) -> Vec<String> {
+    let mut lines = Vec::new();
+    let pay = |id: &str, acct: u32, t: i64, amount: &str| {
+        format!(
+            r#"{{"id":"{id}","acct":"a{acct}","t":"{}","amount":{amount}}}"#,
+            weir_engine::time::format_rfc3339_ms(t)
+        )
+    };
+    for day in 0..30i64 {
+        let d = start + day * 86_400_000;
+        for (k, minute) in [0i64, 10, 20].into_iter().enumerate() {
+            for acct in 0..3u32 {
+                let amount = format!(
+                    "{}.{:02}",
+                    (day * 7 + i64::from(acct) * 3 + k as i64) % 50 + 1,
+                    (day * 13 + k as i64) % 100
+                );
+                let id = format!("d{day}k{k}a{acct}");
+                lines.push(pay(&id, acct, d + minute * 60_000 + i64::from(acct) * 1_000, &amount));
+                if k == 1 && acct == 0 && day % 5 == 0 {
+                    lines.push(pay(&id, acct, d + minute * 60_000, &amount));
+                }
+                if k == 1 && acct == 1 && day % 7 == 0 {
+                    lines.push(pay(&id, acct, d + minute * 60_000 + 1_000, "99.99"));
+                }
+            }
+        }
+        if day % 6 == 0 {
+            lines.push(pay(&format!("late{day}"), 2, d + 30_000, "12.34"));
+        }
+    }
+    lines.push(r#"{"id":"no-time","acct":"a0","amount":5.00}"#.into());
+    lines.push(pay("bad-amount", 0, start + 30 * 86_400_000 - 60_000, "true"));
+    lines
+}
+
+#[test]
+fn the_review_of_a_month_agrees_with_the_ledger_and_the_stored_checks() {
+    let contract = format!(
+        "{PAYMENTS}\n[[check]]\nname = \"big_minute\"\nseverity = \"warn\"\nquestion = \"Who pays 40 or more in a minute?\"\nrow = \"values.total < 40\"\n"
+    );
+    for topology in Topology::both("review") {
+        let s = Scratch::new("review");
+        let config = topology.config(("payments", 1, "acct"), "");
+        let root = topology.folder(&s, "server", &[("paid.toml", &contract)], &config);
+        let (_server, base) = topology.serve(&root);
+        let name = topology.name();
+        let start = (weir_log::now_ms() - 31 * 86_400_000) / 86_400_000 * 86_400_000;
+        let lines = month(start);
+        post(&base, &lines);
+        wait_read(&base, lines.len() as u64);
+        let url = format!("{base}/v1/pipelines/paid/incidents");
+        let (code, body) = call("POST", &url, Some(r#"{"title":"a refund sent twice","why":"finance saw it"}"#));
+        assert_eq!(code, 201, "{name}: {body}");
+        let proof = r#"{"why":"numbers agree again","proof":"reconciliation within 0.01"}"#;
+        let (code, body) = call("POST", &format!("{url}/1/resolve"), Some(proof));
+        assert_eq!(code, 200, "{name}: {body}");
+        // Every published row judged by the check.
+        let total = |r: &Value| r["values"]["total"].as_f64().unwrap_or(0.0);
+        let rows = std::cell::RefCell::new(Vec::new());
+        let checks = wait_checks(&base, "every row judged", |v| {
+            *rows.borrow_mut() = json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?since=1&limit=100000")));
+            let c = check_of(v, "big_minute");
+            let n = rows.borrow().len() as u64;
+            n > 0 && c["passed"].as_u64().unwrap_or(0) + c["failed"].as_u64().unwrap_or(0) == n
+        });
+        let big = rows.borrow().iter().filter(|r| total(r) >= 40.0).count();
+        assert_eq!(check_of(&checks, "big_minute")["failed"], big as u64, "{name}: {checks}");
+        assert!(big > 0, "{name}: some minutes reach 40");
+
+        // The ledger, with payloads, as a raw-reader reads it.
+        let raw = common::tokens_of(&root.join("data")).raw_reader;
+        let mut r = common::agent()
+            .get(&format!("{base}/v1/pipelines/paid/ledger?why=review-test&limit=100000"))
+            .header("authorization", format!("Bearer {raw}"))
+            .call()
+            .unwrap();
+        let ledger = json_lines(&r.body_mut().read_to_string().unwrap());
+        let mut by_reason: std::collections::BTreeMap<String, (u64, f64)> = Default::default();
+        for e in &ledger {
+            let slot = by_reason.entry(format!("ledger:{}", e["reason"].as_str().unwrap())).or_default();
+            slot.0 += 1;
+            let payload: Option<Value> = e["payload"].as_str().and_then(|p| serde_json::from_str(p).ok());
+            slot.1 += payload.and_then(|p| p["amount"].as_f64()).unwrap_or(0.0);
+        }
+        let reasons: Vec<&str> = by_reason.keys().map(String::as_str).collect();
+        assert_eq!(
+            reasons,
+            [
+                "ledger:bad_type",
+                "ledger:duplicate",
+                "ledger:duplicate_conflict",
+                "ledger:missing_field",
+                "ledger:too_late"
+            ],
+            "{name}"
+        );
+
+        let review: Value = serde_json::from_str(&get(&format!("{base}/v1/review?since=30d"))).unwrap();
+        let p = &review["pipelines"][0];
+        assert_eq!(p["pipeline"], "paid", "{review}");
+        let exceptions = p["exceptions"].as_array().unwrap();
+        for (cause, (count, amount)) in &by_reason {
+            let e = exceptions
+                .iter()
+                .find(|e| e["cause"] == cause.as_str())
+                .unwrap_or_else(|| panic!("{name}: no {cause}: {p}"));
+            assert_eq!(e["count"], *count, "{name}: {e}");
+            let shown: f64 = e["materiality"]["total"].as_str().map_or(0.0, |t| t.parse().unwrap());
+            assert!((shown - amount).abs() < 1e-6, "{name}: {cause}: {shown} against the ledger's {amount}: {e}");
+        }
+        let failed = exceptions.iter().find(|e| e["cause"] == "check:big_minute").expect("the failed check");
+        assert_eq!(failed["count"], big as u64, "{name}: {failed}");
+        let incident = &p["incidents"][0];
+        assert_eq!(
+            (incident["status"].as_str(), incident["cause"].as_str()),
+            (Some("resolved"), Some("operator")),
+            "{p}"
+        );
+        assert!(incident["time_to_resolution_ms"].as_i64() >= Some(0), "{incident}");
+        assert_eq!(p["lateness"]["current"]["allowed_lateness"], "0s", "{p}");
+        assert_eq!(p["lateness"]["suggestions"].as_array().map(Vec::len), Some(3), "{p}");
+
+        // The command: Markdown, and one HTML file with its charts and nothing loaded from elsewhere.
+        let reader = common::tokens_of(&root.join("data")).reader;
+        let md = common::weir_as(&reader, &[&"review", &"--since", &"30d", &"--url", &base]);
+        assert!(md.status.success(), "{}", common::text(&md.stderr));
+        let md = common::text(&md.stdout);
+        let dup = by_reason["ledger:duplicate"].0;
+        assert!(
+            md.contains("## paid (live v1") && md.contains(&format!("| ledger:duplicate | {dup} | total ")),
+            "{md}"
+        );
+        let html = common::weir_as(&reader, &[&"review", &"--format", &"html", &"--url", &base]);
+        assert!(html.status.success(), "{}", common::text(&html.stderr));
+        let html = common::text(&html.stdout);
+        assert!(
+            html.starts_with("<!doctype html>") && html.contains("<svg") && html.contains("ledger:too_late"),
+            "{html}"
+        );
+        assert!(!html.contains("src=") && !html.contains("href="), "self-contained: {html}");
     }
 }

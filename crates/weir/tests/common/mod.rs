@@ -107,17 +107,23 @@ pub fn start_with(root: &Path, port: u16, extra: &[&dyn AsRef<std::ffi::OsStr>])
             }
         }
     });
+    // Pipelines may speak before the listener does (a partition taken, a
+    // topic made): only a server that stops, or says nothing of serving
+    // within 30 s, failed to start.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut said = Vec::new();
     loop {
-        match rx.recv_timeout(Duration::from_secs(30)) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
             Ok(Ok(())) => return Server { child },
-            // Not a failure to start: a torn tail cut, a topic made, a pipeline refused while the others run.
-            Ok(Err(line))
-                if line.contains("cut") || line.contains("created Kafka topic") || line.contains("does not run") =>
-            {
-                continue
+            Ok(Err(line)) => said.push(line),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                let status = child.wait().ok();
+                panic!("weir serve stopped ({status:?}) before serving; it said:\n{}", said.join("\n"))
             }
-            Ok(Err(line)) => panic!("weir serve said: {line}"),
-            Err(_) => panic!("weir serve did not start"),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("weir serve did not start within 30 s; it said:\n{}", said.join("\n"))
+            }
         }
     }
 }
