@@ -137,29 +137,8 @@ impl Reader<'_> {
     }
 
     fn check(&mut self, t: &Table, section: &str, source: &Source, aggregates: &[Aggregate]) -> Option<Check> {
-        for (name, item) in t.iter() {
-            if !CHECK_KEYS.contains(&name) {
-                let span = t.key(name).and_then(|k| k.span()).or_else(|| item.span());
-                self.error(
-                    span,
-                    &format!("{section}.{name}"),
-                    format!("unknown key; [[check]] takes {}", CHECK_KEYS.join(", ")),
-                );
-            }
-        }
-        let name = self.string(t, section, "name", true);
-        if let Some(name) = &name {
-            if name.is_empty()
-                || name.len() > 64
-                || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-            {
-                self.error(
-                    t.get("name").and_then(Item::span),
-                    &format!("{section}.name"),
-                    format!("`{name}` is not a check name: use 1 to 64 of a-z, 0-9 and _"),
-                );
-            }
-        }
+        self.item_keys(t, section, "check", CHECK_KEYS);
+        let name = self.item_name(t, section, "a check");
         let severity = match self.string(t, section, "severity", true).as_deref() {
             Some("warn") => Some(Severity::Warn),
             Some("error") => Some(Severity::Error),

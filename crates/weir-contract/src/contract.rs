@@ -1392,17 +1392,22 @@ impl Reader<'_> {
         ok.then_some(out)
     }
 
-    fn aggregate(&mut self, t: &Table, section: &str) -> Option<Aggregate> {
+    /// An `[[aggregate]]` or `[[check]]` table's keys: one not in `allowed` is refused.
+    pub(crate) fn item_keys(&mut self, t: &Table, section: &str, what: &str, allowed: &[&str]) {
         for (name, item) in t.iter() {
-            if !AGGREGATE_KEYS.contains(&name) {
+            if !allowed.contains(&name) {
                 let span = t.key(name).and_then(|k| k.span()).or_else(|| item.span());
                 self.error(
                     span,
                     &format!("{section}.{name}"),
-                    format!("unknown key; [[aggregate]] takes {}", AGGREGATE_KEYS.join(", ")),
+                    format!("unknown key; [[{what}]] takes {}", allowed.join(", ")),
                 );
             }
         }
+    }
+
+    /// The `name` of an `[[aggregate]]` or `[[check]]` (`what`): 1 to 64 of a-z, 0-9 and _.
+    pub(crate) fn item_name(&mut self, t: &Table, section: &str, what: &str) -> Option<String> {
         let name = self.string(t, section, "name", true);
         if let Some(name) = &name {
             if name.is_empty()
@@ -1412,10 +1417,16 @@ impl Reader<'_> {
                 self.error(
                     t.get("name").and_then(Item::span),
                     &format!("{section}.name"),
-                    format!("`{name}` is not an aggregate name: use 1 to 64 of a-z, 0-9 and _"),
+                    format!("`{name}` is not {what} name: use 1 to 64 of a-z, 0-9 and _"),
                 );
             }
         }
+        name
+    }
+
+    fn aggregate(&mut self, t: &Table, section: &str) -> Option<Aggregate> {
+        self.item_keys(t, section, "aggregate", AGGREGATE_KEYS);
+        let name = self.item_name(t, section, "an aggregate");
         let func_text = self.string(t, section, "fn", true);
         let func = match func_text.as_deref().map(|f| (f, AggFn::parse(f))) {
             Some((_, Some(func))) => Some(func),

@@ -241,16 +241,17 @@ fn evaluate(app: &App) {
             notes.push(note);
         }
         drop(state);
+        for note in &notes {
+            if let Err(e) = raise_or_mitigate(p.store.as_ref(), name, note) {
+                eprintln!("weir: alert not kept in an incident ({e}): {note}");
+            }
+        }
+        // The named checks raise and mitigate their incidents as they are judged.
         notes.extend(crate::checks::evaluate(app, name, p, &status, now));
         for note in notes {
             // Kept in the pipeline's store, so the incident list outlives a restart.
             if let Err(e) = p.store.record_incident(name, now, &note.to_string()) {
                 eprintln!("weir: alert notification not kept in the store ({e}): {note}");
-            }
-            if note.get("check").is_some() {
-                // A check's incident was raised or mitigated as it was judged.
-            } else if let Err(e) = raise_or_mitigate(p.store.as_ref(), name, &note) {
-                eprintln!("weir: alert not kept in an incident ({e}): {note}");
             }
             if let Some(url) = &webhook {
                 notify(app, url, note);
