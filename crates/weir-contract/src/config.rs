@@ -42,6 +42,14 @@
 //! [postgres]                    # results and checkpoints in PostgreSQL
 //! url = "host=127.0.0.1 user=postgres dbname=test"
 //! schema = "weir"
+//!
+//! [otel]                        # OpenTelemetry: metrics and traces over OTLP/HTTP
+//! endpoint = "http://127.0.0.1:4318" # the collector; /v1/metrics and /v1/traces are added
+//! protocol = "http/protobuf"    # or "http/json"
+//! interval = "60s"              # metrics are exported this often (spans at most 5 s after they end)
+//! service_name = "weir"         # the resource's service.name
+//! [otel.headers]                # sent with every export, e.g. a collector's token
+//! authorization = "Bearer ..."
 //! ```
 
 use std::collections::BTreeMap;
@@ -98,6 +106,33 @@ pub struct ServerConfig {
     /// The file holding the audit log's HMAC key (kept outside the data
     /// folder, so whoever can edit `weir.db` cannot recompute the chain).
     pub audit_key_file: Option<String>,
+    /// `[otel]`: where metrics and traces are exported over OTLP.
+    pub otel: Option<OtelConfig>,
+}
+
+/// `[otel]`: an OpenTelemetry collector that weir pushes metrics and
+/// traces to over OTLP/HTTP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtelConfig {
+    /// The collector's base URL (`http://` or `https://`); the signal's
+    /// path (`/v1/metrics`, `/v1/traces`) is added, as
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` is read.
+    pub endpoint: String,
+    pub protocol: OtelProtocol,
+    /// How often metrics are exported.
+    pub interval_ms: i64,
+    pub service_name: String,
+    /// Headers sent with every export.
+    pub headers: BTreeMap<String, String>,
+}
+
+/// OTLP's encodings over HTTP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtelProtocol {
+    /// `http/protobuf` (OTLP's default).
+    Protobuf,
+    /// `http/json`.
+    Json,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,6 +202,7 @@ impl Default for ServerConfig {
             public_metrics: false,
             allow_link_local_webhooks: false,
             audit_key_file: None,
+            otel: None,
         }
     }
 }
@@ -195,10 +231,12 @@ const TOP_KEYS: &[&str] = &[
     "kafka",
     "postgres",
     "auth",
+    "otel",
 ];
 const AUTH_KEYS: &[&str] = &["public_metrics"];
 const KAFKA_KEYS: &[&str] = &["brokers", "group", "config"];
 const POSTGRES_KEYS: &[&str] = &["url", "schema"];
+const OTEL_KEYS: &[&str] = &["endpoint", "protocol", "interval", "service_name", "headers"];
 const TOPIC_KEYS: &[&str] =
     &["partitions", "key", "retention", "max_event_bytes", "max_depth", "max_fields", "max_key_bytes"];
 
@@ -296,6 +334,10 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         Some(t) => read_postgres(r, t),
         None => Some(None),
     };
+    let otel = match r.table(root, "otel", false) {
+        Some(t) => read_otel(r, t),
+        None => Some(None),
+    };
     let mut allow_link_local_webhooks = false;
     if let Some(item) = root.get("allow_link_local_webhooks") {
         match item.as_bool() {
@@ -326,6 +368,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         allow_link_local_webhooks,
         kafka: kafka?,
         postgres: postgres?,
+        otel: otel?,
         listen,
         idle_timeout_ms: idle?.unwrap_or(defaults.idle_timeout_ms),
         checkpoint_interval_ms: interval?.unwrap_or(defaults.checkpoint_interval_ms),
@@ -397,6 +440,77 @@ fn read_postgres(r: &mut Reader<'_>, t: &Table) -> Option<Option<PostgresConfig>
         return None;
     }
     Some(Some(PostgresConfig { url: url?, schema }))
+}
+
+fn read_otel(r: &mut Reader<'_>, t: &Table) -> Option<Option<OtelConfig>> {
+    r.unknown_keys(t, "otel", OTEL_KEYS);
+    let endpoint = r.string(t, "otel", "endpoint", true);
+    let protocol = r.string(t, "otel", "protocol", false);
+    let interval = r.duration(t, "otel", "interval");
+    let service_name = r.string(t, "otel", "service_name", false).unwrap_or_else(|| "weir".into());
+    let span = |key: &str| t.get(key).and_then(Item::span);
+    let mut ok = true;
+    if let Some(url) = &endpoint {
+        let rest = url.strip_prefix("http://").or_else(|| url.strip_prefix("https://"));
+        if rest.is_none_or(|host| host.is_empty() || host.starts_with('/')) {
+            r.error(
+                span("endpoint"),
+                "otel.endpoint",
+                "must be the collector's http:// or https:// URL, such as \"http://127.0.0.1:4318\" (the signal's path is added)",
+            );
+            ok = false;
+        }
+    }
+    let protocol = match protocol.as_deref() {
+        None | Some("http/protobuf") => OtelProtocol::Protobuf,
+        Some("http/json") => OtelProtocol::Json,
+        Some(other) => {
+            r.error(
+                span("protocol"),
+                "otel.protocol",
+                format!(
+                    "{other:?} is not an OTLP/HTTP encoding: write \"http/protobuf\" (the default) or \"http/json\""
+                ),
+            );
+            ok = false;
+            OtelProtocol::Protobuf
+        }
+    };
+    if let Some(Some(ms)) = interval {
+        if !(1_000..=3_600_000).contains(&ms) {
+            r.error(span("interval"), "otel.interval", "must be between 1s and 1h");
+            ok = false;
+        }
+    }
+    let mut headers = BTreeMap::new();
+    if let Some(h) = r.table(t, "headers", false) {
+        for (name, item) in h.iter() {
+            let valid_name = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+            match item.as_str() {
+                Some(v) if valid_name && !v.bytes().any(|b| b == b'\r' || b == b'\n') => {
+                    headers.insert(name.to_ascii_lowercase(), v.to_owned());
+                }
+                _ => {
+                    r.error(
+                        item.span(),
+                        &format!("otel.headers.{name}"),
+                        "must be a string on one line, under a header name of letters, digits, - and _",
+                    );
+                    ok = false;
+                }
+            }
+        }
+    }
+    let (endpoint, interval) = (endpoint?, interval?);
+    ok.then(|| {
+        Some(OtelConfig {
+            endpoint: endpoint.trim_end_matches('/').to_owned(),
+            protocol,
+            interval_ms: interval.unwrap_or(60_000),
+            service_name,
+            headers,
+        })
+    })
 }
 
 fn read_topic(r: &mut Reader<'_>, t: &Table, name: &str) -> Option<TopicConfig> {

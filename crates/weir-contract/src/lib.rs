@@ -13,7 +13,7 @@ mod rule;
 mod time_format;
 
 pub use checks::{fields_of, Check, CheckKind, Severity, VolumePeriod};
-pub use config::{KafkaConfig, PostgresConfig, ServerConfig, TopicConfig};
+pub use config::{KafkaConfig, OtelConfig, OtelProtocol, PostgresConfig, ServerConfig, TopicConfig};
 pub use contract::{
     overlaps, AggFn, Aggregate, Alerts, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Limits, OnConflict,
     Pipeline, Promote, Reconcile, Sink, Source, SourceKind, SystemOfRecord, WindowKind, WindowSpec, MAX_DEPTH,

@@ -1,6 +1,6 @@
 //! `weir.toml`: what parses, and how each mistake is refused.
 
-use weir_contract::ServerConfig;
+use weir_contract::{OtelProtocol, ServerConfig};
 
 #[test]
 fn a_full_config_parses_and_missing_topics_get_defaults() {
@@ -75,6 +75,50 @@ url = "host=127.0.0.1 user=postgres dbname=test"
         ),
         ("[postgres]\nschema = \"w\"\n", "`postgres.url`"),
         ("[postgres]\nurl = \"u\"\nschema = \"x; drop\"\n", "weir.toml:3: `postgres.schema`: must be letters"),
+    ];
+    for (text, expected) in cases {
+        let err = ServerConfig::parse("weir.toml", text).unwrap_err().to_string();
+        assert!(err.contains(expected), "{text:?}: got {err}");
+    }
+}
+
+#[test]
+fn the_otel_section() {
+    let text = r#"
+[otel]
+endpoint = "https://collector.example:4318/"
+protocol = "http/json"
+interval = "15s"
+[otel.headers]
+Authorization = "Bearer abc"
+"#;
+    let c = ServerConfig::parse("weir.toml", text).unwrap();
+    let o = c.otel.unwrap();
+    assert_eq!(o.endpoint, "https://collector.example:4318", "one trailing / is dropped: the signal's path is added");
+    assert_eq!((o.protocol, o.interval_ms, o.service_name.as_str()), (OtelProtocol::Json, 15_000, "weir"));
+    assert_eq!(o.headers.get("authorization").map(String::as_str), Some("Bearer abc"));
+    let plain = ServerConfig::parse("weir.toml", "[otel]\nendpoint = \"http://127.0.0.1:4318\"\n").unwrap();
+    let o = plain.otel.unwrap();
+    assert_eq!((o.protocol, o.interval_ms), (OtelProtocol::Protobuf, 60_000), "OTLP's defaults");
+    let cases = [
+        ("[otel]\nprotocol = \"http/json\"\n", "`otel.endpoint`"),
+        (
+            "[otel]\nendpoint = \"127.0.0.1:4318\"\n",
+            "weir.toml:2: `otel.endpoint`: must be the collector's http:// or https:// URL",
+        ),
+        (
+            "[otel]\nendpoint = \"http://c:4318\"\nprotocol = \"grpc\"\n",
+            "weir.toml:3: `otel.protocol`: \"grpc\" is not an OTLP/HTTP encoding",
+        ),
+        (
+            "[otel]\nendpoint = \"http://c:4318\"\ninterval = \"10ms\"\n",
+            "weir.toml:3: `otel.interval`: must be between 1s and 1h",
+        ),
+        (
+            "[otel]\nendpoint = \"http://c:4318\"\n[otel.headers]\nx = 3\n",
+            "weir.toml:4: `otel.headers.x`: must be a string",
+        ),
+        ("[otel]\nendpoint = \"http://c:4318\"\nport = 1\n", "weir.toml:3: `otel.port`: unknown key"),
     ];
     for (text, expected) in cases {
         let err = ServerConfig::parse("weir.toml", text).unwrap_err().to_string();

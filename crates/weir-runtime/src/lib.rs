@@ -22,6 +22,7 @@ pub mod reconcile;
 pub mod runner;
 pub mod sink;
 pub mod status;
+pub mod telemetry;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;

@@ -51,6 +51,7 @@ use weir_store::checkpoint::{CheckpointError, Checkpoints, Scope, Write};
 use weir_store::{Replay, VersionState};
 
 use crate::status::{KafkaPartition, Status};
+use crate::telemetry;
 use crate::{lock, supervise, Clock, KeepPublished, SystemClock};
 
 /// Records a source is asked for in one step, by default (the log reads
@@ -703,11 +704,17 @@ impl Run {
                 .map(|(s, _)| *s)
                 .collect();
             for scope in ready {
-                let started = Instant::now();
-                if held.commit(scope, None, clock.wall_ms())? {
-                    lock(&r.status).checkpoint_duration.observe(started.elapsed().as_secs_f64());
+                let (started, began_ms) = (Instant::now(), clock.wall_ms());
+                let size = held.units.get(&scope).map(|u| (u.since, u.out.rows.len(), u.out.ledger.len()));
+                let committed = held.commit(scope, None, began_ms)?;
+                let took = started.elapsed();
+                if committed {
+                    lock(&r.status).checkpoint_duration.observe(took.as_secs_f64());
                     checkpointed.extend(held.units.get(&scope).map(Unit::offsets).unwrap_or_default());
                 }
+                let (events, rows, ledger) = size.unwrap_or_default();
+                let span = telemetry::Checkpoint { scope, events, rows, ledger, committed };
+                span.record(&r.contract, began_ms, took);
             }
         }
         let any_checkpoint = !checkpointed.is_empty();

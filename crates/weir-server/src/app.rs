@@ -47,6 +47,8 @@ pub struct App {
     pub backfill_inputs: BTreeMap<String, weir_runtime::backfill::InputFor>,
     /// Notifications for the owners (a failed reconciliation), sent by the alert loop.
     pub notes: weir_runtime::backfill::Notes,
+    /// Requests to the OpenTelemetry collector, by signal and outcome.
+    pub otel_exports: Arc<crate::otel::Exports>,
 }
 
 /// The places of the request gates (see `http::gate`).
@@ -86,6 +88,7 @@ impl App {
             versions: Mutex::new(crate::versions::VersionWatch::default()),
             backfill_inputs: BTreeMap::new(),
             notes: weir_runtime::backfill::Notes::default(),
+            otel_exports: Arc::default(),
         }
     }
 

@@ -77,6 +77,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics::metrics))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&app), whole_body))
+        .layer(axum::middleware::from_fn(crate::otel::traced))
         .layer(auth)
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&app), gate))
         .with_state(app)

@@ -24,6 +24,7 @@ mod http;
 mod incidents;
 pub mod listen;
 mod metrics;
+mod otel;
 mod pipelines;
 mod provenance;
 mod readers;
@@ -291,6 +292,9 @@ pub async fn serve(
         }
     }
     let config = Arc::new(opts.config);
+    // Before any pipeline starts, so their checkpoint spans reach the collector.
+    let otel_exports = Arc::new(otel::Exports::default());
+    let otel = config.otel.as_ref().map(|o| otel::install(o, &otel_exports)).transpose()?;
     let mut topics: BTreeMap<String, u32> = config.topics.iter().map(|(n, t)| (n.clone(), t.partitions)).collect();
     for c in &opts.contracts {
         topics.entry(c.source.topic.clone()).or_insert(1);
@@ -533,7 +537,16 @@ pub async fn serve(
     app.producers = producers;
     app.backfill_inputs = backfill_inputs;
     app.notes = notes;
+    app.otel_exports = otel_exports;
     let app = Arc::new(app);
+    let otel_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let otel = match otel {
+        Some(o) => {
+            let (app, stop) = (Arc::clone(&app), Arc::clone(&otel_stop));
+            Some(std::thread::Builder::new().name("weir-otel".into()).spawn(move || o.run(app, stop))?)
+        }
+        None => None,
+    };
     let alerting = tokio::spawn(alerts::run(Arc::clone(&app)));
     // Ledger payloads past retention: the topic's (weir.toml), or weir.toml's
     // shorter cap; in SQLite, or in Postgres for pipelines on Kafka.
@@ -567,6 +580,11 @@ pub async fn serve(
     let _ = alerting.await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     for t in threads {
+        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    }
+    // Last, so the final checkpoints' spans and metrics are sent.
+    otel_stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    if let Some(t) = otel {
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
     }
     // A pooled Postgres client closes by blocking on its connection: the

@@ -23,9 +23,9 @@ use weir_store::tokens::Role;
 use crate::app::{forbidden, App, Caller};
 use crate::report::report;
 
-type Labels = Vec<(String, String)>;
+pub(crate) type Labels = Vec<(String, String)>;
 
-enum Value {
+pub(crate) enum Value {
     Counter(u64),
     CounterF(f64),
     Gauge(i64),
@@ -34,16 +34,16 @@ enum Value {
 
 /// One metric family: its name (a counter's without `_total`, which the
 /// encoder adds), help, and samples by label set.
-struct Family {
-    name: &'static str,
-    help: &'static str,
-    samples: Vec<(Labels, Value)>,
+pub(crate) struct Family {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub samples: Vec<(Labels, Value)>,
 }
 
 /// Every family of one scrape, in the order first added.
 #[derive(Default)]
-struct Scrape {
-    families: Vec<Family>,
+pub(crate) struct Scrape {
+    pub families: Vec<Family>,
 }
 
 impl std::fmt::Debug for Scrape {
@@ -134,6 +134,21 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>, caller: Option<Extensio
             return forbidden(&app, caller, "read /metrics").into_response();
         }
     }
+    // A token's own pipelines only; everyone's when metrics are public and asked without one.
+    let m = scrape(&app, &|name| caller.as_ref().is_none_or(|Extension(c)| c.grant.may_read(name)));
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(m));
+    let mut text = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &registry) {
+        return crate::app::ApiError(axum::http::StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}"))
+            .into_response();
+    }
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}
+
+/// Every metric of the server and of the pipelines `shown` lets through:
+/// what `/metrics` encodes and `otel` exports.
+pub(crate) fn scrape(app: &App, shown: &dyn Fn(&str) -> bool) -> Scrape {
     let mut m = Scrape::default();
     for (labels, n) in lock(&app.denied).iter() {
         m.counter(
@@ -160,6 +175,14 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>, caller: Option<Extensio
         log.busy,
     );
     m.gauge("weir_log_healthy", "1 while the log accepts writes.", vec![], i64::from(app.log.unhealthy().is_none()));
+    for ((signal, outcome), n) in app.otel_exports.totals() {
+        m.counter(
+            "weir_otel_exports",
+            "Requests to the OpenTelemetry collector ([otel] in weir.toml), by signal and outcome.",
+            vec![label("signal", signal), label("outcome", outcome)],
+            n,
+        );
+    }
     let durable = lock(&app.durable).clone();
     m.histogram(
         "weir_ingest_durable_latency_seconds",
@@ -167,8 +190,6 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>, caller: Option<Extensio
         vec![],
         &durable,
     );
-    // A token's own pipelines only; everyone's when metrics are public and asked without one.
-    let shown = |name: &str| caller.as_ref().is_none_or(|Extension(c)| c.grant.may_read(name));
     for (name, p) in app.pipelines.iter().filter(|(name, _)| shown(name)) {
         let s = report(&app.log, &app.watch, name, p);
         let base = vec![label("pipeline", name), label("messaging_destination_name", &p.contract().source.topic)];
@@ -346,14 +367,7 @@ pub(crate) async fn metrics(State(app): State<Arc<App>>, caller: Option<Extensio
             }
         }
     }
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(m));
-    let mut text = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &registry) {
-        return crate::app::ApiError(axum::http::StatusCode::INTERNAL_SERVER_ERROR, format!("encoding metrics: {e}"))
-            .into_response();
-    }
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+    m
 }
 
 fn clamp(n: u64) -> i64 {

@@ -609,3 +609,180 @@ fn the_review_of_a_month_agrees_with_the_ledger_and_the_stored_checks() {
         assert!(!html.contains("src=") && !html.contains("href="), "self-contained: {html}");
     }
 }
+
+/// An OTLP/HTTP collector: every request's path and JSON body, in order.
+fn collector() -> (String, std::sync::mpsc::Receiver<(String, Value)>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let (mut first, mut length, mut json) = (String::new(), 0, false);
+            if reader.read_line(&mut first).unwrap_or(0) == 0 {
+                continue;
+            }
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                let line = line.to_ascii_lowercase();
+                if let Some(v) = line.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                json |= line.starts_with("content-type: application/json");
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_err() {
+                continue;
+            }
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}");
+            let path = first.split(' ').nth(1).unwrap_or_default().to_owned();
+            let value = if json { serde_json::from_slice(&body).unwrap_or(Value::Null) } else { Value::Null };
+            let _ = tx.send((path, value));
+        }
+    });
+    (url, rx)
+}
+
+/// An OTLP attribute's value as text (ints may come as strings or numbers).
+fn attr(attributes: &Value, key: &str) -> Option<String> {
+    let a = attributes.as_array()?.iter().find(|a| a["key"] == key)?;
+    let v = a["value"].as_object()?.values().next()?;
+    Some(v.as_str().map_or_else(|| v.to_string(), str::to_owned))
+}
+
+/// Text of an OTLP number that may be a string or a number.
+fn num(v: &Value) -> u64 {
+    v.as_str().map_or_else(|| v.as_u64(), |s| s.parse().ok()).unwrap_or(0)
+}
+
+#[test]
+fn metrics_and_traces_of_checkpoints_and_operator_actions_reach_an_otel_collector() {
+    for topology in Topology::both("otel") {
+        let name = topology.name();
+        let (url, received) = collector();
+        let s = Scratch::new("otel");
+        let otel = format!("[otel]\nendpoint = \"{url}\"\nprotocol = \"http/json\"\ninterval = \"1s\"\n");
+        let config = topology.config(("payments", 1, "acct"), &otel);
+        let root = topology.folder(&s, "server", &[("paid.toml", PAYMENTS)], &config);
+        let (_server, base) = topology.serve(&root);
+        let minute = (weir_log::now_ms() - 10 * 60_000) / 60_000 * 60_000;
+        let payments: Vec<String> = (1..=3).map(|i| payment(&format!("p{i}"), minute + i * 1_000, "2.50")).collect();
+        post(&base, &payments);
+        wait_read(&base, 3);
+        let why = r#"{"why":"rehearse the collector"}"#;
+        for action in ["pause", "resume"] {
+            let (code, body) = call("POST", &format!("{base}/v1/pipelines/paid/{action}"), Some(why));
+            assert_eq!(code, 200, "{name}: {body}");
+        }
+        let (code, _) = call("POST", &format!("{base}/v1/pipelines/paid/pause"), Some("{}"));
+        assert_eq!(code, 400, "{name}: a pause without why is refused");
+
+        // What the collector must get: the pipeline's counters, gauges and
+        // histograms; a span for every checkpoint, together covering the
+        // three events; a server span for each action, refused or not.
+        let (mut read, mut latency, mut lag, mut service) = (None, None, false, None);
+        let (mut checkpointed, mut actions) = (0, Vec::new());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while read != Some(3) || latency.is_none() || !lag || checkpointed < 3 || actions.len() < 3 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok((path, body)) = received.recv_timeout(left) else {
+                panic!("{name}: the collector got read {read:?}, latency {latency:?}, lag {lag}, {checkpointed} events checkpointed, actions {actions:?}");
+            };
+            assert!(!body.is_null(), "{name}: {path} was not OTLP JSON");
+            if path == "/v1/metrics" {
+                let rm = &body["resourceMetrics"][0];
+                service = attr(&rm["resource"]["attributes"], "service.name");
+                for m in rm["scopeMetrics"][0]["metrics"].as_array().unwrap() {
+                    let points = ["sum", "gauge", "histogram"].iter().find_map(|k| m[k]["dataPoints"].as_array());
+                    let Some(p) = points.and_then(|ps| {
+                        ps.iter().find(|p| attr(&p["attributes"], "weir.pipeline").as_deref() == Some("paid"))
+                    }) else {
+                        continue;
+                    };
+                    assert_eq!(
+                        attr(&p["attributes"], "messaging.destination.name").as_deref(),
+                        Some("payments"),
+                        "{name}: {m}"
+                    );
+                    match m["name"].as_str().unwrap() {
+                        "weir.events.read" => {
+                            assert_eq!(m["sum"]["isMonotonic"], true, "{name}: {m}");
+                            read = Some(num(&p["asInt"]));
+                        }
+                        "weir.processing.latency" if num(&p["count"]) == 3 => {
+                            assert_eq!(m["unit"], "s", "{name}: {m}");
+                            let buckets: u64 = p["bucketCounts"].as_array().unwrap().iter().map(num).sum();
+                            assert_eq!(buckets, 3, "{name}: every event in a bucket: {m}");
+                            latency = p["sum"].as_f64();
+                        }
+                        "weir.consumer.lag.records" => {
+                            assert_eq!(num(&p["asInt"]), 0, "{name}: {m}");
+                            lag = true;
+                        }
+                        _ => {}
+                    }
+                }
+            } else {
+                assert_eq!(path, "/v1/traces", "{name}");
+                for span in body["resourceSpans"][0]["scopeSpans"].as_array().unwrap().iter().flat_map(|s| {
+                    assert_eq!(s["scope"]["name"], "weir", "{name}");
+                    s["spans"].as_array().unwrap().iter()
+                }) {
+                    let a = &span["attributes"];
+                    match span["name"].as_str().unwrap() {
+                        "checkpoint" => {
+                            assert_eq!(attr(a, "weir.pipeline").as_deref(), Some("paid"), "{name}: {span}");
+                            assert_eq!(attr(a, "weir.contract.version").as_deref(), Some("1"), "{name}: {span}");
+                            assert_eq!(attr(a, "messaging.destination.name").as_deref(), Some("payments"), "{name}");
+                            let events: u64 = attr(a, "weir.checkpoint.events").unwrap().parse().unwrap();
+                            checkpointed += events;
+                            assert!(num(&span["endTimeUnixNano"]) >= num(&span["startTimeUnixNano"]), "{name}: {span}");
+                        }
+                        other => {
+                            let action = attr(a, "url.path").unwrap_or_default().rsplit('/').next().map(str::to_owned);
+                            let route = format!("POST /v1/pipelines/{{name}}/{}", action.unwrap_or_default());
+                            assert_eq!(other, route, "{name}: named by its method and route");
+                            assert_eq!(span["kind"], 2, "{name}: a server span: {span}");
+                            assert_eq!(attr(a, "weir.pipeline").as_deref(), Some("paid"), "{name}: {span}");
+                            assert_eq!(attr(a, "http.request.method").as_deref(), Some("POST"), "{name}");
+                            actions.push((
+                                attr(a, "url.path").unwrap(),
+                                attr(a, "http.response.status_code").unwrap(),
+                                attr(a, "user.id").unwrap_or_default(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(service.as_deref(), Some("weir"), "{name}");
+        assert!(latency.is_some_and(|s| s >= 0.0), "{name}");
+        assert_eq!(checkpointed, 3, "{name}: the checkpoints' spans cover each event once");
+        let paths: Vec<(&str, &str)> = actions.iter().map(|(p, c, _)| (p.as_str(), c.as_str())).collect();
+        assert_eq!(
+            paths,
+            [
+                ("/v1/pipelines/paid/pause", "200"),
+                ("/v1/pipelines/paid/resume", "200"),
+                ("/v1/pipelines/paid/pause", "400")
+            ],
+            "{name}"
+        );
+        // Who acted is the token the audit log names.
+        let audit = json_lines(&get(&format!("{base}/v1/audit")));
+        let paused = audit.iter().find(|e| e["action"] == "pause").unwrap_or_else(|| panic!("{name}: {audit:?}"));
+        assert_eq!(Some(actions[0].2.as_str()), paused["who"].as_str(), "{name}");
+        let text = get(&format!("{base}/metrics"));
+        assert!(
+            text.lines().any(|l| l.starts_with("weir_otel_exports_total{")
+                && l.contains("signal=\"metrics\"")
+                && l.contains("outcome=\"ok\"")),
+            "{name}: {text}"
+        );
+    }
+}
