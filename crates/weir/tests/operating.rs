@@ -610,44 +610,6 @@ fn the_review_of_a_month_agrees_with_the_ledger_and_the_stored_checks() {
     }
 }
 
-/// An OTLP/HTTP collector: every request's path and JSON body, in order.
-fn collector() -> (String, std::sync::mpsc::Receiver<(String, Value)>) {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let (mut first, mut length, mut json) = (String::new(), 0, false);
-            if reader.read_line(&mut first).unwrap_or(0) == 0 {
-                continue;
-            }
-            loop {
-                let mut line = String::new();
-                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                let line = line.to_ascii_lowercase();
-                if let Some(v) = line.strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-                json |= line.starts_with("content-type: application/json");
-            }
-            let mut body = vec![0; length];
-            if reader.read_exact(&mut body).is_err() {
-                continue;
-            }
-            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}");
-            let path = first.split(' ').nth(1).unwrap_or_default().to_owned();
-            let value = if json { serde_json::from_slice(&body).unwrap_or(Value::Null) } else { Value::Null };
-            let _ = tx.send((path, value));
-        }
-    });
-    (url, rx)
-}
-
 /// An OTLP attribute's value as text (ints may come as strings or numbers).
 fn attr(attributes: &Value, key: &str) -> Option<String> {
     let a = attributes.as_array()?.iter().find(|a| a["key"] == key)?;
@@ -664,7 +626,7 @@ fn num(v: &Value) -> u64 {
 fn metrics_and_traces_of_checkpoints_and_operator_actions_reach_an_otel_collector() {
     for topology in Topology::both("otel") {
         let name = topology.name();
-        let (url, received) = collector();
+        let (url, received) = common::listener();
         let s = Scratch::new("otel");
         let otel = format!("[otel]\nendpoint = \"{url}\"\nprotocol = \"http/json\"\ninterval = \"1s\"\n");
         let config = topology.config(("payments", 1, "acct"), &otel);
@@ -690,10 +652,11 @@ fn metrics_and_traces_of_checkpoints_and_operator_actions_reach_an_otel_collecto
         let deadline = Instant::now() + Duration::from_secs(60);
         while read != Some(3) || latency.is_none() || !lag || checkpointed < 3 || actions.len() < 3 {
             let left = deadline.saturating_duration_since(Instant::now());
-            let Ok((path, body)) = received.recv_timeout(left) else {
+            let Ok(common::Received { path, json, body }) = received.recv_timeout(left) else {
                 panic!("{name}: the collector got read {read:?}, latency {latency:?}, lag {lag}, {checkpointed} events checkpointed, actions {actions:?}");
             };
-            assert!(!body.is_null(), "{name}: {path} was not OTLP JSON");
+            assert!(json, "{name}: {path} was not OTLP JSON");
+            let body: Value = serde_json::from_slice(&body).unwrap();
             if path == "/v1/metrics" {
                 let rm = &body["resourceMetrics"][0];
                 service = attr(&rm["resource"]["attributes"], "service.name");

@@ -274,40 +274,77 @@ pub fn json_lines(text: &str) -> Vec<Value> {
     text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
 }
 
-/// A webhook receiver: every POST body, in order.
 /// The body of one HTTP/1.1 request read from `reader` (its head up to the
 /// blank line, then `Content-Length` bytes); `None` if it ends first.
 pub fn request_body(reader: &mut impl std::io::BufRead) -> Option<Vec<u8>> {
-    let mut length = 0;
+    request(reader).map(|r| r.body)
+}
+
+/// One request a [`listener`] got.
+pub struct Received {
+    pub path: String,
+    /// Whether its `Content-Type` is JSON.
+    pub json: bool,
+    pub body: Vec<u8>,
+}
+
+/// One HTTP/1.1 request read from `reader`; `None` if it ends first.
+fn request(reader: &mut impl std::io::BufRead) -> Option<Received> {
+    let mut first = String::new();
+    if reader.read_line(&mut first).ok()? == 0 {
+        return None;
+    }
+    let (mut length, mut json) = (0, false);
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
             break;
         }
-        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+        let line = line.to_ascii_lowercase();
+        if let Some(v) = line.strip_prefix("content-length:") {
             length = v.trim().parse().unwrap_or(0);
         }
+        json |= line.starts_with("content-type: application/json");
     }
     let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok().map(|()| body)
+    reader.read_exact(&mut body).ok()?;
+    let path = first.split(' ').nth(1).unwrap_or_default().to_owned();
+    Some(Received { path, json, body })
 }
 
-pub fn receiver() -> (String, std::sync::mpsc::Receiver<Value>) {
+/// An HTTP server on loopback answering every request 200 `{}` (a webhook,
+/// an OpenTelemetry collector): its base URL, and every request, in order.
+pub fn listener() -> (String, std::sync::mpsc::Receiver<Received>) {
     use std::io::{BufReader, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let url = format!("http://{}", listener.local_addr().unwrap());
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             let mut reader = BufReader::new(stream.try_clone().unwrap());
-            if let Some(body) = request_body(&mut reader) {
-                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-                if let Ok(v) = serde_json::from_slice(&body) {
-                    let _ = tx.send(v);
-                }
+            if let Some(r) = request(&mut reader) {
+                let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+                let _ = stream.write_all(answer.as_bytes());
+                let _ = tx.send(r);
             }
         }
     });
     (url, rx)
+}
+
+/// A webhook receiver: every POST body that is JSON, in order.
+pub fn receiver() -> (String, std::sync::mpsc::Receiver<Value>) {
+    let (base, requests) = listener();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for r in requests {
+            if let Ok(v) = serde_json::from_slice(&r.body) {
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    (format!("{base}/hook"), rx)
 }
