@@ -370,6 +370,6 @@ pub(crate) fn scrape(app: &App, shown: &dyn Fn(&str) -> bool) -> Scrape {
     m
 }
 
-fn clamp(n: u64) -> i64 {
+pub(crate) fn clamp(n: u64) -> i64 {
     n.min(i64::MAX as u64) as i64
 }

@@ -47,7 +47,7 @@ use weir_runtime::lock;
 use weir_runtime::telemetry::SCOPE;
 
 use crate::app::{App, Caller};
-use crate::metrics::{scrape, Scrape, Value};
+use crate::metrics::{clamp, scrape, Scrape, Value};
 
 /// Export requests by signal (`metrics`, `traces`) and outcome (`ok`,
 /// `failed`), and which signals are failing now (to log a change once).
@@ -257,28 +257,21 @@ pub(crate) fn request(
             let attributes = |labels: &[(String, String)]| -> Vec<common::KeyValue> {
                 labels.iter().map(|(k, v)| attribute(&attribute_name(k), v)).collect()
             };
-            let number = |labels: &[(String, String)], value: proto::number_data_point::Value| proto::NumberDataPoint {
+            let number = |labels: &[(String, String)], value: &Value| proto::NumberDataPoint {
                 attributes: attributes(labels),
                 start_time_unix_nano: started_ns,
                 time_unix_nano: now_ns,
-                value: Some(value),
+                value: Some(match value {
+                    Value::CounterF(x) => proto::number_data_point::Value::AsDouble(*x),
+                    Value::Counter(n) => proto::number_data_point::Value::AsInt(clamp(*n)),
+                    Value::Gauge(n) => proto::number_data_point::Value::AsInt(*n),
+                    Value::Histogram(h) => proto::number_data_point::Value::AsInt(clamp(h.count)),
+                }),
                 ..Default::default()
             };
             let data = match family.samples.first().map(|(_, v)| v) {
                 Some(Value::Counter(_) | Value::CounterF(_)) => proto::metric::Data::Sum(proto::Sum {
-                    data_points: family
-                        .samples
-                        .iter()
-                        .map(|(labels, value)| {
-                            let v = match value {
-                                Value::CounterF(x) => proto::number_data_point::Value::AsDouble(*x),
-                                Value::Counter(n) => proto::number_data_point::Value::AsInt(clamp(*n)),
-                                Value::Gauge(n) => proto::number_data_point::Value::AsInt(*n),
-                                Value::Histogram(h) => proto::number_data_point::Value::AsInt(clamp(h.count)),
-                            };
-                            number(labels, v)
-                        })
-                        .collect(),
+                    data_points: family.samples.iter().map(|(labels, value)| number(labels, value)).collect(),
                     aggregation_temporality: cumulative,
                     is_monotonic: true,
                 }),
@@ -303,19 +296,7 @@ pub(crate) fn request(
                     aggregation_temporality: cumulative,
                 }),
                 _ => proto::metric::Data::Gauge(proto::Gauge {
-                    data_points: family
-                        .samples
-                        .iter()
-                        .map(|(labels, value)| {
-                            let n = match value {
-                                Value::Gauge(n) => *n,
-                                Value::Counter(n) => clamp(*n),
-                                Value::CounterF(x) => *x as i64,
-                                Value::Histogram(h) => clamp(h.count),
-                            };
-                            number(labels, proto::number_data_point::Value::AsInt(n))
-                        })
-                        .collect(),
+                    data_points: family.samples.iter().map(|(labels, value)| number(labels, value)).collect(),
                 }),
             };
             proto::Metric {
@@ -373,10 +354,6 @@ fn attribute(key: &str, value: &str) -> common::KeyValue {
 
 fn nanos(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-}
-
-fn clamp(n: u64) -> i64 {
-    n.min(i64::MAX as u64) as i64
 }
 
 /// An HTTP server span (the semantic conventions' `{method} {route}`)
