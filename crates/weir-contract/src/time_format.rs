@@ -186,6 +186,18 @@ impl Pattern {
         };
         Some(instant.timestamp_millis())
     }
+
+    /// `ms` written with the pattern, as local time in `zone` (what a
+    /// drill's events carry); `None` outside chrono's range.
+    pub fn write(&self, ms: i64, zone: Zone) -> Option<String> {
+        let mut out = String::new();
+        let utc = DateTime::from_timestamp_millis(ms)?;
+        let written = match zone {
+            Zone::Utc => write!(out, "{}", utc.format_with_items(self.items.iter())),
+            Zone::Iana(tz) => write!(out, "{}", utc.with_timezone(&tz).format_with_items(self.items.iter())),
+        };
+        written.ok().map(|()| out)
+    }
 }
 
 #[cfg(test)]
@@ -221,6 +233,16 @@ mod tests {
         assert_eq!(p.read("2026-10-25 02:30", berlin), Some(ms("2026-10-25T02:30:00+02:00")));
         // 02:30 on 2026-03-29 does not happen: the earlier of 02:30 CET and 02:30 CEST.
         assert_eq!(p.read("2026-03-29 02:30", berlin), Some(ms("2026-03-29T02:30:00+02:00")));
+    }
+
+    #[test]
+    fn a_pattern_writes_what_it_reads() {
+        let at = ms("2026-03-29T00:30:00.250Z");
+        for (text, zone) in [("%Y-%m-%d %H:%M:%S%.3f", "Europe/Berlin"), ("%d/%m/%Y %H:%M:%S%.3f %z", "UTC")] {
+            let (p, z) = (Pattern::compile(text).unwrap(), Zone::parse(zone).unwrap());
+            let written = p.write(at, z).unwrap();
+            assert_eq!(p.read(&written, z), Some(at), "{text} in {zone}: {written}");
+        }
     }
 
     #[test]

@@ -244,6 +244,21 @@ impl Log {
         Ok(())
     }
 
+    /// Removes `topic` and its files (a drill's copy when the drill ends);
+    /// `false` when there was none. Appends still queued for it fail.
+    pub fn remove_topic(&self, topic: &str) -> Result<bool, LogError> {
+        if !valid_topic(topic) {
+            return Err(LogError::TopicName(topic.to_owned()));
+        }
+        let removed = self.shared.topics.write().unwrap_or_else(|e| e.into_inner()).remove(topic);
+        if removed.is_none() {
+            return Ok(false);
+        }
+        let tdir = self.shared.dir.join(topic);
+        std::fs::remove_dir_all(&tdir).map_err(|e| LogError::io(&tdir, "remove the topic folder", e))?;
+        Ok(true)
+    }
+
     pub fn topics(&self) -> Vec<String> {
         self.shared.topics.read().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
     }

@@ -278,3 +278,22 @@ fn a_full_writer_queue_refuses_appends_at_once_and_takes_them_again_once_it_drai
     assert_eq!(offsets, (0..8).collect::<Vec<u64>>(), "every queued append is written, in order");
     assert_eq!(log.append("t", vec![(0, record.into_bytes())]).unwrap().wait_blocking().unwrap(), vec![(0, 8)]);
 }
+
+#[test]
+fn a_removed_topic_is_gone_with_its_files_and_the_others_stay() {
+    let dir = Dir::new("remove");
+    let log = open(&dir.0, 1 << 20);
+    log.ensure_topic("payments", 1, None).unwrap();
+    log.ensure_topic("payments.drill-1", 2, None).unwrap();
+    append(&log, "payments", &[(0, "a")]).unwrap();
+    append(&log, "payments.drill-1", &[(0, "b"), (1, "c")]).unwrap();
+    assert!(log.remove_topic("payments.drill-1").unwrap());
+    assert!(!dir.0.join("payments.drill-1").exists());
+    assert!(matches!(append(&log, "payments.drill-1", &[(0, "x")]), Err(LogError::NoTopic(_))));
+    assert!(!log.remove_topic("payments.drill-1").unwrap(), "nothing left to remove");
+    assert!(matches!(log.remove_topic("../x"), Err(LogError::TopicName(_))));
+    assert_eq!(payloads(&log, "payments", 0, 0), vec![(0, "a".into())]);
+    drop(log);
+    let log = open(&dir.0, 1 << 20);
+    assert_eq!(log.topics(), ["payments"], "not recovered after a restart");
+}

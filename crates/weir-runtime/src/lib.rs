@@ -14,6 +14,7 @@
 //! by step on a simulated clock.
 
 pub mod backfill;
+pub mod drill;
 pub mod embedded;
 pub mod histogram;
 pub mod kafka;

@@ -30,13 +30,13 @@ use crate::report::{report, Report};
 use crate::watch::Firing;
 use weir_runtime::lock;
 
-struct Check {
-    alert: &'static str,
+pub(crate) struct Check {
+    pub alert: &'static str,
     /// Observed and threshold, comparable.
-    observed: f64,
-    threshold: f64,
-    show: fn(f64) -> String,
-    question: String,
+    pub observed: f64,
+    pub threshold: f64,
+    pub show: fn(f64) -> String,
+    pub question: String,
 }
 
 fn ms(v: f64) -> String {
@@ -50,11 +50,11 @@ fn ratio(v: f64) -> String {
 /// Ledger entries per event read between two samples of (read, ledgered);
 /// none when nothing was read. Counts go back when a partition is handed
 /// over, so a difference is never taken below zero.
-fn ledger_rate((r0, l0): (u64, u64), (r1, l1): (u64, u64)) -> Option<f64> {
+pub(crate) fn ledger_rate((r0, l0): (u64, u64), (r1, l1): (u64, u64)) -> Option<f64> {
     (r1 > r0).then(|| l1.saturating_sub(l0) as f64 / (r1 - r0) as f64)
 }
 
-fn checks(
+pub(crate) fn checks(
     alerts: &Alerts,
     status: &Report,
     ledger_rate: Option<f64>,
@@ -122,6 +122,30 @@ fn checks(
     out
 }
 
+/// The notification of an alert's change (`firing`, `resolved`), as the webhook gets it.
+pub(crate) fn notification(
+    what: &str,
+    c: &Check,
+    (name, pipeline): (&str, &weir_contract::Pipeline),
+    since_ms: i64,
+    now: i64,
+) -> serde_json::Value {
+    serde_json::json!({
+        "status": what,
+        "alert": c.alert,
+        "pipeline": name,
+        "version": pipeline.version,
+        "owner": pipeline.owner,
+        "steward": pipeline.steward,
+        "decision": pipeline.decision,
+        "threshold": (c.show)(c.threshold),
+        "observed": (c.show)(c.observed),
+        "question": c.question,
+        "since": format_rfc3339_ms(since_ms),
+        "at": format_rfc3339_ms(now),
+    })
+}
+
 fn count(v: f64) -> String {
     format!("{}", v.max(0.0) as u64)
 }
@@ -139,7 +163,7 @@ pub async fn run(app: Arc<App>) {
 
 /// Queues `note` on its webhook's own queue (see [`crate::webhooks`]); a
 /// full queue drops its oldest, which is logged and counted.
-fn notify(app: &App, url: &str, note: serde_json::Value) {
+pub(crate) fn notify(app: &App, url: &str, note: serde_json::Value) {
     let (capacity, allow) = (app.config.alert_queue, app.config.allow_link_local_webhooks);
     if let Some(dropped) = app.webhooks.send(url, note, capacity, allow) {
         eprintln!(
@@ -217,21 +241,7 @@ fn evaluate(app: &App) {
             if what == "resolved" {
                 firing.remove(i);
             }
-            let c2 = &p.contract().pipeline;
-            let note = serde_json::json!({
-                "status": what,
-                "alert": c.alert,
-                "pipeline": name,
-                "version": c2.version,
-                "owner": c2.owner,
-                "steward": c2.steward,
-                "decision": c2.decision,
-                "threshold": f.threshold,
-                "observed": (c.show)(c.observed),
-                "question": c.question,
-                "since": format_rfc3339_ms(f.since_ms),
-                "at": format_rfc3339_ms(now),
-            });
+            let note = notification(what, &c, (name, &p.contract().pipeline), f.since_ms, now);
             eprintln!(
                 "weir: alert {what}: {name} {} observed {} (threshold {})",
                 c.alert,

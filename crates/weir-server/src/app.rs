@@ -49,6 +49,10 @@ pub struct App {
     pub notes: weir_runtime::backfill::Notes,
     /// Requests to the OpenTelemetry collector, by signal and outcome.
     pub otel_exports: Arc<crate::otel::Exports>,
+    /// The data folder (drills keep their shadows' stores under `drills/`).
+    pub data: std::path::PathBuf,
+    /// The drill running on each pipeline (one at a time), by id.
+    pub(crate) drills: Mutex<BTreeMap<String, i64>>,
 }
 
 /// The places of the request gates (see `http::gate`).
@@ -89,6 +93,8 @@ impl App {
             backfill_inputs: BTreeMap::new(),
             notes: weir_runtime::backfill::Notes::default(),
             otel_exports: Arc::default(),
+            data: std::path::PathBuf::new(),
+            drills: Mutex::default(),
         }
     }
 

@@ -67,6 +67,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/pipelines/{name}/reconciliations/{id}", get(crate::backfills::reconciliation))
         .route("/v1/pipelines/{name}/checks", get(crate::checks::list))
         .route("/v1/review", get(crate::review::review))
+        .route("/v1/pipelines/{name}/drills", get(crate::drills::list).post(crate::drills::ask))
+        .route("/v1/pipelines/{name}/drills/{id}", get(crate::drills::one))
         .route("/v1/pipelines/{name}/incidents", get(crate::incidents::list).post(crate::incidents::open))
         .route("/v1/pipelines/{name}/incidents/{id}", get(crate::incidents::one))
         .route("/v1/pipelines/{name}/incidents/{id}/notes", axum::routing::post(crate::incidents::note))

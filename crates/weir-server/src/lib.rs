@@ -19,6 +19,7 @@ mod backfills;
 mod checks;
 mod dashboard;
 mod diff;
+mod drills;
 mod events;
 mod http;
 mod incidents;
@@ -538,6 +539,7 @@ pub async fn serve(
     app.backfill_inputs = backfill_inputs;
     app.notes = notes;
     app.otel_exports = otel_exports;
+    app.data = opts.data.clone();
     let app = Arc::new(app);
     let otel_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let otel = match otel {

@@ -9,6 +9,8 @@
 //!   each named check that failed, with its failures;
 //! - the incidents opened in the period or still not resolved, with the
 //!   time to mitigation and to resolution;
+//! - the drills run in the period, each with its verdict, the alerts that
+//!   fired and how fast, and its recovery time;
 //! - the lateness advice for the live version next to its setting;
 //! - the versions promoted in the period.
 
@@ -157,6 +159,24 @@ fn pipeline_review(
             })
         })
         .collect();
+    let drills: Vec<Value> = s
+        .drills(name, None, INCIDENTS)?
+        .iter()
+        .filter(|d| d.started_ms >= since_ms)
+        .map(|d| {
+            let report = d.report.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok()).unwrap_or_default();
+            json!({
+                "id": d.id,
+                "scenario": d.scenario,
+                "started": format_rfc3339_ms(d.started_ms),
+                "who": d.who,
+                "verdict": d.verdict,
+                "alerts": report["alerts"],
+                "recovery_ms": report["recovery_ms"],
+                "failures": report["failures"],
+            })
+        })
+        .collect();
     let headers = s.checkpoint_headers(name, live)?;
     let lateness = match crate::advice::observed(contract, &headers) {
         Ok(seen) => crate::advice::advise(contract, &seen, state_bytes),
@@ -171,6 +191,7 @@ fn pipeline_review(
         "decision": c.decision,
         "exceptions": exceptions,
         "incidents": incidents,
+        "drills": drills,
         "lateness": lateness,
         "versions_promoted": promoted,
         "at": format_rfc3339_ms(now),

@@ -24,6 +24,7 @@ pub mod cases;
 pub mod checkpoint;
 pub mod checks;
 mod digest;
+pub mod drills;
 pub mod idempotency;
 pub mod pg;
 pub mod pg_tls;
@@ -66,6 +67,17 @@ pub enum Act {
     Switch { promote: Option<u32>, who: String, why: String },
     /// A step on an incident: open, note, mitigate, resolve.
     Incident(cases::CaseAct),
+    /// A failure drill asked: kept as running until its verdict.
+    Drill(DrillAsk),
+}
+
+/// A drill as an operator asks it: the scenario, on the live version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrillAsk {
+    pub version: u32,
+    pub scenario: String,
+    pub who: String,
+    pub why: String,
 }
 
 impl Act {
@@ -78,7 +90,7 @@ impl Act {
             Act::Annotate { note, .. } => format!("annotated: {note}"),
             Act::Switch { promote: Some(v), why, .. } => format!("promoted version {v}: {why}"),
             Act::Switch { promote: None, why, .. } => format!("rolled back: {why}"),
-            Act::Incident(_) => return None,
+            Act::Incident(_) | Act::Drill(_) => return None,
         })
     }
 
@@ -108,6 +120,9 @@ pub enum Acted {
     Switched(std::result::Result<(Switch, i64), SwitchError>),
     /// The incident as the step left it, or why nothing was done.
     Incident(std::result::Result<cases::Case, cases::CaseError>),
+    Drill {
+        id: i64,
+    },
 }
 
 impl Acted {
@@ -120,6 +135,7 @@ impl Acted {
             Acted::Switched(Ok((s, seq))) => serde_json::json!({ "from": s.from, "to": s.to, "seq": seq }),
             Acted::Switched(Err(_)) | Acted::Incident(Err(_)) => return None,
             Acted::Incident(Ok(c)) => serde_json::json!({ "incident": c.id, "status": c.status.as_str() }),
+            Acted::Drill { id } => serde_json::json!({ "drill": id }),
         })
     }
 }
@@ -296,6 +312,10 @@ pub trait Store: Send + Sync {
     /// The engine headers of a version's last checkpoints, by partition
     /// (one, numbered 0, where one engine reads the whole topic).
     fn checkpoint_headers(&self, pipeline: &str, version: u32) -> Result<Vec<(u32, Vec<u8>)>>;
+    /// Keeps a drill's verdict (`pass`, `fail`) and report.
+    fn finish_drill(&self, id: i64, verdict: &str, report: &str) -> Result<()>;
+    /// The newest drills first; with `id`, that one only.
+    fn drills(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<drills::Drill>>;
 }
 
 /// The embedded topology's store: `weir.db`, through a pool.
@@ -338,6 +358,7 @@ impl Store for SqliteStore {
                     Acted::Switched(sqlite::switch_version(&tx, pipeline, *promote, who, why)?)
                 }
                 Act::Incident(step) => Acted::Incident(cases::sqlite::act(&tx, pipeline, step, weir_log::now_ms())?),
+                Act::Drill(ask) => Acted::Drill { id: drills::sqlite::start(&tx, pipeline, ask)? },
             };
             if let (Some(text), Some(_)) = (act.timeline(), acted.detail()) {
                 let entry = ("action", act.who(), text.as_str());
@@ -507,6 +528,12 @@ impl Store for SqliteStore {
     fn reconciliations(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<Reconciliation>> {
         self.with(|c| backfill::reconciliations::list_sqlite(c, pipeline, id, limit))
     }
+    fn finish_drill(&self, id: i64, verdict: &str, report: &str) -> Result<()> {
+        self.with(|c| drills::sqlite::finish(c, id, verdict, report))
+    }
+    fn drills(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<drills::Drill>> {
+        self.with(|c| drills::sqlite::list(c, pipeline, id, limit))
+    }
 }
 
 /// The Kafka topology's store: the `[postgres]` schema, through a pool.
@@ -555,6 +582,7 @@ impl Store for PostgresStore {
             Act::Incident(step) => {
                 Acted::Incident(self.with(|c, s| cases::pg::act(c, s, pipeline, step, weir_log::now_ms()))?)
             }
+            Act::Drill(ask) => Acted::Drill { id: self.with(|c, s| drills::pg::start(c, s, pipeline, ask))? },
         };
         if let (Some(text), Some(_)) = (act.timeline(), acted.detail()) {
             self.mark_incidents(pipeline, None, ("action", act.who(), &text), false)?;
@@ -708,5 +736,11 @@ impl Store for PostgresStore {
     }
     fn reconciliations(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<Reconciliation>> {
         self.with(|c, s| backfill::reconciliations::list_pg(c, s, pipeline, id, limit))
+    }
+    fn finish_drill(&self, id: i64, verdict: &str, report: &str) -> Result<()> {
+        self.with(|c, s| drills::pg::finish(c, s, id, verdict, report))
+    }
+    fn drills(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<drills::Drill>> {
+        self.with(|c, s| drills::pg::list(c, s, pipeline, id, limit))
     }
 }

@@ -897,3 +897,115 @@ impl KafkaTarget {
         }
     }
 }
+
+/// What `weir drill` asks.
+pub struct DrillAsk<'a> {
+    pub scenario: &'a str,
+    pub why: &'a str,
+    pub fault: Option<&'a str>,
+    pub recover: Option<&'a str>,
+}
+
+/// `weir drill SCENARIO --pipeline P`: asks the server for a drill, waits
+/// for its verdict and prints the report; a drill that failed exits 1.
+pub fn drill(url: &str, pipeline: &str, a: &DrillAsk<'_>, format: &str) -> Result<(), Failure> {
+    if format != "text" && format != "json" {
+        return Err(Failure::usage(format!("--format {format:?}: use text or json")));
+    }
+    let base = url.trim_end_matches('/');
+    let mut body = serde_json::json!({ "scenario": a.scenario, "why": a.why });
+    if let Some(f) = a.fault {
+        body["for"] = f.into();
+    }
+    if let Some(r) = a.recover {
+        body["recover"] = r.into();
+    }
+    let asked = post_json(&format!("{base}/v1/pipelines/{pipeline}/drills"), &body)?;
+    let Some(id) = asked["drill"].as_i64() else {
+        return Err(Failure::run(anyhow::anyhow!("the server did not say which drill it started: {asked}")));
+    };
+    eprintln!("drill {id} ({}) running on {pipeline}", a.scenario);
+    let target = format!("{base}/v1/pipelines/{pipeline}/drills/{id}");
+    let agent = agent();
+    loop {
+        let text = get_ok(&agent, &target)?;
+        let d: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Failure::run(anyhow::anyhow!("{target} did not answer JSON: {e}")))?;
+        match d["verdict"].as_str() {
+            Some("running") | None => std::thread::sleep(std::time::Duration::from_millis(500)),
+            Some(verdict) => {
+                if format == "json" {
+                    print!("{text}");
+                } else {
+                    print!("{}", drill_text(&d));
+                }
+                if verdict == "pass" {
+                    return Ok(());
+                }
+                let failures: Vec<String> =
+                    d["report"]["failures"].as_array().into_iter().flatten().map(plain).collect();
+                return Err(Failure::run(anyhow::anyhow!("drill {id} failed: {}", failures.join("; "))));
+            }
+        }
+    }
+}
+
+/// A drill's report, readable.
+pub fn drill_text(d: &serde_json::Value) -> String {
+    let r = &d["report"];
+    let mut out = format!(
+        "drill {} on {} v{}: {} ({})\nfault: {}\n",
+        plain(&d["id"]),
+        plain(&d["pipeline"]),
+        plain(&d["version"]),
+        plain(&d["scenario"]),
+        plain(&d["verdict"]),
+        plain(&r["fault"]["what"]),
+    );
+    let alerts = r["alerts"].as_array().cloned().unwrap_or_default();
+    if alerts.is_empty() {
+        out.push_str("alerts: none fired\n");
+    }
+    for a in &alerts {
+        let fired = match a["fired_after_ms"].as_i64() {
+            Some(ms) => format!("fired {:.1} s after the fault began", ms as f64 / 1000.0),
+            None => "was firing before the fault".into(),
+        };
+        let resolved = match a["resolved_after_fault_ms"].as_i64() {
+            Some(ms) => format!("resolved {:.1} s after it ended", ms as f64 / 1000.0),
+            None => "still firing".into(),
+        };
+        out.push_str(&format!(
+            "alert {}: {fired} (observed {}, threshold {}), {resolved}\n",
+            plain(&a["alert"]),
+            plain(&a["observed"]),
+            plain(&a["threshold"])
+        ));
+    }
+    let grown: Vec<String> = r["ledger_grown"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(reason, n)| format!("{reason} +{}", plain(n)))
+        .collect();
+    out.push_str(&format!("ledger: {}\n", if grown.is_empty() { "no reason grew".into() } else { grown.join(", ") }));
+    let p = &r["published"];
+    out.push_str(&if p["unchanged"] == true {
+        format!("published numbers: unchanged ({} rows of the live version)\n", plain(&p["rows_after"]))
+    } else {
+        format!(
+            "published numbers: {} rows before, {} after (the live topic {})\n",
+            plain(&p["rows_before"]),
+            plain(&p["rows_after"]),
+            if p["live_topic_grew"] == true { "got events meanwhile" } else { "got no event" }
+        )
+    });
+    out.push_str(&match r["recovery_ms"].as_i64() {
+        Some(ms) => format!("recovery: {:.1} s after the fault ended\n", ms as f64 / 1000.0),
+        None => "recovery: not within the drill's wait\n".into(),
+    });
+    for f in r["failures"].as_array().into_iter().flatten() {
+        out.push_str(&format!("FAILED: {}\n", plain(f)));
+    }
+    out
+}

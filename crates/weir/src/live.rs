@@ -65,6 +65,13 @@ name = "payments_fresh"
 severity = "warn"
 question = "Has the payments gateway stopped sending approvals?"
 freshness = "10m"
+
+# What the operator is told, and what `weir drill` rehearses: a partition that
+# stops sending holds the watermark back (max_delay is 5s, so 8s means 3s of
+# silence); resends, late bursts and skewed clocks raise the ledger's share.
+[alerts]
+max_watermark_age = "8s"
+max_ledger_rate = 0.2
 "#;
 
 const PLANS: &str = r#"# Each account's current plan: what the product shows and bills.

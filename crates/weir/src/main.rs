@@ -332,6 +332,26 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
     },
+    /// Rehearse a failure on a shadow copy of a running server's pipeline (operator; audited): delayed-partition, duplicates, late-burst, clock-skew or restart. Prints what the operator would have seen; exits 1 when the expected alert did not fire.
+    Drill {
+        scenario: String,
+        #[arg(long)]
+        pipeline: String,
+        /// Why the drill runs (kept in the audit log).
+        #[arg(long, default_value = "a failure drill")]
+        why: String,
+        /// How long the fault lasts: the silence, the time down, or the wait for an alert (default: the scenario's).
+        #[arg(long = "for")]
+        fault: Option<String>,
+        /// How long to wait for recovery after the fault (default 60s).
+        #[arg(long)]
+        recover: Option<String>,
+        /// text (the default) or json
+        #[arg(long, default_value = "text")]
+        format: String,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
     /// Incidents of a running server's pipeline: open, note, mitigate, resolve (each audited), list and show.
     Incident {
         #[command(subcommand)]
@@ -662,6 +682,15 @@ fn main() -> ExitCode {
         }
         Command::Advise { pipeline, format, url } => client::advise(&url, &pipeline, &format),
         Command::Review { since, format, url } => review::review(&url, &since, &format),
+        Command::Drill { scenario, pipeline, why, fault, recover, format, url } => {
+            let ask = client::DrillAsk {
+                scenario: &scenario,
+                why: &why,
+                fault: fault.as_deref(),
+                recover: recover.as_deref(),
+            };
+            client::drill(&url, &pipeline, &ask, &format)
+        }
         Command::Incident { what } => match what {
             IncidentWhat::Open { pipeline, title, owner, why, url } => client::incident(
                 &url,

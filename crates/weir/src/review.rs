@@ -67,6 +67,26 @@ fn sections(p: &Value) -> Vec<Table> {
             ]
         })
         .collect();
+    let drills = list("drills")
+        .iter()
+        .map(|d| {
+            let fired: Vec<String> = d["alerts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|a| a["fired_after_ms"].is_number())
+                .map(|a| format!("{} in {}", plain(&a["alert"]), duration(&a["fired_after_ms"])))
+                .collect();
+            vec![
+                plain(&d["id"]),
+                plain(&d["scenario"]),
+                plain(&d["started"]),
+                plain(&d["verdict"]),
+                if fired.is_empty() { "none".into() } else { fired.join(", ") },
+                duration(&d["recovery_ms"]),
+            ]
+        })
+        .collect();
     let a = &p["lateness"];
     let pct = |v: &Value| format!("{:.3}%", v.as_f64().unwrap_or(0.0) * 100.0);
     let mut lateness = vec![vec![
@@ -97,6 +117,12 @@ fn sections(p: &Value) -> Vec<Table> {
             "Incidents",
             vec!["#", "title", "cause", "status", "opened", "to mitigation", "to resolution"],
             incidents,
+            "none in the period",
+        ),
+        (
+            "Drills",
+            vec!["#", "scenario", "started", "verdict", "alerts fired", "recovery"],
+            drills,
             "none in the period",
         ),
         (

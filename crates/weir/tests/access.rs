@@ -192,6 +192,10 @@ fn every_role_against_every_endpoint() {
         ("POST",   format!("{p}/incidents/1/notes"),    Some(incident_note), [401, 403, 403, 403, 200, 403, 403]),
         ("POST",   format!("{p}/incidents/1/mitigate"), Some(why), [401, 403, 403, 403, 200, 403, 403]),
         ("POST",   format!("{p}/incidents/1/resolve"),  Some(proof), [401, 403, 403, 403, 200, 403, 403]),
+        // A scenario that does not exist (400 lists the scenarios).
+        ("POST",   format!("{p}/drills"),               Some(r#"{"scenario":"flood","why":"t"}"#), [401, 403, 403, 403, 400, 403, 403]),
+        ("GET",    format!("{p}/drills"),               None,     [401, 403, 200, 403, 200, 200, 403]),
+        ("GET",    format!("{p}/drills/999"),           None,     [401, 403, 404, 403, 404, 404, 403]),
         ("POST",   "/v1/pipelines/other/pause".into(),  Some(why), [401, 403, 403, 403, 403, 403, 403]),
         ("GET",    "/v1/audit".into(),                  None,     [401, 403, 403, 403, 403, 200, 403]),
         ("GET",    "/v1/tokens".into(),                 None,     [401, 403, 403, 403, 403, 200, 403]),

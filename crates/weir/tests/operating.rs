@@ -749,3 +749,159 @@ fn metrics_and_traces_of_checkpoints_and_operator_actions_reach_an_otel_collecto
         );
     }
 }
+
+/// `weir drill` as an operator; its report (JSON) and exit code.
+fn drill(base: &str, operator: &str, pipeline: &str, scenario: &str, extra: &[&str]) -> (Option<i32>, Value, String) {
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> =
+        vec![&"drill", &scenario, &"--pipeline", &pipeline, &"--format", &"json", &"--url", &base];
+    let extra: Vec<&dyn AsRef<std::ffi::OsStr>> = extra.iter().map(|a| a as &dyn AsRef<std::ffi::OsStr>).collect();
+    args.extend(extra);
+    let out = common::weir_as(operator, &args);
+    let stdout = common::text(&out.stdout);
+    let report = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (out.status.code(), report, common::text(&out.stderr))
+}
+
+#[test]
+fn every_drill_runs_on_a_shadow_and_reports_what_the_operator_saw() {
+    for topology in Topology::both("drills") {
+        let name = topology.name();
+        let (hook, notes) = common::receiver();
+        let drilled =
+            format!("{PAYMENTS}\n[alerts]\nmax_watermark_age = \"2s\"\nmax_ledger_rate = 0.2\nwebhook = \"{hook}\"\n");
+        let quiet = PAYMENTS.replace("name = \"paid\"", "name = \"quiet\"");
+        let s = Scratch::new("drills");
+        // Long enough that no partition goes idle during a drill.
+        let config = topology.config(("payments", 2, "acct"), "idle_timeout = \"10m\"");
+        let root = topology.folder(&s, "server", &[("paid.toml", &drilled), ("quiet.toml", &quiet)], &config);
+        let (_server, base) = topology.serve(&root);
+        // Eight accounts over both partitions, ten minutes ago, then a minute
+        // later: the first minute's eight windows settle, the second's are open.
+        let at = (weir_log::now_ms() - 600_000) / 60_000 * 60_000 + 10_000;
+        let lines: Vec<String> = (0..16)
+            .map(|i| {
+                let t = weir_engine::time::format_rfc3339_ms(at + (i / 8) * 60_000);
+                format!(r#"{{"id":"p{i}","acct":"a{}","t":"{t}","amount":1.00}}"#, i % 8)
+            })
+            .collect();
+        post(&base, &lines);
+        wait_read(&base, 16);
+        let results = || get(&format!("{base}/v1/pipelines/paid/results"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while json_lines(&results()).len() < 8 {
+            assert!(Instant::now() < deadline, "{name}: no rows: {}", results());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let published = results();
+        let tokens = common::tokens_of(&root.join("data"));
+        let reader =
+            common::weir_as(&tokens.reader, &[&"drill", &"duplicates", &"--pipeline", &"paid", &"--url", &base]);
+        assert_eq!(reader.status.code(), Some(1), "{name}: a reader may not drill");
+        assert!(common::text(&reader.stderr).contains("may not run a drill"), "{}", common::text(&reader.stderr));
+        for scenario in ["delayed-partition", "duplicates", "late-burst", "clock-skew", "restart"] {
+            let (code, d, stderr) = drill(&base, &tokens.operator, "paid", scenario, &["--recover", "30s"]);
+            let r = &d["report"];
+            assert_eq!((code, d["verdict"].as_str()), (Some(0), Some("pass")), "{name} {scenario}: {d} {stderr}");
+            assert_eq!(d["scenario"], scenario);
+            assert_eq!(r["shadow"]["copied"].as_u64(), Some(16), "{name} {scenario}: {r}");
+            let fired = |alert: &str| -> Option<i64> {
+                r["alerts"].as_array()?.iter().find(|a| a["alert"] == alert)?["fired_after_ms"].as_i64()
+            };
+            let grown = |reason: &str| r["ledger_grown"][reason].as_u64().unwrap_or(0);
+            match scenario {
+                "delayed-partition" => {
+                    // The silent partition holds the watermark back: its age passes 2 s after about 2 s.
+                    let after = fired("max_watermark_age").unwrap_or_else(|| panic!("{name}: {r}"));
+                    assert!((1_000..6_000).contains(&after), "{name}: fired after {after} ms: {r}");
+                    assert!(r["fault"]["what"].as_str().unwrap().contains("partition 0 silent for 5s"), "{r}");
+                    assert!(r["recovery_ms"].is_number(), "{name}: the burst brings the watermark back: {r}");
+                    assert_eq!(grown("too_late"), 0, "{name}: the burst is not late: {r}");
+                }
+                "duplicates" => {
+                    assert!(fired("max_ledger_rate").is_some(), "{name}: {r}");
+                    assert!(grown("duplicate") >= 10, "{name}: the steady phase's events ledgered again: {r}");
+                }
+                "late-burst" => {
+                    assert!(fired("max_ledger_rate").is_some(), "{name}: {r}");
+                    assert_eq!(grown("too_late"), 40, "{name}: 20 a partition: {r}");
+                }
+                "clock-skew" => {
+                    assert!(fired("max_ledger_rate").is_some(), "{name}: {r}");
+                    assert_eq!(grown("future"), 40, "{name}: {r}");
+                    assert_eq!(grown("too_late"), 0, "{name}: nothing made late: {r}");
+                }
+                _ => {
+                    assert!(r["restarts"].as_u64() >= Some(1), "{name}: {r}");
+                    assert!(r["recovery_ms"].as_i64().is_some_and(|ms| ms < 30_000), "{name}: {r}");
+                }
+            }
+            let p = &r["published"];
+            assert_eq!(
+                (p["unchanged"].as_bool(), p["live_topic_grew"].as_bool()),
+                (Some(true), Some(false)),
+                "{name}: {p}"
+            );
+            assert_eq!(p["rows_before"].as_u64(), Some(8), "{name}: {p}");
+        }
+        // Nothing of the drills reached the live version, and their copies are gone.
+        assert_eq!(results(), published, "{name}: the published rows are as they were");
+        assert_eq!(get(&format!("{base}/v1/pipelines/paid/ledger")), "", "{name}: no drill event in the live ledger");
+        assert_eq!(status(&base)["events"]["read"].as_u64(), Some(16), "{name}");
+        if let Topology::Embedded = topology {
+            let log: Vec<String> = std::fs::read_dir(root.join("data/log"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            assert_eq!(log, ["payments"], "{name}: the copies of the topic are removed");
+            assert_eq!(
+                std::fs::read_dir(root.join("data/drills")).unwrap().count(),
+                0,
+                "{name}: shadow stores removed"
+            );
+        }
+        // Every drill is listed with its verdict, and audited.
+        let listed: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/drills"))).unwrap();
+        let verdicts: Vec<(&str, &str)> = listed["drills"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| (d["scenario"].as_str().unwrap(), d["verdict"].as_str().unwrap()))
+            .collect();
+        let want = [
+            ("restart", "pass"),
+            ("clock-skew", "pass"),
+            ("late-burst", "pass"),
+            ("duplicates", "pass"),
+            ("delayed-partition", "pass"),
+        ];
+        assert_eq!(verdicts, want, "{name}");
+        let audit = common::weir_as(&tokens.admin, &[&"audit", &"verify", &"--data", &root.join("data")]);
+        assert!(audit.status.success(), "{}", common::text(&audit.stderr));
+        let entries = json_lines(&get(&format!("{base}/v1/audit?limit=1000")));
+        let drills: Vec<&Value> = entries.iter().filter(|e| e["action"] == "drill").collect();
+        assert_eq!(drills.len(), 5, "{name}: {entries:?}");
+        let operator_id = tokens.operator.split('_').nth(1).unwrap();
+        assert!(
+            drills
+                .iter()
+                .all(|e| e["pipeline"] == "paid" && e["who"].as_str().is_some_and(|w| w.contains(operator_id))),
+            "{name}: by the operator's token {operator_id}: {drills:?}"
+        );
+        // The drills' alerts reached the webhook marked as drills.
+        let seen: Vec<Value> = notes.try_iter().collect();
+        let marked: Vec<&Value> = seen.iter().filter(|n| n["drill"]["id"].is_number()).collect();
+        assert!(
+            marked.iter().any(|n| n["alert"] == "max_watermark_age" && n["drill"]["scenario"] == "delayed-partition"),
+            "{name}: {seen:?}"
+        );
+        // The review lists them.
+        let review: Value = serde_json::from_str(&get(&format!("{base}/v1/review?since=1d"))).unwrap();
+        let paid = review["pipelines"].as_array().unwrap().iter().find(|p| p["pipeline"] == "paid").unwrap();
+        assert_eq!(paid["drills"].as_array().map(Vec::len), Some(5), "{name}: {paid}");
+        // A contract without an alert that would notice fails the drill (exit 1), saying so.
+        let (code, d, _) = drill(&base, &tokens.operator, "quiet", "duplicates", &["--for", "2s", "--recover", "2s"]);
+        assert_eq!((code, d["verdict"].as_str()), (Some(1), Some("fail")), "{name}: {d}");
+        let failures = d["report"]["failures"].to_string();
+        assert!(failures.contains("no alert that would notice duplicates"), "{name}: {failures}");
+    }
+}

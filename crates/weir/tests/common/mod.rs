@@ -195,6 +195,7 @@ pub fn token_for(method: &str, url: &str) -> Option<String> {
         "/notes",
         "/mitigate",
         "/resolve",
+        "/drills",
     ]
     .iter()
     .any(|a| path.ends_with(a));

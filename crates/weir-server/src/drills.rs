@@ -1,0 +1,814 @@
+//! Failure drills (issue 18): `POST /v1/pipelines/{name}/drills` (an
+//! operator's, audited as `drill`), `GET .../drills` and `GET .../drills/{id}`.
+//!
+//! A drill rehearses one failure on a shadow of the pipeline (see
+//! `weir_runtime::drill`): the live contract, reading a copy of its topic,
+//! publishing to a store of its own. The drill's thread steps the shadow's
+//! runner and, every half second, evaluates the contract's `[alerts]`
+//! against the shadow's status as the alert loop evaluates the live
+//! version's; each alert that fires or resolves goes to the alerts' webhook
+//! marked `"drill"`, and opens no incident. Its phases:
+//!
+//! 1. **copy**: every record the topic holds is copied, and the shadow
+//!    catches up with it;
+//! 2. **steady**: 3 s of one fresh event per partition every 200 ms (the
+//!    topic's last records with the time now and a new id); the alerts
+//!    firing at its end were firing before the fault;
+//! 3. **fault** (`for`): the scenario's failure: partition 0 silent, then
+//!    a burst of what it held back (`delayed-partition`); the steady phase's
+//!    events sent again (`duplicates`); 20 events a partition dated beyond
+//!    the allowed lateness (`late-burst`) or a year ahead (`clock-skew`);
+//!    the shadow killed without a last checkpoint while events keep coming,
+//!    then started again (`restart`);
+//! 4. **recovery** (at most `recover`): steady events until the shadow has
+//!    read everything and every alert the fault fired on the pipeline's
+//!    state has resolved (`max_ledger_rate`, a rate over the last minute,
+//!    is reported as it goes, not waited for).
+//!
+//! The report says which alerts fired and how long after the fault began,
+//! which ledger reasons grew, whether the live version's published rows
+//! stayed as they were (a digest before and after, and whether its topic
+//! grew meanwhile), and how long recovery took. The verdict is `fail`
+//! when none of the alerts that would notice the scenario fired during
+//! the fault (or the contract has none), when the live rows changed while
+//! its topic did not grow, or when a restart did not recover.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use serde_json::{json, Value};
+use weir_contract::{Contract, WindowKind};
+use weir_engine::time::format_rfc3339_ms;
+use weir_runtime::drill::{copy_topic, event_like, Copied, DrillLog, Scenario, Shadow};
+use weir_runtime::runner::{Connected, Runner};
+use weir_runtime::{lock, Pipeline, PipelineVersion, Status};
+use weir_store::{Act, Acted, DrillAsk, FileContract, Store};
+
+use crate::app::*;
+
+const STEADY: Duration = Duration::from_secs(3);
+const TICK: Duration = Duration::from_millis(200);
+const SAMPLE: Duration = Duration::from_millis(500);
+/// Events a partition of a `late-burst` or `clock-skew`.
+const BURST: usize = 20;
+
+#[derive(serde::Deserialize)]
+struct Ask {
+    scenario: Option<String>,
+    why: Option<String>,
+    who: Option<String>,
+    /// How long the fault lasts (`delayed-partition`: the silence; `restart`:
+    /// the time the pipeline is down; the others: how long the drill waits
+    /// for an alert).
+    #[serde(rename = "for")]
+    fault: Option<String>,
+    /// How long the drill waits for recovery after the fault.
+    recover: Option<String>,
+}
+
+/// What the drill's thread is given.
+struct Plan {
+    id: i64,
+    pipeline: String,
+    version: u32,
+    scenario: Scenario,
+    contract: Contract,
+    fault: Duration,
+    recover: Duration,
+    who: String,
+    why: String,
+}
+
+pub(crate) async fn ask(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let p = may_operate(&app, &caller, &name, "run a drill")?;
+    let usage = "the body must be JSON like {\"scenario\":\"delayed-partition\",\"why\":\"...\",\"for\":\"30s\"}";
+    let a: Ask = serde_json::from_slice(&body).map_err(|e| bad(format!("{usage}: {e}")))?;
+    let scenario = Scenario::parse(a.scenario.as_deref().unwrap_or_default()).map_err(bad)?;
+    let Some(why) = a.why.filter(|w| !w.trim().is_empty()) else {
+        return Err(bad("say why: {\"why\":\"...\"} (it is kept in the audit log with the token that acted)"));
+    };
+    let duration = |v: &Option<String>, key: &str| -> Result<Option<Duration>, ApiError> {
+        match v {
+            None => Ok(None),
+            Some(text) => match weir_contract::parse_duration_ms(text) {
+                Ok(ms) if (1..=600_000).contains(&ms) => Ok(Some(Duration::from_millis(ms as u64))),
+                Ok(_) => Err(bad(format!("`{key}` must be between 1ms and 10m, not {text:?}"))),
+                Err(e) => Err(bad(format!("`{key}`: {e}"))),
+            },
+        }
+    };
+    let (fault, recover) = (duration(&a.fault, "for")?, duration(&a.recover, "recover")?);
+    if let Some(why) = &p.refused {
+        return Err(ApiError(StatusCode::CONFLICT, format!("pipeline {name} does not run: {why}")));
+    }
+    let (version, live) = p.live();
+    let contract = live.contract.clone();
+    if let Some(why) = weir_runtime::drill::cannot_make_events(&contract) {
+        return Err(ApiError(StatusCode::CONFLICT, format!("no drill can run on pipeline {name}: {why}")));
+    }
+    let dlog = drill_log(&app, p, &contract)?;
+    let topic = contract.source.topic.clone();
+    let ends = tokio::task::spawn_blocking(move || dlog.ends(&topic).map(|e| (e, dlog)))
+        .await
+        .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("cannot read the topic's partitions: {e:#}")))?;
+    let (ends, dlog) = ends;
+    if ends.iter().all(|&e| e == 0) {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("topic {} holds no events: a drill copies the topic and makes its events from the topic's own records; send some first", contract.source.topic),
+        ));
+    }
+    if scenario == Scenario::DelayedPartition && ends.len() < 2 {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("topic {} has one partition: delaying it delays everything; a delayed-partition drill needs two or more", contract.source.topic),
+        ));
+    }
+    {
+        let mut running = lock(&app.drills);
+        if let Some(id) = running.get(&name) {
+            return Err(ApiError(
+                StatusCode::CONFLICT,
+                format!(
+                    "drill {id} is running on pipeline {name}; GET /v1/pipelines/{name}/drills/{id} says when it ends"
+                ),
+            ));
+        }
+        running.insert(name.clone(), 0);
+    }
+    let fault = fault.unwrap_or_else(|| default_fault(scenario, &contract));
+    let recover = recover.unwrap_or(Duration::from_secs(60));
+    let who = match a.who.filter(|w| !w.trim().is_empty()) {
+        Some(w) => format!("{w} via {}", caller.grant.who()),
+        None => caller.grant.who(),
+    };
+    let detail = json!({
+        "scenario": scenario.name(),
+        "version": version,
+        "for": weir_contract::format_duration_ms(fault.as_millis() as i64),
+        "recover": weir_contract::format_duration_ms(recover.as_millis() as i64),
+    });
+    let asked = DrillAsk { version, scenario: scenario.name().into(), who: who.clone(), why: why.clone() };
+    let acted = act_audited(&app, p, &caller, &name, Act::Drill(asked), "drill", detail, why.clone()).await;
+    let id = match acted {
+        Ok((Acted::Drill { id }, _)) => id,
+        Ok((other, _)) => {
+            lock(&app.drills).remove(&name);
+            return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("the store did {other:?}, not the drill")));
+        }
+        Err(e) => {
+            lock(&app.drills).remove(&name);
+            return Err(e);
+        }
+    };
+    lock(&app.drills).insert(name.clone(), id);
+    let plan = Plan { id, pipeline: name.clone(), version, scenario, contract, fault, recover, who, why };
+    let runtime = tokio::runtime::Handle::current();
+    let thread_app = Arc::clone(&app);
+    let spawned = std::thread::Builder::new().name(format!("weir-drill-{id}")).spawn(move || {
+        let app = thread_app;
+        let (verdict, report) = match drill(&app, &plan, &dlog, runtime) {
+            Ok(report) => (report["verdict"].as_str().unwrap_or("fail").to_owned(), report),
+            Err(e) => (
+                "fail".to_owned(),
+                json!({ "verdict": "fail", "failures": [format!("the drill could not run: {e:#}")] }),
+            ),
+        };
+        eprintln!("weir: drill {} ({}) on {}: {verdict}", plan.id, plan.scenario.name(), plan.pipeline);
+        if let Some(p) = app.pipelines.get(&plan.pipeline) {
+            if let Err(e) = p.store.finish_drill(plan.id, &verdict, &report.to_string()) {
+                eprintln!("weir: drill {} not kept in the store ({e}): {report}", plan.id);
+            }
+        }
+        lock(&app.drills).remove(&plan.pipeline);
+    });
+    if let Err(e) = spawned {
+        lock(&app.drills).remove(&name);
+        let report = json!({ "verdict": "fail", "failures": [format!("the drill's thread did not start: {e}")] });
+        let _ = stored(p, move |s| s.finish_drill(id, "fail", &report.to_string())).await;
+        return Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("the drill's thread did not start: {e}")));
+    }
+    let answer = json!({
+        "pipeline": name,
+        "drill": id,
+        "scenario": scenario.name(),
+        "verdict": "running",
+        "url": format!("/v1/pipelines/{name}/drills/{id}"),
+    });
+    Ok((StatusCode::ACCEPTED, json(answer)).into_response())
+}
+
+pub(crate) async fn list(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let pn = name.clone();
+    let drills = read_stored(p, move |s| s.drills(&pn, None, 100)).await?;
+    Ok(json(json!({ "pipeline": name, "drills": drills.iter().map(describe).collect::<Vec<_>>() })))
+}
+
+pub(crate) async fn one(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path((name, id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let p = may_read(&app, &caller, &name)?;
+    let id: i64 = id.parse().map_err(|_| bad(format!("{id:?} is not a drill id; GET .../drills lists them")))?;
+    let pn = name.clone();
+    match read_stored(p, move |s| s.drills(&pn, Some(id), 1)).await?.first() {
+        Some(d) => Ok(json(describe(d))),
+        None => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("pipeline {name:?} has no drill {id}; GET .../drills lists them"),
+        )),
+    }
+}
+
+/// A stored drill as the API shows it, its report inline.
+pub(crate) fn describe(d: &weir_store::drills::Drill) -> Value {
+    let report = d.report.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok());
+    json!({
+        "id": d.id,
+        "pipeline": d.pipeline,
+        "version": d.version,
+        "scenario": d.scenario,
+        "who": d.who,
+        "why": d.why,
+        "started": format_rfc3339_ms(d.started_ms),
+        "finished": d.finished_ms.map(format_rfc3339_ms),
+        "verdict": d.verdict,
+        "report": report,
+    })
+}
+
+/// How long a fault lasts unless the operator says: a silence long enough
+/// for the watermark's age to pass its alert; otherwise 10 s.
+fn default_fault(scenario: Scenario, contract: &Contract) -> Duration {
+    let watermark_age = contract.alerts.as_ref().and_then(|a| a.max_watermark_age_ms);
+    match (scenario, watermark_age) {
+        (Scenario::DelayedPartition, Some(ms)) => Duration::from_millis((ms + 3000).clamp(5000, 600_000) as u64),
+        (Scenario::Restart, _) => Duration::from_secs(2),
+        _ => Duration::from_secs(10),
+    }
+}
+
+fn drill_log(app: &App, p: &Pipeline, contract: &Contract) -> Result<DrillLog, ApiError> {
+    if !p.on_kafka {
+        return Ok(DrillLog::Embedded(app.log.clone()));
+    }
+    let no =
+        |what: &str| ApiError(StatusCode::CONFLICT, format!("no drill can run: the pipeline reads Kafka but {what}"));
+    let (brokers, _) = weir_runtime::kafka::source_of(contract, &app.config).ok_or_else(|| no("names no brokers"))?;
+    let producer =
+        app.producers.get(&contract.source.topic).cloned().ok_or_else(|| no("this server has no producer for it"))?;
+    Ok(DrillLog::Kafka {
+        brokers,
+        config: Arc::clone(&app.config),
+        producer,
+        runtime: tokio::runtime::Handle::current(),
+    })
+}
+
+/// The shadow's store: made, its version registered as live, and how to remove it.
+struct ShadowStore {
+    store: Arc<dyn weir_store::Store>,
+    connect: Box<dyn FnMut() -> anyhow::Result<Connected> + Send>,
+    remove: Box<dyn FnOnce() -> anyhow::Result<()> + Send>,
+}
+
+fn shadow_store(
+    app: &App,
+    plan: &Plan,
+    contract: &Contract,
+    runtime: &tokio::runtime::Handle,
+) -> anyhow::Result<ShadowStore> {
+    let id = plan.id;
+    let file = FileContract {
+        version: contract.pipeline.version,
+        hash: contract.text_hash,
+        bytes_hash: contract.bytes_hash(),
+        text: &contract.text,
+    };
+    let p = app.pipelines.get(&plan.pipeline).ok_or_else(|| anyhow::anyhow!("no pipeline {}", plan.pipeline))?;
+    if !p.on_kafka {
+        let dir = app.data.join("drills");
+        weir_log::create_private_dir(&dir)?;
+        let db = dir.join(format!("drill-{id}.db"));
+        weir_store::sqlite::migrate(&weir_store::sqlite::open(&db)?)?;
+        let store = Arc::new(weir_store::SqliteStore::new(db.clone(), 2));
+        store.register_version(&plan.pipeline, file, &format!("drill {id}"))?;
+        let (c, log, path, rt) = (contract.clone(), app.log.clone(), db.clone(), runtime.clone());
+        let connect = Box::new(move || weir_runtime::embedded::connect(&c, &log, &path, Some(rt.clone())));
+        let remove = Box::new(move || -> anyhow::Result<()> {
+            for suffix in ["", "-wal", "-shm"] {
+                let f = std::path::PathBuf::from(format!("{}{suffix}", db.display()));
+                if f.exists() {
+                    std::fs::remove_file(&f)?;
+                }
+            }
+            Ok(())
+        });
+        return Ok(ShadowStore { store, connect, remove });
+    }
+    let Some(pg) = app.config.postgres.clone() else { anyhow::bail!("the pipeline reads Kafka without [postgres]") };
+    let Some((brokers, _)) = weir_runtime::kafka::source_of(contract, &app.config) else {
+        anyhow::bail!("the pipeline reads Kafka without brokers")
+    };
+    let mut shadow_pg = pg.clone();
+    shadow_pg.schema = format!("{}_drill_{id}", pg.schema);
+    let mut client = weir_store::pg::connect(&pg.url)?;
+    weir_store::pg::migrate(&mut client, &shadow_pg.schema)?;
+    let store = Arc::new(weir_store::PostgresStore::new(shadow_pg.url.clone(), shadow_pg.schema.clone(), 2));
+    store.register_version(&plan.pipeline, file, &format!("drill {id}"))?;
+    let group = contract.source.group.clone().unwrap_or_default();
+    let worker = format!("weir-drill-{}-{id}", std::process::id());
+    let (c, cfg, spg) = (contract.clone(), Arc::clone(&app.config), shadow_pg.clone());
+    let connect = Box::new(move || weir_runtime::kafka::connect(&c, &cfg, &spg, (&brokers, &group), &worker));
+    let (url, schema) = (pg.url.clone(), shadow_pg.schema.clone());
+    let remove = Box::new(move || -> anyhow::Result<()> {
+        let mut client = weir_store::pg::connect(&url)?;
+        client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))?;
+        Ok(())
+    });
+    Ok(ShadowStore { store, connect, remove })
+}
+
+/// The live version's published rows, as one digest and a count.
+fn published(p: &Pipeline, name: &str, version: u32) -> anyhow::Result<(String, u64)> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut filter = weir_store::ResultFilter { limit: 10_000, ..Default::default() };
+    let mut rows = 0u64;
+    loop {
+        let page = p.store.results(name, version, &filter)?;
+        for r in &page.rows {
+            r.hash(&mut h);
+        }
+        rows += page.rows.len() as u64;
+        match page.places.last() {
+            Some(last) if page.rows.len() as i64 == filter.limit => filter.after = Some(last.clone()),
+            _ => break,
+        }
+    }
+    Ok((format!("{:016x}", h.finish()), rows))
+}
+
+/// One alert's course during the drill.
+#[derive(Debug, Clone)]
+struct Course {
+    alert: &'static str,
+    threshold: String,
+    observed: String,
+    fired_ms: i64,
+    resolved_ms: Option<i64>,
+}
+
+/// The contract's alerts evaluated on the shadow, as the alert loop evaluates them.
+struct Alerting {
+    history: VecDeque<(Instant, u64, u64)>,
+    firing: BTreeMap<&'static str, Course>,
+    courses: Vec<Course>,
+}
+
+impl Alerting {
+    fn sample(&mut self, app: &App, plan: &Plan, status: &crate::report::Report, now: i64) {
+        let (read, ledger) = (status.events.read, status.ledgered());
+        self.history.push_back((Instant::now(), read, ledger));
+        while self.history.len() > 2
+            && self.history.front().is_some_and(|(t, _, _)| t.elapsed() > Duration::from_secs(60))
+        {
+            self.history.pop_front();
+        }
+        let rate = match (self.history.front(), self.history.back()) {
+            (Some(&(_, r0, l0)), Some(&(_, r1, l1))) => crate::alerts::ledger_rate((r0, l0), (r1, l1)),
+            _ => None,
+        };
+        let no_alerts = weir_contract::Alerts::default();
+        let alerts = plan.contract.alerts.as_ref().unwrap_or(&no_alerts);
+        let webhook = alerts.webhook.clone().or_else(|| app.config.alert_webhook.clone());
+        for c in crate::alerts::checks(alerts, status, rate, None, 0) {
+            let over = c.observed > c.threshold;
+            let change = match (over, self.firing.contains_key(c.alert)) {
+                (true, false) => {
+                    let course = Course {
+                        alert: c.alert,
+                        threshold: (c.show)(c.threshold),
+                        observed: (c.show)(c.observed),
+                        fired_ms: now,
+                        resolved_ms: None,
+                    };
+                    self.firing.insert(c.alert, course);
+                    "firing"
+                }
+                (false, true) => {
+                    if let Some(mut course) = self.firing.remove(c.alert) {
+                        course.resolved_ms = Some(now);
+                        self.courses.push(course);
+                    }
+                    "resolved"
+                }
+                _ => continue,
+            };
+            let since = self.firing.get(c.alert).map_or(now, |f| f.fired_ms);
+            let mut note =
+                crate::alerts::notification(change, &c, (&plan.pipeline, &plan.contract.pipeline), since, now);
+            note["drill"] = json!({ "id": plan.id, "scenario": plan.scenario.name() });
+            eprintln!(
+                "weir: drill {} alert {change}: {} {} observed {}",
+                plan.id,
+                plan.pipeline,
+                c.alert,
+                (c.show)(c.observed)
+            );
+            if let Some(url) = &webhook {
+                crate::alerts::notify(app, url, note);
+            }
+        }
+    }
+
+    /// Every course, those still firing last.
+    fn all(&self) -> Vec<Course> {
+        self.courses.iter().chain(self.firing.values()).cloned().collect()
+    }
+}
+
+/// The shadow with what the drill needs around it.
+struct Drilling<'a> {
+    app: &'a App,
+    plan: &'a Plan,
+    dlog: &'a DrillLog,
+    copy: String,
+    shadow: Shadow,
+    pipeline: Pipeline,
+    templates: Vec<Copied>,
+    alerting: Alerting,
+    sent: u64,
+    last_tick: Instant,
+    last_sample: Instant,
+    /// The steady phase's events, for `duplicates`.
+    steady_events: Vec<Copied>,
+    /// What a delayed partition held back.
+    held: Vec<Copied>,
+}
+
+impl Drilling<'_> {
+    fn report(&self) -> crate::report::Report {
+        let (version, v) = self.pipeline.live();
+        crate::report::report_version(&self.app.log, &self.app.watch, &self.plan.pipeline, &self.pipeline, (version, v))
+    }
+
+    fn event(&mut self, template: &Copied, time_ms: i64) -> anyhow::Result<Copied> {
+        self.sent += 1;
+        let id = format!("drill-{}-{}", self.plan.id, self.sent);
+        let payload =
+            event_like(&self.plan.contract, &template.payload, time_ms, Some(&id)).map_err(anyhow::Error::msg)?;
+        Ok(Copied { partition: template.partition, key: template.key.clone(), timestamp_ms: None, payload })
+    }
+
+    /// Steps the shadow (unless `down`) for `d` or until `until` says,
+    /// sending the traffic asked every tick and sampling the alerts.
+    fn run_for(
+        &mut self,
+        d: Duration,
+        traffic: Traffic,
+        down: bool,
+        until: &dyn Fn(&Self) -> bool,
+    ) -> anyhow::Result<bool> {
+        let end = Instant::now() + d;
+        let silent = match traffic {
+            Traffic::AllBut(p) => Some(p),
+            _ => None,
+        };
+        while Instant::now() < end {
+            if traffic != Traffic::None && self.last_tick.elapsed() >= TICK {
+                self.last_tick = Instant::now();
+                let now = weir_log::now_ms();
+                let mut batch = Vec::new();
+                for t in self.templates.clone() {
+                    let e = self.event(&t, now)?;
+                    if Some(t.partition) == silent {
+                        self.held.push(e);
+                    } else {
+                        batch.push(e);
+                    }
+                }
+                self.dlog.append(&self.copy, &batch)?;
+                self.steady_events.extend(batch);
+            }
+            if down {
+                std::thread::sleep(Duration::from_millis(20));
+            } else {
+                self.shadow.step(Duration::from_millis(20));
+            }
+            if self.last_sample.elapsed() >= SAMPLE {
+                self.last_sample = Instant::now();
+                let r = self.report();
+                self.alerting.sample(self.app, self.plan, &r, weir_log::now_ms());
+                if until(self) {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Whether the shadow runs and has read every record of its topic.
+    fn caught_up(&self) -> bool {
+        if !self.shadow.running() {
+            return false;
+        }
+        let Ok(ends) = self.dlog.ends(&self.copy) else { return false };
+        let r = self.report();
+        let read: BTreeMap<u32, u64> = r.partitions.iter().map(|p| (p.partition, p.next_offset)).collect();
+        r.failed.is_none()
+            && ends.iter().enumerate().all(|(p, &end)| end == 0 || read.get(&(p as u32)).is_some_and(|&n| n >= end))
+    }
+}
+
+/// What the drill sends every tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Traffic {
+    None,
+    All,
+    /// Every partition but this one, whose events are held back.
+    AllBut(u32),
+}
+
+fn drill(app: &App, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handle) -> anyhow::Result<Value> {
+    let p = app.pipelines.get(&plan.pipeline).ok_or_else(|| anyhow::anyhow!("no pipeline {}", plan.pipeline))?;
+    let copy = copy_topic(&plan.contract.source.topic, plan.id);
+    let live_ends_before = dlog.ends(&plan.contract.source.topic)?;
+    let before = published(p, &plan.pipeline, plan.version)?;
+    let (recent, copied) = dlog.copy(&plan.contract.source.topic, &copy)?;
+    let templates = weir_runtime::drill::pick_templates(&plan.contract, &recent, live_ends_before.len() as u32);
+    if templates.is_empty() {
+        let _ = dlog.remove(&copy);
+        anyhow::bail!(
+            "none of the last {} records of any partition of {} counts under the contract: a drill makes its events from them",
+            weir_runtime::drill::RECENT,
+            plan.contract.source.topic
+        );
+    }
+    if plan.scenario == Scenario::DelayedPartition && !templates.iter().any(|t| t.partition == 0) {
+        let _ = dlog.remove(&copy);
+        anyhow::bail!(
+            "partition 0 of {} has no recent event that counts: nothing to delay",
+            plan.contract.source.topic
+        );
+    }
+    let mut contract = plan.contract.clone();
+    contract.source.topic = copy.clone();
+    contract.sink = None;
+    contract.reconcile = None;
+    if p.on_kafka {
+        contract.source.group = Some(format!("weir-drill-{}", plan.id));
+    }
+    let made = shadow_store(app, plan, &contract, &runtime);
+    let ShadowStore { store, connect, remove } = match made {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = dlog.remove(&copy);
+            return Err(e);
+        }
+    };
+    let status = Arc::new(Mutex::new(Status::default()));
+    let runner = Runner {
+        contract: contract.clone(),
+        config: Arc::clone(&app.config),
+        status: Arc::clone(&status),
+        stop: Arc::new(AtomicBool::new(false)),
+        paused: Arc::new(AtomicBool::new(false)),
+        read_records: 1024,
+    };
+    let version = contract.pipeline.version;
+    let mut versions = BTreeMap::new();
+    versions.insert(version, PipelineVersion { contract: contract.clone(), status });
+    let pipeline =
+        Pipeline { versions, on_kafka: p.on_kafka, paused: Arc::new(AtomicBool::new(false)), store, refused: None };
+    let mut d = Drilling {
+        app,
+        plan,
+        dlog,
+        copy: copy.clone(),
+        shadow: Shadow::new(runner, connect),
+        pipeline,
+        templates,
+        alerting: Alerting { history: VecDeque::new(), firing: BTreeMap::new(), courses: Vec::new() },
+        sent: 0,
+        last_tick: Instant::now(),
+        last_sample: Instant::now(),
+        steady_events: Vec::new(),
+        held: Vec::new(),
+    };
+    let outcome = exercise(&mut d, copied, before, live_ends_before);
+    d.shadow.close();
+    if let Err(e) = dlog.remove(&copy) {
+        eprintln!("weir: drill {}: the copy {copy} was not removed: {e:#}", plan.id);
+    }
+    if let Err(e) = remove() {
+        eprintln!("weir: drill {}: the shadow's store was not removed: {e:#}", plan.id);
+    }
+    outcome
+}
+
+/// The drill's phases on a ready shadow; the report.
+fn exercise(
+    d: &mut Drilling<'_>,
+    copied: u64,
+    before: (String, u64),
+    live_ends_before: Vec<u64>,
+) -> anyhow::Result<Value> {
+    let (plan, app) = (d.plan, d.app);
+    let started = Instant::now();
+    // 1. copy: the shadow reads what was copied.
+    let caught = d.run_for(Duration::from_secs(300), Traffic::None, false, &|d| d.caught_up())?;
+    if !caught {
+        anyhow::bail!("the shadow did not read the {copied} copied events within 5 minutes");
+    }
+    // 2. steady traffic.
+    d.steady_events.clear();
+    d.run_for(STEADY, Traffic::All, false, &|_| false)?;
+    let firing_before: BTreeSet<&'static str> = d.alerting.firing.keys().copied().collect();
+    let ledger_before = d.report().ledger;
+    // 3. the fault.
+    let fault_start = weir_log::now_ms();
+    let expected: Vec<&'static str> =
+        plan.scenario.alerts().iter().copied().filter(|a| configured(&plan.contract, a)).collect();
+    let fired_expected =
+        |d: &Drilling<'_>| d.alerting.all().iter().any(|c| c.fired_ms >= fault_start && expected.contains(&c.alert));
+    let mut described;
+    match plan.scenario {
+        Scenario::DelayedPartition => {
+            d.run_for(plan.fault, Traffic::AllBut(0), false, &|_| false)?;
+            let burst = std::mem::take(&mut d.held);
+            described = format!(
+                "partition 0 silent for {}, then a burst of the {} events it held back",
+                weir_contract::format_duration_ms(plan.fault.as_millis() as i64),
+                burst.len()
+            );
+            d.dlog.append(&d.copy, &burst)?;
+        }
+        Scenario::Duplicates => {
+            let again = std::mem::take(&mut d.steady_events);
+            described = format!("the {} events of the steady phase sent again", again.len());
+            d.dlog.append(&d.copy, &again)?;
+            d.run_for(plan.fault, Traffic::All, false, &fired_expected)?;
+        }
+        Scenario::LateBurst | Scenario::ClockSkew => {
+            let at = if plan.scenario == Scenario::LateBurst {
+                let watermark = d.report().watermark_ms.unwrap_or_else(weir_log::now_ms);
+                let window = match plan.contract.window.kind {
+                    WindowKind::Tumbling { size_ms } | WindowKind::Hopping { size_ms, .. } => size_ms,
+                    WindowKind::Session { gap_ms } => gap_ms,
+                    WindowKind::Global => 0,
+                };
+                watermark - plan.contract.window.allowed_lateness_ms - 2 * window - 60_000
+            } else {
+                weir_log::now_ms() + plan.contract.source.max_future_ms.unwrap_or(0) + 365 * 86_400_000
+            };
+            let mut burst = Vec::new();
+            for t in d.templates.clone() {
+                for _ in 0..BURST {
+                    burst.push(d.event(&t, at)?);
+                }
+            }
+            described = format!("{} events dated {}", burst.len(), format_rfc3339_ms(at));
+            d.dlog.append(&d.copy, &burst)?;
+            d.run_for(plan.fault, Traffic::All, false, &fired_expected)?;
+        }
+        Scenario::Restart => {
+            d.shadow.kill();
+            described = format!(
+                "the pipeline killed without a last checkpoint, down for {} while events kept coming",
+                weir_contract::format_duration_ms(plan.fault.as_millis() as i64)
+            );
+            d.run_for(plan.fault, Traffic::All, true, &|_| false)?;
+        }
+    }
+    let fault_end = weir_log::now_ms();
+    // 4. recovery: caught up, and every alert on the pipeline's state that
+    // the fault fired resolved (the ledger rate is a rate over the last
+    // minute: it is reported, not waited for).
+    let recovered = d.run_for(plan.recover, Traffic::All, false, &|d| {
+        d.caught_up() && d.alerting.firing.keys().all(|a| firing_before.contains(a) || *a == "max_ledger_rate")
+    })?;
+    let recovery_ms = recovered.then(|| weir_log::now_ms() - fault_end);
+    if let Some(f) = &d.shadow.failed {
+        described.push_str(&format!("; the shadow's last failure: {f}"));
+    }
+    let report = d.report();
+    let ledger: BTreeMap<&str, u64> = report
+        .ledger
+        .iter()
+        .filter_map(|(reason, n)| {
+            let grown = n.saturating_sub(ledger_before.get(reason).copied().unwrap_or(0));
+            (grown > 0).then_some((*reason, grown))
+        })
+        .collect();
+    let p = app.pipelines.get(&plan.pipeline).ok_or_else(|| anyhow::anyhow!("no pipeline {}", plan.pipeline))?;
+    let after = published(p, &plan.pipeline, plan.version)?;
+    let live_ends_after = d.dlog.ends(&plan.contract.source.topic)?;
+    let topic_grew = live_ends_after != live_ends_before;
+    let courses = d.alerting.all();
+    let alerts: Vec<Value> = courses
+        .iter()
+        .filter(|c| c.fired_ms >= fault_start || c.resolved_ms.is_some_and(|r| r >= fault_start))
+        .map(|c| {
+            json!({
+                "alert": c.alert,
+                "threshold": c.threshold,
+                "observed": c.observed,
+                "fired_after_ms": (c.fired_ms >= fault_start).then_some(c.fired_ms - fault_start),
+                "firing_before": c.fired_ms < fault_start,
+                "resolved_after_fault_ms": c.resolved_ms.map(|r| (r - fault_end).max(0)),
+            })
+        })
+        .collect();
+    let mut failures = Vec::new();
+    if plan.scenario != Scenario::Restart {
+        if expected.is_empty() {
+            failures.push(format!(
+                "the contract has no alert that would notice {}: add one of {} to [alerts]",
+                plan.scenario.name(),
+                plan.scenario.alerts().join(", ")
+            ));
+        } else if !courses.iter().any(|c| c.fired_ms >= fault_start && expected.contains(&c.alert)) {
+            let before: Vec<&str> = expected.iter().copied().filter(|a| firing_before.contains(a)).collect();
+            failures.push(if before.is_empty() {
+                format!("no alert fired: {} did not notice {}", expected.join(" or "), plan.scenario.name())
+            } else {
+                format!(
+                    "{} was already firing before the fault, so the drill cannot show it noticed",
+                    before.join(", ")
+                )
+            });
+        }
+    } else if recovery_ms.is_none() {
+        failures.push(format!(
+            "the pipeline did not recover within {} of the restart",
+            weir_contract::format_duration_ms(plan.recover.as_millis() as i64)
+        ));
+    }
+    let unchanged = after == before;
+    if !unchanged && !topic_grew {
+        failures.push("the live version's published rows changed during the drill while its topic got no event".into());
+    }
+    let verdict = if failures.is_empty() { "pass" } else { "fail" };
+    Ok(json!({
+        "drill": plan.id,
+        "pipeline": plan.pipeline,
+        "version": plan.version,
+        "scenario": plan.scenario.name(),
+        "who": plan.who,
+        "why": plan.why,
+        "verdict": verdict,
+        "failures": failures,
+        "shadow": { "topic": d.copy, "copied": copied, "drill_events": d.sent },
+        "fault": {
+            "what": described,
+            "started": format_rfc3339_ms(fault_start),
+            "ended": format_rfc3339_ms(fault_end),
+        },
+        "expected_alerts": expected,
+        "alerts": alerts,
+        "ledger_grown": ledger,
+        "published": {
+            "rows_before": before.1,
+            "rows_after": after.1,
+            "digest_before": before.0,
+            "digest_after": after.0,
+            "unchanged": unchanged,
+            "live_topic_grew": topic_grew,
+        },
+        "recovery_ms": recovery_ms,
+        "restarts": report.restarts,
+        "took_ms": started.elapsed().as_millis() as u64,
+    }))
+}
+
+/// Whether the contract sets this alert.
+fn configured(contract: &Contract, alert: &str) -> bool {
+    let Some(a) = &contract.alerts else { return false };
+    match alert {
+        "max_watermark_age" => a.max_watermark_age_ms.is_some(),
+        "max_ledger_rate" => a.max_ledger_rate.is_some(),
+        "max_lag" => a.max_lag_ms.is_some(),
+        "max_oldest_unprocessed" => a.max_oldest_unprocessed_ms.is_some(),
+        _ => false,
+    }
+}
