@@ -735,7 +735,7 @@ fn exercise(
                 "observed": c.observed,
                 "fired_after_ms": (c.fired_ms >= fault_start).then_some(c.fired_ms - fault_start),
                 "firing_before": c.fired_ms < fault_start,
-                "resolved_after_fault_ms": c.resolved_ms.map(|r| (r - fault_end).max(0)),
+                "resolved_after_ms": c.resolved_ms.map(|r| r - fault_start),
             })
         })
         .collect();

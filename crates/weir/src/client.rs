@@ -971,9 +971,9 @@ pub fn drill_text(d: &serde_json::Value) -> String {
             Some(ms) => format!("fired {:.1} s after the fault began", ms as f64 / 1000.0),
             None => "was firing before the fault".into(),
         };
-        let resolved = match a["resolved_after_fault_ms"].as_i64() {
-            Some(ms) => format!("resolved {:.1} s after it ended", ms as f64 / 1000.0),
-            None => "still firing".into(),
+        let resolved = match a["resolved_after_ms"].as_i64() {
+            Some(ms) => format!("resolved {:.1} s after it began", ms as f64 / 1000.0),
+            None => "still firing at the drill's end".into(),
         };
         out.push_str(&format!(
             "alert {}: {fired} (observed {}, threshold {}), {resolved}\n",
