@@ -180,12 +180,13 @@ pub(crate) async fn ask(
     let thread_app = Arc::clone(&app);
     let spawned = std::thread::Builder::new().name(format!("weir-drill-{id}")).spawn(move || {
         let app = thread_app;
-        let (verdict, report) = match drill(&app, &plan, &dlog, runtime) {
-            Ok(report) => (report["verdict"].as_str().unwrap_or("fail").to_owned(), report),
-            Err(e) => (
-                "fail".to_owned(),
-                json!({ "verdict": "fail", "failures": [format!("the drill could not run: {e:#}")] }),
-            ),
+        // A panic fails the drill like an error, and frees the pipeline for the next one.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drill(&app, &plan, &dlog, runtime)));
+        let failed = |why: String| ("fail".to_owned(), json!({ "verdict": "fail", "failures": [why] }));
+        let (verdict, report) = match ran {
+            Ok(Ok(report)) => (report["verdict"].as_str().unwrap_or("fail").to_owned(), report),
+            Ok(Err(e)) => failed(format!("the drill could not run: {e:#}")),
+            Err(_) => failed("the drill's thread panicked (the server's standard error says where)".into()),
         };
         eprintln!("weir: drill {} ({}) on {}: {verdict}", plan.id, plan.scenario.name(), plan.pipeline);
         if let Some(p) = app.pipelines.get(&plan.pipeline) {
@@ -240,7 +241,7 @@ pub(crate) async fn one(
 }
 
 /// A stored drill as the API shows it, its report inline.
-pub(crate) fn describe(d: &weir_store::drills::Drill) -> Value {
+fn describe(d: &weir_store::drills::Drill) -> Value {
     let report = d.report.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok());
     json!({
         "id": d.id,
