@@ -34,7 +34,7 @@
 //! its topic did not grow, or when a restart did not recover.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -180,8 +180,17 @@ pub(crate) async fn ask(
     let thread_app = Arc::clone(&app);
     let spawned = std::thread::Builder::new().name(format!("weir-drill-{id}")).spawn(move || {
         let app = thread_app;
-        // A panic fails the drill like an error, and frees the pipeline for the next one.
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drill(&app, &plan, &dlog, runtime)));
+        let store = app.pipelines.get(&plan.pipeline).map(|p| Arc::clone(&p.store));
+        let done = AtomicBool::new(false);
+        let ran = std::thread::scope(|scope| {
+            if let Some(store) = &store {
+                scope.spawn(|| renew_lease(store.as_ref(), plan.id, &done));
+            }
+            // A panic fails the drill like an error, and frees the pipeline for the next one.
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drill(&app, &plan, &dlog, runtime)));
+            done.store(true, Ordering::SeqCst);
+            ran
+        });
         let failed = |why: String| ("fail".to_owned(), json!({ "verdict": "fail", "failures": [why] }));
         let (verdict, report) = match ran {
             Ok(Ok(report)) => (report["verdict"].as_str().unwrap_or("fail").to_owned(), report),
@@ -240,9 +249,34 @@ pub(crate) async fn one(
     }
 }
 
-/// A stored drill as the API shows it, its report inline.
+/// Renews the drill's lease until `done`, so that readers on any server
+/// can tell a running drill from one whose server stopped.
+fn renew_lease(store: &dyn Store, id: i64, done: &AtomicBool) {
+    let every = Duration::from_millis(weir_store::drills::LEASE_MS as u64 / 3);
+    let mut last = Instant::now();
+    while !done.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+        if last.elapsed() >= every {
+            last = Instant::now();
+            if let Err(e) = store.renew_drill(id) {
+                eprintln!("weir: drill {id}: its lease was not renewed ({e})");
+            }
+        }
+    }
+}
+
+/// A stored drill as the API shows it, its report inline; a running drill
+/// whose lease ran out is `interrupted`.
 fn describe(d: &weir_store::drills::Drill) -> Value {
-    let report = d.report.as_deref().and_then(|r| serde_json::from_str::<Value>(r).ok());
+    let verdict = d.verdict_now(weir_log::now_ms());
+    let report = match d.report.as_deref() {
+        Some(r) => serde_json::from_str::<Value>(r).ok(),
+        None if verdict == "interrupted" => Some(json!({
+            "verdict": verdict,
+            "failures": ["the server running the drill stopped before it ended; its copy of the topic and its store may be left behind (drills/ in the data folder, or the schema ending _drill_ID)"],
+        })),
+        None => None,
+    };
     json!({
         "id": d.id,
         "pipeline": d.pipeline,
@@ -252,7 +286,7 @@ fn describe(d: &weir_store::drills::Drill) -> Value {
         "why": d.why,
         "started": format_rfc3339_ms(d.started_ms),
         "finished": d.finished_ms.map(format_rfc3339_ms),
-        "verdict": d.verdict,
+        "verdict": verdict,
         "report": report,
     })
 }

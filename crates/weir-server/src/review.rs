@@ -170,7 +170,7 @@ fn pipeline_review(
                 "scenario": d.scenario,
                 "started": format_rfc3339_ms(d.started_ms),
                 "who": d.who,
-                "verdict": d.verdict,
+                "verdict": d.verdict_now(now),
                 "alerts": report["alerts"],
                 "recovery_ms": report["recovery_ms"],
                 "failures": report["failures"],

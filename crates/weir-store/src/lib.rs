@@ -314,6 +314,8 @@ pub trait Store: Send + Sync {
     fn checkpoint_headers(&self, pipeline: &str, version: u32) -> Result<Vec<(u32, Vec<u8>)>>;
     /// Keeps a drill's verdict (`pass`, `fail`) and report.
     fn finish_drill(&self, id: i64, verdict: &str, report: &str) -> Result<()>;
+    /// Renews a running drill's lease: its server still runs it.
+    fn renew_drill(&self, id: i64) -> Result<()>;
     /// The newest drills first; with `id`, that one only.
     fn drills(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<drills::Drill>>;
 }
@@ -531,6 +533,9 @@ impl Store for SqliteStore {
     fn finish_drill(&self, id: i64, verdict: &str, report: &str) -> Result<()> {
         self.with(|c| drills::sqlite::finish(c, id, verdict, report))
     }
+    fn renew_drill(&self, id: i64) -> Result<()> {
+        self.with(|c| drills::sqlite::renew(c, id))
+    }
     fn drills(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<drills::Drill>> {
         self.with(|c| drills::sqlite::list(c, pipeline, id, limit))
     }
@@ -739,6 +744,9 @@ impl Store for PostgresStore {
     }
     fn finish_drill(&self, id: i64, verdict: &str, report: &str) -> Result<()> {
         self.with(|c, s| drills::pg::finish(c, s, id, verdict, report))
+    }
+    fn renew_drill(&self, id: i64) -> Result<()> {
+        self.with(|c, s| drills::pg::renew(c, s, id))
     }
     fn drills(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<drills::Drill>> {
         self.with(|c, s| drills::pg::list(c, s, pipeline, id, limit))

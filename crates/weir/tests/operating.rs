@@ -762,30 +762,77 @@ fn drill(base: &str, operator: &str, pipeline: &str, scenario: &str, extra: &[&s
     (out.status.code(), report, common::text(&out.stderr))
 }
 
+/// A server whose `paid` (alerts on the watermark's age and the ledger
+/// rate, to `hook`) and `quiet` (no alerts) read a two-partition topic
+/// holding 16 events: eight accounts ten minutes ago, then a minute later,
+/// so the first minute's eight windows are published and settled.
+fn drill_server(topology: &Topology, s: &Scratch, hook: &str) -> (std::path::PathBuf, common::Server, String) {
+    let drilled =
+        format!("{PAYMENTS}\n[alerts]\nmax_watermark_age = \"2s\"\nmax_ledger_rate = 0.2\nwebhook = \"{hook}\"\n");
+    let quiet = PAYMENTS.replace("name = \"paid\"", "name = \"quiet\"");
+    // Long enough that no partition goes idle during a drill.
+    let config = topology.config(("payments", 2, "acct"), "idle_timeout = \"10m\"");
+    let root = topology.folder(s, "server", &[("paid.toml", &drilled), ("quiet.toml", &quiet)], &config);
+    let (server, base) = topology.serve(&root);
+    let at = (weir_log::now_ms() - 600_000) / 60_000 * 60_000 + 10_000;
+    let lines: Vec<String> = (0..16)
+        .map(|i| {
+            let t = weir_engine::time::format_rfc3339_ms(at + (i / 8) * 60_000);
+            format!(r#"{{"id":"p{i}","acct":"a{}","t":"{t}","amount":1.00}}"#, i % 8)
+        })
+        .collect();
+    post(&base, &lines);
+    wait_read(&base, 16);
+    (root, server, base)
+}
+
+#[test]
+fn a_drill_cut_off_by_a_stop_shows_interrupted_and_the_next_one_runs() {
+    for topology in Topology::both("drill_cut") {
+        let name = topology.name();
+        let (hook, _notes) = common::receiver();
+        let s = Scratch::new("drill-cut");
+        let (root, server, base) = drill_server(&topology, &s, &hook);
+        let url = format!("{base}/v1/pipelines/paid/drills");
+        let (code, body) = call("POST", &url, Some(r#"{"scenario":"delayed-partition","why":"cut","for":"5m"}"#));
+        assert_eq!(code, 202, "{name}: {body}");
+        let (code, body) = call("POST", &url, Some(r#"{"scenario":"duplicates","why":"a second"}"#));
+        assert_eq!(code, 409, "{name}: one drill at a time: {body}");
+        assert!(body.contains("drill 1 is running"), "{name}: {body}");
+        let one: Value = serde_json::from_str(&get(&format!("{url}/1"))).unwrap();
+        assert_eq!(one["verdict"], "running", "{name}");
+        drop(server);
+        let (_server, base) = topology.serve(&root);
+        let url = format!("{base}/v1/pipelines/paid/drills");
+        let deadline = Instant::now() + Duration::from_secs(40);
+        let cut = loop {
+            let d: Value = serde_json::from_str(&get(&format!("{url}/1"))).unwrap();
+            if d["verdict"] != "running" {
+                break d;
+            }
+            assert!(Instant::now() < deadline, "{name}: still running: {d}");
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        assert_eq!(cut["verdict"], "interrupted", "{name}: {cut}");
+        assert!(cut["report"]["failures"].to_string().contains("stopped before it ended"), "{name}: {cut}");
+        let tokens = common::tokens_of(&root.join("data"));
+        let out =
+            common::weir_as(&tokens.operator, &[&"drill", &"duplicates", &"--pipeline", &"paid", &"--url", &base]);
+        assert!(out.status.success(), "{name}: {}{}", common::text(&out.stdout), common::text(&out.stderr));
+        let listed: Value = serde_json::from_str(&get(&url)).unwrap();
+        let verdicts: Vec<&str> =
+            listed["drills"].as_array().unwrap().iter().map(|d| d["verdict"].as_str().unwrap()).collect();
+        assert_eq!(verdicts, ["pass", "interrupted"], "{name}");
+    }
+}
+
 #[test]
 fn every_drill_runs_on_a_shadow_and_reports_what_the_operator_saw() {
     for topology in Topology::both("drills") {
         let name = topology.name();
         let (hook, notes) = common::receiver();
-        let drilled =
-            format!("{PAYMENTS}\n[alerts]\nmax_watermark_age = \"2s\"\nmax_ledger_rate = 0.2\nwebhook = \"{hook}\"\n");
-        let quiet = PAYMENTS.replace("name = \"paid\"", "name = \"quiet\"");
         let s = Scratch::new("drills");
-        // Long enough that no partition goes idle during a drill.
-        let config = topology.config(("payments", 2, "acct"), "idle_timeout = \"10m\"");
-        let root = topology.folder(&s, "server", &[("paid.toml", &drilled), ("quiet.toml", &quiet)], &config);
-        let (_server, base) = topology.serve(&root);
-        // Eight accounts over both partitions, ten minutes ago, then a minute
-        // later: the first minute's eight windows settle, the second's are open.
-        let at = (weir_log::now_ms() - 600_000) / 60_000 * 60_000 + 10_000;
-        let lines: Vec<String> = (0..16)
-            .map(|i| {
-                let t = weir_engine::time::format_rfc3339_ms(at + (i / 8) * 60_000);
-                format!(r#"{{"id":"p{i}","acct":"a{}","t":"{t}","amount":1.00}}"#, i % 8)
-            })
-            .collect();
-        post(&base, &lines);
-        wait_read(&base, 16);
+        let (root, _server, base) = drill_server(&topology, &s, &hook);
         let results = || get(&format!("{base}/v1/pipelines/paid/results"));
         let deadline = Instant::now() + Duration::from_secs(30);
         while json_lines(&results()).len() < 8 {
