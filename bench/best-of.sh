@@ -6,7 +6,8 @@
 #
 # INPUT: a file from `weir gen payments --profile bench`; default binary:
 # target/release/weir. Runs the binaries in turn, RUNS rounds (default 4),
-# over CONTRACT (default bench/paid_revenue.toml). Prints each binary's best
+# over CONTRACT (default bench/paid_revenue.toml), with RUN_ARGS added
+# (e.g. RUN_ARGS="--threads 1"; builds before --threads refuse it). Prints each binary's best
 # and, on standard error, every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ contract=${CONTRACT:-bench/paid_revenue.toml}
 for _ in $(seq "$runs"); do
     for b in "${bins[@]}"; do
         TIMEFORMAT='%U %S'
-        t=$({ time "$b" run "$contract" --input "$input" --output /dev/null 2>/dev/null; } 2>&1)
+        t=$({ time "$b" run "$contract" --input "$input" --output /dev/null ${RUN_ARGS:-} 2>/dev/null; } 2>&1)
         echo "$b $t" | tee /dev/stderr
     done
 done | awk -v n="$events" '{ c = $2 + $3; if (!($1 in best) || c < best[$1]) best[$1] = c }

@@ -20,6 +20,8 @@
 # then per workload the ratio of events per CPU-second, weir / Flink, over the
 # rounds.
 #
+# THREADS is weir's --threads (default 1: Flink runs at parallelism 1; both are
+# compared per CPU-second).
 # WEIR names a weir binary to measure (default: target/release/weir, built).
 # Needs Java 17 and PY, a Python with apache-flink==2.3.0:
 #   python3 -m venv ENV && ENV/bin/pip install apache-flink==2.3.0
@@ -35,6 +37,7 @@ workloads=("$@")
 PY=${PY:?set PY to a python with apache-flink==2.3.0 (python3 -m venv ENV && ENV/bin/pip install apache-flink==2.3.0)}
 "$PY" -c 'import pyflink' 2>/dev/null || { echo "PY=$PY has no pyflink; install apache-flink==2.3.0 into it" >&2; exit 2; }
 SEED=${SEED:-42}
+THREADS=${THREADS:-1}
 export SEED PY
 peers=${PEERS_DIR:-${TMPDIR:-/tmp}/weir-peers}
 shared=${PEERS_SRC:-$root/../shared/peers}
@@ -79,7 +82,7 @@ run_weir() {
     rm -rf "$out"
     mkdir -p "$out"
     /usr/bin/time -f "%e %U %S %M" -o "$out/time" "$weir" run "$contract" --input "$ev" \
-        --output "$out/rows.jsonl" --ledger "$out/ledger.jsonl" 2>"$out/summary"
+        --output "$out/rows.jsonl" --ledger "$out/ledger.jsonl" --threads "$THREADS" 2>"$out/summary"
     python3 bench/peer_rows.py "$out/rows.jsonl" "$out/csv" --shape "$shape" 2>>"$out/summary"
     if [ "$dir" = flink ]; then
         check=$(python3 "$peers/flink/check.py" "$tr" "$out/csv" --events "$ev" 2>/dev/null | sed -n 's/^CHECK //p')

@@ -7,7 +7,7 @@
 # bench`: ~150 bytes an event, 10,000 accounts, 5% out of order by up to 20 s,
 # 1% exact duplicates), runs bench/paid_revenue.toml over it, and prints the
 # user + system CPU time of the whole `weir run` process, events per
-# CPU-second and peak resident memory.
+# CPU-second and peak resident memory (one thread: `--threads 1`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p weir
@@ -21,7 +21,7 @@ for n in "${sizes[@]}"; do
     [ -s "$input" ] || "$weir" gen payments --events "$n" --seed 1 --profile bench --output "$input"
     log=$(mktemp)
     TIMEFORMAT='%U %S'
-    { time "$weir" run bench/paid_revenue.toml --input "$input" --output /dev/null 2>"$log"; } 2>"$log.time"
+    { time "$weir" run bench/paid_revenue.toml --input "$input" --output /dev/null --threads 1 2>"$log"; } 2>"$log.time"
     read -r user sys <"$log.time"
     bytes=$(stat -c %s "$input")
     rss=$(grep 'peak memory' "$log" | awk '{print $3, $4}')

@@ -43,6 +43,61 @@ pub struct EventIn<'a> {
     pub bytes: &'a [u8],
 }
 
+/// Steps 1 and 2 of SPEC.md 3.1 for one event: its size, and the parse
+/// (with the canonical payload hash under `[dedup]`, and where the plan's
+/// top-level names are). They need the contract and nothing of the engine's
+/// state, so another thread can do them while the engine counts the events
+/// before ([`Engine::process_read`]). Reuse one [`ReadEvent`] per event
+/// slot: its arena grows once.
+#[derive(Debug)]
+pub struct EventReader {
+    plan: Arc<Plan>,
+    hash_scratch: Vec<u8>,
+}
+
+/// What an [`EventReader`] made of one event.
+#[derive(Debug)]
+pub struct ReadEvent {
+    doc: Doc,
+    slots: Vec<u32>,
+    parsed: Result<u64, ParseError>,
+    too_large: bool,
+    utf8_ok: bool,
+    done: bool,
+}
+
+impl Default for ReadEvent {
+    fn default() -> ReadEvent {
+        ReadEvent {
+            doc: Doc::default(),
+            slots: Vec::new(),
+            parsed: Ok(0),
+            too_large: false,
+            utf8_ok: true,
+            done: false,
+        }
+    }
+}
+
+impl EventReader {
+    /// Reads one event: `text` is its bytes as text (with replacement
+    /// characters where `utf8_ok` is false), `bytes` their length.
+    pub fn read(&mut self, text: &str, bytes: usize, utf8_ok: bool, into: &mut ReadEvent) {
+        into.done = true;
+        into.utf8_ok = utf8_ok;
+        into.too_large = bytes > self.plan.max_event_bytes;
+        if into.too_large {
+            return;
+        }
+        into.parsed = if utf8_ok {
+            let scratch = self.plan.horizon_ms.is_some().then_some(&mut self.hash_scratch);
+            into.doc.parse_event(text, scratch, &self.plan.names, &mut into.slots, self.plan.bounds)
+        } else {
+            Err(ParseError::Malformed("not UTF-8 text".to_owned()))
+        };
+    }
+}
+
 /// How the engine treats time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Mode {
@@ -191,9 +246,8 @@ pub struct Engine {
     pub(crate) plan: Arc<Plan>,
     pub(crate) mode: Mode,
     pub(crate) st: State,
-    doc: Doc,
-    slots: Vec<u32>,
-    hash_scratch: Vec<u8>,
+    reader: EventReader,
+    read: ReadEvent,
     key_buf: Vec<u8>,
     contribs: Vec<Contrib>,
     agg_pass: Vec<bool>,
@@ -240,12 +294,11 @@ impl Engine {
 
     pub(crate) fn from_parts(plan: Arc<Plan>, mode: Mode, st: State) -> Engine {
         Engine {
+            reader: EventReader { plan: Arc::clone(&plan), hash_scratch: Vec::new() },
+            read: ReadEvent::default(),
             plan,
             mode,
             st,
-            doc: Doc::default(),
-            slots: Vec::new(),
-            hash_scratch: Vec::new(),
             key_buf: Vec::new(),
             contribs: Vec::new(),
             agg_pass: Vec::new(),
@@ -450,9 +503,53 @@ impl Engine {
                 (lossy.as_str(), false)
             }
         };
-        let ctx = Ctx { partition: event.partition, offset: event.offset, payload: text, time: None, id: None };
+        let mut read = std::mem::take(&mut self.read);
+        self.reader.read(text, event.bytes.len(), utf8_ok, &mut read);
+        let time = self.intake_read(event.partition, event.offset, text, &read, wm, out);
+        self.read = read;
+        time
+    }
+
+    /// Processes one event whose steps 1 and 2 an [`EventReader`] of this
+    /// engine already did (on another thread, say), `text` being what it
+    /// read: the same as [`Engine::process`] of the event's bytes.
+    pub fn process_read(&mut self, partition: u32, offset: u64, text: &str, read: &ReadEvent, out: &mut Output) {
+        debug_assert!(read.done, "an EventReader reads the event first");
+        self.st.counters.read += 1;
+        let wm_before = self.st.wm;
+        self.last_time = self.intake_read(partition, offset, text, read, wm_before, out);
+        if let Some(time) = self.last_time {
+            if self.mode == Mode::Stream {
+                self.advance(partition, time);
+            }
+        }
+        if self.mode == Mode::Stream {
+            self.emit(wm_before, false, out);
+        }
+    }
+
+    /// A reader for this engine's contract, to do steps 1 and 2 of events
+    /// apart from it ([`Engine::process_read`]).
+    pub fn reader(&self) -> EventReader {
+        // A copy of the plan, not the engine's: the engine clones its `Arc`
+        // for every event, and a reader on another thread reading the same
+        // allocation would fight over the count's cache line.
+        EventReader { plan: Arc::new(Plan::clone(&self.plan)), hash_scratch: Vec::new() }
+    }
+
+    /// Steps 1-7 of an event read by an [`EventReader`].
+    fn intake_read(
+        &mut self,
+        partition: u32,
+        offset: u64,
+        text: &str,
+        read: &ReadEvent,
+        wm: i64,
+        out: &mut Output,
+    ) -> Option<i64> {
+        let ctx = Ctx { partition, offset, payload: text, time: None, id: None };
         // 1. Size.
-        if event.bytes.len() > self.plan.max_event_bytes {
+        if read.too_large {
             let detail = format!(
                 "event is larger than max_event_bytes = {}; split it or raise the limit in [source]",
                 self.plan.max_event_bytes
@@ -460,21 +557,10 @@ impl Engine {
             record(&mut self.st.counters, out, &ctx, None, Reason::TooLarge, detail, None, None);
             return None;
         }
-        // 2. Parse.
-        let mut doc = std::mem::take(&mut self.doc);
-        // With [dedup], the payload's canonical hash comes from the same pass.
-        // One pass: parse, the canonical hash with [dedup], and where the
-        // plan's top-level names are.
-        let mut slots = std::mem::take(&mut self.slots);
-        let parsed = if utf8_ok {
-            let scratch = self.plan.horizon_ms.is_some().then_some(&mut self.hash_scratch);
-            doc.parse_event(text, scratch, &self.plan.names, &mut slots, self.plan.bounds)
-        } else {
-            Err(ParseError::Malformed("not UTF-8 text".to_owned()))
-        };
-        let result = match parsed {
+        // 2. Parse (done by the reader).
+        match &read.parsed {
             Err(ParseError::Malformed(why)) => {
-                let detail = if utf8_ok { format!("not JSON: {why}") } else { why };
+                let detail = if read.utf8_ok { format!("not JSON: {why}") } else { why.clone() };
                 record(&mut self.st.counters, out, &ctx, None, Reason::MalformedJson, detail, None, None);
                 None
             }
@@ -484,7 +570,7 @@ impl Engine {
                 None
             }
             Ok(payload_hash) => {
-                let root = doc.root(text);
+                let root = read.doc.root(text);
                 if root.tag() != Tag::Object {
                     record(
                         &mut self.st.counters,
@@ -499,14 +585,11 @@ impl Engine {
                     None
                 } else {
                     let mut ctx = Ctx { id: None, ..ctx };
-                    let event = Event::from_slots(root, &slots);
-                    self.intake_object(event, payload_hash, &mut ctx, wm, out)
+                    let event = Event::from_slots(root, &read.slots);
+                    self.intake_object(event, *payload_hash, &mut ctx, wm, out)
                 }
             }
-        };
-        self.doc = doc;
-        self.slots = slots;
-        result
+        }
     }
 
     fn intake_object<'a>(

@@ -386,7 +386,8 @@ pub fn candidate(events: u64, early: bool) -> Result<(), Failure> {
         .arg(&file)
         .arg("--input")
         .arg(&input)
-        .args(["--output", "/dev/null", "--ledger", "/dev/null"])
+        // One thread, as the candidate is built on one.
+        .args(["--output", "/dev/null", "--ledger", "/dev/null", "--threads", "1"])
         .output()
         .map_err(|e| fail(format!("cannot run weir run: {e}")))?;
     if !run.status.success() {
@@ -453,7 +454,8 @@ pub fn backfill(events: u64) -> Result<(), Failure> {
         .arg(&file)
         .arg("--input")
         .arg(&input)
-        .args(["--output", "/dev/null", "--ledger", "/dev/null"])
+        // One thread, as the backfill runs on one.
+        .args(["--output", "/dev/null", "--ledger", "/dev/null", "--threads", "1"])
         .output()
         .map_err(|e| fail(format!("cannot run weir batch: {e}")))?;
     if !batch.status.success() {

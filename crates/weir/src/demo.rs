@@ -80,6 +80,7 @@ pub fn demo(events: u64, dir: Option<&Path>) -> Result<(), Failure> {
         ledger: Some(ledger.clone()),
         no_final: false,
         mode: Mode::Stream,
+        threads: run::default_threads(),
     })?;
     eprintln!("\n2. batch: the same contract over the same events, whatever their arrival order\n");
     run::run(RunArgs {
@@ -89,6 +90,7 @@ pub fn demo(events: u64, dir: Option<&Path>) -> Result<(), Failure> {
         ledger: None,
         no_final: false,
         mode: Mode::Batch,
+        threads: run::default_threads(),
     })?;
     eprintln!("\n3. reconcile: the stream's last row of every window against the batch\n");
     let outcome = reconcile::reconcile_summary(&rows, &batch)?;

@@ -54,6 +54,10 @@ enum Command {
         /// Do not force the watermark to +infinity at the end of the input.
         #[arg(long)]
         no_final: bool,
+        /// 1: one thread; 2: one reads and parses while the other counts
+        /// (the same output). Default: 2 on a machine with two cores or more.
+        #[arg(long)]
+        threads: Option<usize>,
     },
     /// Run a contract as a batch: every valid, first-seen, included event counts; one settled row per key and window.
     Batch {
@@ -64,6 +68,9 @@ enum Command {
         output: Option<PathBuf>,
         #[arg(long)]
         ledger: Option<PathBuf>,
+        /// As for `weir run`.
+        #[arg(long)]
+        threads: Option<usize>,
     },
     /// Compare a pipeline's published rows with a system of record's export
     /// (`weir reconcile PIPELINE --against FILE --map ...`, on a server), or
@@ -597,11 +604,13 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Run { contract, input, output, ledger, no_final } => {
-            run::run(run::RunArgs { contract, input, output, ledger, no_final, mode: Mode::Stream })
+        Command::Run { contract, input, output, ledger, no_final, threads } => {
+            let threads = threads.unwrap_or_else(run::default_threads);
+            run::run(run::RunArgs { contract, input, output, ledger, no_final, mode: Mode::Stream, threads })
         }
-        Command::Batch { contract, input, output, ledger } => {
-            run::run(run::RunArgs { contract, input, output, ledger, no_final: false, mode: Mode::Batch })
+        Command::Batch { contract, input, output, ledger, threads } => {
+            let threads = threads.unwrap_or_else(run::default_threads);
+            run::run(run::RunArgs { contract, input, output, ledger, no_final: false, mode: Mode::Batch, threads })
         }
         Command::Reconcile { pipeline, against, map, tolerance, why, version, url, stream, batch, format } => {
             match (pipeline, against, stream, batch) {

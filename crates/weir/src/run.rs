@@ -4,11 +4,12 @@
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use weir_contract::Contract;
-use weir_engine::{Counters, Engine, EventIn, Mode, Output, Reason};
+use weir_engine::{Counters, Engine, EventIn, EventReader, Mode, Output, ReadEvent, Reason};
 
 use crate::outfile::Sink;
 use crate::procstat;
@@ -21,10 +22,21 @@ pub struct RunArgs {
     pub ledger: Option<PathBuf>,
     pub no_final: bool,
     pub mode: Mode,
+    /// 1: one thread does everything. 2 or more: one thread reads and
+    /// parses while another counts and writes. The output is the same.
+    pub threads: usize,
 }
 
+/// How many threads `weir run` uses unless told: two where the machine has
+/// two cores or more.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(2))
+}
+
+type Input = Box<dyn std::io::BufRead + Send>;
+
 /// Opens an input file or standard input (`-`).
-pub fn open_input(path: &Path) -> Result<Box<dyn std::io::BufRead>, Failure> {
+pub fn open_input(path: &Path) -> Result<Input, Failure> {
     if path == Path::new("-") {
         return Ok(Box::new(BufReader::with_capacity(1 << 20, std::io::stdin())));
     }
@@ -47,7 +59,12 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
     };
     let started = Instant::now();
     let cpu_before = procstat::cpu_seconds();
-    stream(&contract, &mut engine, input, &mut rows, &mut ledger, !args.no_final).map_err(Failure::run)?;
+    let finish = !args.no_final;
+    if args.threads > 1 {
+        stream_parallel(&contract, &mut engine, input, &mut rows, &mut ledger, finish).map_err(Failure::run)?;
+    } else {
+        stream(&contract, &mut engine, input, &mut rows, &mut ledger, finish).map_err(Failure::run)?;
+    }
     rows.commit().map_err(Failure::run)?;
     ledger.commit().map_err(Failure::run)?;
     summarise(&contract, &engine, args.mode, started, cpu_before);
@@ -57,7 +74,7 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
 fn stream(
     contract: &Contract,
     engine: &mut Engine,
-    input: Box<dyn std::io::BufRead>,
+    input: Input,
     rows: &mut Sink,
     ledger: &mut Sink,
     finish: bool,
@@ -80,6 +97,129 @@ fn stream(
     drain(engine, &mut out, &mut text, rows, ledger, write_ledger)?;
     rows.write(&text)?;
     Ok(())
+}
+
+/// Lines handed from the reading thread to the engine's: their text, and
+/// what the contract's [`EventReader`] made of each (steps 1 and 2).
+#[derive(Default)]
+struct Batch {
+    text: String,
+    lines: Vec<BatchLine>,
+    reads: Vec<ReadEvent>,
+}
+
+struct BatchLine {
+    start: usize,
+    end: usize,
+    number: u64,
+    /// The line's length in bytes as read (before any replacement character).
+    bytes: usize,
+    utf8_ok: bool,
+}
+
+/// A batch ends at this many events or bytes, whichever comes first.
+const BATCH_EVENTS: usize = 4096;
+const BATCH_BYTES: usize = 1 << 20;
+/// Batches read ahead of the engine.
+const BATCHES_AHEAD: usize = 4;
+
+/// [`stream`] on two threads: this one counts and writes, another reads the
+/// input and parses each line. The engine sees the same events in the same
+/// order, so rows and ledger are the same as [`stream`]'s.
+fn stream_parallel(
+    contract: &Contract,
+    engine: &mut Engine,
+    input: Input,
+    rows: &mut Sink,
+    ledger: &mut Sink,
+    finish: bool,
+) -> Result<()> {
+    let (full_tx, full_rx) = mpsc::sync_channel::<Result<Batch>>(BATCHES_AHEAD);
+    let (empty_tx, empty_rx) = mpsc::channel::<Batch>();
+    let reader = engine.reader();
+    let limit = contract.source.max_event_bytes;
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("weir-read".into())
+            .spawn_scoped(scope, move || read_batches(input, limit, reader, full_tx, empty_rx))
+            .context("cannot start the reading thread")?;
+        let mut out = Output::default();
+        let mut text = String::with_capacity(1 << 16);
+        let write_ledger = !matches!(ledger, Sink::Discard);
+        for batch in full_rx {
+            let batch = batch?;
+            for (line, read) in batch.lines.iter().zip(&batch.reads) {
+                engine.process_read(0, line.number, &batch.text[line.start..line.end], read, &mut out);
+                if !out.rows.is_empty() || !out.ledger.is_empty() {
+                    drain(engine, &mut out, &mut text, rows, ledger, write_ledger)?;
+                }
+            }
+            // The reader may have stopped; then the batch is dropped here.
+            let _ = empty_tx.send(batch);
+        }
+        if finish {
+            engine.finish(&mut out);
+        }
+        drain(engine, &mut out, &mut text, rows, ledger, write_ledger)?;
+        rows.write(&text)
+    })
+}
+
+/// The reading thread of [`stream_parallel`]: fills batches (reusing those
+/// sent back) and parses their lines, until the input ends, it cannot be
+/// read (the error is sent on), or the engine's thread stops taking them.
+fn read_batches(
+    input: Input,
+    limit: usize,
+    mut reader: EventReader,
+    full: SyncSender<Result<Batch>>,
+    empty: Receiver<Batch>,
+) {
+    let mut lines = crate::input::Lines::new(input, limit);
+    loop {
+        let mut batch = empty.try_recv().unwrap_or_default();
+        batch.text.clear();
+        batch.lines.clear();
+        let mut ended = false;
+        while batch.lines.len() < BATCH_EVENTS && batch.text.len() < BATCH_BYTES {
+            let line = match lines.next_line() {
+                Ok(Some(line)) => line,
+                Ok(None) => {
+                    ended = true;
+                    break;
+                }
+                Err(e) => {
+                    let _ = full.send(Err(anyhow::Error::new(e).context("cannot read the input")));
+                    return;
+                }
+            };
+            let start = batch.text.len();
+            let utf8_ok = match std::str::from_utf8(line.bytes) {
+                Ok(text) => {
+                    batch.text.push_str(text);
+                    true
+                }
+                Err(_) => {
+                    batch.text.push_str(&String::from_utf8_lossy(line.bytes));
+                    false
+                }
+            };
+            let end = batch.text.len();
+            batch.lines.push(BatchLine { start, end, number: line.number, bytes: line.bytes.len(), utf8_ok });
+        }
+        if batch.reads.len() < batch.lines.len() {
+            batch.reads.resize_with(batch.lines.len(), ReadEvent::default);
+        }
+        for (line, read) in batch.lines.iter().zip(&mut batch.reads) {
+            reader.read(&batch.text[line.start..line.end], line.bytes, line.utf8_ok, read);
+        }
+        if !batch.lines.is_empty() && full.send(Ok(batch)).is_err() {
+            return;
+        }
+        if ended {
+            return;
+        }
+    }
 }
 
 fn drain(

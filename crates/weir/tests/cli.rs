@@ -141,6 +141,63 @@ fn run_is_deterministic_and_reports_on_stderr() {
 }
 
 #[test]
+fn one_thread_and_two_give_the_same_rows_and_ledger() {
+    let (s, _, generated) = setup("threads", 20_000);
+    let contract =
+        s.write("small.toml", &CONTRACT.replace("max_delay = \"30s\"", "max_delay = \"30s\"\nmax_event_bytes = 400"));
+    // Lines the engine refuses in each of its first steps, spread over several of the
+    // reading thread's batches (4,096 lines or 1 MiB each), one longer than a batch.
+    let good = std::fs::read(&generated).unwrap();
+    let mut input = Vec::new();
+    for (i, line) in good.split(|&b| b == b'\n').filter(|l| !l.is_empty()).enumerate() {
+        input.extend_from_slice(line);
+        input.extend_from_slice(if i % 997 == 0 { b"\r\n" } else { b"\n" });
+        match i % 3001 {
+            5 => input.extend_from_slice(b"{\"payment_id\": \"\xff\xfe\", \"amount\": 1}\n"),
+            6 => input.extend_from_slice(b"not json\n\n[1, 2]\n"),
+            7 => input.extend_from_slice(format!("{{\"pad\": \"{}\"}}\n", "x".repeat(1000)).as_bytes()),
+            8 => input.extend_from_slice(format!("{{\"pad\": \"{}\"}}\n", "y".repeat(2 << 20)).as_bytes()),
+            _ => {}
+        }
+    }
+    let input_path = s.path("mixed.jsonl");
+    std::fs::write(&input_path, &input).unwrap();
+    let mut outputs = Vec::new();
+    for threads in ["1", "2", "3"] {
+        let (rows, ledger) = (s.path(&format!("rows{threads}")), s.path(&format!("ledger{threads}")));
+        let out = weir(&[
+            &"run",
+            &contract,
+            &"--input",
+            &input_path,
+            &"--output",
+            &rows,
+            &"--ledger",
+            &ledger,
+            &"--threads",
+            &threads,
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        outputs.push((std::fs::read_to_string(&rows).unwrap(), std::fs::read_to_string(&ledger).unwrap()));
+        let batch = s.path(&format!("batch{threads}"));
+        let out = weir(&[&"batch", &contract, &"--input", &input_path, &"--output", &batch, &"--threads", &threads]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        outputs.push((std::fs::read_to_string(&batch).unwrap(), String::new()));
+    }
+    let (rows, ledger) = &outputs[0];
+    for reason in ["too_large", "malformed_json", "duplicate", "too_late"] {
+        assert!(ledger.contains(&format!("\"reason\":\"{reason}\"")), "no {reason} in the ledger");
+    }
+    assert!(ledger.matches("\"reason\":\"malformed_json\"").count() >= 4 * 6, "each planted line is ledgered");
+    assert!(rows.lines().count() > 100, "{} rows", rows.lines().count());
+    for (i, (r, l)) in outputs.iter().enumerate().skip(1) {
+        let (first_rows, first_ledger) = &outputs[i % 2];
+        assert!(r == first_rows, "output {i} differs from the one-thread run's");
+        assert!(l == first_ledger, "ledger {i} differs from the one-thread run's");
+    }
+}
+
+#[test]
 fn output_to_a_named_pipe_writes_through_it_and_leaves_it_a_pipe() {
     use std::os::unix::fs::FileTypeExt;
     let (s, c, input) = setup("fifo", 500);
