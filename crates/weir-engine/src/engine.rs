@@ -531,10 +531,7 @@ impl Engine {
     /// A reader for this engine's contract, to do steps 1 and 2 of events
     /// apart from it ([`Engine::process_read`]).
     pub fn reader(&self) -> EventReader {
-        // A copy of the plan, not the engine's: the engine clones its `Arc`
-        // for every event, and a reader on another thread reading the same
-        // allocation would fight over the count's cache line.
-        EventReader { plan: Arc::new(Plan::clone(&self.plan)), hash_scratch: Vec::new() }
+        EventReader { plan: Arc::clone(&self.plan), hash_scratch: Vec::new() }
     }
 
     /// Steps 1-7 of an event read by an [`EventReader`].
