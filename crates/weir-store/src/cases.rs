@@ -220,7 +220,10 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
         text: &str,
         at_ms: i64,
     ) -> rusqlite::Result<i64> {
-        let tx = conn.unchecked_transaction()?;
+        // Immediate: a read first would leave a snapshot that another
+        // writer's commit makes stale, and the write would then fail at once
+        // ("database is locked") instead of waiting its turn.
+        let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)?;
         let found: Option<i64> = tx
             .query_row(
                 "SELECT id FROM cases WHERE pipeline = ?1 AND cause = ?2 AND status != 'resolved' ORDER BY id DESC LIMIT 1",

@@ -461,7 +461,8 @@ impl Store for SqliteStore {
         mitigate: bool,
     ) -> Result<usize> {
         self.with(|c| {
-            let tx = c.transaction()?;
+            // Immediate, as `cases::sqlite::raise`: it reads, then writes.
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
             let n = cases::sqlite::mark(&tx, pipeline, cause, entry, mitigate, weir_log::now_ms())?;
             tx.commit()?;
             Ok(n)

@@ -90,6 +90,43 @@ fn incidents_outlive_the_store_value_on_sqlite() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An alert raised while another connection (the pipeline's checkpoint)
+/// holds the write lock and then commits waits its turn and is kept, rather
+/// than failing with "database is locked" on a snapshot the commit made stale.
+#[test]
+fn an_incident_raised_during_another_write_waits_and_is_kept_on_sqlite() {
+    let dir = std::env::temp_dir().join(format!("weir-store-incidents-busy-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("weir.db");
+    weir_store::sqlite::migrate(&weir_store::sqlite::open(&db).unwrap()).unwrap();
+    let store = SqliteStore::new(db.clone(), 2);
+    let cause = "alert:max_watermark_age";
+    store.raise_incident("paid", cause, ("max_watermark_age firing", "billing-ops"), "before").unwrap();
+    for round in 0..5 {
+        let writer = weir_store::sqlite::open(&db).unwrap();
+        writer.execute_batch("BEGIN IMMEDIATE").unwrap();
+        writer.execute("INSERT INTO incidents (pipeline, at_ms, notification) VALUES ('paid', 1, '{}')", []).unwrap();
+        let commit = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            writer.execute_batch("COMMIT").unwrap();
+        });
+        let text = format!("during write {round}");
+        store.raise_incident("paid", cause, ("max_watermark_age firing", "billing-ops"), &text).unwrap();
+        let marked = store.mark_incidents("paid", Some(cause), ("note", "weir", "marked"), false).unwrap();
+        assert_eq!(marked, 1);
+        commit.join().unwrap();
+    }
+    let cases = store.incident_cases("paid", 10).unwrap();
+    assert_eq!(cases.len(), 1, "one incident for the one cause");
+    let (_, entries) = store.incident_case("paid", cases[0].id).unwrap().unwrap();
+    for round in 0..5 {
+        let text = format!("during write {round}");
+        assert!(entries.iter().any(|e| e.text == text), "{text} kept");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn incidents_outlive_the_store_value_on_postgres() {
     let schema = format!("weir_test_incidents_{}", std::process::id());
