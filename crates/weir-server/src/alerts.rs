@@ -251,20 +251,29 @@ fn evaluate(app: &App) {
             notes.push(note);
         }
         drop(state);
+        // The webhook first: a store that waits for its write lock (up to
+        // its busy timeout) holds up no one who is told.
+        let tell = |notes: &[serde_json::Value]| {
+            if let Some(url) = &webhook {
+                for note in notes {
+                    notify(app, url, note.clone());
+                }
+            }
+        };
+        tell(&notes);
         for note in &notes {
             if let Err(e) = raise_or_mitigate(p.store.as_ref(), name, note) {
                 eprintln!("weir: alert not kept in an incident ({e}): {note}");
             }
         }
         // The named checks raise and mitigate their incidents as they are judged.
-        notes.extend(crate::checks::evaluate(app, name, p, &status, now));
+        let checked = crate::checks::evaluate(app, name, p, &status, now);
+        tell(&checked);
+        notes.extend(checked);
         for note in notes {
             // Kept in the pipeline's store, so the incident list outlives a restart.
             if let Err(e) = p.store.record_incident(name, now, &note.to_string()) {
                 eprintln!("weir: alert notification not kept in the store ({e}): {note}");
-            }
-            if let Some(url) = &webhook {
-                notify(app, url, note);
             }
         }
     }
