@@ -5,7 +5,7 @@
 //! ```toml
 //! listen = "127.0.0.1:8080"
 //! idle_timeout = "30s"          # a partition silent this long stops holding the watermark back
-//! checkpoint_interval = "100ms" # results are published (and checkpointed) at least this often
+//! checkpoint_interval = "100ms" # results are published (and checkpointed) at least this often while behind; caught up, at once
 //! checkpoint_events = 50000     # ... and after at most this many events
 //! max_body_bytes = 67108864     # largest POST body
 //! max_events_per_request = 100000 # most events in one POST (413 past it, nothing appended)

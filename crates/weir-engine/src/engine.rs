@@ -409,17 +409,18 @@ impl Engine {
 
     /// Processes one event: steps 1-9 of SPEC.md section 3.1.
     pub fn process(&mut self, event: EventIn<'_>, out: &mut Output) {
-        self.st.counters.read += 1;
-        let wm_before = self.st.wm;
-        self.last_time = self.intake(event, wm_before, out);
-        if let Some(time) = self.last_time {
-            if self.mode == Mode::Stream {
-                self.advance(event.partition, time);
+        let lossy;
+        let (text, utf8_ok) = match std::str::from_utf8(event.bytes) {
+            Ok(text) => (text, true),
+            Err(_) => {
+                lossy = String::from_utf8_lossy(event.bytes).into_owned();
+                (lossy.as_str(), false)
             }
-        }
-        if self.mode == Mode::Stream {
-            self.emit(wm_before, false, out);
-        }
+        };
+        let mut read = std::mem::take(&mut self.read);
+        self.reader.read(text, event.bytes.len(), utf8_ok, &mut read);
+        self.process_read(event.partition, event.offset, text, &read, out);
+        self.read = read;
     }
 
     /// An event its source refused before the engine read it (a Kafka
@@ -491,23 +492,6 @@ impl Engine {
                 self.st.wm = wm;
             }
         }
-    }
-
-    /// Steps 1-7. Returns the event time when it was read (step 8 needs it).
-    fn intake(&mut self, event: EventIn<'_>, wm: i64, out: &mut Output) -> Option<i64> {
-        let lossy;
-        let (text, utf8_ok) = match std::str::from_utf8(event.bytes) {
-            Ok(text) => (text, true),
-            Err(_) => {
-                lossy = String::from_utf8_lossy(event.bytes).into_owned();
-                (lossy.as_str(), false)
-            }
-        };
-        let mut read = std::mem::take(&mut self.read);
-        self.reader.read(text, event.bytes.len(), utf8_ok, &mut read);
-        let time = self.intake_read(event.partition, event.offset, text, &read, wm, out);
-        self.read = read;
-        time
     }
 
     /// Processes one event whose steps 1 and 2 an [`EventReader`] of this

@@ -606,6 +606,8 @@ impl Run {
         self.batch.clear();
         self.source.read(&next, r.read_records.max(1), wait, &mut self.batch)?;
         let read_any = !self.batch.is_empty();
+        // A read that took fewer records than it could found no more waiting.
+        let short_read = self.batch.len() < r.read_records.max(1);
         let (now, wall) = (clock.monotonic_ms(), clock.wall_ms());
         let mut not_delivered = 0;
         {
@@ -693,7 +695,11 @@ impl Run {
             true => (self.interval.max(5_000), r.config.checkpoint_events.saturating_mul(CANDIDATE_EVENTS)),
             false => (self.interval, r.config.checkpoint_events),
         };
-        let due = now.saturating_sub(self.last_checkpoint) >= interval;
+        // Caught up (nothing more to read now, as far as the source knows), a scope publishes at
+        // once: a row waits for its checkpoint's commit, not for the interval. Behind, it waits
+        // for the interval or `checkpoint_events`, so catching up writes few large checkpoints.
+        let caught_up = short_read && !behind;
+        let due = caught_up || now.saturating_sub(self.last_checkpoint) >= interval;
         let mut checkpointed = Vec::new();
         {
             let mut held = lock(&self.held);

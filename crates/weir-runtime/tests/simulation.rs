@@ -829,3 +829,40 @@ fn the_runner_survives_every_fault_the_simulation_injects() {
 fn the_runner_survives_every_fault_the_simulation_injects_on_postgres_with_a_fence() {
     simulate_for(Kind::Postgres, 40);
 }
+
+/// A step that has read every record waiting checkpoints (publishes) at
+/// once, with no time passing; a step that left records unread waits for
+/// the interval (or `checkpoint_events`), so catching up writes few large
+/// checkpoints.
+fn caught_up_publishes_at_once(kind: Kind) {
+    let mut world = World::new(kind, 7);
+    world.read_records = 4;
+    world.start("server start");
+    world.step(false); // nothing to read yet
+    let stored = |world: &World| world.backend.stored_offsets().first().copied();
+    let first: Vec<(u32, Vec<u8>)> = (0..3).map(|_| (0, world.event(0))).collect();
+    world.append(first);
+    assert!(world.step(false), "{kind:?}: 3 records read, 4 allowed: caught up, so it checkpoints at once");
+    assert_eq!(stored(&world), Some(3), "{kind:?}: partition 0's stored offset");
+    // Ten more, read 4 at a time: behind until the last read, with the clock standing still.
+    let more: Vec<(u32, Vec<u8>)> = (0..10).map(|_| (0, world.event(0))).collect();
+    world.append(more);
+    assert!(!world.step(false), "{kind:?}: 4 of 10 read: behind, so it waits for the interval");
+    assert!(!world.step(false), "{kind:?}: 8 of 10 read: still behind");
+    assert_eq!(stored(&world), Some(3), "{kind:?}: a step behind checkpointed");
+    assert!(world.step(false), "{kind:?}: the last 2 read: caught up, it checkpoints");
+    assert_eq!(stored(&world), Some(13), "{kind:?}: partition 0's stored offset after catching up");
+    world.live = None;
+    world.backend.close();
+    let _ = std::fs::remove_dir_all(&world.dir);
+}
+
+#[test]
+fn a_caught_up_step_publishes_without_waiting_for_the_interval() {
+    caught_up_publishes_at_once(Kind::Sqlite);
+}
+
+#[test]
+fn a_caught_up_step_publishes_without_waiting_for_the_interval_on_postgres() {
+    caught_up_publishes_at_once(Kind::Postgres);
+}

@@ -154,11 +154,14 @@ impl Identity {
 pub struct SqliteCheckpoints {
     conn: Connection,
     id: Identity,
+    /// Copies the write-ahead log that `conn`'s commits leave ([`sqlite::open_writer`]).
+    _wal: Option<sqlite::WalCopier>,
 }
 
 impl SqliteCheckpoints {
     pub fn new(conn: Connection, contract: &Contract) -> SqliteCheckpoints {
-        SqliteCheckpoints { conn, id: Identity::of(contract) }
+        let wal = conn.path().filter(|p| !p.is_empty()).map(|p| sqlite::WalCopier::start(std::path::Path::new(p)));
+        SqliteCheckpoints { conn, id: Identity::of(contract), _wal: wal }
     }
 
     /// The connection, for what is not a checkpoint (tests look into it).

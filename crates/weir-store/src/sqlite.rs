@@ -219,8 +219,6 @@ pub fn open(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
-/// A pipeline's writing connection: a page cache of up to 64 MiB, so the
-/// tables a checkpoint touches stay in memory.
 /// Opens `path` read-only and checks that it holds this weir's schema
 /// version (listing and verifying change nothing).
 pub fn open_read_only(path: &Path) -> anyhow::Result<Connection> {
@@ -240,10 +238,61 @@ pub fn open_read_only(path: &Path) -> anyhow::Result<Connection> {
     Ok(conn)
 }
 
+/// A pipeline's writing connection: a page cache of up to 64 MiB, so the
+/// tables a checkpoint touches stay in memory; its commits do not copy the
+/// write-ahead log into the database (a [`WalCopier`] does, on a thread of its own).
 pub fn open_writer(path: &Path) -> rusqlite::Result<Connection> {
     let conn = open(path)?;
     conn.pragma_update(None, "cache_size", -65_536)?;
+    conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     Ok(conn)
+}
+
+/// How often a [`WalCopier`] copies the write-ahead log into the database.
+const WAL_COPY_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Copies a database's write-ahead log into the database every
+/// [`WAL_COPY_EVERY`] (SQLite's passive checkpoint), on a thread of its own,
+/// for a writer whose commits do not ([`open_writer`]): a pipeline's commit
+/// appends its pages to the log and returns, and the copy, with its fsync of
+/// the database file, runs on the other core. Stops when dropped.
+pub struct WalCopier {
+    stop: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WalCopier {
+    pub fn start(path: &Path) -> WalCopier {
+        let stop = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let (flag, path) = (std::sync::Arc::clone(&stop), path.to_owned());
+        let thread = std::thread::Builder::new()
+            .name("weir-wal-copy".into())
+            .spawn(move || {
+                // Without its own connection the copy falls to the next connection that opens or closes.
+                let Ok(conn) = Connection::open(&path) else { return };
+                let (stopped, wake) = &*flag;
+                let mut stopped = stopped.lock().unwrap_or_else(|e| e.into_inner());
+                while !*stopped {
+                    stopped = wake.wait_timeout(stopped, WAL_COPY_EVERY).unwrap_or_else(|e| e.into_inner()).0;
+                    // Passive: never waits for a reader or a writer; what it cannot copy now, the next copy does.
+                    let _: rusqlite::Result<(i64, i64, i64)> =
+                        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)));
+                }
+            })
+            .ok();
+        WalCopier { stop, thread }
+    }
+}
+
+impl Drop for WalCopier {
+    fn drop(&mut self) {
+        let (stopped, wake) = &*self.stop;
+        *stopped.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        wake.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Creates the schema, or checks that the database's is this build's.

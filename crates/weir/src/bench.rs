@@ -304,7 +304,34 @@ pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
         pct(0.99),
         pct(1.0)
     );
+    // Where the time goes: how many checkpoints, how long each took, and an event's wait for processing.
+    let mean = |name: &str| {
+        metric(&agent, &server, &format!("{name}_sum")).zip(metric(&agent, &server, &format!("{name}_count")))
+    };
+    if let (Some((cs, cn)), Some((ps, pn))) =
+        (mean("weir_checkpoint_duration_seconds"), mean("weir_processing_latency_seconds"))
+    {
+        println!(
+            "latency: {cn:.0} checkpoints of paid_revenue, {:.1} ms each on average; append to processing {:.1} ms on average",
+            cs / cn.max(1.0) * 1e3,
+            ps / pn.max(1.0) * 1e3
+        );
+    }
     Ok(())
+}
+
+/// A sample of `name` for the pipeline `paid_revenue` in `/metrics`.
+fn metric(agent: &ureq::Agent, server: &Server, name: &str) -> Option<f64> {
+    let url = format!("{}/metrics", server.base);
+    let text = crate::client::with_token(agent.get(&url), Some(&server.operator))
+        .call()
+        .ok()?
+        .body_mut()
+        .read_to_string()
+        .ok()?;
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains("pipeline=\"paid_revenue\""))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 pub fn recovery(events: u64) -> Result<(), Failure> {
