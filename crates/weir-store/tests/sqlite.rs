@@ -340,3 +340,30 @@ fn point_4_provenance_reads_its_keys_rows_by_their_place_and_older_rows_are_plac
     drop(conn);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A pipeline's writing connection leaves its pages in the write-ahead log
+/// at each commit; its `WalCopier` copies them into the database file.
+#[test]
+fn a_writers_commits_stay_in_the_wal_until_its_copier_copies_them() {
+    let dir = std::env::temp_dir().join(format!("weir-store-wal-copy-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("weir.db");
+    let conn = weir_store::sqlite::open_writer(&path).unwrap();
+    conn.execute_batch("CREATE TABLE filler (b BLOB NOT NULL)").unwrap();
+    // Far past SQLite's default of copying at 1,000 pages of log.
+    for _ in 0..100 {
+        conn.execute("INSERT INTO filler VALUES (zeroblob(65536))", []).unwrap();
+    }
+    let size = || std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    assert!(size() < 1 << 20, "the commits copied the log into the database: {} bytes", size());
+    let copier = weir_store::sqlite::WalCopier::start(&path);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while size() < 6 << 20 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(size() >= 6 << 20, "the copier did not copy the log: the database has {} bytes", size());
+    drop(copier);
+    drop(conn);
+    let _ = std::fs::remove_dir_all(&dir);
+}
