@@ -3,6 +3,7 @@
 # workers, and what the Postgres checkpoint costs per event.
 #
 #   bench/kafka.sh [EVENTS]            default: 500000
+#   WEIR=OTHER/weir bench/kafka.sh     the same with another build
 #
 # Starts tansu (the Kafka-API broker of the tests, in memory) on a free port,
 # generates EVENTS payments (`weir gen payments --profile bench`), produces
@@ -15,8 +16,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-500000}
 pg=${WEIR_TEST_POSTGRES:-host=127.0.0.1 user=postgres dbname=test}
-cargo build --release -q -p weir
-weir=$PWD/target/release/weir
+# WEIR=path/to/weir runs that build instead of this tree's (to compare two builds).
+if [ -n "${WEIR:-}" ]; then
+    weir=$WEIR
+else
+    cargo build --release -q -p weir
+    weir=$PWD/target/release/weir
+fi
 dir=$(mktemp -d)
 pids=()
 cleanup() {
