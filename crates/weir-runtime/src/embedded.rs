@@ -52,13 +52,20 @@ impl LogSource {
         self
     }
 
-    fn read_once(&self, next: &[(u32, u64)], max: usize, batch: &mut Batch) -> anyhow::Result<()> {
+    /// Reads up to `max` records of each partition in turn; true when a
+    /// partition gave all `max` (it may have more). A read cut short by
+    /// `READ_BYTES` is not full, but the runner still sees from the log's
+    /// ends, read before, that the partition has more.
+    fn read_once(&self, next: &[(u32, u64)], max: usize, batch: &mut Batch) -> anyhow::Result<bool> {
+        let mut full = false;
         for &(p, from) in next {
-            for rec in self.log.read(&self.topic, p, from, max, READ_BYTES)? {
+            let records = self.log.read(&self.topic, p, from, max, READ_BYTES)?;
+            full |= records.len() >= max;
+            for rec in records {
                 batch.push(p, rec.offset, Some(rec.append_ms), &rec.payload);
             }
         }
-        Ok(())
+        Ok(full)
     }
 }
 
@@ -74,16 +81,16 @@ impl Source for LogSource {
         Ok(())
     }
 
-    fn read(&mut self, next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> anyhow::Result<()> {
-        self.read_once(next, max, batch)?;
+    fn read(&mut self, next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> anyhow::Result<bool> {
+        let full = self.read_once(next, max, batch)?;
         if !batch.is_empty() || wait.is_zero() {
-            return Ok(());
+            return Ok(full);
         }
         if let (Some(runtime), Some(changes)) = (&self.runtime, self.changes.as_mut()) {
             let _ = runtime.block_on(async { tokio::time::timeout(wait, changes.changed()).await });
-            self.read_once(next, max, batch)?;
+            return self.read_once(next, max, batch);
         }
-        Ok(())
+        Ok(false)
     }
 
     fn ends(&mut self, partitions: &[u32]) -> anyhow::Result<Vec<(u32, u64)>> {

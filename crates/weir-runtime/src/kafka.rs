@@ -252,8 +252,8 @@ impl Source for KafkaSource {
         Ok(())
     }
 
-    fn read(&mut self, _next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> anyhow::Result<()> {
-        let Some(consumer) = self.consumer.as_ref() else { return Ok(()) };
+    fn read(&mut self, _next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> anyhow::Result<bool> {
+        let Some(consumer) = self.consumer.as_ref() else { return Ok(false) };
         while batch.len() < max {
             let wait = if batch.is_empty() { wait } else { Duration::ZERO };
             let polled = consumer.poll(wait);
@@ -278,7 +278,7 @@ impl Source for KafkaSource {
                 }
             }
         }
-        Ok(())
+        Ok(batch.len() >= max)
     }
 
     fn ends(&mut self, partitions: &[u32]) -> anyhow::Result<Vec<(u32, u64)>> {

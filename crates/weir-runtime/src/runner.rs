@@ -20,7 +20,9 @@
 //!    counted, never silent);
 //! 3. marks a partition silent for `idle_timeout` idle (where an engine
 //!    reads several);
-//! 4. every `checkpoint_interval` (from the end of the last checkpoint), or
+//! 4. as soon as the step has caught up (its read stopped short of its
+//!    limit, and no held partition is known to have more), or while behind
+//!    every `checkpoint_interval` (from the end of the last checkpoint) or
 //!    after `checkpoint_events` events, commits a checkpoint of each changed
 //!    scope: rows, ledger entries, the engine's changed state and the
 //!    offsets, in one transaction, refused by the fence if another worker
@@ -70,7 +72,9 @@ pub trait Source: Send {
     /// from each partition where the source reads them in turn), from
     /// `next`, the runner's next offset per partition, where the source
     /// keeps no position of its own; waits up to `wait` when nothing is there.
-    fn read(&mut self, next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> anyhow::Result<()>;
+    /// True when the read stopped at its limit (`max` records in all, or
+    /// from one partition): more may be waiting.
+    fn read(&mut self, next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> anyhow::Result<bool>;
     /// The end (one past the last record) of each of `partitions`, as the
     /// source last learned it (it may ask the broker at most once a second).
     fn ends(&mut self, partitions: &[u32]) -> anyhow::Result<Vec<(u32, u64)>>;
@@ -604,10 +608,9 @@ impl Run {
             }
         }
         self.batch.clear();
-        self.source.read(&next, r.read_records.max(1), wait, &mut self.batch)?;
+        // A read that stopped short of its limit found no more waiting.
+        let short_read = !self.source.read(&next, r.read_records.max(1), wait, &mut self.batch)?;
         let read_any = !self.batch.is_empty();
-        // A read that took fewer records than it could found no more waiting.
-        let short_read = self.batch.len() < r.read_records.max(1);
         let (now, wall) = (clock.monotonic_ms(), clock.wall_ms());
         let mut not_delivered = 0;
         {

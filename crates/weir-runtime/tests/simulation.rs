@@ -857,6 +857,40 @@ fn caught_up_publishes_at_once(kind: Kind) {
     let _ = std::fs::remove_dir_all(&world.dir);
 }
 
+/// The log reads up to `read_records` from each partition in turn: a read
+/// that took more than that in all, but fewer from every partition, read
+/// each to its end and is caught up.
+fn caught_up_over_partitions_publishes_at_once(kind: Kind) {
+    let mut world = World::new(kind, 7);
+    world.read_records = 4;
+    world.start("server start");
+    world.step(false); // nothing to read yet
+    let both: Vec<(u32, Vec<u8>)> = (0..6).map(|i| (i % 2, world.event(i % 2))).collect();
+    world.append(both);
+    assert!(world.step(false), "{kind:?}: 3 records from each of two partitions, 4 allowed from each: caught up");
+    let stored = world.backend.stored_offsets();
+    assert_eq!(stored.get(..2), Some(&[3, 3][..]), "{kind:?}: partitions 0 and 1's stored offsets");
+    // Four from one partition: it may have more, so the step waits for the interval.
+    let more: Vec<(u32, Vec<u8>)> = (0..4).map(|_| (1, world.event(1))).collect();
+    world.append(more);
+    assert!(!world.step(false), "{kind:?}: 4 of partition 1's records read, 4 allowed: maybe behind");
+    assert!(world.step(false), "{kind:?}: nothing more read: caught up, it checkpoints");
+    assert_eq!(world.backend.stored_offsets().get(1), Some(&7), "{kind:?}: partition 1's stored offset");
+    world.live = None;
+    world.backend.close();
+    let _ = std::fs::remove_dir_all(&world.dir);
+}
+
+#[test]
+fn a_step_that_read_every_partition_to_its_end_publishes_at_once() {
+    caught_up_over_partitions_publishes_at_once(Kind::Sqlite);
+}
+
+#[test]
+fn a_step_that_read_every_partition_to_its_end_publishes_at_once_on_postgres() {
+    caught_up_over_partitions_publishes_at_once(Kind::Postgres);
+}
+
 #[test]
 fn a_caught_up_step_publishes_without_waiting_for_the_interval() {
     caught_up_publishes_at_once(Kind::Sqlite);

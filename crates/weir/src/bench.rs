@@ -252,7 +252,7 @@ pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
                             continue;
                         }
                         if let Some(t) = sent_at.lock().unwrap_or_else(|e| e.into_inner()).get(n) {
-                            latencies.push(now.duration_since(*t));
+                            latencies.push((now.duration_since(*t), n));
                         }
                     }
                 }
@@ -296,7 +296,7 @@ pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
         return Err(fail("no probe row was seen".into()));
     }
     l.sort();
-    let pct = |p: f64| l[((l.len() as f64 * p).ceil() as usize).clamp(1, l.len()) - 1].as_secs_f64() * 1e3;
+    let pct = |p: f64| l[((l.len() as f64 * p).ceil() as usize).clamp(1, l.len()) - 1].0.as_secs_f64() * 1e3;
     println!(
         "latency: {posted} events at {achieved:.0}/s for {seconds} s; POST to row visible in /changes over {} batches: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         l.len(),
@@ -317,7 +317,46 @@ pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
             ps / pn.max(1.0) * 1e3
         );
     }
+    // The tail: how many checkpoints took longer than each bound, and when the slowest probes were sent.
+    let buckets = histogram(&agent, &server, "weir_checkpoint_duration_seconds");
+    if let Some(&(_, all)) = buckets.last() {
+        let over: Vec<String> = buckets
+            .iter()
+            .filter(|(le, _)| (0.01..=0.25).contains(le))
+            .map(|(le, n)| format!("{:.0} over {:.0} ms", all - n, le * 1e3))
+            .collect();
+        println!("latency: of {all:.0} checkpoints, {}", over.join(", "));
+    }
+    let slowest: Vec<String> = l
+        .iter()
+        .rev()
+        .take(5)
+        .map(|(d, n)| format!("{:.0} ms sent at {:.2} s", d.as_secs_f64() * 1e3, *n as f64 * 0.05))
+        .collect();
+    println!("latency: slowest probes: {}", slowest.join(", "));
     Ok(())
+}
+
+/// The cumulative buckets `(le, count)` of the histogram `name` for the
+/// pipeline `paid_revenue` in `/metrics`, `+Inf` last.
+fn histogram(agent: &ureq::Agent, server: &Server, name: &str) -> Vec<(f64, f64)> {
+    let url = format!("{}/metrics", server.base);
+    let Some(text) = crate::client::with_token(agent.get(&url), Some(&server.operator))
+        .call()
+        .ok()
+        .and_then(|mut r| r.body_mut().read_to_string().ok())
+    else {
+        return Vec::new();
+    };
+    let prefix = format!("{name}_bucket{{");
+    text.lines()
+        .filter(|l| l.starts_with(&prefix) && l.contains("pipeline=\"paid_revenue\""))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect()
 }
 
 /// A sample of `name` for the pipeline `paid_revenue` in `/metrics`.
