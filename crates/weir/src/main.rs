@@ -494,7 +494,7 @@ enum BenchWhat {
         #[arg(long, default_value_t = 4)]
         connections: usize,
     },
-    /// From POST to the row visible in /changes, at a steady rate.
+    /// From POST to the row visible in /changes, at a steady rate; also how long the checkpoints took and when the slowest probes were sent.
     Latency {
         #[arg(long, default_value_t = 20_000)]
         rate: u64,
