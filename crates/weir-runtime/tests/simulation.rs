@@ -355,7 +355,7 @@ fn log_options() -> LogOptions {
 
 impl World {
     fn new(kind: Kind, seed: u64) -> World {
-        let dir = std::env::temp_dir().join(format!("weir-sim-{}-{seed}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("weir-sim-{}-{kind:?}-{seed}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let contract = Contract::parse("sim.toml", CONTRACT).unwrap();
@@ -834,8 +834,15 @@ fn the_runner_survives_every_fault_the_simulation_injects_on_postgres_with_a_fen
 /// once, with no time passing; a step that left records unread waits for
 /// the interval (or `checkpoint_events`), so catching up writes few large
 /// checkpoints.
+/// Seeds of the tests below: a world's folder is named by its process,
+/// backend and seed, its Postgres schema by its process and seed, and the
+/// tests of one binary share a process, so each test has a seed of its own,
+/// above those `simulate_for` draws.
+const CAUGHT_UP_SEED: u64 = 9_000_000;
+const CAUGHT_UP_OVER_PARTITIONS_SEED: u64 = 9_000_001;
+
 fn caught_up_publishes_at_once(kind: Kind) {
-    let mut world = World::new(kind, 7);
+    let mut world = World::new(kind, CAUGHT_UP_SEED);
     world.read_records = 4;
     world.start("server start");
     world.step(false); // nothing to read yet
@@ -861,7 +868,7 @@ fn caught_up_publishes_at_once(kind: Kind) {
 /// that took more than that in all, but fewer from every partition, read
 /// each to its end and is caught up.
 fn caught_up_over_partitions_publishes_at_once(kind: Kind) {
-    let mut world = World::new(kind, 7);
+    let mut world = World::new(kind, CAUGHT_UP_OVER_PARTITIONS_SEED);
     world.read_records = 4;
     world.start("server start");
     world.step(false); // nothing to read yet
