@@ -130,6 +130,10 @@ fn produce_results_and_a_refusal_on_a_damaged_log() {
     let missing = weir_as(&t.reader, &[&"results", &"nope", &"--url", &base]);
     assert!(text(&missing.stderr).contains("no pipeline \"nope\""), "{}", text(&missing.stderr));
 
+    // The server takes 4 KiB pages (BENCHMARKS.md, issue 19): Linux says so of the process.
+    let proc_status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    assert!(proc_status.lines().any(|l| l.split_whitespace().eq(["THP_enabled:", "0"])), "{proc_status}");
+
     // SIGTERM stops it cleanly (a last checkpoint, exit 0).
     let term = std::process::Command::new("kill").arg("-TERM").arg(server.child.id().to_string()).status().unwrap();
     assert!(term.success());
