@@ -60,8 +60,10 @@ use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError
 /// partition, pauses, held rows, replays and annotations.
 /// version 4 keys a pipeline's tables by contract version too and adds
 /// `versions` (SPEC.md 8); version 5 gives rows and ledger entries their
-/// key's `place` (see `sqlite::place`), indexed for provenance.
-pub const SCHEMA_VERSION: i64 = 5;
+/// key's `place` (see `sqlite::place`), indexed for provenance; version 6
+/// has each row name its window's previous row (`previous`, see
+/// `sqlite::name_previous_rows`) in place of the index of rows by place.
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Connects to `url` (`postgresql://user@host:port/db` or `host=... user=...`),
 /// with TLS as its libpq settings say (see [`crate::pg_tls`]).
@@ -102,7 +104,8 @@ CREATE TABLE IF NOT EXISTS {schema}.results (
 CREATE TABLE IF NOT EXISTS {schema}.changes (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, row TEXT NOT NULL,
     at_ms BIGINT NOT NULL, run BIGINT NOT NULL, sources TEXT NOT NULL,
-    version INTEGER NOT NULL DEFAULT 0, kind TEXT NOT NULL DEFAULT 'row', place BIGINT, PRIMARY KEY (pipeline, seq));
+    version INTEGER NOT NULL DEFAULT 0, kind TEXT NOT NULL DEFAULT 'row', place BIGINT, previous BIGINT,
+    PRIMARY KEY (pipeline, seq));
 CREATE TABLE IF NOT EXISTS {schema}.ledger (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
     at_ms BIGINT NOT NULL DEFAULT 0, erased BOOLEAN NOT NULL DEFAULT false, version INTEGER NOT NULL DEFAULT 0,
@@ -279,6 +282,19 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
         place_stored(&mut tx, schema)?;
         version = 5;
     }
+    if version == 5 {
+        // Each row names its key and window's previous row in its version.
+        tx.batch_execute(&format!(
+            "ALTER TABLE {schema}.changes ADD COLUMN IF NOT EXISTS previous BIGINT;
+             UPDATE {schema}.changes c SET previous = p.prev
+               FROM (SELECT pipeline, seq, lag(seq) OVER (
+                         PARTITION BY pipeline, version, row::jsonb -> 'key', row::jsonb -> 'window_start'
+                         ORDER BY seq) AS prev
+                       FROM {schema}.changes WHERE kind = 'row') p
+              WHERE c.pipeline = p.pipeline AND c.seq = p.seq AND p.prev IS NOT NULL;"
+        ))?;
+        version = 6;
+    }
     if version != SCHEMA_VERSION {
         anyhow::bail!(
             "the Postgres schema {schema} has weir schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or another [postgres] schema"
@@ -293,8 +309,7 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
          DROP INDEX IF EXISTS {schema}.ledger_reason;
          CREATE INDEX IF NOT EXISTS ledger_by_version ON {schema}.ledger (pipeline, version, reason, seq);
          CREATE INDEX IF NOT EXISTS changes_by_version ON {schema}.changes (pipeline, version, seq);
-         CREATE INDEX IF NOT EXISTS changes_by_place ON {schema}.changes (pipeline, version, place, seq)
-           WHERE place IS NOT NULL;
+         DROP INDEX IF EXISTS {schema}.changes_by_place;
          CREATE INDEX IF NOT EXISTS ledger_by_place ON {schema}.ledger (pipeline, version, place)
            WHERE place IS NOT NULL;"
     ))?;
@@ -854,7 +869,9 @@ pub(crate) struct RowsAt<'a> {
 
 /// Writes `rows` to the change stream from `first_seq` on and each
 /// window's last one to `results` (`held_results` while paused), only over
-/// a lower revision.
+/// a lower revision. Each row names its window's previous row: an earlier
+/// one of these rows, or the one `held_results` (while paused) or
+/// `results` holds.
 pub(crate) fn write_rows(
     tx: &mut Transaction<'_>,
     schema: &str,
@@ -871,6 +888,9 @@ pub(crate) fn write_rows(
     let mut texts = Vec::with_capacity(rows.len());
     let mut sources = Vec::with_capacity(rows.len());
     let mut places = Vec::with_capacity(rows.len());
+    let (mut earlier, mut keys, mut starts) =
+        (Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()));
+    let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::new();
     let mut one = String::new();
     for (i, row) in rows.iter().enumerate() {
         let seq = first_seq + i as i64;
@@ -881,21 +901,33 @@ pub(crate) fn write_rows(
         places.push(crate::sqlite::place(&row.key));
         texts.push(text);
         sources.push(one.clone());
+        let start = row.window_start.unwrap_or(GLOBAL_START);
+        earlier.push(last.insert((&row.key[..], start), i).map(|e| first_seq + e as i64));
+        keys.push(&row.key[..]);
+        starts.push(start);
     }
+    // A window's first row of the checkpoint: its previous is the stored one.
+    let stored = |table: &str| {
+        format!(
+            "(SELECT substring(o.row from '^\\{{\"seq\":([0-9]+)')::BIGINT FROM {schema}.{table} o
+               WHERE o.pipeline = $1 AND o.version = $8 AND o.key = k AND o.window_start = ws)"
+        )
+    };
+    let previous = match paused {
+        true => format!("coalesce(pv, {}, {})", stored("held_results"), stored("results")),
+        false => format!("coalesce(pv, {})", stored("results")),
+    };
     tx.execute(
         &format!(
-            "INSERT INTO {schema}.changes (pipeline, seq, partition, row, at_ms, run, sources, version, place)
-             SELECT $1, s, $2, r, $3, $4, src, $8, pl
-               FROM UNNEST($5::BIGINT[], $6::TEXT[], $7::TEXT[], $9::BIGINT[]) AS t(s, r, src, pl)"
+            "INSERT INTO {schema}.changes (pipeline, seq, partition, row, at_ms, run, sources, version, place, previous)
+             SELECT $1, s, $2, r, $3, $4, src, $8, pl, {previous}
+               FROM UNNEST($5::BIGINT[], $6::TEXT[], $7::TEXT[], $9::BIGINT[], $10::BIGINT[], $11::BYTEA[], $12::BIGINT[])
+                 AS t(s, r, src, pl, pv, k, ws)"
         ),
-        &[&w.pipeline, &p, &w.now_ms, &w.run, &seqs, &texts, &sources, &v, &places],
+        &[&w.pipeline, &p, &w.now_ms, &w.run, &seqs, &texts, &sources, &v, &places, &earlier, &keys, &starts],
     )?;
     // Only each window's last row of the checkpoint goes to `results`, and
     // only over a lower revision.
-    let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::new();
-    for (i, row) in rows.iter().enumerate() {
-        last.insert((&row.key[..], row.window_start.unwrap_or(GLOBAL_START)), i);
-    }
     let mut latest: Vec<usize> = last.into_values().collect();
     latest.sort_unstable();
     let (mut keys, mut starts, mut ends, mut statuses, mut revisions, mut latest_texts) =
@@ -1147,7 +1179,7 @@ pub fn row_origin(
     let Some(found) = client.query_opt(
         &format!(
             "SELECT c.row, c.at_ms, c.sources, r.id, r.version, r.text_hash, r.weir_version, r.started_ms, r.worker, r.partition,
-                    c.place
+                    c.place, c.previous
                FROM {schema}.changes c LEFT JOIN {schema}.runs r ON r.id = c.run
               WHERE c.pipeline = $1 AND c.seq = $2 AND c.kind = 'row' AND c.seq < {}",
             published_below(schema)
@@ -1172,25 +1204,18 @@ pub fn row_origin(
             p => format!("worker {} took partition {p}", found.get::<_, String>(8)),
         },
     });
-    // Only the rows and entries of the row's key are read (see `sqlite::row_origin`).
+    // Only the entries of the row's key are read (see `sqlite::row_origin`).
     let at: Option<i64> = found.get(10);
     let of_key = |n: usize| match at {
         Some(_) => format!("place = ${n}"),
         None => format!("${n}::BIGINT IS NULL"),
     };
-    let previous = client
-        .query_opt(
-            &format!(
-                "SELECT seq, row FROM {schema}.changes WHERE pipeline = $1 AND seq < $2 AND kind = 'row'
-                   AND version = ($3::text::jsonb ->> 'version')::INTEGER AND {}
-                   AND (row::jsonb -> 'key') = ($3::text::jsonb -> 'key')
-                   AND (row::jsonb -> 'window_start') = ($3::text::jsonb -> 'window_start')
-                 ORDER BY seq DESC LIMIT 1",
-                of_key(4)
-            ),
-            &[&pipeline, &seq, &text, &at],
-        )?
-        .map(|r| (r.get::<_, i64>(0), serde_json::from_str(&r.get::<_, String>(1)).unwrap_or(serde_json::Value::Null)));
+    let previous = match found.get::<_, Option<i64>>(11) {
+        Some(p) => client
+            .query_opt(&format!("SELECT row FROM {schema}.changes WHERE pipeline = $1 AND seq = $2"), &[&pipeline, &p])?
+            .map(|r| (p, serde_json::from_str(&r.get::<_, String>(0)).unwrap_or(serde_json::Value::Null))),
+        None => None,
+    };
     let ledgered = client
         .query(
             &format!(

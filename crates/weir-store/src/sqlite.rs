@@ -7,14 +7,15 @@
 //! one, the engine's changed state, and the log offsets it consumed. After
 //! any crash the database holds some checkpoint whole, never a part.
 //!
-//! Schema version 8 (older ones are migrated in place: version 1's
+//! Schema version 9 (older ones are migrated in place: version 1's
 //! `changes` gains `at_ms`, `run` and `sources`, and `runs` is created;
 //! version 2's `audit` gains `origin` and its hash chain, and `tokens` is
 //! created; version 3's `ledger` gains `at_ms` and `erased`, its entries
 //! dated at the migration; version 4's `pipelines` gains `replayed`;
 //! version 5's tables are keyed by contract version too, see `migrate_5_to_6`;
 //! version 6's `audit` gains `key_id`; version 7's `changes` and `ledger`
-//! gain `place`):
+//! gain `place`; version 8's `changes` gains `previous`, computed for every
+//! row stored, and loses the index `changes_by_place`):
 //!
 //! | table | holds |
 //! |---|---|
@@ -26,7 +27,7 @@
 //! | `state_windows` | the engine's open windows, by their hash |
 //! | `state_id_batches` | the ids each checkpoint remembered (or forgot, by a correction), one row per checkpoint in the engine's batch form (`Delta::ids`; 44 bytes an id without corrections), deleted once all have expired |
 //! | `results` | per version: the latest row of every key and window |
-//! | `changes` | every row of every version in emission order (`seq` from 1 per pipeline), with its version, the checkpoint's time, the run that made it, its sources (`[[partition, first offset, last offset, events], ...]`) and its key's `place` (indexed, see [`place`]); and the `version` entries of promotes and rollbacks (`kind = 'version'`) |
+//! | `changes` | every row of every version in emission order (`seq` from 1 per pipeline), with its version, the checkpoint's time, the run that made it, its sources (`[[partition, first offset, last offset, events], ...]`), its key's `place` (see [`place`]) and `previous`, the `seq` of the row its key and window had before it (none for a window's first); and the `version` entries of promotes and rollbacks (`kind = 'version'`) |
 //! | `runs` | every start of a pipeline (at server start, after a failure, at a replay): contract version and hash, weir's version |
 //! | `ledger` | every ledger entry in order (`seq` from 1), with its checkpoint's time and its key's `place`; `erased` once its payload and detail are erased for retention ([`erase_ledger_payloads`]) |
 //! | `ledger_raw` | where the contract names personal fields: each ledger entry whole (the `ledger` row is masked); read only for a raw-reader (see `privacy.rs`) |
@@ -47,7 +48,7 @@ use weir_engine::{Delta, LedgerEntry, Output, Row, RowFormat};
 
 use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError, Version, VersionState};
 
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -77,7 +78,7 @@ CREATE TABLE IF NOT EXISTS results (
 CREATE TABLE IF NOT EXISTS changes (
     pipeline TEXT NOT NULL, seq INTEGER NOT NULL, row TEXT NOT NULL,
     at_ms INTEGER, run INTEGER, sources TEXT, version INTEGER NOT NULL DEFAULT 0, kind TEXT NOT NULL DEFAULT 'row',
-    place INTEGER, PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
+    place INTEGER, previous INTEGER, PRIMARY KEY (pipeline, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, version INTEGER NOT NULL,
     text_hash TEXT NOT NULL, weir_version TEXT NOT NULL, started_ms INTEGER NOT NULL, why TEXT NOT NULL);
@@ -125,12 +126,13 @@ CREATE TRIGGER IF NOT EXISTS audit_append_only_delete BEFORE DELETE ON audit
 ";
 
 /// Indexes on columns that versions 6 and 8 added (created once the migration ran).
+/// `changes_by_place` (version 8) is gone: each row names its previous one.
 const INDEXES: &str = "
 CREATE INDEX IF NOT EXISTS ledger_unerased ON ledger (pipeline, at_ms) WHERE erased = 0;
 DROP INDEX IF EXISTS ledger_reason;
 CREATE INDEX IF NOT EXISTS ledger_by_version ON ledger (pipeline, version, reason, seq);
 CREATE INDEX IF NOT EXISTS changes_by_version ON changes (pipeline, version, seq);
-CREATE INDEX IF NOT EXISTS changes_by_place ON changes (pipeline, version, place, seq) WHERE place IS NOT NULL;
+DROP INDEX IF EXISTS changes_by_place;
 CREATE INDEX IF NOT EXISTS ledger_by_place ON ledger (pipeline, version, place) WHERE place IS NOT NULL;
 ";
 
@@ -391,6 +393,13 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
         }
         version = 8;
     }
+    if version == 8 {
+        if let Err(e) = name_previous_rows(conn) {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(e.into());
+        }
+        version = 9;
+    }
     if version != SCHEMA_VERSION {
         anyhow::bail!(
             "the results database has schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or move weir.db aside to rebuild results from the log"
@@ -398,6 +407,27 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
     }
     conn.execute_batch(INDEXES)?;
     Ok(())
+}
+
+/// Version 8 to 9: each row names the `seq` of the row its key and window
+/// had before it in its version (`previous`, the row provenance shows it
+/// was derived from), so provenance reads it, not an index of every row by
+/// key: the index's inserts, in the key's hash order, took about a quarter
+/// of a checkpoint's time and a third of its bytes (BENCHMARKS.md, issue 19).
+fn name_previous_rows(conn: &Connection) -> rusqlite::Result<()> {
+    let has = conn.prepare("SELECT 1 FROM pragma_table_info('changes') WHERE name = 'previous'")?.exists([])?;
+    let add = if has { "" } else { "ALTER TABLE changes ADD COLUMN previous INTEGER;" };
+    conn.execute_batch(&format!(
+        "BEGIN IMMEDIATE; {add}
+         UPDATE changes SET previous = p.prev
+           FROM (SELECT pipeline, seq, lag(seq) OVER (
+                     PARTITION BY pipeline, version, json_extract(row, '$.key'), json_extract(row, '$.window_start')
+                     ORDER BY seq) AS prev
+                   FROM changes WHERE kind = 'row' AND json_valid(row)) p
+          WHERE changes.pipeline = p.pipeline AND changes.seq = p.seq AND p.prev IS NOT NULL;
+         UPDATE meta SET value = '9' WHERE key = 'schema_version';
+         COMMIT;"
+    ))
 }
 
 /// Masks `pipeline`'s ledger entries stored whole (written before its
@@ -705,7 +735,9 @@ pub(crate) struct RowsWrite<'a> {
 
 /// Writes `rows` to the change stream from `seq` on and each window's last
 /// one to `results_table` (`results`, or `held_results` while paused);
-/// returns the next `seq`.
+/// returns the next `seq`. Each row names its window's previous row: an
+/// earlier one of these rows, or the one `results_table` (then `results`)
+/// holds.
 pub(crate) fn write_rows(
     tx: &Connection,
     w: &RowsWrite<'_>,
@@ -714,9 +746,16 @@ pub(crate) fn write_rows(
     results_table: &str,
 ) -> rusqlite::Result<i64> {
     let mut change = tx.prepare_cached(
-        "INSERT INTO changes (pipeline, seq, row, at_ms, run, sources, version, place)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        "INSERT INTO changes (pipeline, seq, row, at_ms, run, sources, version, place, previous)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )?;
+    let stored_seq = |table: &str| {
+        tx.prepare_cached(&format!(
+            "SELECT row FROM {table} WHERE pipeline = ?1 AND version = ?2 AND key = ?3 AND window_start = ?4"
+        ))
+    };
+    let mut held = stored_seq(results_table)?;
+    let mut published = if results_table == "results" { None } else { Some(stored_seq("results")?) };
     let mut result = tx.prepare_cached(&format!(
         "INSERT INTO {results_table} (pipeline, version, key, window_start, window_end, status, revision, row)
          VALUES (?1, ?8, ?2, ?3, ?4, ?5, ?6, ?7)
@@ -728,13 +767,29 @@ pub(crate) fn write_rows(
     let mut texts = Vec::with_capacity(rows.len());
     let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::new();
     let mut sources = String::new();
+    let first_seq = seq;
     for (i, row) in rows.iter().enumerate() {
         let mut text = String::new();
         write_row(w.format, row, seq, &mut text);
         sources_json(row, &mut sources);
-        change.execute(params![w.pipeline, seq, text, w.now_ms, w.run, sources, w.version, place(&row.key)])?;
+        let start = row.window_start.unwrap_or(GLOBAL_START);
+        let previous = match last.insert((&row.key[..], start), i) {
+            Some(earlier) => Some(first_seq + earlier as i64),
+            None => {
+                let mut found = None;
+                for stmt in std::iter::once(&mut held).chain(published.as_mut()) {
+                    let args = params![w.pipeline, w.version, &row.key[..], start];
+                    found = stmt.query_row(args, |r| Ok(seq_of(r.get_ref(0)?.as_str()?))).optional()?.flatten();
+                    if found.is_some() {
+                        break;
+                    }
+                }
+                found
+            }
+        };
+        let args = params![w.pipeline, seq, text, w.now_ms, w.run, sources, w.version, place(&row.key), previous];
+        change.execute(args)?;
         texts.push(text);
-        last.insert((&row.key[..], row.window_start.unwrap_or(GLOBAL_START)), i);
         seq += 1;
     }
     let mut latest: Vec<usize> = last.into_values().collect();
@@ -816,6 +871,13 @@ fn place_stored(conn: &Connection) -> rusqlite::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The `seq` a stored row's text starts with (see [`with_seq`]).
+pub(crate) fn seq_of(text: &str) -> Option<i64> {
+    let rest = text.strip_prefix("{\"seq\":")?;
+    let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    rest[..end].parse().ok()
 }
 
 /// A row as served: the engine's JSON with its sequence number first.
@@ -1155,17 +1217,17 @@ pub struct Run {
 /// The published row `seq` of `pipeline` with where it came from; `None`
 /// when there is none (or it is held by a pause).
 pub fn row_origin(conn: &Connection, pipeline: &str, seq: i64) -> rusqlite::Result<Option<RowOrigin>> {
-    /// The row's text, checkpoint time, run, sources and key's place.
-    type Found = (String, Option<i64>, Option<i64>, Option<String>, Option<i64>);
+    /// The row's text, checkpoint time, run, sources, key's place and previous row.
+    type Found = (String, Option<i64>, Option<i64>, Option<String>, Option<i64>, Option<i64>);
     let found: Option<Found> = conn
         .query_row(
-            "SELECT row, at_ms, run, sources, place FROM changes WHERE pipeline = ?1 AND seq = ?2 AND kind = 'row'
+            "SELECT row, at_ms, run, sources, place, previous FROM changes WHERE pipeline = ?1 AND seq = ?2 AND kind = 'row'
                AND seq < coalesce((SELECT from_seq FROM pauses WHERE pipeline = ?1), 9223372036854775807)",
             params![pipeline, seq],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)),
         )
         .optional()?;
-    let Some((text, at_ms, run, sources, at)) = found else { return Ok(None) };
+    let Some((text, at_ms, run, sources, at, previous)) = found else { return Ok(None) };
     let row: serde_json::Value = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
     let sources = sources.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or_default();
     let run = match run {
@@ -1183,27 +1245,23 @@ pub fn row_origin(conn: &Connection, pipeline: &str, seq: i64) -> rusqlite::Resu
             .optional()?,
         None => None,
     };
-    // Only the rows and entries of the row's key are read: those at its
-    // place (by the index), or, for a row stored before places were, all.
-    // Keys are then compared as written, in the contract's field order.
-    // The planner, without statistics, prefers the primary key's `seq`
-    // range (a backward scan of every row): the index is named.
-    let (changes, ledger, of_key) = match at {
-        Some(_) => ("changes INDEXED BY changes_by_place", "ledger INDEXED BY ledger_by_place", "place = ?4"),
-        None => ("changes", "ledger", "?4 IS NULL"),
-    };
-    // The same key and window, the latest before this one.
-    let previous = {
-        let mut stmt = conn.prepare_cached(&format!(
-            "SELECT seq, row FROM {changes} WHERE pipeline = ?1 AND seq < ?2 AND kind = 'row'
-               AND version = json_extract(?3, '$.version') AND {of_key}
-               AND json_extract(row, '$.key') = json_extract(?3, '$.key')
-               AND json_extract(row, '$.window_start') IS json_extract(?3, '$.window_start')
-             ORDER BY seq DESC LIMIT 1"
-        ))?;
-        stmt.query_row(params![pipeline, seq, text, at], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+    // The same key and window's row before this one, as the write named it.
+    let previous = match previous {
+        Some(p) => conn
+            .prepare_cached("SELECT row FROM changes WHERE pipeline = ?1 AND seq = ?2")?
+            .query_row(params![pipeline, p], |r| r.get::<_, String>(0))
             .optional()?
-            .map(|(s, t)| (s, serde_json::from_str(&t).unwrap_or(serde_json::Value::Null)))
+            .map(|t| (p, serde_json::from_str(&t).unwrap_or(serde_json::Value::Null))),
+        None => None,
+    };
+    // Only the entries of the row's key are read: those at its place (by
+    // the index), or, for an entry stored before places were, all. Keys
+    // are then compared as written, in the contract's field order. The
+    // planner, without statistics, prefers the primary key's range (a scan
+    // of every entry): the index is named.
+    let (ledger, of_key) = match at {
+        Some(_) => ("ledger INDEXED BY ledger_by_place", "place = ?3"),
+        None => ("ledger", "?3 IS NULL"),
     };
     // RFC 3339 times with milliseconds in UTC compare as text.
     let mut stmt = conn.prepare_cached(&format!(
@@ -1215,7 +1273,7 @@ pub fn row_origin(conn: &Connection, pipeline: &str, seq: i64) -> rusqlite::Resu
                     AND json_extract(entry, '$.event_time') >= json_extract(?2, '$.window_start')
                     AND json_extract(entry, '$.event_time') < json_extract(?2, '$.window_end')))
          GROUP BY reason ORDER BY reason",
-        of_key.replace("?4", "?3")
+        of_key
     ))?;
     let ledgered = stmt
         .query_map(params![pipeline, text, at], |r| Ok((r.get(0)?, r.get(1)?)))?

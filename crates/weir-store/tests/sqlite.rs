@@ -244,7 +244,7 @@ fn point_7_entries_stored_whole_are_masked_and_forgetting_a_version_overwrites_i
 }
 
 #[test]
-fn point_4_provenance_reads_its_keys_rows_by_their_place_and_older_rows_are_placed_when_migrated() {
+fn point_4_provenance_reads_its_keys_entries_by_place_and_older_rows_are_placed_and_named_when_migrated() {
     let dir = std::env::temp_dir().join(format!("weir-store-place-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -333,10 +333,22 @@ fn point_4_provenance_reads_its_keys_rows_by_their_place_and_older_rows_are_plac
     let origin = weir_store::sqlite::row_origin(&conn, "paid", 3).unwrap().unwrap();
     assert_eq!(origin.previous, None);
     assert_eq!(origin.ledgered, [("duplicate".to_owned(), 1)]);
-    // A wrong place finds nothing: provenance reads by place, not by scan.
-    conn.execute("UPDATE changes SET place = place + 1 WHERE seq = 1", []).unwrap();
+    // Each revision-2 row names its revision 1 (six rows before it).
+    let previous: Vec<Option<i64>> = conn
+        .prepare("SELECT previous FROM changes WHERE pipeline = 'paid' ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    let expected: Vec<Option<i64>> = (1..=12).map(|seq| (seq > 6).then_some(seq - 6)).collect();
+    assert_eq!(previous, expected);
+    // A wrong place finds no entries: the ledger is read by place, not by
+    // scan; the previous row is the one the row names.
+    conn.execute("UPDATE changes SET place = place + 1 WHERE seq = 7", []).unwrap();
     let origin = weir_store::sqlite::row_origin(&conn, "paid", 7).unwrap().unwrap();
-    assert_eq!(origin.previous, None);
+    assert_eq!(origin.previous.as_ref().map(|p| p.0), Some(1));
+    assert_eq!(origin.ledgered, []);
     drop(conn);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -364,6 +376,105 @@ fn a_writers_commits_stay_in_the_wal_until_its_copier_copies_them() {
     }
     assert!(size() >= 6 << 20, "the copier did not copy the log: the database has {} bytes", size());
     drop(copier);
+    drop(conn);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const CONTRACT: &str = r#"
+[pipeline]
+name = "paid"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Unlock paid features"
+
+[source]
+topic = "payments"
+event_time = "t"
+key = ["acct"]
+event_id = "id"
+max_delay = "0s"
+
+[window]
+type = "tumbling"
+size = "1m"
+allowed_lateness = "10m"
+late = "revise"
+early = true
+
+[[aggregate]]
+name = "total"
+fn = "sum"
+field = "amount"
+"#;
+
+fn event(id: u32, acct: u32, t_s: i64, amount: &str) -> String {
+    let t = weir_engine::time::format_rfc3339_ms(1_764_374_400_000 + t_s * 1_000);
+    format!(r#"{{"id":"p{id}","acct":"a{acct}","t":"{t}","amount":{amount}}}"#)
+}
+
+/// Each row written names its window's previous row: one of the same
+/// checkpoint, the one in `results`, or while paused the one held.
+#[test]
+fn point_4_each_row_written_names_its_windows_previous_row() {
+    use weir_engine::{Engine, EventIn, Mode, Output};
+    let dir = std::env::temp_dir().join(format!("weir-store-previous-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut conn = weir_store::sqlite::open(&dir.join("weir.db")).unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
+    let c = weir_contract::Contract::parse("paid.toml", CONTRACT).unwrap();
+    let privacy = weir_store::privacy::Privacy::of(&c);
+    let run = weir_store::sqlite::start_run(&conn, "paid", 1, c.text_hash, "test").unwrap();
+    let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    engine.track_changes();
+    let mut offset = 0;
+    let mut commit = |conn: &mut Connection, engine: &mut Engine, events: &[String]| {
+        let mut out = Output::default();
+        for e in events {
+            engine.process(EventIn { partition: 0, offset, bytes: e.as_bytes() }, &mut out);
+            offset += 1;
+        }
+        let delta = engine.take_delta();
+        let w = weir_store::sqlite::CheckpointWrite {
+            pipeline: "paid",
+            version: 1,
+            text_hash: c.text_hash,
+            format: engine.format(),
+            out: &out,
+            delta,
+            offsets: &[offset],
+            now_ms: weir_log::now_ms(),
+            replay: None,
+            run,
+            privacy: &privacy,
+        };
+        weir_store::sqlite::checkpoint(conn, w).unwrap();
+    };
+    // Seq 1-6: a1's first window twice (seq 1, 3), a2's (seq 2), both
+    // settled by the watermark of a1's second window (seq 4, 5, 6).
+    let first = [event(1, 1, 0, "1.00"), event(2, 2, 1, "2.00"), event(3, 1, 2, "4.00"), event(4, 1, 70, "8.00")];
+    commit(&mut conn, &mut engine, &first);
+    // a1's first window revised, late: seq 7 in a later checkpoint, seq 8
+    // and 9 while paused.
+    commit(&mut conn, &mut engine, &[event(5, 1, 3, "16.00")]);
+    assert!(!weir_store::sqlite::pause(&conn, "paid").unwrap());
+    commit(&mut conn, &mut engine, &[event(6, 1, 4, "32.00")]);
+    commit(&mut conn, &mut engine, &[event(7, 1, 5, "64.00")]);
+    assert!(weir_store::sqlite::resume(&conn, "paid").unwrap());
+    let previous: Vec<(i64, Option<i64>)> = conn
+        .prepare("SELECT seq, previous FROM changes WHERE pipeline = 'paid' ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    let expected = [(3, Some(1)), (4, Some(3)), (5, Some(2)), (6, None), (7, Some(4)), (8, Some(7)), (9, Some(8))];
+    assert_eq!(previous, [&[(1, None), (2, None)][..], &expected].concat());
+    let origin = weir_store::sqlite::row_origin(&conn, "paid", 9).unwrap().unwrap();
+    let named =
+        origin.previous.as_ref().map(|(seq, row)| (*seq, row["revision"].as_i64(), row["values"]["total"].to_string()));
+    assert_eq!(named, Some((8, Some(5), "53.00".to_owned())));
     drop(conn);
     let _ = std::fs::remove_dir_all(&dir);
 }
