@@ -233,6 +233,7 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
         log_options: LogOptions::default(),
         tls: None,
     };
+    crate::serve::small_pages();
     let server = std::thread::spawn(move || {
         runtime.block_on(weir_server::serve(
             opts,

@@ -24,14 +24,20 @@ pub fn read_config(path: Option<&Path>) -> Result<ServerConfig, Failure> {
         .map_err(|errors| Failure::contract(format!("{errors}\nweir: fix weir.toml at the lines above")))
 }
 
-pub fn serve(args: ServeArgs) -> Result<(), Failure> {
-    // With transparent huge pages, an engine table's doubling had the kernel
-    // zero tens of megabytes at once on a pipeline's thread, holding its rows
-    // back for 100-400 ms; with 4 KiB pages the zeroing spreads over the
-    // writes that touch them (BENCHMARKS.md, issue 19).
+/// Turns transparent huge pages off for this process, as every server
+/// (`weir serve`, `weir demo`) does before it starts: with them, an engine
+/// table's doubling had the kernel zero tens of megabytes at once on a
+/// pipeline's thread, holding its rows back for 100-400 ms; with 4 KiB
+/// pages the zeroing spreads over the writes that touch them
+/// (BENCHMARKS.md, issue 19).
+pub(crate) fn small_pages() {
     if let Err(e) = rustix::thread::disable_transparent_huge_pages(true) {
         eprintln!("weir: cannot turn transparent huge pages off ({e}); serving with them");
     }
+}
+
+pub fn serve(args: ServeArgs) -> Result<(), Failure> {
+    small_pages();
     let config = read_config(args.config.as_deref())?;
     let contracts = weir_server::load_contracts(&args.contracts).map_err(Failure::contract)?;
     let listen = args.listen.or_else(|| config.listen.clone()).unwrap_or_else(|| "127.0.0.1:8080".into());
