@@ -305,9 +305,8 @@ pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
         pct(1.0)
     );
     // Where the time goes: how many checkpoints, how long each took, and an event's wait for processing.
-    let mean = |name: &str| {
-        metric(&agent, &server, &format!("{name}_sum")).zip(metric(&agent, &server, &format!("{name}_count")))
-    };
+    let metrics = metrics_text(&agent, &server).unwrap_or_default();
+    let mean = |name: &str| metric(&metrics, &format!("{name}_sum")).zip(metric(&metrics, &format!("{name}_count")));
     if let (Some((cs, cn)), Some((ps, pn))) =
         (mean("weir_checkpoint_duration_seconds"), mean("weir_processing_latency_seconds"))
     {
@@ -318,7 +317,7 @@ pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
         );
     }
     // The tail: how many checkpoints took longer than each bound, and when the slowest probes were sent.
-    let buckets = histogram(&agent, &server, "weir_checkpoint_duration_seconds");
+    let buckets = histogram(&metrics, "weir_checkpoint_duration_seconds");
     if let Some(&(_, all)) = buckets.last() {
         let over: Vec<String> = buckets
             .iter()
@@ -337,17 +336,15 @@ pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The cumulative buckets `(le, count)` of the histogram `name` for the
-/// pipeline `paid_revenue` in `/metrics`, `+Inf` last.
-fn histogram(agent: &ureq::Agent, server: &Server, name: &str) -> Vec<(f64, f64)> {
+/// The server's `/metrics`, read once for every figure taken from it.
+fn metrics_text(agent: &ureq::Agent, server: &Server) -> Option<String> {
     let url = format!("{}/metrics", server.base);
-    let Some(text) = crate::client::with_token(agent.get(&url), Some(&server.operator))
-        .call()
-        .ok()
-        .and_then(|mut r| r.body_mut().read_to_string().ok())
-    else {
-        return Vec::new();
-    };
+    crate::client::with_token(agent.get(&url), Some(&server.operator)).call().ok()?.body_mut().read_to_string().ok()
+}
+
+/// The cumulative buckets `(le, count)` of the histogram `name` for the
+/// pipeline `paid_revenue` in `metrics`, `+Inf` last.
+fn histogram(text: &str, name: &str) -> Vec<(f64, f64)> {
     let prefix = format!("{name}_bucket{{");
     text.lines()
         .filter(|l| l.starts_with(&prefix) && l.contains("pipeline=\"paid_revenue\""))
@@ -359,15 +356,8 @@ fn histogram(agent: &ureq::Agent, server: &Server, name: &str) -> Vec<(f64, f64)
         .collect()
 }
 
-/// A sample of `name` for the pipeline `paid_revenue` in `/metrics`.
-fn metric(agent: &ureq::Agent, server: &Server, name: &str) -> Option<f64> {
-    let url = format!("{}/metrics", server.base);
-    let text = crate::client::with_token(agent.get(&url), Some(&server.operator))
-        .call()
-        .ok()?
-        .body_mut()
-        .read_to_string()
-        .ok()?;
+/// A sample of `name` for the pipeline `paid_revenue` in `metrics`.
+fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains("pipeline=\"paid_revenue\""))
         .find_map(|l| l.rsplit(' ').next()?.parse().ok())
