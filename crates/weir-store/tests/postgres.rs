@@ -4,37 +4,12 @@
 //! which lost its partition, restore from a checkpoint, and rows that never
 //! go back to a lower revision. Each test uses a schema of its own.
 
+mod common;
+
+use common::{event, CONTRACT};
 use weir_contract::Contract;
 use weir_engine::{Engine, EventIn, Mode, Output};
 use weir_store::pg;
-
-const CONTRACT: &str = r#"
-[pipeline]
-name = "paid"
-version = 1
-owner = "billing-ops"
-steward = "data-platform"
-decision = "Unlock paid features"
-
-[source]
-topic = "payments"
-event_time = "t"
-key = ["acct"]
-event_id = "id"
-max_delay = "0s"
-
-[window]
-type = "tumbling"
-size = "1m"
-allowed_lateness = "10m"
-late = "revise"
-early = true
-
-[[aggregate]]
-name = "total"
-fn = "sum"
-field = "amount"
-"#;
 
 fn url() -> String {
     std::env::var("WEIR_TEST_POSTGRES").unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=test".into())
@@ -61,11 +36,6 @@ impl Drop for Schema {
     fn drop(&mut self) {
         let _ = self.client.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name));
     }
-}
-
-fn event(id: u32, acct: u32, t_s: i64, amount: &str) -> String {
-    let t = weir_engine::time::format_rfc3339_ms(1_764_374_400_000 + t_s * 1_000);
-    format!(r#"{{"id":"p{id}","acct":"a{acct}","t":"{t}","amount":{amount}}}"#)
 }
 
 /// Feeds `events` (offsets from `first`) to `engine`.

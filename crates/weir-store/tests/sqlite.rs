@@ -1,6 +1,9 @@
 //! The results database's schema: created fresh, and migrated in place
 //! from an earlier version without losing what it holds.
 
+mod common;
+
+use common::{event, CONTRACT};
 use rusqlite::Connection;
 
 #[test]
@@ -378,39 +381,6 @@ fn a_writers_commits_stay_in_the_wal_until_its_copier_copies_them() {
     drop(copier);
     drop(conn);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-const CONTRACT: &str = r#"
-[pipeline]
-name = "paid"
-version = 1
-owner = "billing-ops"
-steward = "data-platform"
-decision = "Unlock paid features"
-
-[source]
-topic = "payments"
-event_time = "t"
-key = ["acct"]
-event_id = "id"
-max_delay = "0s"
-
-[window]
-type = "tumbling"
-size = "1m"
-allowed_lateness = "10m"
-late = "revise"
-early = true
-
-[[aggregate]]
-name = "total"
-fn = "sum"
-field = "amount"
-"#;
-
-fn event(id: u32, acct: u32, t_s: i64, amount: &str) -> String {
-    let t = weir_engine::time::format_rfc3339_ms(1_764_374_400_000 + t_s * 1_000);
-    format!(r#"{{"id":"p{id}","acct":"a{acct}","t":"{t}","amount":{amount}}}"#)
 }
 
 /// Each row written names its window's previous row: one of the same
