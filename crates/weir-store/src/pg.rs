@@ -62,7 +62,8 @@ use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError
 /// `versions` (SPEC.md 8); version 5 gives rows and ledger entries their
 /// key's `place` (see `sqlite::place`), indexed for provenance; version 6
 /// has each row name its window's previous row (`previous`, see
-/// `sqlite::name_previous_rows`) in place of the index of rows by place.
+/// `sqlite::migrate_8_to_9`) in place of the index of rows by place, and
+/// keys `results` and `held_results` by window start before key.
 pub const SCHEMA_VERSION: i64 = 6;
 
 /// Connects to `url` (`postgresql://user@host:port/db` or `host=... user=...`),
@@ -100,7 +101,7 @@ CREATE TABLE IF NOT EXISTS {schema}.state_ids (
 CREATE TABLE IF NOT EXISTS {schema}.results (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0, key BYTEA NOT NULL, window_start BIGINT NOT NULL,
     window_end BIGINT, status TEXT NOT NULL, revision BIGINT NOT NULL, row TEXT NOT NULL,
-    PRIMARY KEY (pipeline, version, key, window_start));
+    PRIMARY KEY (pipeline, version, window_start, key));
 CREATE TABLE IF NOT EXISTS {schema}.changes (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, row TEXT NOT NULL,
     at_ms BIGINT NOT NULL, run BIGINT NOT NULL, sources TEXT NOT NULL,
@@ -122,7 +123,7 @@ CREATE TABLE IF NOT EXISTS {schema}.pauses (pipeline TEXT PRIMARY KEY, from_seq 
 CREATE TABLE IF NOT EXISTS {schema}.held_results (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0, key BYTEA NOT NULL, window_start BIGINT NOT NULL,
     window_end BIGINT, status TEXT NOT NULL, revision BIGINT NOT NULL, row TEXT NOT NULL,
-    PRIMARY KEY (pipeline, version, key, window_start));
+    PRIMARY KEY (pipeline, version, window_start, key));
 CREATE TABLE IF NOT EXISTS {schema}.replays (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, from_offset BIGINT, from_time BIGINT, asked_ms BIGINT NOT NULL,
     version INTEGER NOT NULL DEFAULT 0);
@@ -291,7 +292,11 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
                          PARTITION BY pipeline, version, row::jsonb -> 'key', row::jsonb -> 'window_start'
                          ORDER BY seq) AS prev
                        FROM {schema}.changes WHERE kind = 'row') p
-              WHERE c.pipeline = p.pipeline AND c.seq = p.seq AND p.prev IS NOT NULL;"
+              WHERE c.pipeline = p.pipeline AND c.seq = p.seq AND p.prev IS NOT NULL;
+             ALTER TABLE {schema}.results DROP CONSTRAINT IF EXISTS results_pkey,
+               ADD PRIMARY KEY (pipeline, version, window_start, key);
+             ALTER TABLE {schema}.held_results DROP CONSTRAINT IF EXISTS held_results_pkey,
+               ADD PRIMARY KEY (pipeline, version, window_start, key);"
         ))?;
         version = 6;
     }
@@ -947,7 +952,7 @@ pub(crate) fn write_rows(
             "INSERT INTO {schema}.{table} (pipeline, version, key, window_start, window_end, status, revision, row)
              SELECT $1, $8, k, s, e, st, rv, r
                FROM UNNEST($2::BYTEA[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::TEXT[]) AS t(k, s, e, st, rv, r)
-             ON CONFLICT (pipeline, version, key, window_start) DO UPDATE
+             ON CONFLICT (pipeline, version, window_start, key) DO UPDATE
                SET window_end = excluded.window_end, status = excluded.status,
                    revision = excluded.revision, row = excluded.row
                WHERE {schema}.{table}.revision < excluded.revision"
@@ -1321,7 +1326,7 @@ pub fn resume(client: &mut Client, schema: &str, pipeline: &str) -> Result<bool,
                 "INSERT INTO {schema}.results (pipeline, version, key, window_start, window_end, status, revision, row)
                  SELECT pipeline, version, key, window_start, window_end, status, revision, row FROM {schema}.held_results
                   WHERE pipeline = $1
-                 ON CONFLICT (pipeline, version, key, window_start) DO UPDATE
+                 ON CONFLICT (pipeline, version, window_start, key) DO UPDATE
                    SET window_end = excluded.window_end, status = excluded.status,
                        revision = excluded.revision, row = excluded.row
                    WHERE {schema}.results.revision < excluded.revision"

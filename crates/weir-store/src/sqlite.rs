@@ -15,7 +15,8 @@
 //! version 5's tables are keyed by contract version too, see `migrate_5_to_6`;
 //! version 6's `audit` gains `key_id`; version 7's `changes` and `ledger`
 //! gain `place`; version 8's `changes` gains `previous`, computed for every
-//! row stored, and loses the index `changes_by_place`):
+//! row stored, and loses the index `changes_by_place`, and its `results` and
+//! `held_results` are keyed by window start before key):
 //!
 //! | table | holds |
 //! |---|---|
@@ -26,7 +27,7 @@
 //! | `offsets` | per pipeline, version and partition: the next log offset to read |
 //! | `state_windows` | the engine's open windows, by their hash |
 //! | `state_id_batches` | the ids each checkpoint remembered (or forgot, by a correction), one row per checkpoint in the engine's batch form (`Delta::ids`; 44 bytes an id without corrections), deleted once all have expired |
-//! | `results` | per version: the latest row of every key and window |
+//! | `results` | per version: the latest row of every window and key, in that order (so the rows of the windows a checkpoint changes sit side by side, new windows at the end) |
 //! | `changes` | every row of every version in emission order (`seq` from 1 per pipeline), with its version, the checkpoint's time, the run that made it, its sources (`[[partition, first offset, last offset, events], ...]`), its key's `place` (see [`place`]) and `previous`, the `seq` of the row its key and window had before it (none for a window's first); and the `version` entries of promotes and rollbacks (`kind = 'version'`) |
 //! | `runs` | every start of a pipeline (at server start, after a failure, at a replay): contract version and hash, weir's version |
 //! | `ledger` | every ledger entry in order (`seq` from 1), with its checkpoint's time and its key's `place`; `erased` once its payload and detail are erased for retention ([`erase_ledger_payloads`]) |
@@ -74,7 +75,7 @@ CREATE TABLE IF NOT EXISTS state_id_batches (
 CREATE TABLE IF NOT EXISTS results (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
     window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
-    PRIMARY KEY (pipeline, version, key, window_start)) WITHOUT ROWID;
+    PRIMARY KEY (pipeline, version, window_start, key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS changes (
     pipeline TEXT NOT NULL, seq INTEGER NOT NULL, row TEXT NOT NULL,
     at_ms INTEGER, run INTEGER, sources TEXT, version INTEGER NOT NULL DEFAULT 0, kind TEXT NOT NULL DEFAULT 'row',
@@ -90,7 +91,7 @@ CREATE TABLE IF NOT EXISTS pauses (pipeline TEXT PRIMARY KEY, from_seq INTEGER N
 CREATE TABLE IF NOT EXISTS held_results (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
     window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
-    PRIMARY KEY (pipeline, version, key, window_start)) WITHOUT ROWID;
+    PRIMARY KEY (pipeline, version, window_start, key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS annotations (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, from_ms INTEGER NOT NULL, to_ms INTEGER NOT NULL,
     note TEXT NOT NULL, who TEXT NOT NULL, at_ms INTEGER NOT NULL);
@@ -394,7 +395,7 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
         version = 8;
     }
     if version == 8 {
-        if let Err(e) = name_previous_rows(conn) {
+        if let Err(e) = migrate_8_to_9(conn) {
             let _ = conn.execute_batch("ROLLBACK");
             return Err(e.into());
         }
@@ -414,11 +415,34 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
 /// was derived from), so provenance reads it, not an index of every row by
 /// key: the index's inserts, in the key's hash order, took about a quarter
 /// of a checkpoint's time and a third of its bytes (BENCHMARKS.md, issue 19).
-fn name_previous_rows(conn: &Connection) -> rusqlite::Result<()> {
+/// And `results` and `held_results` are keyed by window start, then key
+/// (their tables rebuilt), so a checkpoint's upserts land on the pages of
+/// the windows it changed, not one page a row all over the table.
+fn migrate_8_to_9(conn: &Connection) -> rusqlite::Result<()> {
     let has = conn.prepare("SELECT 1 FROM pragma_table_info('changes') WHERE name = 'previous'")?.exists([])?;
     let add = if has { "" } else { "ALTER TABLE changes ADD COLUMN previous INTEGER;" };
+    let mut rekey = String::new();
+    for table in ["results", "held_results"] {
+        let by_window: Option<i64> = conn
+            .query_row(&format!("SELECT pk FROM pragma_table_info('{table}') WHERE name = 'window_start'"), [], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        if by_window != Some(3) {
+            rekey.push_str(&format!(
+                "CREATE TABLE {table}_by_window (
+                     pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
+                     window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
+                     PRIMARY KEY (pipeline, version, window_start, key)) WITHOUT ROWID;
+                 INSERT INTO {table}_by_window (pipeline, version, key, window_start, window_end, status, revision, row)
+                     SELECT pipeline, version, key, window_start, window_end, status, revision, row FROM {table};
+                 DROP TABLE {table};
+                 ALTER TABLE {table}_by_window RENAME TO {table};"
+            ));
+        }
+    }
     conn.execute_batch(&format!(
-        "BEGIN IMMEDIATE; {add}
+        "BEGIN IMMEDIATE; {add} {rekey}
          UPDATE changes SET previous = p.prev
            FROM (SELECT pipeline, seq, lag(seq) OVER (
                      PARTITION BY pipeline, version, json_extract(row, '$.key'), json_extract(row, '$.window_start')
@@ -759,7 +783,7 @@ pub(crate) fn write_rows(
     let mut result = tx.prepare_cached(&format!(
         "INSERT INTO {results_table} (pipeline, version, key, window_start, window_end, status, revision, row)
          VALUES (?1, ?8, ?2, ?3, ?4, ?5, ?6, ?7)
-         ON CONFLICT (pipeline, version, key, window_start) DO UPDATE SET
+         ON CONFLICT (pipeline, version, window_start, key) DO UPDATE SET
            window_end = excluded.window_end, status = excluded.status,
            revision = excluded.revision, row = excluded.row"
     ))?;

@@ -559,11 +559,31 @@ fn point_4_provenance_reads_each_rows_previous_as_written_and_older_rows_are_nam
     s.client
         .batch_execute(&format!(
             "UPDATE {0}.changes SET place = NULL, previous = NULL; UPDATE {0}.ledger SET place = NULL;
+             ALTER TABLE {0}.results DROP CONSTRAINT results_pkey, ADD PRIMARY KEY (pipeline, version, key, window_start);
              UPDATE {0}.meta SET value = '4' WHERE key = 'schema_version';",
             s.name
         ))
         .unwrap();
+    let all = weir_store::sqlite::ResultFilter { limit: 100, ..Default::default() };
+    let results_before = pg::results(&mut s.client, &s.name, "paid", 1, &all).unwrap().rows;
+    assert_eq!(results_before.len(), 3, "a1's two windows and a2's: {results_before:?}");
     pg::migrate(&mut s.client, &s.name).unwrap();
+    // `results` is keyed by window start before key, and holds the same rows.
+    let keyed: Vec<String> = s
+        .client
+        .query(
+            "SELECT a.attname::TEXT FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid
+              WHERE i.indrelid = $1::TEXT::regclass AND i.indisprimary AND a.attnum = ANY(i.indkey)
+              ORDER BY array_position(i.indkey::INT2[], a.attnum)",
+            &[&format!("{}.results", s.name)],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(keyed, ["pipeline", "version", "window_start", "key"]);
+    let results_after = pg::results(&mut s.client, &s.name, "paid", 1, &all).unwrap().rows;
+    assert_eq!(results_after, results_before);
     assert_eq!(read(&mut s.client, "changes", "place"), rows);
     assert_eq!(read(&mut s.client, "ledger", "place"), entries);
     assert_eq!(read(&mut s.client, "changes", "previous"), previous);

@@ -299,8 +299,38 @@ fn point_4_provenance_reads_its_keys_entries_by_place_and_older_rows_are_placed_
         )
         .unwrap();
     }
+    // `results` as version 8 keyed it: by key, then window start.
+    conn.execute_batch(
+        "DROP TABLE results;
+         CREATE TABLE results (
+             pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
+             window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
+             PRIMARY KEY (pipeline, version, key, window_start)) WITHOUT ROWID;
+         INSERT INTO results VALUES ('paid', 1, x'02', 60000, 120000, 'settled', 2, '{\"seq\":12}'),
+                                    ('paid', 1, x'01', 60000, 120000, 'settled', 2, '{\"seq\":11}'),
+                                    ('paid', 1, x'02', 0, 60000, 'settled', 2, '{\"seq\":8}');",
+    )
+    .unwrap();
     conn.execute("UPDATE meta SET value = '7' WHERE key = 'schema_version'", []).unwrap();
     weir_store::sqlite::migrate(&conn).unwrap();
+    // Now keyed by window start, then key, with every row kept.
+    let keyed: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('results') WHERE pk > 0 ORDER BY pk")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(keyed, ["pipeline", "version", "window_start", "key"]);
+    let kept: Vec<(i64, Vec<u8>, String)> = conn
+        .prepare("SELECT window_start, key, row FROM results")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    let seq = |n: i64| format!("{{\"seq\":{n}}}");
+    assert_eq!(kept, [(0, vec![2], seq(8)), (60000, vec![1], seq(11)), (60000, vec![2], seq(12))], "in the new order");
 
     // Each row's place is the one the write path gives its key's bytes.
     use weir_engine::KeyValue::{Bool, Int, Str};
