@@ -43,6 +43,13 @@
 //! url = "host=127.0.0.1 user=postgres dbname=test"
 //! schema = "weir"
 //!
+//! [connections.warehouse]       # what a contract's [[destination]] names: the URL and its secrets
+//! url = "host=10.0.0.5 user=weir password=... dbname=analytics"   # postgres: libpq's form or a postgres:// URL
+//! [connections.accounts_api]
+//! url = "https://accounts.internal/v1/unlocks"                    # http: where the batches are POSTed
+//! headers = { authorization = "Bearer ..." }                     # sent with every POST
+//! allow_private = false         # true: the URL may be a loopback or private address (refused by default)
+//!
 //! [otel]                        # OpenTelemetry: metrics and traces over OTLP/HTTP
 //! endpoint = "http://127.0.0.1:4318" # the collector; /v1/metrics and /v1/traces are added
 //! protocol = "http/protobuf"    # or "http/json"
@@ -108,6 +115,20 @@ pub struct ServerConfig {
     pub audit_key_file: Option<String>,
     /// `[otel]`: where metrics and traces are exported over OTLP.
     pub otel: Option<OtelConfig>,
+    /// `[connections.NAME]`: what destinations name, with their secrets.
+    pub connections: BTreeMap<String, Connection>,
+}
+
+/// `[connections.NAME]`: a URL with its secrets, named by a contract's
+/// `[[destination]]` so that no contract holds a password or a token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connection {
+    /// A Postgres connection string, or the http(s) URL to POST to.
+    pub url: String,
+    /// Headers sent with every request (http), names in lower case.
+    pub headers: BTreeMap<String, String>,
+    /// The URL may resolve to a loopback or private address.
+    pub allow_private: bool,
 }
 
 /// `[otel]`: an OpenTelemetry collector that weir pushes metrics and
@@ -203,6 +224,7 @@ impl Default for ServerConfig {
             allow_link_local_webhooks: false,
             audit_key_file: None,
             otel: None,
+            connections: BTreeMap::new(),
         }
     }
 }
@@ -232,7 +254,9 @@ const TOP_KEYS: &[&str] = &[
     "postgres",
     "auth",
     "otel",
+    "connections",
 ];
+const CONNECTION_KEYS: &[&str] = &["url", "headers", "allow_private"];
 const AUTH_KEYS: &[&str] = &["public_metrics"];
 const KAFKA_KEYS: &[&str] = &["brokers", "group", "config"];
 const POSTGRES_KEYS: &[&str] = &["url", "schema"];
@@ -338,6 +362,27 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         Some(t) => read_otel(r, t),
         None => Some(None),
     };
+    let mut named = BTreeMap::new();
+    let mut connections_ok = true;
+    if let Some(table) = r.table(root, "connections", false) {
+        for (name, item) in table.iter() {
+            let Item::Table(t) = item else {
+                r.error(
+                    item.span(),
+                    &format!("connections.{name}"),
+                    format!("must be a table: write it as [connections.{name}]"),
+                );
+                connections_ok = false;
+                continue;
+            };
+            match read_connection(r, t, name) {
+                Some(c) => {
+                    named.insert(name.to_owned(), c);
+                }
+                None => connections_ok = false,
+            }
+        }
+    }
     let mut allow_link_local_webhooks = false;
     if let Some(item) = root.get("allow_link_local_webhooks") {
         match item.as_bool() {
@@ -363,7 +408,11 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
             }
         }
     }
+    if !connections_ok {
+        return None;
+    }
     Some(ServerConfig {
+        connections: named,
         public_metrics,
         allow_link_local_webhooks,
         kafka: kafka?,
@@ -511,6 +560,67 @@ fn read_otel(r: &mut Reader<'_>, t: &Table) -> Option<Option<OtelConfig>> {
             headers,
         })
     })
+}
+
+fn read_connection(r: &mut Reader<'_>, t: &Table, name: &str) -> Option<Connection> {
+    let section = format!("connections.{name}");
+    r.unknown_keys(t, &section, CONNECTION_KEYS);
+    let url = r.string(t, &section, "url", true);
+    if url.as_deref().is_some_and(|u| u.trim().is_empty()) {
+        r.error(t.get("url").and_then(Item::span), &format!("{section}.url"), "must not be empty");
+        return None;
+    }
+    let mut ok = true;
+    let mut allow_private = false;
+    if let Some(item) = t.get("allow_private") {
+        match item.as_bool() {
+            Some(b) => allow_private = b,
+            None => {
+                r.error(
+                    item.span(),
+                    &format!("{section}.allow_private"),
+                    "must be true (the URL may be a loopback or private address) or false (the default)",
+                );
+                ok = false;
+            }
+        }
+    }
+    let mut headers = BTreeMap::new();
+    // Each header: its name, its value when a string, and where it is written.
+    type Header<'a> = (&'a str, Option<&'a str>, Option<std::ops::Range<usize>>);
+    let header_items: Vec<Header<'_>> = match t.get("headers") {
+        None => Vec::new(),
+        Some(Item::Table(h)) => h.iter().map(|(k, v)| (k, v.as_str(), v.span())).collect(),
+        Some(Item::Value(toml_edit::Value::InlineTable(h))) => {
+            h.iter().map(|(k, v)| (k, v.as_str(), v.span())).collect()
+        }
+        Some(other) => {
+            r.error(
+                other.span(),
+                &format!("{section}.headers"),
+                "must be a table of header names to values, e.g. headers = { authorization = \"Bearer ...\" }",
+            );
+            return None;
+        }
+    };
+    for (header, value, span) in header_items {
+        let valid_name = !header.is_empty() && header.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+        match value {
+            Some(v) if valid_name && !v.bytes().any(|b| b == b'\r' || b == b'\n') => {
+                headers.insert(header.to_ascii_lowercase(), v.to_owned());
+            }
+            _ => {
+                r.error(
+                    span,
+                    &format!("{section}.headers.{header}"),
+                    "must be a string on one line, under a header name of letters, digits, - and _",
+                );
+                ok = false;
+            }
+        }
+    }
+    let url = url?;
+    ok.then_some(Connection { url, headers, allow_private })
 }
 
 fn read_topic(r: &mut Reader<'_>, t: &Table, name: &str) -> Option<TopicConfig> {

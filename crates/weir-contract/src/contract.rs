@@ -22,6 +22,8 @@ pub struct Contract {
     pub alerts: Option<Alerts>,
     /// `[sink]`: rows (and optionally ledger entries) also published to Kafka.
     pub sink: Option<Sink>,
+    /// `[[destination]]`: where the change stream is delivered (SPEC.md 11).
+    pub destinations: Vec<crate::destinations::Destination>,
     /// `[reconcile]`: scheduled backfills (SPEC.md 9).
     pub reconcile: Option<Reconcile>,
     /// `[privacy] personal`: fields that identify a person. They may be read
@@ -370,6 +372,7 @@ const SECTIONS: &[&str] = &[
     "limits",
     "reconcile",
     "check",
+    "destination",
 ];
 const LIMIT_KEYS: &[&str] = &["max_depth", "max_fields", "max_key_bytes", "max_keys", "max_open_windows"];
 const PRIVACY_KEYS: &[&str] = &["personal"];
@@ -610,7 +613,7 @@ impl Reader<'_> {
                     span,
                     name,
                     format!(
-                        "unknown section; a contract has [{}] (and [[aggregate]], [alerts], [[check]])",
+                        "unknown section; a contract has [{}] (and [[aggregate]], [alerts], [[check]], [[destination]])",
                         SECTIONS[..4].join("], [")
                     ),
                 );
@@ -653,6 +656,7 @@ impl Reader<'_> {
             None => None,
         };
         let checks = self.checks(root, &source, &aggregates)?;
+        let destinations = self.destinations(root, &pipeline.name, &source, &aggregates)?;
         // What a row carries (key, aggregated fields) and the event time may not be personal.
         let span = privacy_table.and_then(|t| t.get("personal")).and_then(Item::span);
         let mut carried: Vec<(String, &FieldPath)> = source.key.iter().map(|k| ("source.key".to_owned(), k)).collect();
@@ -707,6 +711,7 @@ impl Reader<'_> {
             aggregates,
             alerts,
             sink,
+            destinations,
             reconcile,
             personal,
             limits,

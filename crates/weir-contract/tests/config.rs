@@ -125,3 +125,35 @@ Authorization = "Bearer abc"
         assert!(err.contains(expected), "{text:?}: got {err}");
     }
 }
+
+#[test]
+fn connections_hold_urls_and_secrets_by_name() {
+    let text = r#"[connections.dw]
+url = "host=127.0.0.1 user=weir password=secret dbname=dw"
+
+[connections.accounts]
+url = "https://accounts.internal/unlock"
+headers = { Authorization = "Bearer abc" }
+allow_private = true
+"#;
+    let c = ServerConfig::parse("weir.toml", text).unwrap();
+    assert_eq!(c.connections["dw"].url, "host=127.0.0.1 user=weir password=secret dbname=dw");
+    assert!(!c.connections["dw"].allow_private);
+    let accounts = &c.connections["accounts"];
+    assert_eq!(accounts.headers.get("authorization").map(String::as_str), Some("Bearer abc"));
+    assert!(accounts.allow_private);
+    let cases = [
+        ("[connections.a]\nheaders = {}\n", "`connections.a.url`: missing required key"),
+        (
+            "[connections.a]\nurl = \"x\"\nallow_private = 1\n",
+            "weir.toml:3: `connections.a.allow_private`: must be true",
+        ),
+        ("[connections.a]\nurl = \"x\"\nheaders = { \"a b\" = \"c\" }\n", "weir.toml:3: `connections.a.headers.a b`"),
+        ("[connections.a]\nurl = \"x\"\npassword = \"y\"\n", "weir.toml:3: `connections.a.password`: unknown key"),
+        ("connections = 1\n", "`connections`: must be a table"),
+    ];
+    for (text, expected) in cases {
+        let err = ServerConfig::parse("weir.toml", text).unwrap_err().to_string();
+        assert!(err.contains(expected), "{text:?}: got {err}");
+    }
+}

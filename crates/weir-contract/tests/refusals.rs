@@ -2,7 +2,7 @@
 //! what to do. `check(contract, line, key, words)` is one case per line.
 
 use proptest::prelude::*;
-use weir_contract::{Contract, LatePolicy, WindowKind};
+use weir_contract::{typed_columns, Contract, DestinationKind, LatePolicy, TableMode, WindowKind};
 
 const GOOD: &str = r#"[pipeline]
 name = "paid_revenue"
@@ -362,4 +362,94 @@ fn named_checks_parse_and_bad_ones_are_refused_with_line_and_key() {
         one("row = \"events > 0\"")
     );
     check(&twice, Some(40), "check[2].name", "names two checks");
+}
+
+#[test]
+fn destinations_parse_with_their_typed_columns() {
+    let text = format!(
+        "{GOOD}\n[[destination]]\nname = \"accounts\"\nkind = \"http\"\nconnection = \"accounts_api\"\nbatch = 200\n\n[[destination]]\nname = \"warehouse\"\nkind = \"postgres\"\nconnection = \"dw\"\ntable = \"bi.paid\"\nmode = \"changes\"\n\n[[destination]]\nname = \"plain\"\nkind = \"postgres\"\nconnection = \"dw\"\n"
+    );
+    let c = Contract::parse("c.toml", &text).unwrap();
+    let kinds: Vec<(&str, &str, usize)> =
+        c.destinations.iter().map(|d| (d.name.as_str(), d.kind.as_str(), d.batch)).collect();
+    assert_eq!(kinds, [("accounts", "http", 200), ("warehouse", "postgres", 1000), ("plain", "postgres", 1000)]);
+    match &c.destinations[1].kind {
+        DestinationKind::Postgres { table, mode } => {
+            assert_eq!((table.quoted(), *mode), ("\"bi\".\"paid\"".to_owned(), TableMode::Changes));
+        }
+        other => panic!("{other:?}"),
+    }
+    match &c.destinations[2].kind {
+        DestinationKind::Postgres { table, mode } => {
+            assert_eq!((table.to_string(), *mode), ("paid_revenue".to_owned(), TableMode::Upsert));
+        }
+        other => panic!("{other:?}"),
+    }
+    let columns: Vec<(String, &str)> =
+        typed_columns(&c.source, &c.aggregates).into_iter().map(|col| (col.name, col.sql.postgres())).collect();
+    let expected = [
+        ("account_id", "text"),
+        ("window_start", "timestamptz"),
+        ("window_end", "timestamptz"),
+        ("revenue", "numeric"),
+        ("payments", "bigint"),
+        ("status", "text"),
+        ("revision", "bigint"),
+        ("version", "bigint"),
+        ("events", "bigint"),
+        ("late_events", "bigint"),
+        ("as_of", "timestamptz"),
+    ];
+    assert_eq!(columns, expected.map(|(n, t)| (n.to_owned(), t)));
+}
+
+#[test]
+fn bad_destinations_are_refused_with_their_line() {
+    let d = |body: &str| format!("{GOOD}\n[[destination]]\n{body}\n");
+    let line = GOOD.lines().count() + 3;
+    check(
+        &d("name = \"a\"\nkind = \"ftp\"\nconnection = \"c\""),
+        Some(line + 1),
+        "destination[1].kind",
+        "not a destination kind",
+    );
+    check(&d("name = \"a\"\nkind = \"http\""), Some(line - 1), "destination[1].connection", "missing required key");
+    check(
+        &d("name = \"a\"\nkind = \"http\"\nconnection = \"c\"\nurl = \"http://x\""),
+        Some(line + 3),
+        "destination[1].url",
+        "unknown key",
+    );
+    check(
+        &d("name = \"a\"\nkind = \"http\"\nconnection = \"c\"\ntable = \"t\""),
+        Some(line + 3),
+        "destination[1].table",
+        "only a postgres destination",
+    );
+    check(
+        &d("name = \"a\"\nkind = \"postgres\"\nconnection = \"c\"\ntable = \"Bad-Name\""),
+        Some(line + 3),
+        "destination[1].table",
+        "not a table weir can create",
+    );
+    check(
+        &d("name = \"a\"\nkind = \"postgres\"\nconnection = \"c\"\nmode = \"append\""),
+        Some(line + 3),
+        "destination[1].mode",
+        "not a mode",
+    );
+    check(
+        &d("name = \"a\"\nkind = \"http\"\nconnection = \"c\"\nbatch = 0"),
+        Some(line + 3),
+        "destination[1].batch",
+        "from 1 to 10000",
+    );
+    let twice = format!("{GOOD}\n[[destination]]\nname = \"a\"\nkind = \"http\"\nconnection = \"c\"\n\n[[destination]]\nname = \"a\"\nkind = \"http\"\nconnection = \"c\"\n");
+    check(&twice, Some(line + 5), "destination[2].name", "names two destinations");
+    // An aggregate named like one of the table's own columns.
+    let clash = format!(
+        "{}\n[[destination]]\nname = \"a\"\nkind = \"postgres\"\nconnection = \"c\"\n",
+        GOOD.replace("name = \"payments\"", "name = \"events\"")
+    );
+    check(&clash, Some(line - 1), "destination[1]", "aggregate `events` would be the table's column `events`");
 }

@@ -14,10 +14,13 @@
 //! by step on a simulated clock.
 
 pub mod backfill;
+pub mod destination;
 pub mod drill;
 pub mod embedded;
 pub mod histogram;
 pub mod kafka;
+pub mod outbound;
+pub mod pg_destination;
 pub mod privacy;
 pub mod reconcile;
 pub mod runner;

@@ -88,6 +88,8 @@ pub struct Pipeline {
     /// Why this pipeline does not run: its contract file was refused (a
     /// change without a version bump, a start older than the retained input).
     pub refused: Option<String>,
+    /// Its destinations' states, in the contract's order.
+    pub destinations: Vec<Arc<Mutex<crate::destination::DestinationStatus>>>,
 }
 
 impl Pipeline {

@@ -73,6 +73,37 @@ pub(crate) async fn resume(
     set_paused(app, caller, name, body, false).await
 }
 
+/// `POST .../destinations/{destination}/resume`: a destination its
+/// receiver stopped delivers again, from the refused batch. A destination
+/// that is not stopped answers 409 (nothing to do).
+pub(crate) async fn resume_destination(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path((name, destination)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let p = may_operate(&app, &caller, &name, "resume-destination")?;
+    if !p.contract().destinations.iter().any(|d| d.name == destination) {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!(
+                "pipeline {name} has no destination {destination:?}; its contract's [[destination]] sections name them"
+            ),
+        ));
+    }
+    let (why, for_whom) = why_and_for_whom(&body)?;
+    let detail = serde_json::json!({ "for": for_whom, "destination": destination });
+    let act = Act::ResumeDestination { name: destination.clone() };
+    let (acted, seq) = act_audited(&app, p, &caller, &name, act, "resume-destination", detail, why).await?;
+    if !matches!(acted, Acted::DestinationResumed { was_stopped: true }) {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("destination {destination} of {name} is not stopped: it delivers by itself; nothing was done"),
+        ));
+    }
+    Ok(json(serde_json::json!({ "pipeline": name, "destination": destination, "resumed": true, "audit": seq })))
+}
+
 #[derive(serde::Deserialize)]
 struct NewAnnotation {
     who: Option<String>,

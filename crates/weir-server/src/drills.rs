@@ -633,8 +633,14 @@ fn drill(app: &App, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handl
     let version = contract.pipeline.version;
     let mut versions = BTreeMap::new();
     versions.insert(version, PipelineVersion { contract: contract.clone(), status });
-    let pipeline =
-        Pipeline { versions, on_kafka: p.on_kafka, paused: Arc::new(AtomicBool::new(false)), store, refused: None };
+    let pipeline = Pipeline {
+        versions,
+        on_kafka: p.on_kafka,
+        paused: Arc::new(AtomicBool::new(false)),
+        store,
+        refused: None,
+        destinations: Vec::new(),
+    };
     let mut d = Drilling {
         app,
         plan,

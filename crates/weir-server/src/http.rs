@@ -53,6 +53,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/pipelines/{name}/status", get(pipelines::status))
         .route("/v1/pipelines/{name}/pause", axum::routing::post(actions::pause))
         .route("/v1/pipelines/{name}/resume", axum::routing::post(actions::resume))
+        .route(
+            "/v1/pipelines/{name}/destinations/{destination}/resume",
+            axum::routing::post(actions::resume_destination),
+        )
         .route("/v1/pipelines/{name}/annotations", get(actions::list_annotations).post(actions::annotate))
         .route("/v1/pipelines/{name}/replay", axum::routing::post(actions::replay))
         .route("/v1/pipelines/{name}/versions", get(pipelines::versions))

@@ -48,7 +48,7 @@ use weir_log::{Log, LogOptions};
 use weir_store::{audit, pg, sqlite as store};
 
 use weir_runtime::runner::{Runner, READ_RECORDS};
-use weir_runtime::{backfill, embedded};
+use weir_runtime::{backfill, destination, embedded};
 use weir_runtime::{kafka, lock, sink, Pipeline, PipelineVersion, Status};
 use weir_store::{FileContract, Registration, VersionState};
 
@@ -247,6 +247,63 @@ fn register_versions(
         versions.push((file.clone(), VersionState::Live));
     }
     Ok((versions, refused))
+}
+
+/// The delivery threads of a contract file's destinations, and their states.
+struct Destinations {
+    threads: Vec<std::thread::JoinHandle<()>>,
+    statuses: Vec<Arc<Mutex<destination::DestinationStatus>>>,
+}
+
+/// Starts a thread per `[[destination]]` of `file`, each with the
+/// connection weir.toml names (a missing one, or an http URL weir may not
+/// call, stops the start).
+fn start_destinations(
+    file: &Contract,
+    running: &BTreeMap<u32, PipelineVersion>,
+    config: &ServerConfig,
+    (store, exclusive): (&Arc<dyn weir_store::Store>, Option<weir_contract::PostgresConfig>),
+    stop: &Arc<AtomicBool>,
+) -> anyhow::Result<Destinations> {
+    let mut out = Destinations { threads: Vec::new(), statuses: Vec::new() };
+    let name = &file.pipeline.name;
+    for d in &file.destinations {
+        let Some(connection) = config.connections.get(&d.connection) else {
+            anyhow::bail!(
+                "pipeline {name:?}: destination {:?} names the connection {:?}, which weir.toml does not have; add [connections.{}] with its url",
+                d.name,
+                d.connection,
+                d.connection
+            );
+        };
+        if d.kind == weir_contract::DestinationKind::Http {
+            weir_runtime::outbound::check_url(&connection.url, connection.allow_private).map_err(|e| {
+                anyhow::anyhow!("pipeline {name:?}: destination {:?} (connection {:?}): {e}", d.name, d.connection)
+            })?;
+        }
+        let status = Arc::new(Mutex::new(destination::DestinationStatus {
+            name: d.name.clone(),
+            kind: d.kind.as_str().into(),
+            state: "starting".into(),
+            ..Default::default()
+        }));
+        let runner = destination::DestinationRunner {
+            pipeline: name.clone(),
+            owner: file.pipeline.owner.clone(),
+            destination: d.clone(),
+            connection: connection.clone(),
+            contracts: running.iter().map(|(v, pv)| (*v, pv.contract.clone())).collect(),
+            declared_by: file.pipeline.version,
+            store: Arc::clone(store),
+            exclusive: exclusive.clone(),
+            status: Arc::clone(&status),
+            stop: Arc::clone(stop),
+        };
+        let thread = std::thread::Builder::new().name(format!("weir-dest-{name}-{}", d.name));
+        out.threads.push(thread.spawn(move || runner.run())?);
+        out.statuses.push(status);
+    }
+    Ok(out)
 }
 
 /// Runs the server until `shutdown` completes, then stops every pipeline
@@ -509,7 +566,12 @@ pub async fn serve(
             }
             running.insert(version, PipelineVersion { contract, status });
         }
+        let mut destinations = Vec::new();
         if refused.is_none() {
+            let exclusive = if kafka { config.postgres.clone() } else { None };
+            let started = start_destinations(&file, &running, &config, (&store, exclusive), &stop)?;
+            threads.extend(started.threads);
+            destinations = started.statuses;
             accepted.push(file);
             let input = backfill_input(kafka, &log, &config);
             let worker = backfill::Worker {
@@ -526,7 +588,7 @@ pub async fn serve(
             threads.push(thread.spawn(move || worker.run(stop))?);
             backfill_inputs.insert(name.clone(), input);
         }
-        pipelines.insert(name, Pipeline { versions: running, on_kafka: kafka, paused, store, refused });
+        pipelines.insert(name, Pipeline { versions: running, on_kafka: kafka, paused, store, refused, destinations });
     }
     audit::record_contracts(&store::open(&db)?, &accepted, &origin)?;
     readers::start(config.pool_connections);

@@ -46,6 +46,8 @@ pub struct Report {
     pub alerts: Vec<FiringReport>,
     /// The contract's named checks as this server last judged them.
     pub checks: Vec<CheckReport>,
+    /// Its destinations (SPEC.md 11): position, lag, state, last error.
+    pub destinations: Vec<weir_runtime::destination::DestinationStatus>,
     /// Not in the JSON: the watermark in milliseconds and the latency histograms, for `/metrics`.
     #[serde(skip)]
     pub watermark_ms: Option<i64>,
@@ -243,6 +245,7 @@ pub fn report_version(
         checkpoints_fenced: s.checkpoints_fenced,
         alerts,
         checks,
+        destinations: p.destinations.iter().map(|d| lock(d).clone()).collect(),
         watermark_ms: s.watermark,
         processing: s.processing,
         producer_lag: s.producer_lag,

@@ -23,6 +23,7 @@ pub mod backfill;
 pub mod cases;
 pub mod checkpoint;
 pub mod checks;
+pub mod destinations;
 mod digest;
 pub mod drills;
 pub mod idempotency;
@@ -69,6 +70,9 @@ pub enum Act {
     Incident(cases::CaseAct),
     /// A failure drill asked: kept as running until its verdict.
     Drill(DrillAsk),
+    /// A destination stopped by its receiver's refusal delivers again,
+    /// from the refused batch.
+    ResumeDestination { name: String },
 }
 
 /// A drill as an operator asks it: the scenario, on the live version.
@@ -90,6 +94,7 @@ impl Act {
             Act::Annotate { note, .. } => format!("annotated: {note}"),
             Act::Switch { promote: Some(v), why, .. } => format!("promoted version {v}: {why}"),
             Act::Switch { promote: None, why, .. } => format!("rolled back: {why}"),
+            Act::ResumeDestination { name } => format!("resumed destination {name}"),
             Act::Incident(_) | Act::Drill(_) => return None,
         })
     }
@@ -123,6 +128,10 @@ pub enum Acted {
     Drill {
         id: i64,
     },
+    /// A destination resumed; whether it was stopped (if not, nothing was done).
+    DestinationResumed {
+        was_stopped: bool,
+    },
 }
 
 impl Acted {
@@ -136,6 +145,8 @@ impl Acted {
             Acted::Switched(Err(_)) | Acted::Incident(Err(_)) => return None,
             Acted::Incident(Ok(c)) => serde_json::json!({ "incident": c.id, "status": c.status.as_str() }),
             Acted::Drill { id } => serde_json::json!({ "drill": id }),
+            Acted::DestinationResumed { was_stopped: false } => return None,
+            Acted::DestinationResumed { was_stopped: true } => serde_json::json!({ "was_stopped": true }),
         })
     }
 }
@@ -318,6 +329,14 @@ pub trait Store: Send + Sync {
     fn renew_drill(&self, id: i64) -> Result<()>;
     /// The newest drills first; with `id`, that one only.
     fn drills(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<drills::Drill>>;
+    /// Where a destination stands (position 1 for one never seen).
+    fn destination(&self, pipeline: &str, name: &str) -> Result<destinations::Place>;
+    /// Records a destination's step: a batch being sent, delivered, or refused.
+    fn record_destination(&self, pipeline: &str, name: &str, step: &destinations::Step) -> Result<()>;
+    /// The published `version` entries of the change stream from `since`.
+    fn version_entries(&self, pipeline: &str, since: i64, limit: i64) -> Result<Vec<String>>;
+    /// The last published `seq`, and when the change at `at` was checkpointed.
+    fn stream_head(&self, pipeline: &str, at: i64) -> Result<destinations::Head>;
 }
 
 /// The embedded topology's store: `weir.db`, through a pool.
@@ -361,6 +380,9 @@ impl Store for SqliteStore {
                 }
                 Act::Incident(step) => Acted::Incident(cases::sqlite::act(&tx, pipeline, step, weir_log::now_ms())?),
                 Act::Drill(ask) => Acted::Drill { id: drills::sqlite::start(&tx, pipeline, ask)? },
+                Act::ResumeDestination { name } => {
+                    Acted::DestinationResumed { was_stopped: destinations::sqlite::resume(&tx, pipeline, name)? }
+                }
             };
             if let (Some(text), Some(_)) = (act.timeline(), acted.detail()) {
                 let entry = ("action", act.who(), text.as_str());
@@ -540,6 +562,18 @@ impl Store for SqliteStore {
     fn drills(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<drills::Drill>> {
         self.with(|c| drills::sqlite::list(c, pipeline, id, limit))
     }
+    fn destination(&self, pipeline: &str, name: &str) -> Result<destinations::Place> {
+        self.with(|c| destinations::sqlite::place(c, pipeline, name))
+    }
+    fn record_destination(&self, pipeline: &str, name: &str, step: &destinations::Step) -> Result<()> {
+        self.with(|c| destinations::sqlite::record(c, pipeline, name, step))
+    }
+    fn version_entries(&self, pipeline: &str, since: i64, limit: i64) -> Result<Vec<String>> {
+        self.with(|c| destinations::sqlite::version_entries(c, pipeline, since, limit))
+    }
+    fn stream_head(&self, pipeline: &str, at: i64) -> Result<destinations::Head> {
+        self.with(|c| destinations::sqlite::head(c, pipeline, at))
+    }
 }
 
 /// The Kafka topology's store: the `[postgres]` schema, through a pool.
@@ -589,6 +623,9 @@ impl Store for PostgresStore {
                 Acted::Incident(self.with(|c, s| cases::pg::act(c, s, pipeline, step, weir_log::now_ms()))?)
             }
             Act::Drill(ask) => Acted::Drill { id: self.with(|c, s| drills::pg::start(c, s, pipeline, ask))? },
+            Act::ResumeDestination { name } => Acted::DestinationResumed {
+                was_stopped: self.with(|c, s| destinations::pg::resume(c, s, pipeline, name))?,
+            },
         };
         if let (Some(text), Some(_)) = (act.timeline(), acted.detail()) {
             self.mark_incidents(pipeline, None, ("action", act.who(), &text), false)?;
@@ -751,5 +788,17 @@ impl Store for PostgresStore {
     }
     fn drills(&self, pipeline: &str, id: Option<i64>, limit: i64) -> Result<Vec<drills::Drill>> {
         self.with(|c, s| drills::pg::list(c, s, pipeline, id, limit))
+    }
+    fn destination(&self, pipeline: &str, name: &str) -> Result<destinations::Place> {
+        self.with(|c, s| destinations::pg::place(c, s, pipeline, name))
+    }
+    fn record_destination(&self, pipeline: &str, name: &str, step: &destinations::Step) -> Result<()> {
+        self.with(|c, s| destinations::pg::record(c, s, pipeline, name, step))
+    }
+    fn version_entries(&self, pipeline: &str, since: i64, limit: i64) -> Result<Vec<String>> {
+        self.with(|c, s| destinations::pg::version_entries(c, s, pipeline, since, limit))
+    }
+    fn stream_head(&self, pipeline: &str, at: i64) -> Result<destinations::Head> {
+        self.with(|c, s| destinations::pg::head(c, s, pipeline, at))
     }
 }

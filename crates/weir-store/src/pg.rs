@@ -210,6 +210,7 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
     tx.batch_execute(&crate::cases::pg::schema(schema))?;
     tx.batch_execute(&crate::checks::pg::schema(schema))?;
     tx.batch_execute(&crate::drills::pg::schema(schema))?;
+    tx.batch_execute(&crate::destinations::pg::schema(schema))?;
     let found = tx.query_opt(&format!("SELECT value FROM {schema}.meta WHERE key = 'schema_version'"), &[])?;
     let mut version = match found.map(|r| r.get::<_, String>(0)) {
         None => {

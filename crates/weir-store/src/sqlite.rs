@@ -306,6 +306,7 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
     conn.execute_batch(crate::cases::sqlite::SCHEMA)?;
     conn.execute_batch(crate::checks::sqlite::SCHEMA)?;
     conn.execute_batch(crate::drills::sqlite::SCHEMA)?;
+    conn.execute_batch(crate::destinations::sqlite::SCHEMA)?;
     crate::drills::sqlite::migrate(conn)?;
     let found: Option<String> =
         conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0)).optional()?;

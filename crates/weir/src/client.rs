@@ -442,6 +442,23 @@ pub fn act(
     Ok(())
 }
 
+/// `weir resume PIPELINE --destination NAME --why`: the refused batch is sent again.
+pub fn resume_destination(
+    url: &str,
+    pipeline: &str,
+    destination: &str,
+    who: Option<&str>,
+    why: &str,
+) -> Result<(), Failure> {
+    let target = format!("{}/v1/pipelines/{pipeline}/destinations/{destination}/resume", url.trim_end_matches('/'));
+    let v = post_json(&target, &serde_json::json!({ "who": who, "why": why }))?;
+    eprintln!(
+        "weir: {pipeline}: destination {destination} resumed: the refused batch is sent again (audit entry {})",
+        plain(&v["audit"])
+    );
+    Ok(())
+}
+
 /// `weir promote PIPELINE N --why` (`Some(N)`) or `weir rollback PIPELINE --why`.
 pub fn switch(url: &str, pipeline: &str, version: Option<u32>, who: Option<&str>, why: &str) -> Result<(), Failure> {
     let action = if version.is_some() { "promote" } else { "rollback" };

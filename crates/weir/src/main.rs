@@ -168,9 +168,14 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
     },
-    /// Publish everything held since the pause, and go on publishing; recorded in the audit log.
+    /// Publish everything held since the pause, and go on publishing; with
+    /// --destination, start a destination its receiver stopped again, from
+    /// the refused batch. Recorded in the audit log.
     Resume {
         pipeline: String,
+        /// A destination stopped by its receiver's refusal (its name in the contract).
+        #[arg(long)]
+        destination: Option<String>,
         /// On whose behalf, when not the token's holder (the token says who acts).
         #[arg(long)]
         who: Option<String>,
@@ -666,7 +671,10 @@ fn main() -> ExitCode {
         Command::Pause { pipeline, who, why, url } => {
             client::act(&url, &pipeline, "pause", who.as_deref(), &why, client::ReplayFrom::default())
         }
-        Command::Resume { pipeline, who, why, url } => {
+        Command::Resume { pipeline, destination: Some(d), who, why, url } => {
+            client::resume_destination(&url, &pipeline, &d, who.as_deref(), &why)
+        }
+        Command::Resume { pipeline, destination: None, who, why, url } => {
             client::act(&url, &pipeline, "resume", who.as_deref(), &why, client::ReplayFrom::default())
         }
         Command::Replay { pipeline, who, why, from_offset, from_time, url } => client::act(

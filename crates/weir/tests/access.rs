@@ -170,6 +170,8 @@ fn every_role_against_every_endpoint() {
         ("POST",   format!("{p}/pause"),                Some(why), [401, 403, 403, 403, 200, 403, 403]),
         ("POST",   format!("{p}/resume"),               Some(why), [401, 403, 403, 403, 200, 403, 403]),
         ("POST",   format!("{p}/replay"),               Some(why), [401, 403, 403, 403, 202, 403, 403]),
+        // No such destination (404 names where destinations come from).
+        ("POST",   format!("{p}/destinations/crm/resume"), Some(why), [401, 403, 403, 403, 404, 403, 403]),
         ("GET",    format!("{p}/versions"),             None,     [401, 403, 200, 403, 200, 200, 403]),
         // One version: nothing to compare, nothing to promote or roll back to (409 says why).
         ("GET",    format!("{p}/diff"),                 None,     [401, 403, 409, 403, 409, 409, 403]),

@@ -1,0 +1,372 @@
+//! `[[destination]]` (SPEC.md 11): where a pipeline's change stream goes,
+//! and the typed columns a row has there (the `postgres` destination's
+//! table, and the stores' typed views).
+//!
+//! ```toml
+//! [[destination]]
+//! name = "accounts"            # a-z, 0-9 and _, unique in the contract
+//! kind = "http"                # http | postgres
+//! connection = "accounts_api"  # weir.toml's [connections.accounts_api]: the URL and its secrets
+//! batch = 500                  # changes in one POST or transaction (default 1000)
+//!
+//! [[destination]]
+//! name = "warehouse"
+//! kind = "postgres"
+//! connection = "warehouse"
+//! table = "paid_revenue"       # default: the pipeline's name; "schema.table" allowed; created if missing
+//! mode = "upsert"              # upsert (a row per key and window) | changes (every change appended)
+//! ```
+//!
+//! A contract names a connection, never a URL: secrets stay in weir.toml.
+//! Whether the connection exists is the server's to check at its start.
+
+use toml_edit::{Item, Table};
+
+use crate::contract::{AggFn, Aggregate, Reader, Source};
+
+/// One `[[destination]]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    pub name: String,
+    pub kind: DestinationKind,
+    /// The `[connections.NAME]` of weir.toml that holds the URL.
+    pub connection: String,
+    /// Most changes in one delivery: a POST, or a transaction.
+    pub batch: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DestinationKind {
+    /// POSTs JSON lines with an `Idempotency-Key` per batch.
+    Http,
+    /// A table in a Postgres database, upserted or appended.
+    Postgres { table: TableName, mode: TableMode },
+}
+
+impl DestinationKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DestinationKind::Http => "http",
+            DestinationKind::Postgres { .. } => "postgres",
+        }
+    }
+}
+
+/// A Postgres table, with its schema when named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableName {
+    pub schema: Option<String>,
+    pub table: String,
+}
+
+impl TableName {
+    /// `"schema"."table"` or `"table"`, quoted for SQL.
+    pub fn quoted(&self) -> String {
+        match &self.schema {
+            Some(s) => format!("\"{s}\".\"{}\"", self.table),
+            None => format!("\"{}\"", self.table),
+        }
+    }
+}
+
+impl std::fmt::Display for TableName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.schema {
+            Some(s) => write!(f, "{s}.{}", self.table),
+            None => f.write_str(&self.table),
+        }
+    }
+}
+
+/// How a `postgres` destination keeps the changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableMode {
+    /// One row per key and window, replaced only by a change of higher `seq`.
+    Upsert,
+    /// Every change appended once, keyed by `seq`.
+    Changes,
+}
+
+/// Default `batch`.
+pub const BATCH_DEFAULT: usize = 1000;
+/// The most `batch` may be.
+pub const BATCH_MAX: usize = 10_000;
+
+const DESTINATION_KEYS: &[&str] = &["name", "kind", "connection", "batch", "table", "mode"];
+
+/// A typed column's SQL type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlType {
+    Text,
+    BigInt,
+    Numeric,
+    Timestamp,
+}
+
+impl SqlType {
+    /// The Postgres type.
+    pub fn postgres(self) -> &'static str {
+        match self {
+            SqlType::Text => "text",
+            SqlType::BigInt => "bigint",
+            SqlType::Numeric => "numeric",
+            SqlType::Timestamp => "timestamptz",
+        }
+    }
+}
+
+/// Where a typed column's value comes from in a row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ColumnSource {
+    /// The row's `key` member of this name (the field path as written).
+    Key(String),
+    /// The row's `values` member of this name.
+    Value(String),
+    /// A top-level member of the row: `window_start`, `status`, ...
+    Row(&'static str),
+}
+
+/// One typed column: its name, type and where its value comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    pub name: String,
+    pub sql: SqlType,
+    pub source: ColumnSource,
+}
+
+/// The columns every typed row has besides its key fields and aggregates,
+/// in table order after them (`updated_at` and `seq` are the writer's).
+pub const ROW_COLUMNS: &[(&str, SqlType)] = &[
+    ("status", SqlType::Text),
+    ("revision", SqlType::BigInt),
+    ("version", SqlType::BigInt),
+    ("events", SqlType::BigInt),
+    ("late_events", SqlType::BigInt),
+    ("as_of", SqlType::Timestamp),
+];
+
+/// The names a typed row's own columns take.
+pub const RESERVED_COLUMNS: &[&str] = &[
+    "window_start",
+    "window_end",
+    "status",
+    "revision",
+    "version",
+    "events",
+    "late_events",
+    "as_of",
+    "updated_at",
+    "seq",
+];
+
+/// A key field's column name: its path's segments joined by `_`.
+pub fn key_column(path: &str) -> String {
+    path.replace('.', "_")
+}
+
+/// An aggregate's column type: `bigint` for counts, `numeric` for the
+/// numeric functions, `text` for `first` and `last` (a value of any type).
+pub fn aggregate_type(func: AggFn) -> SqlType {
+    match func {
+        AggFn::Count | AggFn::CountDistinct => SqlType::BigInt,
+        AggFn::Sum | AggFn::Avg | AggFn::Min | AggFn::Max => SqlType::Numeric,
+        AggFn::First | AggFn::Last => SqlType::Text,
+    }
+}
+
+/// The typed columns of a contract's rows, in table order: key fields,
+/// `window_start`, `window_end`, aggregates, then [`ROW_COLUMNS`].
+pub fn typed_columns(source: &Source, aggregates: &[Aggregate]) -> Vec<Column> {
+    let mut out: Vec<Column> = source
+        .key
+        .iter()
+        .map(|k| Column {
+            name: key_column(&k.to_string()),
+            sql: SqlType::Text,
+            source: ColumnSource::Key(k.to_string()),
+        })
+        .collect();
+    for w in ["window_start", "window_end"] {
+        out.push(Column { name: w.into(), sql: SqlType::Timestamp, source: ColumnSource::Row(w) });
+    }
+    for a in aggregates {
+        out.push(Column {
+            name: a.name.clone(),
+            sql: aggregate_type(a.func),
+            source: ColumnSource::Value(a.name.clone()),
+        });
+    }
+    for (name, sql) in ROW_COLUMNS {
+        out.push(Column { name: (*name).into(), sql: *sql, source: ColumnSource::Row(name) });
+    }
+    out
+}
+
+/// A Postgres identifier weir creates: 1 to 63 of a-z, 0-9 and _, not starting with a digit.
+fn is_identifier(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+}
+
+impl Reader<'_> {
+    pub(crate) fn destinations(
+        &mut self,
+        root: &Table,
+        pipeline: &str,
+        source: &Source,
+        aggregates: &[Aggregate],
+    ) -> Option<Vec<Destination>> {
+        let tables: Vec<&Table> = match root.get("destination") {
+            None => return Some(Vec::new()),
+            Some(Item::ArrayOfTables(array)) => array.iter().collect(),
+            Some(other) => {
+                self.error(other.span(), "destination", "write each destination as its own [[destination]] table");
+                return None;
+            }
+        };
+        let mut out: Vec<Destination> = Vec::new();
+        let mut ok = true;
+        for (i, t) in tables.into_iter().enumerate() {
+            let section = format!("destination[{}]", i + 1);
+            match self.destination(t, &section, pipeline) {
+                Some(d) => {
+                    if out.iter().any(|o| o.name == d.name) {
+                        self.error(
+                            t.get("name").and_then(Item::span),
+                            &format!("{section}.name"),
+                            format!("`{}` names two destinations; give each a unique name", d.name),
+                        );
+                        ok = false;
+                    }
+                    if matches!(d.kind, DestinationKind::Postgres { .. })
+                        && !self.columns_apart(t, &section, source, aggregates)
+                    {
+                        ok = false;
+                    }
+                    out.push(d);
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn destination(&mut self, t: &Table, section: &str, pipeline: &str) -> Option<Destination> {
+        self.item_keys(t, section, "destination", DESTINATION_KEYS);
+        let name = self.item_name(t, section, "a destination");
+        let connection = self.string(t, section, "connection", true);
+        if connection.as_deref().is_some_and(|c| c.trim().is_empty()) {
+            self.error(
+                t.get("connection").and_then(Item::span),
+                &format!("{section}.connection"),
+                "must name a [connections.NAME] section of weir.toml, which holds the URL and its secrets",
+            );
+        }
+        let batch = self.whole(t, section, "batch", 1, BATCH_MAX as i64);
+        let span = |key: &str| t.get(key).and_then(Item::span);
+        let kind = match self.string(t, section, "kind", true).as_deref() {
+            Some("http") => {
+                for key in ["table", "mode"] {
+                    if t.contains_key(key) {
+                        self.error(
+                            span(key),
+                            &format!("{section}.{key}"),
+                            "only a postgres destination has a table; remove it, or set kind = \"postgres\"",
+                        );
+                    }
+                }
+                Some(DestinationKind::Http)
+            }
+            Some("postgres") => self.postgres_destination(t, section, pipeline),
+            Some(other) => {
+                self.error(
+                    span("kind"),
+                    &format!("{section}.kind"),
+                    format!(
+                        "`{other}` is not a destination kind; use \"http\" or \"postgres\" (Kafka: the [sink] section)"
+                    ),
+                );
+                None
+            }
+            None => None,
+        };
+        let (name, connection, kind, batch) = (name?, connection?, kind?, batch?);
+        Some(Destination { name, kind, connection, batch: batch.map_or(BATCH_DEFAULT, |b| b as usize) })
+    }
+
+    fn postgres_destination(&mut self, t: &Table, section: &str, pipeline: &str) -> Option<DestinationKind> {
+        let span = |key: &str| t.get(key).and_then(Item::span);
+        let table = self.string(t, section, "table", false).unwrap_or_else(|| pipeline.to_owned());
+        let parts: Vec<&str> = table.split('.').collect();
+        let table = match parts.as_slice() {
+            [one] if is_identifier(one) => Some(TableName { schema: None, table: (*one).into() }),
+            [schema, one] if is_identifier(schema) && is_identifier(one) => {
+                Some(TableName { schema: Some((*schema).into()), table: (*one).into() })
+            }
+            _ => {
+                self.error(
+                    span("table"),
+                    &format!("{section}.table"),
+                    format!("`{table}` is not a table weir can create: write \"table\" or \"schema.table\", each 1 to 63 of a-z, 0-9 and _, not starting with a digit"),
+                );
+                None
+            }
+        };
+        let mode = match self.string(t, section, "mode", false).as_deref() {
+            None | Some("upsert") => Some(TableMode::Upsert),
+            Some("changes") => Some(TableMode::Changes),
+            Some(other) => {
+                self.error(
+                    span("mode"),
+                    &format!("{section}.mode"),
+                    format!("`{other}` is not a mode; use \"upsert\" (a row per key and window) or \"changes\" (every change appended)"),
+                );
+                None
+            }
+        };
+        Some(DestinationKind::Postgres { table: table?, mode: mode? })
+    }
+
+    /// A typed table's column names must differ: key fields, aggregates
+    /// and the row's own columns.
+    fn columns_apart(&mut self, t: &Table, section: &str, source: &Source, aggregates: &[Aggregate]) -> bool {
+        let mut seen: Vec<String> = RESERVED_COLUMNS.iter().map(|s| (*s).to_owned()).collect();
+        let mut ok = true;
+        let names = source.key.iter().map(|k| (format!("key field `{k}`"), key_column(&k.to_string())));
+        let names = names.chain(aggregates.iter().map(|a| (format!("aggregate `{}`", a.name), a.name.clone())));
+        for (what, column) in names.collect::<Vec<_>>() {
+            if seen.contains(&column) {
+                self.error(
+                    t.span(),
+                    section,
+                    format!("{what} would be the table's column `{column}`, which another column has; rename the aggregate (a key field's column is its path with _ for .)"),
+                );
+                ok = false;
+            }
+            seen.push(column);
+        }
+        ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_path_becomes_a_column_with_underscores() {
+        assert_eq!(key_column("customer.id"), "customer_id");
+        assert_eq!(key_column("account_id"), "account_id");
+    }
+
+    #[test]
+    fn identifiers_are_what_postgres_takes_unquoted() {
+        assert!(is_identifier("paid_revenue"));
+        assert!(!is_identifier("Paid"));
+        assert!(!is_identifier("1x"));
+        assert!(!is_identifier(&"a".repeat(64)));
+        assert!(!is_identifier("a\"b"));
+    }
+}
