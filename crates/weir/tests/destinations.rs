@@ -10,6 +10,10 @@
 //! - A receiver that refuses a batch with 400 stops its destination and
 //!   opens an incident for the owner; `weir resume --destination` sends the
 //!   refused batch again and the rest after it, nothing skipped.
+//! - A promote and a rollback: each destination switches to the new live
+//!   version's rows (the upsert table and the receiver then equal that
+//!   version's published rows, a new aggregate a new column), and the
+//!   changes table holds every change of both versions once.
 
 mod common;
 
@@ -78,6 +82,8 @@ struct Accounts {
     answer_after: Duration,
     /// Applied a batch and not yet answered.
     answering: bool,
+    /// The live version, as the last `version` entry said.
+    live: Option<u64>,
 }
 
 /// One request: its head's `idempotency-key` and its body.
@@ -119,6 +125,9 @@ impl Accounts {
             let seq = v["seq"].as_i64().unwrap();
             *self.applied.entry(seq).or_default() += 1;
             if v["type"] == "version" {
+                // The rows that follow are the new live version's: what was held is replaced.
+                self.live = v["to"].as_u64();
+                self.windows.clear();
                 continue;
             }
             let window = (v["key"].to_string(), v["window_start"].to_string());
@@ -561,6 +570,121 @@ fn a_refused_batch_stops_the_destination_until_an_operator_resumes_it() {
         assert_eq!(applied, seqs, "{}: every change applied, none skipped", topology.name());
         assert!(a.applied.values().all(|n| *n == 1), "none twice");
         drop(a);
+        drop::<Server>(server);
+    }
+}
+
+fn caught_up(base: &str, version: u32) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let s: Value =
+            serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/status?version={version}"))).unwrap();
+        if s["partitions"].as_array().is_some_and(|p| p.len() == 2)
+            && s["lag_records"] == 0
+            && s["events"]["read"].as_u64() > Some(0)
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "version {version} did not catch up: {s}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The upsert table and the receiver hold exactly `version`'s published rows.
+fn holds(base: &str, tables: &Tables, accounts: &Arc<Mutex<Accounts>>, version: u32, what: &str) {
+    let results = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?version={version}&limit=100000")));
+    assert!(results.len() > 50, "{what}: {} rows", results.len());
+    let mut client = tables.client();
+    let table = upsert_table(&mut client, &tables.0);
+    assert_eq!(table.len(), results.len(), "{what}: one table row per published row of version {version}");
+    let versions: Vec<i64> = client
+        .query(&format!("SELECT DISTINCT version FROM {}.paid", tables.0), &[])
+        .unwrap()
+        .into_iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, [i64::from(version)], "{what}");
+    for r in &results {
+        let (_, values) = table.get(&window_of(r)).unwrap_or_else(|| panic!("{what}: not in the table: {r}"));
+        assert!(same_values(values, &published(r)), "{what}: {values} against {r}");
+    }
+    let a = accounts.lock().unwrap();
+    assert_eq!(a.live, if version == 1 && a.live.is_none() { None } else { Some(u64::from(version)) }, "{what}");
+    assert_eq!(a.windows.len(), results.len(), "{what}: the receiver holds version {version}'s windows");
+    for r in &results {
+        let window = (r["key"].to_string(), r["window_start"].to_string());
+        assert!(a.windows.contains_key(&window), "{what}: the receiver lacks {r}");
+    }
+    assert!(a.backwards.is_empty(), "{what}: {:?}", a.backwards);
+}
+
+#[test]
+fn a_promote_and_a_rollback_switch_every_destination_to_the_live_versions_rows() {
+    for topology in Topology::both("dest_versions") {
+        let name = if matches!(topology, Topology::Embedded) { "v_embedded" } else { "v_kafka" };
+        let dir = Scratch::new("dest-versions");
+        let tables = Tables::new(name);
+        let accounts = Arc::new(Mutex::new(Accounts::default()));
+        let receiver = account_service(Arc::clone(&accounts));
+        let v1 = contract(Some(&tables), 100);
+        // Version 2: two-minute windows and an aggregate more (a new column).
+        let v2 = v1.replace("version = 1", "version = 2").replace("size = \"1m\"", "size = \"2m\"").replace(
+            "[[aggregate]]\nname = \"payments\"",
+            "[[aggregate]]\nname = \"largest\"\nfn = \"max\"\nfield = \"amount\"\n\n[[aggregate]]\nname = \"payments\"",
+        );
+        let root = topology.folder(&dir, "server", &[("paid.toml", &v1)], &config(&topology, &receiver));
+        let lines = payments(&dir, (6_000, 10), 11, 40);
+        let (server, base) = topology.serve(&root);
+        let at = Arc::new(Mutex::new(base.clone()));
+        produce(&at, &lines, "v", Duration::ZERO);
+        produce(&at, &flush(40), "flush", Duration::ZERO);
+        wait_delivered(&base, 3, topology.name());
+        holds(&base, &tables, &accounts, 1, "version 1 live");
+
+        // Version 2 builds beside it; the destinations go on with version 1's rows.
+        drop(server);
+        std::fs::write(root.join("contracts/paid.toml"), &v2).unwrap();
+        let (server, base) = topology.serve(&root);
+        caught_up(&base, 2);
+        wait_delivered(&base, 3, topology.name());
+        holds(&base, &tables, &accounts, 1, "version 2 a candidate");
+
+        let (code, body) = call(
+            "POST",
+            &format!("{base}/v1/pipelines/paid/promote"),
+            Some(r#"{"version":2,"why":"two-minute windows"}"#),
+        );
+        assert_eq!(code, 200, "{body}");
+        wait_delivered(&base, 3, topology.name());
+        holds(&base, &tables, &accounts, 2, "version 2 promoted");
+        let largest: i64 = tables
+            .client()
+            .query_one(&format!("SELECT count(*) FROM {}.paid WHERE largest IS NOT NULL", tables.0), &[])
+            .unwrap()
+            .get(0);
+        assert!(largest > 0, "version 2's new aggregate is a column of its own");
+
+        let (code, body) =
+            call("POST", &format!("{base}/v1/pipelines/paid/rollback"), Some(r#"{"why":"back to one minute"}"#));
+        assert_eq!(code, 200, "{body}");
+        wait_delivered(&base, 3, topology.name());
+        holds(&base, &tables, &accounts, 1, "rolled back to version 1");
+
+        // The changes table: every change of both versions, and both entries, once.
+        let changes = json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?limit=100000")));
+        let stored: Vec<(i64, String)> = tables
+            .client()
+            .query(&format!("SELECT seq, status FROM {}.paid_changes ORDER BY seq", tables.0), &[])
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let expected: Vec<(i64, String)> = changes
+            .iter()
+            .map(|c| (c["seq"].as_i64().unwrap(), c["status"].as_str().unwrap_or("version").to_owned()))
+            .collect();
+        assert_eq!(stored, expected, "{}", topology.name());
+        assert_eq!(stored.iter().filter(|(_, s)| s == "version").count(), 2);
         drop::<Server>(server);
     }
 }
