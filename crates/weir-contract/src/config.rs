@@ -11,6 +11,7 @@
 //! max_events_per_request = 100000 # most events in one POST (413 past it, nothing appended)
 //! log_queue_bytes = 268435456   # events waiting for the log's writer; past it a POST gets 503 and Retry-After
 //! max_connections = 1024        # open client connections; more wait in the listen backlog
+//! max_followers = 256           # open change feeds (long polls, server-sent events); past it 503 and Retry-After
 //! alert_queue = 1000            # alert notifications waiting for each webhook; past it the oldest is dropped and counted
 //! allow_link_local_webhooks = false  # true: alerts may go to link-local and cloud metadata addresses
 //! pool_connections = 16         # connections each reader pool (SQLite, Postgres) opens at most
@@ -79,6 +80,8 @@ pub struct ServerConfig {
     pub log_queue_bytes: usize,
     /// Open client connections.
     pub max_connections: usize,
+    /// Open change feeds: long polls (`wait=`) and server-sent events.
+    pub max_followers: usize,
     /// Alert notifications waiting for delivery.
     pub alert_queue: usize,
     /// Connections each of the HTTP side's pools (SQLite, Postgres) holds at most.
@@ -208,6 +211,7 @@ impl Default for ServerConfig {
             max_events_per_request: 100_000,
             log_queue_bytes: 256 << 20,
             max_connections: 1024,
+            max_followers: 256,
             alert_queue: 1000,
             pool_connections: 16,
             ledger_payload_retention_ms: None,
@@ -238,6 +242,7 @@ const TOP_KEYS: &[&str] = &[
     "max_events_per_request",
     "log_queue_bytes",
     "max_connections",
+    "max_followers",
     "alert_queue",
     "pool_connections",
     "header_timeout",
@@ -304,6 +309,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
     let max_events = r.whole(root, "weir.toml", "max_events_per_request", 1, 10_000_000);
     let log_queue = r.whole(root, "weir.toml", "log_queue_bytes", 1 << 20, 1 << 40);
     let connections = r.whole(root, "weir.toml", "max_connections", 1, 1 << 20);
+    let followers = r.whole(root, "weir.toml", "max_followers", 1, 1 << 20);
     let alert_queue = r.whole(root, "weir.toml", "alert_queue", 1, 1 << 20);
     let pool = r.whole(root, "weir.toml", "pool_connections", 1, 1024);
     let alert_webhook = r.string(root, "weir.toml", "alert_webhook", false);
@@ -426,6 +432,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         max_events_per_request: max_events?.map_or(defaults.max_events_per_request, |v| v as usize),
         log_queue_bytes: log_queue?.map_or(defaults.log_queue_bytes, |v| v as usize),
         max_connections: connections?.map_or(defaults.max_connections, |v| v as usize),
+        max_followers: followers?.map_or(defaults.max_followers, |v| v as usize),
         alert_queue: alert_queue?.map_or(defaults.alert_queue, |v| v as usize),
         pool_connections: pool?.map_or(defaults.pool_connections, |v| v as u32),
         ledger_payload_retention_ms: ledger_retention?,

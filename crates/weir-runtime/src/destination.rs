@@ -247,12 +247,17 @@ pub struct DestinationRunner {
     pub exclusive: Option<PostgresConfig>,
     pub status: Arc<Mutex<DestinationStatus>>,
     pub stop: Arc<AtomicBool>,
+    /// The pipeline's bell: a checkpoint here wakes a caught-up destination at once.
+    pub bell: Arc<crate::bell::Bell>,
 }
 
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-/// How often a caught-up destination looks for new changes.
-const POLL: Duration = Duration::from_millis(50);
+/// How often a caught-up destination looks for new changes without a ring
+/// of the bell: often where other workers commit too (Postgres), rarely where
+/// every commit rings it.
+const POLL_SHARED: Duration = Duration::from_millis(100);
+const POLL_ALONE: Duration = Duration::from_secs(1);
 
 impl DestinationRunner {
     /// Delivers until `stop`, starting again after any failure.
@@ -325,13 +330,15 @@ impl DestinationRunner {
                 stopped = self.store.destination(&self.pipeline, self.name()).map_err(|e| e.to_string())?.stopped;
                 continue;
             }
+            let rung = self.bell.rung();
             let work = match &pending {
                 Some(p) => Some(self.rebuild(p, live)?),
                 None => self.next(position, live)?,
             };
             let Some(work) = work else {
                 self.caught_up(position)?;
-                self.sleep(POLL);
+                let poll = if self.exclusive.is_some() { POLL_SHARED } else { POLL_ALONE };
+                self.bell.wait(rung, poll);
                 continue;
             };
             let keeps_position = matches!(self.destination.kind, DestinationKind::Postgres { .. });

@@ -14,6 +14,7 @@
 //! by step on a simulated clock.
 
 pub mod backfill;
+pub mod bell;
 pub mod destination;
 pub mod drill;
 pub mod embedded;

@@ -161,6 +161,8 @@ pub struct Runner {
     pub paused: Arc<AtomicBool>,
     /// Records asked of the source in one step.
     pub read_records: usize,
+    /// Rung after every checkpoint committed (see [`crate::bell`]).
+    pub bell: Arc<crate::bell::Bell>,
 }
 
 /// A source and a store connection for one run.
@@ -849,6 +851,8 @@ impl Run {
             s.last_checkpoint_ms = ms;
             s.checkpoints += 1;
             s.failed = None;
+            drop(s);
+            r.bell.ring();
         }
     }
 }

@@ -88,6 +88,8 @@ pub struct Pipeline {
     /// Why this pipeline does not run: its contract file was refused (a
     /// change without a version bump, a start older than the retained input).
     pub refused: Option<String>,
+    /// Rung after every checkpoint of its versions and every action that publishes.
+    pub bell: Arc<crate::bell::Bell>,
     /// Its destinations' states, in the contract's order.
     pub destinations: Vec<Arc<Mutex<crate::destination::DestinationStatus>>>,
 }

@@ -404,6 +404,7 @@ impl World {
             stop: Arc::new(AtomicBool::new(false)),
             paused: Arc::new(AtomicBool::new(false)),
             read_records: self.read_records,
+            bell: Arc::default(),
         };
         let mut live = Live { runner, run: None, fail_commit };
         // A failed start (its run row's commit refused) is tried again at the next step.

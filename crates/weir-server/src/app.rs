@@ -53,6 +53,10 @@ pub struct App {
     pub data: std::path::PathBuf,
     /// The drill running on each pipeline (one at a time), by id.
     pub(crate) drills: Mutex<BTreeMap<String, i64>>,
+    /// Places for open change feeds (`max_followers`).
+    pub(crate) followers: Arc<tokio::sync::Semaphore>,
+    /// Set once the server stops: change feeds end.
+    pub closing: tokio::sync::watch::Sender<bool>,
 }
 
 /// The places of the request gates (see `http::gate`).
@@ -75,6 +79,7 @@ impl App {
         pipelines: BTreeMap<String, Pipeline>,
         sqlite: Arc<weir_store::SqliteStore>,
     ) -> App {
+        let config_followers = config.max_followers;
         App {
             log,
             config,
@@ -95,6 +100,8 @@ impl App {
             otel_exports: Arc::default(),
             data: std::path::PathBuf::new(),
             drills: Mutex::default(),
+            followers: Arc::new(tokio::sync::Semaphore::new(config_followers)),
+            closing: tokio::sync::watch::Sender::new(false),
         }
     }
 
@@ -230,6 +237,23 @@ pub(crate) async fn audited(
 /// and the entry's `seq` (none for a switch refused in SQLite: nothing was done).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn act_audited(
+    app: &Arc<App>,
+    p: &Pipeline,
+    caller: &Caller,
+    name: &str,
+    act: weir_store::Act,
+    action: &'static str,
+    detail: serde_json::Value,
+    why: String,
+) -> Result<(weir_store::Acted, Option<i64>), ApiError> {
+    let done = act_and_audit(app, p, caller, name, act, action, detail, why).await;
+    // A resume, a promote or a rollback publishes: followers and destinations look now.
+    p.bell.ring();
+    done
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn act_and_audit(
     app: &Arc<App>,
     p: &Pipeline,
     caller: &Caller,

@@ -629,6 +629,7 @@ fn drill(app: &App, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handl
         stop: Arc::new(AtomicBool::new(false)),
         paused: Arc::new(AtomicBool::new(false)),
         read_records: 1024,
+        bell: Arc::default(),
     };
     let version = contract.pipeline.version;
     let mut versions = BTreeMap::new();
@@ -639,6 +640,7 @@ fn drill(app: &App, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handl
         paused: Arc::new(AtomicBool::new(false)),
         store,
         refused: None,
+        bell: Arc::default(),
         destinations: Vec::new(),
     };
     let mut d = Drilling {

@@ -100,7 +100,7 @@ pub fn router(app: Arc<App>) -> Router {
 async fn gate(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let read = req.method() == axum::http::Method::GET || req.method() == axum::http::Method::HEAD;
-    if !read || carries_body(req.headers()) {
+    if !read || carries_body(req.headers()) || crate::feed::is_follower(path, req.uri().query(), req.headers()) {
         return next.run(req).await;
     }
     let gate = if public(&app, path) { &app.gates.public } else { &app.gates.readers };

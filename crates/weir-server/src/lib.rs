@@ -21,6 +21,7 @@ mod dashboard;
 mod diff;
 mod drills;
 mod events;
+mod feed;
 mod http;
 mod incidents;
 pub mod listen;
@@ -262,7 +263,11 @@ fn start_destinations(
     file: &Contract,
     running: &BTreeMap<u32, PipelineVersion>,
     config: &ServerConfig,
-    (store, exclusive): (&Arc<dyn weir_store::Store>, Option<weir_contract::PostgresConfig>),
+    (store, exclusive, bell): (
+        &Arc<dyn weir_store::Store>,
+        Option<weir_contract::PostgresConfig>,
+        &Arc<weir_runtime::bell::Bell>,
+    ),
     stop: &Arc<AtomicBool>,
 ) -> anyhow::Result<Destinations> {
     let mut out = Destinations { threads: Vec::new(), statuses: Vec::new() };
@@ -298,6 +303,7 @@ fn start_destinations(
             exclusive: exclusive.clone(),
             status: Arc::clone(&status),
             stop: Arc::clone(stop),
+            bell: Arc::clone(bell),
         };
         let thread = std::thread::Builder::new().name(format!("weir-dest-{name}-{}", d.name));
         out.threads.push(thread.spawn(move || runner.run())?);
@@ -529,6 +535,7 @@ pub async fn serve(
             eprintln!("weir: {why}; pipeline {name} does not run, the others do");
         }
         let paused = Arc::new(AtomicBool::new(false));
+        let bell = Arc::new(weir_runtime::bell::Bell::default());
         let mut running = BTreeMap::new();
         for (contract, state) in versions {
             let version = contract.pipeline.version;
@@ -545,6 +552,7 @@ pub async fn serve(
                 stop: Arc::clone(&stop),
                 paused: Arc::clone(&paused),
                 read_records: READ_RECORDS,
+                bell: Arc::clone(&bell),
             };
             let thread = std::thread::Builder::new().name(format!("weir-{name}-v{version}"));
             if kafka {
@@ -569,7 +577,7 @@ pub async fn serve(
         let mut destinations = Vec::new();
         if refused.is_none() {
             let exclusive = if kafka { config.postgres.clone() } else { None };
-            let started = start_destinations(&file, &running, &config, (&store, exclusive), &stop)?;
+            let started = start_destinations(&file, &running, &config, (&store, exclusive, &bell), &stop)?;
             threads.extend(started.threads);
             destinations = started.statuses;
             accepted.push(file);
@@ -588,7 +596,8 @@ pub async fn serve(
             threads.push(thread.spawn(move || worker.run(stop))?);
             backfill_inputs.insert(name.clone(), input);
         }
-        pipelines.insert(name, Pipeline { versions: running, on_kafka: kafka, paused, store, refused, destinations });
+        pipelines
+            .insert(name, Pipeline { versions: running, on_kafka: kafka, paused, store, refused, bell, destinations });
     }
     audit::record_contracts(&store::open(&db)?, &accepted, &origin)?;
     readers::start(config.pool_connections);
@@ -637,6 +646,12 @@ pub async fn serve(
     let timeouts =
         (Duration::from_millis(config.header_timeout_ms as u64), Duration::from_millis(config.write_timeout_ms as u64));
     let kept = (Arc::clone(&app), pg_store);
+    // Change feeds end when the server stops, so they do not hold the shutdown up.
+    let closing = app.closing.clone();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = closing.send(true);
+    };
     listen::serve(listener, http::router(app), timeouts, shutdown).await;
     retention.abort();
     alerting.abort();

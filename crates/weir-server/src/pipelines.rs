@@ -151,6 +151,7 @@ pub(crate) async fn changes(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
     uri: Uri,
+    headers: axum::http::HeaderMap,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
@@ -162,6 +163,18 @@ pub(crate) async fn changes(
         true => Some(read_version(p, &name, &q).await?),
         false => None,
     };
+    if crate::feed::wants_events(&headers) {
+        let from = crate::feed::start_of(&headers, since)?;
+        return Ok(crate::feed::events(Arc::clone(&app), name, version, from));
+    }
+    if let Some(wait) = q.get("wait") {
+        let wait_ms = weir_contract::parse_duration_ms(wait)
+            .ok()
+            .filter(|ms| (0..=crate::feed::MAX_WAIT_MS).contains(ms))
+            .ok_or_else(|| bad(format!("wait={wait:?} must be a duration of at most 60s, such as wait=30s")))?;
+        let asked = (version, since, limit, wait_ms);
+        return Ok(crate::feed::long_poll(Arc::clone(&app), name, asked, uri.path(), &q).await);
+    }
     let rows = read_stored(p, move |s| s.changes(&name, version, since, limit as i64 + 1)).await?;
     Ok(page_by_seq(rows, limit, uri.path(), &q))
 }

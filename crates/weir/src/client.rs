@@ -442,6 +442,90 @@ pub fn act(
     Ok(())
 }
 
+/// `weir tail`: the change stream as server-sent events, each change's line
+/// printed as it comes; a dropped connection is taken up again after a
+/// second from the last change printed (`Last-Event-ID`). Without `since`
+/// it starts at the stream's next change.
+pub fn tail(
+    url: &str,
+    pipeline: &str,
+    (since, version): (Option<i64>, Option<u32>),
+    limit: Option<u64>,
+) -> Result<(), Failure> {
+    let base = url.trim_end_matches('/');
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let mut from = match since {
+        Some(s) => s,
+        None => next_seq(&agent, base, pipeline)?,
+    };
+    let mut printed = 0u64;
+    let mut out = std::io::stdout().lock();
+    loop {
+        let mut target = format!("{base}/v1/pipelines/{pipeline}/changes?since={from}");
+        if let Some(v) = version {
+            target.push_str(&format!("&version={v}"));
+        }
+        let answer = authed(agent.get(&target)).header("accept", "text/event-stream").call();
+        let mut answer = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("weir: cannot reach {base} ({e}); trying again in 1 s");
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let code = answer.status().as_u16();
+        if code != 200 {
+            let body = answer.body_mut().read_to_string().unwrap_or_default();
+            if code == 503 {
+                eprintln!("weir: {} ({code}); trying again in 1 s", error_text(&body));
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+            return Err(Failure::run(anyhow::anyhow!("{} ({code})", error_text(&body))));
+        }
+        let reader = BufReader::new(answer.into_body().into_reader());
+        for line in reader.lines() {
+            let Ok(line) = line else { break };
+            if let Some(data) = line.strip_prefix("data:") {
+                let data = data.strip_prefix(' ').unwrap_or(data);
+                std::io::Write::write_all(&mut out, format!("{data}\n").as_bytes())
+                    .map_err(|e| Failure::run(anyhow::anyhow!("cannot write the output: {e}")))?;
+                let _ = std::io::Write::flush(&mut out);
+                if let Some(seq) = seq_in(data) {
+                    from = seq + 1;
+                }
+                printed += 1;
+                if limit.is_some_and(|l| printed >= l) {
+                    return Ok(());
+                }
+            }
+        }
+        eprintln!("weir: the feed of {pipeline} closed; going on from {from} in 1 s");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// The `seq` of a change's line.
+fn seq_in(line: &str) -> Option<i64> {
+    serde_json::from_str::<serde_json::Value>(line).ok()?["seq"].as_i64()
+}
+
+/// The seq after the newest change of the stream (1 when it is empty).
+fn next_seq(agent: &ureq::Agent, base: &str, pipeline: &str) -> Result<i64, Failure> {
+    let mut since = 1;
+    loop {
+        let (body, next) =
+            get_page(agent, &format!("{base}/v1/pipelines/{pipeline}/changes?since={since}&limit=100000"))?;
+        if let Some(seq) = body.lines().last().and_then(seq_in) {
+            since = seq + 1;
+        }
+        if next.is_none() {
+            return Ok(since);
+        }
+    }
+}
+
 /// `weir resume PIPELINE --destination NAME --why`: the refused batch is sent again.
 pub fn resume_destination(
     url: &str,

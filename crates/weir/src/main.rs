@@ -288,6 +288,22 @@ enum Command {
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
+    /// Print a pipeline's changes as they are published (server-sent events;
+    /// after a dropped connection it goes on from the last change printed).
+    Tail {
+        pipeline: String,
+        /// The first change to print (its seq); default: the next one published.
+        #[arg(long)]
+        since: Option<i64>,
+        /// Only this version's rows (and the promotes and rollbacks).
+        #[arg(long)]
+        version: Option<u32>,
+        /// Stop after this many changes.
+        #[arg(long)]
+        limit: Option<u64>,
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+    },
     /// Run every contract in a folder continuously over the embedded log, with the HTTP API.
     Serve {
         /// Folder for the log and the results database (created if missing).
@@ -730,6 +746,9 @@ fn main() -> ExitCode {
             IncidentWhat::Show { pipeline, id, url } => client::incidents(&url, &pipeline, id),
         },
         Command::Status { pipeline, url } => client::status(&url, pipeline.as_deref()),
+        Command::Tail { pipeline, since, version, limit, url } => {
+            client::tail(&url, &pipeline, (since, version), limit)
+        }
         Command::Results { pipeline, url, status, format } => {
             client::results(&url, &pipeline, status.as_deref(), format == Format::Json)
         }
