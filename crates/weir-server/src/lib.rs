@@ -534,6 +534,11 @@ pub async fn serve(
         if let Some(why) = &refused {
             eprintln!("weir: {why}; pipeline {name} does not run, the others do");
         }
+        // The typed views for BI tools, for every stored version.
+        let (s, n) = (Arc::clone(&store), name.clone());
+        if let Err(e) = tokio::task::spawn_blocking(move || s.refresh_views(&n)).await? {
+            eprintln!("weir: pipeline {name}: the typed views for BI tools could not be made: {e}");
+        }
         let paused = Arc::new(AtomicBool::new(false));
         let bell = Arc::new(weir_runtime::bell::Bell::default());
         let mut running = BTreeMap::new();

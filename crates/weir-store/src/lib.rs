@@ -34,6 +34,7 @@ pub mod privacy;
 pub mod sqlite;
 pub mod tokens;
 pub mod versions;
+pub mod views;
 
 use std::path::PathBuf;
 
@@ -337,6 +338,8 @@ pub trait Store: Send + Sync {
     fn version_entries(&self, pipeline: &str, since: i64, limit: i64) -> Result<Vec<String>>;
     /// The last published `seq`, and when the change at `at` was checkpointed.
     fn stream_head(&self, pipeline: &str, at: i64) -> Result<destinations::Head>;
+    /// Makes the pipeline's typed views for BI tools again (see [`views`]).
+    fn refresh_views(&self, pipeline: &str) -> Result<()>;
 }
 
 /// The embedded topology's store: `weir.db`, through a pool.
@@ -574,6 +577,9 @@ impl Store for SqliteStore {
     fn stream_head(&self, pipeline: &str, at: i64) -> Result<destinations::Head> {
         self.with(|c| destinations::sqlite::head(c, pipeline, at))
     }
+    fn refresh_views(&self, pipeline: &str) -> Result<()> {
+        self.with(|c| views::sqlite::refresh(c, pipeline))
+    }
 }
 
 /// The Kafka topology's store: the `[postgres]` schema, through a pool.
@@ -800,5 +806,8 @@ impl Store for PostgresStore {
     }
     fn stream_head(&self, pipeline: &str, at: i64) -> Result<destinations::Head> {
         self.with(|c, s| destinations::pg::head(c, s, pipeline, at))
+    }
+    fn refresh_views(&self, pipeline: &str) -> Result<()> {
+        self.with(|c, s| views::pg::refresh(c, s, pipeline))
     }
 }
