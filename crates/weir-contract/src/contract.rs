@@ -117,6 +117,8 @@ pub struct Alerts {
     pub max_ledger_rate: Option<f64>,
     /// Windows corrected by backfills finished in the last hour.
     pub max_corrected_windows: Option<u64>,
+    /// How long ago the oldest change a destination has not taken was published.
+    pub max_destination_lag_ms: Option<i64>,
     /// Where notifications are POSTed (else weir.toml's `alert_webhook`).
     pub webhook: Option<String>,
 }
@@ -356,8 +358,15 @@ const SOURCE_KEYS: &[&str] = &[
 const WINDOW_KEYS: &[&str] = &["type", "size", "slide", "gap", "allowed_lateness", "late", "early"];
 const DEDUP_KEYS: &[&str] = &["horizon", "on_conflict"];
 const AGGREGATE_KEYS: &[&str] = &["name", "fn", "field", "where"];
-const ALERT_KEYS: &[&str] =
-    &["max_lag", "max_watermark_age", "max_oldest_unprocessed", "max_ledger_rate", "max_corrected_windows", "webhook"];
+const ALERT_KEYS: &[&str] = &[
+    "max_lag",
+    "max_watermark_age",
+    "max_oldest_unprocessed",
+    "max_ledger_rate",
+    "max_corrected_windows",
+    "max_destination_lag",
+    "webhook",
+];
 const RECONCILE_KEYS: &[&str] = &["every", "delay", "system_of_record"];
 const SYSTEM_OF_RECORD_KEYS: &[&str] = &["query", "map", "tolerance", "url"];
 const SECTIONS: &[&str] = &[
@@ -1256,6 +1265,7 @@ impl Reader<'_> {
             },
         };
         let max_corrected_windows = self.whole(t, "alerts", "max_corrected_windows", 0, i64::MAX);
+        let max_destination_lag_ms = self.duration(t, "alerts", "max_destination_lag");
         let webhook = self.string(t, "alerts", "webhook", false);
         if let Some(url) = &webhook {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -1269,6 +1279,7 @@ impl Reader<'_> {
             max_oldest_unprocessed_ms: max_oldest_unprocessed_ms?,
             max_ledger_rate: max_ledger_rate?,
             max_corrected_windows: max_corrected_windows?.map(|n| n as u64),
+            max_destination_lag_ms: max_destination_lag_ms?,
             webhook,
         })
     }

@@ -88,19 +88,21 @@ fn the_good_contract_parses() {
 
 #[test]
 fn alerts_parse_and_bad_ones_are_refused() {
-    let text = edit("", "[alerts]\nmax_lag = \"30s\"\nmax_watermark_age = \"2m\"\nmax_oldest_unprocessed = \"1m\"\nmax_ledger_rate = 0.01\nwebhook = \"http://127.0.0.1:9/hook\"");
+    let text = edit("", "[alerts]\nmax_lag = \"30s\"\nmax_watermark_age = \"2m\"\nmax_oldest_unprocessed = \"1m\"\nmax_ledger_rate = 0.01\nmax_destination_lag = \"10s\"\nwebhook = \"http://127.0.0.1:9/hook\"");
     let a = Contract::parse("c.toml", &text).unwrap().alerts.unwrap();
     assert_eq!(
         (a.max_lag_ms, a.max_watermark_age_ms, a.max_oldest_unprocessed_ms),
         (Some(30_000), Some(120_000), Some(60_000))
     );
     assert_eq!((a.max_ledger_rate, a.webhook.as_deref()), (Some(0.01), Some("http://127.0.0.1:9/hook")));
+    assert_eq!(a.max_destination_lag_ms, Some(10_000));
     assert!(Contract::parse("c.toml", GOOD).unwrap().alerts.is_none());
     check(&edit("", "[alerts]\nmax_lags = \"30s\""), Some(34), "alerts.max_lags", "unknown key");
     check(&edit("", "[alerts]\nmax_lag = \"soon\""), Some(34), "alerts.max_lag", "");
     check(&edit("", "[alerts]\nmax_ledger_rate = 2"), Some(34), "alerts.max_ledger_rate", "from 0 to 1");
     check(&edit("", "[alerts]\nwebhook = \"ftp://x\""), Some(34), "alerts.webhook", "http://");
     check(&edit("", "[alerts]\nmax_corrected_windows = -1"), Some(34), "alerts.max_corrected_windows", "whole number");
+    check(&edit("", "[alerts]\nmax_destination_lag = \"later\""), Some(34), "alerts.max_destination_lag", "");
 }
 
 #[test]

@@ -253,6 +253,8 @@ pub struct DestinationRunner {
 
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How often a delivering destination measures its lag.
+const MEASURE_EVERY: Duration = Duration::from_millis(500);
 /// How often a caught-up destination looks for new changes without a ring
 /// of the bell: often where other workers commit too (Postgres), rarely where
 /// every commit rings it.
@@ -323,9 +325,11 @@ impl DestinationRunner {
         }
         let mut live = self.live_at(position)?;
         let mut backoff = BACKOFF_FIRST;
+        let mut measured = Instant::now();
         while !self.stop.load(Ordering::SeqCst) {
             if let Some(why) = &stopped {
                 self.set(|s| s.state = format!("stopped: {why}"));
+                self.measure(position)?;
                 self.sleep(Duration::from_secs(1));
                 stopped = self.store.destination(&self.pipeline, self.name()).map_err(|e| e.to_string())?.stopped;
                 continue;
@@ -351,6 +355,10 @@ impl DestinationRunner {
                 Ok(()) => {
                     backoff = BACKOFF_FIRST;
                     self.delivered(&work, next, next_pending.as_ref())?;
+                    if measured.elapsed() > MEASURE_EVERY {
+                        self.measure(next)?;
+                        measured = Instant::now();
+                    }
                     if let Work::Switch { entry, last_page: true, .. } = &work {
                         live = entry.version;
                     }
@@ -362,6 +370,7 @@ impl DestinationRunner {
                         s.last_error = Some(e.clone());
                         s.retries += 1;
                     });
+                    self.measure(position)?;
                     if keeps_position {
                         return Err(e);
                     }
@@ -512,15 +521,22 @@ impl DestinationRunner {
 
     /// Nothing new to deliver: how far behind the stream's head it is.
     fn caught_up(&self, position: i64) -> Result<(), String> {
-        let head = self.store.stream_head(&self.pipeline, position).map_err(|e| e.to_string())?;
+        self.measure(position)?;
         let paused = self.store.is_paused(&self.pipeline).map_err(|e| e.to_string())?;
+        self.set(|s| s.state = if paused { "held: the pipeline is paused".into() } else { "caught up".into() });
+        Ok(())
+    }
+
+    /// How far behind the stream's head `position` is: in changes, and in
+    /// time since the oldest change not delivered was published.
+    fn measure(&self, position: i64) -> Result<(), String> {
+        let head = self.store.stream_head(&self.pipeline, position).map_err(|e| e.to_string())?;
         let lag_seconds = head.at_ms.map_or(0.0, |at| (weir_log::now_ms() - at).max(0) as f64 / 1000.0);
         self.set(|s| {
             s.position = position;
             s.head = head.last;
             s.lag_changes = (head.last - position + 1).max(0);
             s.lag_seconds = lag_seconds;
-            s.state = if paused { "held: the pipeline is paused".into() } else { "caught up".into() };
         });
         Ok(())
     }

@@ -14,7 +14,9 @@
 //! minus the append time of the oldest record not yet read;
 //! `max_ledger_rate` ledger entries per event read over the last minute;
 //! `max_corrected_windows` the windows corrected by backfill runs (operator
-//! or scheduled) that finished in the last hour. One alert needs no
+//! or scheduled) that finished in the last hour; `max_destination_lag` the
+//! age of the oldest change a destination has not taken (the largest over
+//! its destinations). One alert needs no
 //! `[alerts]`: `offsets_skipped` fires while offsets of the input were
 //! skipped in the last hour (deleted by retention, or by Kafka's, before the
 //! pipeline read them: those events never counted and are in no ledger).
@@ -106,6 +108,24 @@ pub(crate) fn checks(
             threshold: t,
             show: ratio,
             question: "Did a producer change its event format, or start resending?".into(),
+        });
+    }
+    if let (Some(t), Some(d)) = (
+        alerts.max_destination_lag_ms,
+        status.destinations.iter().max_by(|a, b| a.lag_seconds.total_cmp(&b.lag_seconds)),
+    ) {
+        out.push(Check {
+            alert: "max_destination_lag",
+            observed: d.lag_seconds * 1000.0,
+            threshold: t as f64,
+            show: ms,
+            question: format!(
+                "Why has destination {} not taken the changes of the last {}? It is {}{}.",
+                d.name,
+                ms(d.lag_seconds * 1000.0),
+                d.state,
+                d.last_error.as_deref().map(|e| format!("; its last error: {e}")).unwrap_or_default()
+            ),
         });
     }
     if let (Some(t), Some(n)) = (alerts.max_corrected_windows, corrected_last_hour) {

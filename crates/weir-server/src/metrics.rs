@@ -308,6 +308,47 @@ pub(crate) fn scrape(app: &App, shown: &dyn Fn(&str) -> bool) -> Scrape {
             base.clone(),
             i64::from(s.paused),
         );
+        for d in &s.destinations {
+            let mut l = base.clone();
+            l.push(label("destination", &d.name));
+            l.push(label("kind", &d.kind));
+            m.gauge(
+                "weir_destination_position",
+                "The next change seq the destination delivers.",
+                l.clone(),
+                d.position,
+            );
+            m.gauge(
+                "weir_destination_lag_changes",
+                "Changes published and not yet delivered to the destination.",
+                l.clone(),
+                d.lag_changes,
+            );
+            m.gauge(
+                "weir_destination_lag_ms",
+                "Milliseconds since the oldest change not yet delivered to the destination was published (0 when it is caught up).",
+                l.clone(),
+                (d.lag_seconds * 1000.0) as i64,
+            );
+            m.gauge(
+                "weir_destination_stopped",
+                "1 while the destination is stopped by its receiver's refusal, until an operator resumes it.",
+                l.clone(),
+                i64::from(d.state.starts_with("stopped")),
+            );
+            m.counter(
+                "weir_destination_delivered",
+                "Changes delivered to the destination since the server started.",
+                l.clone(),
+                d.delivered,
+            );
+            m.counter(
+                "weir_destination_retries",
+                "Deliveries that failed and were tried again, since the server started.",
+                l,
+                d.retries,
+            );
+        }
         let totals = lock(&app.watch.reconcile).get(name).cloned().unwrap_or_default();
         for origin in ["operator", "schedule"] {
             m.counter(

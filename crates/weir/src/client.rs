@@ -402,6 +402,17 @@ pub fn summary(p: &serde_json::Value, s: &serde_json::Value) -> String {
         })
         .unwrap_or_default();
     out.push_str(&format!("  alerts: {}\n", if alerts.is_empty() { "none".into() } else { alerts.join("; ") }));
+    for d in s["destinations"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "  destination {} ({}): {}  at seq {}, {} changes behind ({}s)\n",
+            plain(&d["name"]),
+            plain(&d["kind"]),
+            plain(&d["state"]),
+            plain(&d["position"]),
+            plain(&d["lag_changes"]),
+            plain(&d["lag_seconds"])
+        ));
+    }
     out
 }
 

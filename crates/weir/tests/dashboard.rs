@@ -54,6 +54,11 @@ name = "total_positive"
 severity = "warn"
 question = "Can a minute's payments add up to nothing?"
 row = "values.total > 0"
+
+[[destination]]
+name = "accounts"
+kind = "http"
+connection = "accounts"
 "#;
 
 fn agent() -> ureq::Agent {
@@ -185,7 +190,12 @@ fn the_dashboard_draws_live_and_marks_a_revised_row() {
     let s = Scratch::new("dashboard");
     std::fs::create_dir_all(s.path("contracts")).unwrap();
     s.write("contracts/paid.toml", CONTRACT);
-    s.write("weir.toml", "idle_timeout = \"1h\"\n");
+    // The account service the destination delivers to: it takes every batch.
+    let (accounts, _batches) = common::listener();
+    s.write(
+        "weir.toml",
+        &format!("idle_timeout = \"1h\"\n[connections.accounts]\nurl = \"{accounts}/unlocks\"\nallow_private = true\n"),
+    );
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let base = format!("http://127.0.0.1:{port}");
     let _server = start(&s.0, port);
@@ -250,6 +260,14 @@ fn the_dashboard_draws_live_and_marks_a_revised_row() {
              const rows = c.querySelector('[data-checks] tr[data-check=\"total_positive\"]');
              return !!fresh && fresh.dataset.state === 'failing' && fresh.innerText.includes('watermark')
                  && !!rows && rows.dataset.state !== 'not judged';"
+        ),
+    );
+    // Where the decision acts: the destination, caught up with the rows.
+    browser.wait_for(
+        "the destination, caught up",
+        &format!(
+            "const d = {card}.querySelector('[data-destinations] tr[data-destination=\"accounts\"]');
+             return !!d && d.dataset.state === 'caught up' && d.innerText.includes('http');"
         ),
     );
     let marked = browser.eval(&format!("return {card}.querySelectorAll('.mark.note').length;"));

@@ -499,14 +499,28 @@ fn kill_9_twenty_times_while_delivering_loses_nothing_and_applies_nothing_twice(
     }
 }
 
+/// The next `max_destination_lag` notification with this status.
+fn alert(notes: &std::sync::mpsc::Receiver<Value>, status: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let note = notes.recv_timeout(left).unwrap_or_else(|_| panic!("no {status} max_destination_lag notification"));
+        if note["alert"] == "max_destination_lag" && note["status"] == status {
+            return note;
+        }
+    }
+}
+
 #[test]
 fn a_refused_batch_stops_the_destination_until_an_operator_resumes_it() {
     for topology in Topology::both("refused") {
         let dir = Scratch::new("refused");
         let accounts = Arc::new(Mutex::new(Accounts::default()));
         let receiver = account_service(Arc::clone(&accounts));
-        let root =
-            topology.folder(&dir, "server", &[("paid.toml", &contract(None, 50))], &config(&topology, &receiver));
+        let (hook, notes) = common::receiver();
+        let with_alert = format!("{}\n[alerts]\nmax_destination_lag = \"2s\"\n", contract(None, 50));
+        let settings = format!("alert_webhook = \"{hook}\"\n{}", config(&topology, &receiver));
+        let root = topology.folder(&dir, "server", &[("paid.toml", &with_alert)], &settings);
         let lines = payments(&dir, (2_000, 10), 7, 20);
         let (server, base) = topology.serve(&root);
         let at = Arc::new(Mutex::new(base.clone()));
@@ -531,6 +545,18 @@ fn a_refused_batch_stops_the_destination_until_an_operator_resumes_it() {
         assert_eq!(accounts.lock().unwrap().refused, refused_once, "a stopped destination sends nothing");
         let incidents = get(&format!("{base}/v1/pipelines/paid/incidents"));
         assert!(incidents.contains("destination:accounts") && incidents.contains("billing-ops"), "{incidents}");
+        // The lag grows while it is stopped: max_destination_lag fires to the owner, and operators see it.
+        let fired = alert(&notes, "firing");
+        assert_eq!(fired["owner"], "billing-ops", "{fired}");
+        assert!(fired["question"].as_str().unwrap().contains("destination accounts"), "{fired}");
+        let metrics = get(&format!("{base}/metrics"));
+        let stopped_gauge = metrics
+            .lines()
+            .find(|l| l.starts_with("weir_destination_stopped{") && l.contains("destination=\"accounts\""));
+        assert!(stopped_gauge.is_some_and(|l| l.ends_with(" 1")), "{stopped_gauge:?}");
+        let tokens = common::tokens_of(&root.join("data"));
+        let screen = text(&weir_as(&tokens.reader, &[&"status", &"paid", &"--url", &base]).stdout);
+        assert!(screen.contains("destination accounts (http): stopped:"), "{screen}");
         assert!(
             incidents.contains("read-only for maintenance")
                 || get(&format!("{base}/v1/pipelines/paid/incidents/1")).contains("read-only for maintenance")
@@ -538,7 +564,6 @@ fn a_refused_batch_stops_the_destination_until_an_operator_resumes_it() {
 
         // The operator resumes it: the refused batch goes again, then the rest.
         accounts.lock().unwrap().refuse = false;
-        let tokens = common::tokens_of(&root.join("data"));
         let resumed = weir_as(
             &tokens.operator,
             &[&"resume", &"paid", &"--destination", &"accounts", &"--why", &"maintenance over", &"--url", &base],
@@ -556,6 +581,8 @@ fn a_refused_batch_stops_the_destination_until_an_operator_resumes_it() {
 
         produce(&at, &flush(20), "flush", Duration::ZERO);
         wait_delivered(&base, 1, topology.name());
+        let resolved = alert(&notes, "resolved");
+        assert_eq!(resolved["alert"], "max_destination_lag", "{resolved}");
         let changes = json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?limit=100000")));
         let a = accounts.lock().unwrap();
         let seqs: BTreeSet<i64> = changes.iter().map(|c| c["seq"].as_i64().unwrap()).collect();
