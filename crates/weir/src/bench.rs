@@ -27,14 +27,19 @@ struct Folder(PathBuf);
 
 impl Folder {
     fn new(what: &str) -> Result<Folder, Failure> {
+        Folder::with(what, CONTRACT, CONFIG)
+    }
+
+    /// A folder with this contract and weir.toml.
+    fn with(what: &str, contract: &str, config: &str) -> Result<Folder, Failure> {
         let dir = std::env::temp_dir().join(format!("weir-bench-{what}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("contracts"))
             .map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
         let write =
             |p: PathBuf, t: &str| std::fs::write(&p, t).map_err(|e| fail(format!("cannot write {}: {e}", p.display())));
-        write(dir.join("contracts/paid_revenue.toml"), CONTRACT)?;
-        write(dir.join("weir.toml"), CONFIG)?;
+        write(dir.join("contracts/paid_revenue.toml"), contract)?;
+        write(dir.join("weir.toml"), config)?;
         Ok(Folder(dir))
     }
 }
@@ -750,4 +755,123 @@ async fn ask_until(port: u16, token: &str, paths: &[String], r: usize, stop: &At
         answered += 1;
     }
     (answered, 0)
+}
+
+/// `weir bench effect`: from a payment's approval (its POST) to its
+/// account unlocked by the account service an `http` destination delivers
+/// to, at a steady rate: every 50 ms a batch of `rate / 20` payments, the
+/// first of each the first payment of a new account, whose unlock is timed.
+pub fn effect(rate: u64, seconds: u64) -> Result<(), Failure> {
+    let accounts = crate::accounts::AccountService::start().map_err(|e| fail(format!("no account service: {e}")))?;
+    let contract = format!(
+        "{CONTRACT}\n[[destination]]\nname = \"account_service\"\nkind = \"http\"\nconnection = \"account_service\"\nbatch = 1000\n"
+    );
+    let config = format!("{CONFIG}\n[connections.account_service]\nurl = \"{}\"\nallow_private = true\n", accounts.url);
+    let dir = Folder::with("effect", &contract, &config)?;
+    let server = serve(&dir.0, free_port()?)?;
+    let url = format!("{}/v1/topics/payments/events", server.base);
+    let per_batch = (rate / 20).max(1);
+    let mut stream = PaymentStream::new(3, 10_000, Profile::Bench, true);
+    let agent = crate::client::agent();
+    let (started, mut next, mut posted) = (Instant::now(), Instant::now(), 0u64);
+    let mut b = 0u64;
+    while started.elapsed() < Duration::from_secs(seconds) {
+        let now_ms = weir_log::now_ms();
+        let account = format!("probe-{b}");
+        let mut body = format!(
+            "{{\"payment_id\":\"probe-{b}\",\"account_id\":\"{account}\",\"amount\":1.00,\"currency\":\"EUR\",\"status\":\"approved\",\"approved_at\":\"{}\"}}\n",
+            weir_engine::time::format_rfc3339_ms(now_ms)
+        );
+        for _ in 1..per_batch {
+            stream.next(now_ms, &mut body);
+        }
+        accounts.approved(&account);
+        if !matches!(crate::client::post_batch(&agent, &url, &body, Some(&server.producer)), Ok(true)) {
+            return Err(fail("a batch was not acknowledged".into()));
+        }
+        (posted, b) = (posted + per_batch, b + 1);
+        next += Duration::from_millis(50);
+        match next.checked_duration_since(Instant::now()) {
+            Some(rest) => std::thread::sleep(rest),
+            None => next = Instant::now(),
+        }
+    }
+    let achieved = posted as f64 / started.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(2));
+    let s = accounts.summary();
+    let ms = |q: f64| s.quantile(q).map_or(f64::NAN, |d| d.as_secs_f64() * 1e3);
+    println!(
+        "effect: {posted} events at {achieved:.0}/s for {seconds} s; approval (POST) to the account unlocked by the http destination's receiver, {} of {b} new accounts: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; {} batches received",
+        s.latencies.len(),
+        ms(0.5),
+        ms(0.99),
+        ms(1.0),
+        s.batches
+    );
+    Ok(())
+}
+
+/// `weir bench destination`: how fast a `postgres` destination (upsert)
+/// takes a change stream already published. The server first publishes
+/// the rows of `events` payments (every provisional revision, `early =
+/// true`) and stops; then a destination runner in this process delivers
+/// the whole stream into a new table of `postgres`, and is timed until it
+/// has delivered the last change.
+pub fn destination(events: u64, postgres: &str) -> Result<(), Failure> {
+    let dir = Folder::new("destination")?;
+    let server = serve(&dir.0, free_port()?)?;
+    let posted = post_all(&server, &batches(events, 5_000, 1_764_000_000_000, 2_000), 2)?;
+    caught_up(&server, events, Duration::from_secs(600))?;
+    drop(server);
+    let db = dir.0.join("data/weir.db");
+    let store: Arc<dyn weir_store::Store> = Arc::new(weir_store::SqliteStore::new(db, 4));
+    let head = store.stream_head("paid_revenue", 1).map_err(|e| fail(e.to_string()))?.last;
+    let mut client = weir_store::pg::connect(postgres).map_err(|e| fail(format!("cannot reach {postgres}: {e}")))?;
+    client.batch_execute("DROP SCHEMA IF EXISTS weir_bench_destination CASCADE").map_err(|e| fail(e.to_string()))?;
+    let contract_text = format!(
+        "{CONTRACT}\n[[destination]]\nname = \"warehouse\"\nkind = \"postgres\"\nconnection = \"warehouse\"\ntable = \"weir_bench_destination.paid_revenue\"\nbatch = 10000\n"
+    );
+    let contract = weir_contract::Contract::parse("bench", &contract_text).map_err(|e| fail(e.to_string()))?;
+    let status = Arc::new(Mutex::new(weir_runtime::destination::DestinationStatus::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let runner = weir_runtime::destination::DestinationRunner {
+        pipeline: "paid_revenue".into(),
+        owner: contract.pipeline.owner.clone(),
+        destination: contract.destinations[0].clone(),
+        connection: weir_contract::Connection {
+            url: postgres.into(),
+            headers: Default::default(),
+            allow_private: true,
+        },
+        contracts: [(1, contract.clone())].into_iter().collect(),
+        declared_by: 1,
+        store,
+        exclusive: None,
+        status: Arc::clone(&status),
+        stop: Arc::clone(&stop),
+        bell: Arc::default(),
+    };
+    let started = Instant::now();
+    let thread = std::thread::spawn(move || runner.run());
+    while status.lock().unwrap_or_else(|e| e.into_inner()).position <= head {
+        if started.elapsed() > Duration::from_secs(600) {
+            return Err(fail("the destination did not deliver the stream within 10 minutes".into()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = started.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    let _ = thread.join();
+    let rows: i64 = client
+        .query_one("SELECT count(*) FROM weir_bench_destination.paid_revenue", &[])
+        .map_err(|e| fail(e.to_string()))?
+        .get(0);
+    let _ = client.batch_execute("DROP SCHEMA IF EXISTS weir_bench_destination CASCADE");
+    println!(
+        "destination: {events} events posted in {:.1} s made {head} changes; a postgres destination (upsert) delivered them in {:.2} s: {:.0} changes/s into {rows} table rows",
+        posted.as_secs_f64(),
+        took.as_secs_f64(),
+        head as f64 / took.as_secs_f64()
+    );
+    Ok(())
 }

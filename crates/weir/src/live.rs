@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use weir_contract::{Contract, ServerConfig};
 use weir_log::LogOptions;
 
+use crate::accounts::{AccountService, Summary};
 use crate::gen::{PaymentStream, Profile, Rng};
 use crate::Failure;
 
@@ -72,6 +73,31 @@ freshness = "10m"
 [alerts]
 max_watermark_age = "8s"
 max_ledger_rate = 0.2
+"#;
+
+/// Where `paid_revenue`'s decision acts: the account service the demo runs
+/// beside the server (weir.toml names its URL).
+const TO_ACCOUNTS: &str = r#"
+# Where the decision acts: the account service unlocks an account's paid
+# features when a row with its payment arrives. weir.toml's
+# [connections.account_service] holds its URL; each batch carries an
+# Idempotency-Key, which the service applies once.
+[[destination]]
+name = "account_service"
+kind = "http"
+connection = "account_service"
+batch = 500
+"#;
+
+/// On Kafka and Postgres, the rows also go to a typed table a BI tool reads.
+const TO_WAREHOUSE: &str = r#"
+# And a typed table in Postgres (weir_demo_tables.paid_revenue), upserted by
+# key and minute, never moved back to an older change.
+[[destination]]
+name = "warehouse"
+kind = "postgres"
+connection = "warehouse"
+table = "weir_demo_tables.paid_revenue"
 "#;
 
 const PLANS: &str = r#"# Each account's current plan: what the product shows and bills.
@@ -169,30 +195,42 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
     std::fs::create_dir_all(&contracts_dir).map_err(|e| {
         Failure::usage(format!("cannot create {}: {e}; pass --data with a writable folder", contracts_dir.display()))
     })?;
+    let accounts = Arc::new(
+        AccountService::start()
+            .map_err(|e| Failure::run(anyhow::anyhow!("cannot start the demo's account service: {e}")))?,
+    );
+    let on_kafka = args.kafka.is_some() && args.postgres.is_some();
+    let payments_text = format!("{PAYMENTS}{TO_ACCOUNTS}{}", if on_kafka { TO_WAREHOUSE } else { "" });
     let mut contracts = Vec::new();
-    for (file, text) in
-        [("paid_revenue.toml", PAYMENTS), ("current_plan.toml", PLANS), ("accepted_invites.toml", INVITES)]
-    {
+    for (file, text) in [
+        ("paid_revenue.toml", payments_text.as_str()),
+        ("current_plan.toml", PLANS),
+        ("accepted_invites.toml", INVITES),
+    ] {
         let path = contracts_dir.join(file);
         std::fs::write(&path, text).map_err(|e| Failure::usage(format!("cannot write {}: {e}", path.display())))?;
         contracts
             .push(Contract::parse(&path.display().to_string(), text).map_err(|e| Failure::contract(e.to_string()))?);
     }
     let config_path = data.join("weir.toml");
-    let mut config_text = CONFIG.to_owned();
+    let quote = |s: &str| serde_json::Value::from(s).to_string();
+    let mut config_text =
+        format!("{CONFIG}\n[connections.account_service]\nurl = {}\nallow_private = true\n", quote(&accounts.url));
     if let (Some(brokers), Some(url)) = (&args.kafka, &args.postgres) {
         // A demo starts afresh: offsets kept from another run would not match the topic.
         let mut client = weir_store::pg::connect(url).map_err(|e| {
             let url = weir_store::pg::redacted(url);
             Failure::usage(format!("cannot connect to Postgres at {url:?}: {e}; check --postgres"))
         })?;
-        weir_store::pg::drop_schema(&mut client, "weir_demo")
-            .map_err(|e| Failure::run(anyhow::anyhow!("cannot reset the schema weir_demo: {e}")))?;
-        eprintln!("weir demo: results and checkpoints in Postgres schema weir_demo (emptied first), events on Kafka at {brokers}");
-        let quote = |s: &str| serde_json::Value::from(s).to_string();
+        for schema in ["weir_demo", "weir_demo_tables"] {
+            weir_store::pg::drop_schema(&mut client, schema)
+                .map_err(|e| Failure::run(anyhow::anyhow!("cannot reset the schema {schema}: {e}")))?;
+        }
+        eprintln!("weir demo: results and checkpoints in Postgres schema weir_demo (emptied first), events on Kafka at {brokers}; paid_revenue's rows also in the table weir_demo_tables.paid_revenue");
         config_text.push_str(&format!(
-            "\n[kafka]\nbrokers = {}\n\n[postgres]\nurl = {}\nschema = \"weir_demo\"\n",
+            "\n[kafka]\nbrokers = {}\n\n[postgres]\nurl = {}\nschema = \"weir_demo\"\n\n[connections.warehouse]\nurl = {}\n",
             quote(brokers),
+            quote(url),
             quote(url)
         ));
     }
@@ -261,8 +299,8 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
     let mut producer = Some({
         let (base, producing, sent, token) =
             (base.clone(), Arc::clone(&producing), Arc::clone(&sent), tokens.producer.clone());
-        let kept = Arc::clone(&kept);
-        std::thread::spawn(move || produce(&base, &token, args.rate.max(1), (&producing, &sent), &kept))
+        let (kept, accounts) = (Arc::clone(&kept), Arc::clone(&accounts));
+        std::thread::spawn(move || produce(&base, &token, args.rate.max(1), (&producing, &sent), (&kept, &accounts)))
     });
     let started = Instant::now();
     let mut next_report = Instant::now() + Duration::from_secs(5);
@@ -282,6 +320,7 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
         if Instant::now() >= next_report {
             next_report += Duration::from_secs(5);
             report(&base, &tokens.reader, sent.load(Ordering::Relaxed));
+            eprintln!("  account service     {}", unlocks(&accounts.summary()));
         }
     }
     stop.store(true, Ordering::SeqCst);
@@ -291,6 +330,7 @@ pub fn demo(args: LiveArgs) -> Result<(), Failure> {
     }
     let served = server.join().map_err(|_| Failure::run(anyhow::anyhow!("the demo server panicked")))?;
     served.map_err(Failure::run)?;
+    eprintln!("\nweir demo: the account service (paid_revenue's http destination): {}", unlocks(&accounts.summary()));
     let d = data.display();
     eprintln!(
         "\nweir demo: stopped after {:.0} s, {} events posted. Everything is in {d}:\n  weir.db (try: sqlite3 {d}/weir.db 'select row from results limit 5'), log/, contracts/, weir.toml\n  run it again with: weir serve --data {d} --contracts {d}/contracts --config {d}/weir.toml",
@@ -322,9 +362,31 @@ fn print_intro(base: &str, data: &Path, rate: u64, t: &crate::access::RoleTokens
     eprintln!("Ctrl-C stops it (after a last checkpoint).\n");
 }
 
+/// The account service's line: accounts unlocked, and the time from a new
+/// account's first payment (posted) to its unlock.
+fn unlocks(s: &Summary) -> String {
+    let ms = |d: Option<Duration>| d.map_or("-".to_owned(), |d| format!("{} ms", d.as_millis()));
+    format!(
+        "{} accounts unlocked; approval to unlock of {} new accounts: p50 {}, p99 {}; {} batches, {} sent again and not applied twice",
+        s.unlocked,
+        s.latencies.len(),
+        ms(s.quantile(0.5)),
+        ms(s.quantile(0.99)),
+        s.batches,
+        s.repeated
+    )
+}
+
 /// Posts every 100 ms a tenth of a second's worth of events, with event
-/// times around now, until `stop`.
-fn produce(base: &str, token: &str, rate: u64, (producing, sent): (&AtomicBool, &AtomicU64), kept: &Kept) {
+/// times around now, until `stop`; with each tick, the first payment of a
+/// new account, whose unlock the account service times.
+fn produce(
+    base: &str,
+    token: &str,
+    rate: u64,
+    (producing, sent): (&AtomicBool, &AtomicU64),
+    (kept, accounts): (&Kept, &AccountService),
+) {
     let agent = crate::client::agent();
     // One payment in a hundred is a later version of a recent one: a corrected amount or a decline.
     let mut payments = PaymentStream::new(2026, 2_000, Profile::Realistic, true).with_corrections(10);
@@ -345,6 +407,13 @@ fn produce(base: &str, token: &str, rate: u64, (producing, sent): (&AtomicBool, 
                 _ => payments.next(now, &mut pay),
             }
         }
+        // A new account's first payment: approved now, posted now.
+        let account = format!("new-{n:08}");
+        pay.push_str(&format!(
+            "{{\"payment_id\":\"pay-new-{n}\",\"account_id\":\"{account}\",\"amount\":29.00,\"currency\":\"EUR\",\"status\":\"approved\",\"approved_at\":\"{}\"}}\n",
+            weir_engine::time::format_rfc3339_ms(now)
+        ));
+        accounts.approved(&account);
         for (topic, body) in [("payments", &pay), ("plan_changes", &plans), ("invitations", &invites)] {
             if body.is_empty() {
                 continue;

@@ -2,6 +2,7 @@
 //! 1 a failed comparison or run, 2 bad arguments or a contract that cannot run.
 
 mod access;
+mod accounts;
 mod bench;
 mod client;
 mod demo;
@@ -522,6 +523,21 @@ enum BenchWhat {
         #[arg(long, default_value_t = 30)]
         seconds: u64,
     },
+    /// From a payment's POST to its account unlocked by the receiver of an http destination, at a steady rate.
+    Effect {
+        #[arg(long, default_value_t = 20_000)]
+        rate: u64,
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+    },
+    /// How fast a postgres destination (upsert) takes a change stream already published.
+    Destination {
+        #[arg(long, default_value_t = 1_000_000)]
+        events: u64,
+        /// The Postgres to deliver to (a schema weir_bench_destination is made and dropped there).
+        #[arg(long, default_value = "host=127.0.0.1 user=postgres dbname=test")]
+        postgres: String,
+    },
     /// A new contract version built as a candidate over this many events in the log, next to `weir run` on the same events.
     Candidate {
         #[arg(long, default_value_t = 5_000_000)]
@@ -756,6 +772,8 @@ fn main() -> ExitCode {
             bench::ingest(events, batch.max(1), connections)
         }
         Command::Bench { what: BenchWhat::Latency { rate, seconds } } => bench::latency(rate, seconds),
+        Command::Bench { what: BenchWhat::Effect { rate, seconds } } => bench::effect(rate, seconds),
+        Command::Bench { what: BenchWhat::Destination { events, postgres } } => bench::destination(events, &postgres),
         Command::Bench { what: BenchWhat::Recovery { events } } => bench::recovery(events),
         Command::Bench { what: BenchWhat::Candidate { events, early } } => bench::candidate(events, early),
         Command::Bench { what: BenchWhat::Backfill { events } } => bench::backfill(events),

@@ -320,6 +320,16 @@ fn demo_serves_posts_and_stops_by_itself_with_results_on_disk() {
         )
         .unwrap();
     assert!(superseded > 0, "the demo's corrections replaced counted payments: {err}");
+    // paid_revenue's http destination: the demo's account service unlocked
+    // accounts, and timed new accounts from approval to unlock.
+    let unlocked = err.lines().rev().find(|l| l.contains("accounts unlocked")).unwrap_or_default();
+    let count: u64 = unlocked
+        .split(" accounts unlocked")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(count > 0 && unlocked.contains("p99") && !unlocked.contains("of 0 new accounts"), "{unlocked}");
     // At the end, the payments system's export against paid_revenue: the
     // planted late payment explained by the ledger, the refund made there only unexplained.
     assert!(err.contains("the payments system's export") && err.contains("unexplained"), "{err}");

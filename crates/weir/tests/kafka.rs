@@ -771,7 +771,18 @@ fn the_demo_runs_on_kafka_and_postgres() {
     let offsets: i64 =
         c.query_one("SELECT coalesce(sum(next_offset), 0)::BIGINT FROM weir_demo.partitions", &[]).unwrap().get(0);
     assert!(offsets > 0, "{err}");
-    c.batch_execute("DROP SCHEMA weir_demo CASCADE").unwrap();
+    // paid_revenue's postgres destination filled its typed table, and its
+    // http destination unlocked accounts at the demo's account service.
+    let table: i64 = c
+        .query_one(
+            "SELECT count(*) FROM weir_demo_tables.paid_revenue WHERE revenue IS NOT NULL AND window_start IS NOT NULL",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(table > 0, "no rows in the destination table: {err}");
+    assert!(err.contains("accounts unlocked") && !err.contains(" 0 accounts unlocked"), "{err}");
+    c.batch_execute("DROP SCHEMA weir_demo CASCADE; DROP SCHEMA weir_demo_tables CASCADE").unwrap();
 }
 
 /// `paid`'s status of `version` on a worker.
