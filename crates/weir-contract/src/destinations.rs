@@ -41,6 +41,8 @@ pub enum DestinationKind {
     Http,
     /// A table in a Postgres database, upserted or appended.
     Postgres { table: TableName, mode: TableMode },
+    /// Records on a Kafka topic, keyed by the row's key and window.
+    Kafka { topic: String },
 }
 
 impl DestinationKind {
@@ -48,6 +50,7 @@ impl DestinationKind {
         match self {
             DestinationKind::Http => "http",
             DestinationKind::Postgres { .. } => "postgres",
+            DestinationKind::Kafka { .. } => "kafka",
         }
     }
 }
@@ -92,7 +95,7 @@ pub const BATCH_DEFAULT: usize = 1000;
 /// The most `batch` may be.
 pub const BATCH_MAX: usize = 10_000;
 
-const DESTINATION_KEYS: &[&str] = &["name", "kind", "connection", "batch", "table", "mode"];
+const DESTINATION_KEYS: &[&str] = &["name", "kind", "connection", "batch", "table", "mode", "topic"];
 
 /// A typed column's SQL type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,25 +271,40 @@ impl Reader<'_> {
         let span = |key: &str| t.get(key).and_then(Item::span);
         let kind = match self.string(t, section, "kind", true).as_deref() {
             Some("http") => {
-                for key in ["table", "mode"] {
-                    if t.contains_key(key) {
-                        self.error(
-                            span(key),
-                            &format!("{section}.{key}"),
-                            "only a postgres destination has a table; remove it, or set kind = \"postgres\"",
-                        );
-                    }
-                }
+                self.only_for(t, section, &["table", "mode"], "a postgres destination has a table");
+                self.only_for(t, section, &["topic"], "a kafka destination has a topic");
                 Some(DestinationKind::Http)
             }
-            Some("postgres") => self.postgres_destination(t, section, pipeline),
+            Some("postgres") => {
+                self.only_for(t, section, &["topic"], "a kafka destination has a topic");
+                self.postgres_destination(t, section, pipeline)
+            }
+            Some("kafka") => {
+                self.only_for(t, section, &["table", "mode"], "a postgres destination has a table");
+                let topic = self.string(t, section, "topic", true);
+                let valid = |s: &str| {
+                    !s.is_empty()
+                        && s.len() <= 249
+                        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+                };
+                match topic {
+                    Some(topic) if valid(&topic) => Some(DestinationKind::Kafka { topic }),
+                    Some(topic) => {
+                        self.error(
+                            span("topic"),
+                            &format!("{section}.topic"),
+                            format!("`{topic}` is not a Kafka topic name: 1 to 249 of letters, digits, ., _ and -"),
+                        );
+                        None
+                    }
+                    None => None,
+                }
+            }
             Some(other) => {
                 self.error(
                     span("kind"),
                     &format!("{section}.kind"),
-                    format!(
-                        "`{other}` is not a destination kind; use \"http\" or \"postgres\" (Kafka: the [sink] section)"
-                    ),
+                    format!("`{other}` is not a destination kind; use \"http\", \"postgres\" or \"kafka\""),
                 );
                 None
             }
@@ -294,6 +312,16 @@ impl Reader<'_> {
         };
         let (name, connection, kind, batch) = (name?, connection?, kind?, batch?);
         Some(Destination { name, kind, connection, batch: batch.map_or(BATCH_DEFAULT, |b| b as usize) })
+    }
+
+    /// Keys another kind of destination takes, refused here (`what` says whose they are).
+    fn only_for(&mut self, t: &Table, section: &str, keys: &[&str], what: &str) {
+        for key in keys {
+            if t.contains_key(key) {
+                let span = t.get(key).and_then(Item::span);
+                self.error(span, &format!("{section}.{key}"), format!("only {what}; remove `{key}`, or change `kind`"));
+            }
+        }
     }
 
     fn postgres_destination(&mut self, t: &Table, section: &str, pipeline: &str) -> Option<DestinationKind> {

@@ -429,6 +429,24 @@ fn bad_destinations_are_refused_with_their_line() {
         "only a postgres destination",
     );
     check(
+        &d("name = \"a\"\nkind = \"kafka\"\nconnection = \"c\""),
+        Some(line - 1),
+        "destination[1].topic",
+        "missing required key",
+    );
+    check(
+        &d("name = \"a\"\nkind = \"kafka\"\nconnection = \"c\"\ntopic = \"a b\""),
+        Some(line + 3),
+        "destination[1].topic",
+        "not a Kafka topic name",
+    );
+    check(
+        &d("name = \"a\"\nkind = \"postgres\"\nconnection = \"c\"\ntopic = \"t\""),
+        Some(line + 3),
+        "destination[1].topic",
+        "only a kafka destination",
+    );
+    check(
         &d("name = \"a\"\nkind = \"postgres\"\nconnection = \"c\"\ntable = \"Bad-Name\""),
         Some(line + 3),
         "destination[1].table",

@@ -245,6 +245,8 @@ pub struct DestinationRunner {
     pub store: Arc<dyn Store>,
     /// With Postgres as the store, where the advisory lock is taken.
     pub exclusive: Option<PostgresConfig>,
+    /// weir.toml's `[kafka]`, whose librdkafka settings (TLS, SASL) a `kafka` destination uses too.
+    pub kafka: Option<weir_contract::KafkaConfig>,
     pub status: Arc<Mutex<DestinationStatus>>,
     pub stop: Arc<AtomicBool>,
     /// The pipeline's bell: a checkpoint here wakes a caught-up destination at once.
@@ -346,7 +348,8 @@ impl DestinationRunner {
                 continue;
             };
             let keeps_position = matches!(self.destination.kind, DestinationKind::Postgres { .. });
-            if !keeps_position && pending.is_none() && !work.lines().is_empty() {
+            let keyed = self.destination.kind == DestinationKind::Http;
+            if keyed && pending.is_none() && !work.lines().is_empty() {
                 let step = Step::Sending { position, pending: describe_pending(&work.pending()) };
                 self.store.record_destination(&self.pipeline, self.name(), &step).map_err(|e| e.to_string())?;
             }
@@ -396,6 +399,9 @@ impl DestinationRunner {
                 headers: self.connection.headers.clone(),
                 pipeline: self.pipeline.clone(),
             }),
+            DestinationKind::Kafka { topic } => {
+                Box::new(KafkaTarget::connect(&self.connection.url, self.kafka.as_ref(), topic)?)
+            }
             DestinationKind::Postgres { table, mode } => Box::new(crate::pg_destination::PgTarget::connect(
                 &self.connection.url,
                 (&self.pipeline, self.name()),
@@ -595,6 +601,77 @@ fn take_lock(pg: &PostgresConfig, pipeline: &str, name: &str) -> Result<Option<p
         .map_err(|e| format!("cannot take the destination's lock: {e}"))?
         .get(0);
     Ok(held.then_some(client))
+}
+
+/// A `kafka` destination: each change one record on the topic, keyed by
+/// `{"key":...,"window_start":...}` (a `version` entry by
+/// `{"type":"version"}`), acknowledged by every in-sync replica before the
+/// position moves. At least once: a consumer applies a record only if its
+/// `seq` is greater than the last it applied for that key and window. A
+/// row restated at a `version` entry carries the entry's `seq` (and its own
+/// as `restated_from`), so it replaces what the consumer holds.
+struct KafkaTarget {
+    producer: rdkafka::producer::FutureProducer,
+    topic: String,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl KafkaTarget {
+    fn connect(url: &str, kafka: Option<&weir_contract::KafkaConfig>, topic: &str) -> Result<KafkaTarget, String> {
+        let brokers = url.strip_prefix("kafka://").unwrap_or(url);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start a runtime for Kafka: {e}"))?;
+        runtime
+            .block_on(crate::kafka::ensure_topic(brokers, kafka, topic, 1))
+            .map_err(|e| format!("the Kafka topic {topic} at {brokers}: {e:#}"))?;
+        let producer = crate::kafka::producer(brokers, kafka)
+            .map_err(|e| format!("cannot make a Kafka producer for {brokers}: {e}"))?;
+        Ok(KafkaTarget { producer, topic: topic.to_owned(), runtime })
+    }
+}
+
+/// A change's record key: its key and window, or `{"type":"version"}`.
+fn record_key(c: &Change) -> String {
+    if c.is_switch() {
+        return "{\"type\":\"version\"}".into();
+    }
+    serde_json::json!({ "key": c.value["key"], "window_start": c.value["window_start"] }).to_string()
+}
+
+impl Target for KafkaTarget {
+    fn position(&mut self) -> Result<Option<i64>, Failure> {
+        Ok(None)
+    }
+
+    fn deliver(&mut self, work: &Work, _from: i64, _next: i64) -> Result<(), Failure> {
+        let restated_at = match work {
+            Work::Switch { entry, .. } => Some(entry.seq),
+            Work::Changes { .. } => None,
+        };
+        let (mut records, mut keys) = (Vec::new(), Vec::new());
+        for c in work.lines() {
+            let value = match restated_at {
+                Some(at) if !c.is_switch() => {
+                    let mut v = c.value.clone();
+                    v["restated_from"] = v["seq"].clone();
+                    v["seq"] = at.into();
+                    v.to_string()
+                }
+                _ => c.line.trim_end().to_owned(),
+            };
+            records.push((0, value.into_bytes()));
+            keys.push(Some(record_key(c)));
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.runtime
+            .block_on(crate::kafka::produce(&self.producer, &self.topic, &records, &keys))
+            .map(|_| ())
+            .map_err(|e| Failure::Retry(format!("producing to {} failed: {e}", self.topic)))
+    }
 }
 
 /// An `http` destination: each batch one POST of JSON lines.

@@ -301,6 +301,7 @@ fn start_destinations(
             declared_by: file.pipeline.version,
             store: Arc::clone(store),
             exclusive: exclusive.clone(),
+            kafka: config.kafka.clone(),
             status: Arc::clone(&status),
             stop: Arc::clone(stop),
             bell: Arc::clone(bell),

@@ -847,6 +847,7 @@ pub fn destination(events: u64, postgres: &str) -> Result<(), Failure> {
         declared_by: 1,
         store,
         exclusive: None,
+        kafka: None,
         status: Arc::clone(&status),
         stop: Arc::clone(&stop),
         bell: Arc::default(),

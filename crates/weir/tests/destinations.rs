@@ -215,11 +215,71 @@ fn contract(tables: Option<&Tables>, batch: usize) -> String {
 }
 
 fn config(topology: &Topology, receiver: &str) -> String {
-    let connections = format!(
+    let mut connections = format!(
         "checkpoint_interval = \"50ms\"\n\n[connections.accounts]\nurl = \"{receiver}\"\nallow_private = true\n\n[connections.warehouse]\nurl = \"{}\"\n",
         postgres_url()
     );
+    if let Topology::Kafka(broker, _) = topology {
+        connections.push_str(&format!("\n[connections.stream]\nurl = \"{}\"\n", broker.url));
+    }
     topology.config(("payments", 2, "account_id"), &connections)
+}
+
+/// On Kafka, the contract with a `kafka` destination more (the topic `paid_rows`); the destinations it has.
+fn with_kafka(topology: &Topology, contract: String) -> (String, usize) {
+    let n = contract.matches("[[destination]]").count();
+    match topology {
+        Topology::Kafka(..) => (
+            contract + "\n[[destination]]\nname = \"stream\"\nkind = \"kafka\"\nconnection = \"stream\"\ntopic = \"paid_rows\"\n",
+            n + 1,
+        ),
+        Topology::Embedded => (contract, n),
+    }
+}
+
+/// Per key and window: the `seq` and the version held.
+type Held = BTreeMap<(String, String), (i64, i64)>;
+
+/// What a consumer of the `kafka` destination holds when it applies a record
+/// only if its `seq` is greater than the last it applied for that key and
+/// window: per window, the `seq` and version it holds; and every `seq` read.
+fn kafka_view(topology: &Topology) -> Option<(Held, BTreeSet<i64>)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message;
+    let Topology::Kafka(broker, _) = topology else { return None };
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &broker.url)
+        .set("group.id", format!("test-reader-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    consumer.subscribe(&["paid_rows"]).unwrap();
+    let (mut held, mut seen) = (BTreeMap::new(), BTreeSet::new());
+    let mut quiet_since = Instant::now();
+    while quiet_since.elapsed() < Duration::from_secs(3) {
+        if let Some(m) = consumer.poll(Duration::from_millis(200)) {
+            let m = m.unwrap();
+            let v: Value = serde_json::from_slice(m.payload().unwrap_or_default()).unwrap();
+            let seq = v["seq"].as_i64().unwrap();
+            seen.insert(v["restated_from"].as_i64().unwrap_or(seq));
+            quiet_since = Instant::now();
+            if v["type"] == "version" {
+                // The rows that follow are the new live version's: what was held is replaced.
+                held.clear();
+                continue;
+            }
+            let key: Value = serde_json::from_slice(m.key().unwrap()).unwrap();
+            assert_eq!((&key["key"], &key["window_start"]), (&v["key"], &v["window_start"]), "{v}");
+            let window = (v["key"].to_string(), v["window_start"].to_string());
+            let version = v["version"].as_i64().unwrap();
+            let e = held.entry(window).or_insert((0, version));
+            if seq > e.0 {
+                *e = (seq, version);
+            }
+        }
+    }
+    Some((held, seen))
 }
 
 fn status(base: &str) -> Value {
@@ -377,7 +437,7 @@ fn kill_9_twenty_times_while_delivering_loses_nothing_and_applies_nothing_twice(
         let root = topology.folder(
             &dir,
             "server",
-            &[("paid.toml", &contract(Some(&tables), 200))],
+            &[("paid.toml", &with_kafka(&topology, contract(Some(&tables), 200)).0)],
             &config(&topology, &receiver),
         );
         let lines = payments(&dir, (50_000, 50), seed, 300);
@@ -438,7 +498,7 @@ fn kill_9_twenty_times_while_delivering_loses_nothing_and_applies_nothing_twice(
         }
         let base = base.lock().unwrap().clone();
         produce(&Arc::new(Mutex::new(base.clone())), &flush(300), "flush", Duration::ZERO);
-        wait_delivered(&base, 3, topology.name());
+        wait_delivered(&base, with_kafka(&topology, contract(Some(&tables), 200)).1, topology.name());
         watching.store(false, Ordering::SeqCst);
         let (samples, backwards) = watcher.join().unwrap();
         eprintln!("{}: {kills} kills, {mid_delivery} mid-delivery, {samples} samples of the table", topology.name());
@@ -495,6 +555,15 @@ fn kill_9_twenty_times_while_delivering_loses_nothing_and_applies_nothing_twice(
             .collect();
         let next = seqs.last().unwrap() + 1;
         assert_eq!(positions, [("history".to_owned(), next), ("warehouse".to_owned(), next)]);
+        // On Kafka, the topic holds every change at least once, and a consumer applying by seq holds the published rows.
+        if let Some((held, seen)) = kafka_view(&topology) {
+            assert!(seqs.is_subset(&seen), "every change is on the topic");
+            assert_eq!(held.len(), results.len(), "one window per published row");
+            for r in &results {
+                let window = (r["key"].to_string(), r["window_start"].to_string());
+                assert_eq!(held.get(&window).map(|h| h.0), r["seq"].as_i64(), "{r}");
+            }
+        }
         drop(server);
     }
 }
@@ -611,7 +680,7 @@ fn caught_up(base: &str, version: u32) {
 }
 
 /// The upsert table and the receiver hold exactly `version`'s published rows.
-fn holds(base: &str, tables: &Tables, accounts: &Arc<Mutex<Accounts>>, version: u32, what: &str) {
+fn holds(topology: &Topology, base: &str, tables: &Tables, accounts: &Arc<Mutex<Accounts>>, version: u32, what: &str) {
     let results = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?version={version}&limit=100000")));
     assert!(results.len() > 50, "{what}: {} rows", results.len());
     let mut client = tables.client();
@@ -636,6 +705,16 @@ fn holds(base: &str, tables: &Tables, accounts: &Arc<Mutex<Accounts>>, version: 
         assert!(a.windows.contains_key(&window), "{what}: the receiver lacks {r}");
     }
     assert!(a.backwards.is_empty(), "{what}: {:?}", a.backwards);
+    drop(a);
+    if let Some((held, _)) = kafka_view(topology) {
+        let windows: BTreeSet<(String, String)> =
+            results.iter().map(|r| (r["key"].to_string(), r["window_start"].to_string())).collect();
+        assert_eq!(held.keys().cloned().collect::<BTreeSet<_>>(), windows, "{what}: the Kafka consumer's windows");
+        assert!(
+            held.values().all(|(_, v)| *v == i64::from(version)),
+            "{what}: the Kafka consumer holds version {version}"
+        );
+    }
 }
 
 #[test]
@@ -646,7 +725,7 @@ fn a_promote_and_a_rollback_switch_every_destination_to_the_live_versions_rows()
         let tables = Tables::new(name);
         let accounts = Arc::new(Mutex::new(Accounts::default()));
         let receiver = account_service(Arc::clone(&accounts));
-        let v1 = contract(Some(&tables), 100);
+        let (v1, destinations) = with_kafka(&topology, contract(Some(&tables), 100));
         // Version 2: two-minute windows and an aggregate more (a new column).
         let v2 = v1.replace("version = 1", "version = 2").replace("size = \"1m\"", "size = \"2m\"").replace(
             "[[aggregate]]\nname = \"payments\"",
@@ -658,16 +737,16 @@ fn a_promote_and_a_rollback_switch_every_destination_to_the_live_versions_rows()
         let at = Arc::new(Mutex::new(base.clone()));
         produce(&at, &lines, "v", Duration::ZERO);
         produce(&at, &flush(40), "flush", Duration::ZERO);
-        wait_delivered(&base, 3, topology.name());
-        holds(&base, &tables, &accounts, 1, "version 1 live");
+        wait_delivered(&base, destinations, topology.name());
+        holds(&topology, &base, &tables, &accounts, 1, "version 1 live");
 
         // Version 2 builds beside it; the destinations go on with version 1's rows.
         drop(server);
         std::fs::write(root.join("contracts/paid.toml"), &v2).unwrap();
         let (server, base) = topology.serve(&root);
         caught_up(&base, 2);
-        wait_delivered(&base, 3, topology.name());
-        holds(&base, &tables, &accounts, 1, "version 2 a candidate");
+        wait_delivered(&base, destinations, topology.name());
+        holds(&topology, &base, &tables, &accounts, 1, "version 2 a candidate");
 
         let (code, body) = call(
             "POST",
@@ -675,8 +754,8 @@ fn a_promote_and_a_rollback_switch_every_destination_to_the_live_versions_rows()
             Some(r#"{"version":2,"why":"two-minute windows"}"#),
         );
         assert_eq!(code, 200, "{body}");
-        wait_delivered(&base, 3, topology.name());
-        holds(&base, &tables, &accounts, 2, "version 2 promoted");
+        wait_delivered(&base, destinations, topology.name());
+        holds(&topology, &base, &tables, &accounts, 2, "version 2 promoted");
         let largest: i64 = tables
             .client()
             .query_one(&format!("SELECT count(*) FROM {}.paid WHERE largest IS NOT NULL", tables.0), &[])
@@ -687,8 +766,8 @@ fn a_promote_and_a_rollback_switch_every_destination_to_the_live_versions_rows()
         let (code, body) =
             call("POST", &format!("{base}/v1/pipelines/paid/rollback"), Some(r#"{"why":"back to one minute"}"#));
         assert_eq!(code, 200, "{body}");
-        wait_delivered(&base, 3, topology.name());
-        holds(&base, &tables, &accounts, 1, "rolled back to version 1");
+        wait_delivered(&base, destinations, topology.name());
+        holds(&topology, &base, &tables, &accounts, 1, "rolled back to version 1");
 
         // The changes table: every change of both versions, and both entries, once.
         let changes = json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?limit=100000")));
