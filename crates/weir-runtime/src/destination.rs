@@ -23,7 +23,9 @@
 //!   `.../{seq}-{seq}/{page}` from the second page). The batch is written
 //!   to the store as `pending` before it is sent, and sent again exactly
 //!   as it was after a crash, so a receiver that applies each key once
-//!   applies each change once. 408, 429, 5xx and network errors are
+//!   applies each change once. The position delivered is recorded by the
+//!   next batch's `pending`, else at most once a second: a crash sends the
+//!   batches since again, under their keys. 408, 429, 5xx and network errors are
 //!   retried with backoff (0.5 s doubling to 30 s); any other answer
 //!   stops the destination (`stopped`, an incident for the owner with the
 //!   receiver's answer) until an operator resumes it
@@ -255,6 +257,8 @@ pub struct DestinationRunner {
 
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How often a destination that keeps delivering records its position.
+const SAVE_EVERY: Duration = Duration::from_secs(1);
 /// How often a delivering destination measures its lag.
 const MEASURE_EVERY: Duration = Duration::from_millis(500);
 /// How often a caught-up destination looks for new changes without a ring
@@ -328,6 +332,8 @@ impl DestinationRunner {
         let mut live = self.live_at(position)?;
         let mut backoff = BACKOFF_FIRST;
         let mut measured = Instant::now();
+        // A position delivered and not yet recorded in the store, and when one last was.
+        let (mut unsaved, mut saved): (Option<i64>, Instant) = (None, Instant::now());
         while !self.stop.load(Ordering::SeqCst) {
             if let Some(why) = &stopped {
                 self.set(|s| s.state = format!("stopped: {why}"));
@@ -342,6 +348,10 @@ impl DestinationRunner {
                 None => self.next(position, live)?,
             };
             let Some(work) = work else {
+                if let Some(next) = unsaved.filter(|_| saved.elapsed() > SAVE_EVERY) {
+                    self.save(next)?;
+                    (unsaved, saved) = (None, Instant::now());
+                }
                 self.caught_up(position)?;
                 let poll = if self.exclusive.is_some() { POLL_SHARED } else { POLL_ALONE };
                 self.bell.wait(rung, poll);
@@ -358,6 +368,11 @@ impl DestinationRunner {
                 Ok(()) => {
                     backoff = BACKOFF_FIRST;
                     self.delivered(&work, next, next_pending.as_ref())?;
+                    unsaved = next_pending.is_none().then_some(next);
+                    if unsaved.is_some() && saved.elapsed() > SAVE_EVERY {
+                        self.save(next)?;
+                        (unsaved, saved) = (None, Instant::now());
+                    }
                     if measured.elapsed() > MEASURE_EVERY {
                         self.measure(next)?;
                         measured = Instant::now();
@@ -508,12 +523,18 @@ impl DestinationRunner {
     }
 
     /// Records a delivered batch and what it moved.
+    ///
+    /// The next page of a version entry's delivery is recorded at once (it is
+    /// sent next, as it is); a plain position is recorded by the next batch's
+    /// `Sending`, or by [`Self::save`] at most once a second: a
+    /// crash before that sends the batch again under its key, which the
+    /// receiver applies once, so the stream's commits do not wait for a
+    /// write of the store per batch.
     fn delivered(&self, work: &Work, next: i64, next_pending: Option<&Pending>) -> Result<(), String> {
-        let step = match next_pending {
-            Some(p) => Step::Sending { position: next, pending: describe_pending(p) },
-            None => Step::Delivered { next },
-        };
-        self.store.record_destination(&self.pipeline, self.name(), &step).map_err(|e| e.to_string())?;
+        if let Some(p) = next_pending {
+            let step = Step::Sending { position: next, pending: describe_pending(p) };
+            self.store.record_destination(&self.pipeline, self.name(), &step).map_err(|e| e.to_string())?;
+        }
         let lines = work.lines().len() as u64;
         self.set(|s| {
             s.state = "delivering".into();
@@ -523,6 +544,12 @@ impl DestinationRunner {
             s.last_error = None;
         });
         Ok(())
+    }
+
+    /// Records the position delivered up to (nothing pending).
+    fn save(&self, next: i64) -> Result<(), String> {
+        let step = Step::Delivered { next };
+        self.store.record_destination(&self.pipeline, self.name(), &step).map_err(|e| e.to_string())
     }
 
     /// Nothing new to deliver: how far behind the stream's head it is.

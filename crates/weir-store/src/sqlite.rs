@@ -212,7 +212,12 @@ pub fn open(path: &Path) -> rusqlite::Result<Connection> {
         ));
     }
     let conn = Connection::open(path)?;
-    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    // A writer waiting for the lock looks again every millisecond for 10 s:
+    // SQLite's own wait sleeps up to 100 ms at a time, so a connection that
+    // writes now and then (a destination's position, an operator's action)
+    // could miss the moments a pipeline that commits every few milliseconds
+    // leaves the lock free, and wait hundreds of milliseconds.
+    conn.busy_handler(Some(wait_a_millisecond))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     // Text deleted, replaced or moved (a page split copies cells) is
@@ -220,6 +225,12 @@ pub fn open(path: &Path) -> rusqlite::Result<Connection> {
     // in the file's free space (SECURITY.md, "Personal data").
     conn.pragma_update(None, "secure_delete", "ON")?;
     Ok(conn)
+}
+
+/// The busy handler of every connection: true (try again) for 10 s of 1 ms waits.
+fn wait_a_millisecond(attempts: i32) -> bool {
+    std::thread::sleep(std::time::Duration::from_millis(1));
+    attempts < 10_000
 }
 
 /// Opens `path` read-only and checks that it holds this weir's schema

@@ -19,8 +19,8 @@ struct State {
     unlocked: HashSet<String>,
     /// Accounts whose first payment's approval is timed, and when.
     approved: HashMap<String, Instant>,
-    /// Approval to unlock, of each timed account unlocked.
-    latencies: Vec<Duration>,
+    /// Approval to unlock, of each timed account unlocked, with the account.
+    latencies: Vec<(Duration, String)>,
 }
 
 /// What the account service has done so far.
@@ -32,6 +32,8 @@ pub struct Summary {
     pub repeated: u64,
     /// Approval to unlock of the timed accounts, sorted.
     pub latencies: Vec<Duration>,
+    /// The slowest five, with their accounts.
+    pub slowest: Vec<(Duration, String)>,
 }
 
 impl Summary {
@@ -73,9 +75,11 @@ impl AccountService {
 
     pub fn summary(&self) -> Summary {
         let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mut latencies = s.latencies.clone();
-        latencies.sort();
-        Summary { unlocked: s.unlocked.len(), batches: s.batches, repeated: s.repeated, latencies }
+        let mut timed = s.latencies.clone();
+        timed.sort();
+        let latencies = timed.iter().map(|(d, _)| *d).collect();
+        let slowest = timed.iter().rev().take(5).cloned().collect();
+        Summary { unlocked: s.unlocked.len(), batches: s.batches, repeated: s.repeated, latencies, slowest }
     }
 }
 
@@ -134,7 +138,7 @@ fn apply(state: &Mutex<State>, key: &str, body: &str) {
         }
         s.unlocked.insert(account.to_owned());
         if let Some(at) = s.approved.remove(account) {
-            s.latencies.push(now.duration_since(at));
+            s.latencies.push((now.duration_since(at), account.to_owned()));
         }
     }
 }

@@ -808,6 +808,16 @@ pub fn effect(rate: u64, seconds: u64) -> Result<(), Failure> {
         ms(1.0),
         s.batches
     );
+    // The tail: when the slowest probes were sent (probe-N went N x 50 ms after the start).
+    let slowest: Vec<String> = s
+        .slowest
+        .iter()
+        .map(|(d, a)| {
+            let n: u64 = a.trim_start_matches("probe-").parse().unwrap_or(0);
+            format!("{:.0} ms (sent at {:.2} s)", d.as_secs_f64() * 1e3, n as f64 * 0.05)
+        })
+        .collect();
+    println!("effect: the slowest: {}", slowest.join(", "));
     Ok(())
 }
 
@@ -817,7 +827,7 @@ pub fn effect(rate: u64, seconds: u64) -> Result<(), Failure> {
 /// true`) and stops; then a destination runner in this process delivers
 /// the whole stream into a new table of `postgres`, and is timed until it
 /// has delivered the last change.
-pub fn destination(events: u64, postgres: &str) -> Result<(), Failure> {
+pub fn destination(events: u64, postgres: &str, (mode, batch): (&str, usize)) -> Result<(), Failure> {
     let dir = Folder::new("destination")?;
     let server = serve(&dir.0, free_port()?)?;
     let posted = post_all(&server, &batches(events, 5_000, 1_764_000_000_000, 2_000), 2)?;
@@ -829,7 +839,7 @@ pub fn destination(events: u64, postgres: &str) -> Result<(), Failure> {
     let mut client = weir_store::pg::connect(postgres).map_err(|e| fail(format!("cannot reach {postgres}: {e}")))?;
     client.batch_execute("DROP SCHEMA IF EXISTS weir_bench_destination CASCADE").map_err(|e| fail(e.to_string()))?;
     let contract_text = format!(
-        "{CONTRACT}\n[[destination]]\nname = \"warehouse\"\nkind = \"postgres\"\nconnection = \"warehouse\"\ntable = \"weir_bench_destination.paid_revenue\"\nbatch = 10000\n"
+        "{CONTRACT}\n[[destination]]\nname = \"warehouse\"\nkind = \"postgres\"\nconnection = \"warehouse\"\ntable = \"weir_bench_destination.paid_revenue\"\nmode = \"{mode}\"\nbatch = {batch}\n"
     );
     let contract = weir_contract::Contract::parse("bench", &contract_text).map_err(|e| fail(e.to_string()))?;
     let status = Arc::new(Mutex::new(weir_runtime::destination::DestinationStatus::default()));
@@ -869,7 +879,7 @@ pub fn destination(events: u64, postgres: &str) -> Result<(), Failure> {
         .get(0);
     let _ = client.batch_execute("DROP SCHEMA IF EXISTS weir_bench_destination CASCADE");
     println!(
-        "destination: {events} events posted in {:.1} s made {head} changes; a postgres destination (upsert) delivered them in {:.2} s: {:.0} changes/s into {rows} table rows",
+        "destination: {events} events posted in {:.1} s made {head} changes; a postgres destination ({mode}, batches of {batch}) delivered them in {:.2} s: {:.0} changes/s into {rows} table rows",
         posted.as_secs_f64(),
         took.as_secs_f64(),
         head as f64 / took.as_secs_f64()

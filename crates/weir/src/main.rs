@@ -537,6 +537,12 @@ enum BenchWhat {
         /// The Postgres to deliver to (a schema weir_bench_destination is made and dropped there).
         #[arg(long, default_value = "host=127.0.0.1 user=postgres dbname=test")]
         postgres: String,
+        /// The table's mode: upsert (a row per key and window) or changes (every change a row).
+        #[arg(long, default_value = "upsert")]
+        mode: String,
+        /// Changes per transaction (the destination's `batch`).
+        #[arg(long, default_value_t = 10_000)]
+        batch: usize,
     },
     /// A new contract version built as a candidate over this many events in the log, next to `weir run` on the same events.
     Candidate {
@@ -773,7 +779,9 @@ fn main() -> ExitCode {
         }
         Command::Bench { what: BenchWhat::Latency { rate, seconds } } => bench::latency(rate, seconds),
         Command::Bench { what: BenchWhat::Effect { rate, seconds } } => bench::effect(rate, seconds),
-        Command::Bench { what: BenchWhat::Destination { events, postgres } } => bench::destination(events, &postgres),
+        Command::Bench { what: BenchWhat::Destination { events, postgres, mode, batch } } => {
+            bench::destination(events, &postgres, (&mode, batch))
+        }
         Command::Bench { what: BenchWhat::Recovery { events } } => bench::recovery(events),
         Command::Bench { what: BenchWhat::Candidate { events, early } } => bench::candidate(events, early),
         Command::Bench { what: BenchWhat::Backfill { events } } => bench::backfill(events),
