@@ -303,6 +303,17 @@ impl DestinationRunner {
         }
     }
 
+    /// Sleeps up to `d` like [`Self::sleep`], measuring the lag meanwhile, so
+    /// that `/status` and `max_destination_lag` see it grow during a backoff.
+    fn wait_measuring(&self, d: Duration, position: i64) -> Result<(), String> {
+        let until = Instant::now() + d;
+        while Instant::now() < until && !self.stop.load(Ordering::SeqCst) {
+            self.sleep((until - Instant::now()).min(MEASURE_EVERY));
+            self.measure(position)?;
+        }
+        Ok(())
+    }
+
     fn name(&self) -> &str {
         &self.destination.name
     }
@@ -393,7 +404,7 @@ impl DestinationRunner {
                         return Err(e);
                     }
                     pending = Some(work.pending());
-                    self.sleep(backoff);
+                    self.wait_measuring(backoff, position)?;
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
                 Err(Failure::Refused(why)) => {

@@ -37,10 +37,18 @@ pub enum Scenario {
     ClockSkew,
     /// The pipeline killed without a last checkpoint, then recovered.
     Restart,
+    /// Every destination's receiver refusing deliveries, then taking them again.
+    DestinationDown,
 }
 
-pub const SCENARIOS: &[Scenario] =
-    &[Scenario::DelayedPartition, Scenario::Duplicates, Scenario::LateBurst, Scenario::ClockSkew, Scenario::Restart];
+pub const SCENARIOS: &[Scenario] = &[
+    Scenario::DelayedPartition,
+    Scenario::Duplicates,
+    Scenario::LateBurst,
+    Scenario::ClockSkew,
+    Scenario::Restart,
+    Scenario::DestinationDown,
+];
 
 impl Scenario {
     pub fn parse(text: &str) -> Result<Scenario, String> {
@@ -57,6 +65,7 @@ impl Scenario {
             Scenario::LateBurst => "late-burst",
             Scenario::ClockSkew => "clock-skew",
             Scenario::Restart => "restart",
+            Scenario::DestinationDown => "destination-down",
         }
     }
 
@@ -70,6 +79,7 @@ impl Scenario {
             Scenario::DelayedPartition => &["max_watermark_age", "max_ledger_rate"],
             Scenario::Duplicates | Scenario::LateBurst | Scenario::ClockSkew => &["max_ledger_rate"],
             Scenario::Restart => &[],
+            Scenario::DestinationDown => &["max_destination_lag"],
         }
     }
 }

@@ -246,26 +246,9 @@ pub(crate) async fn act_audited(
     detail: serde_json::Value,
     why: String,
 ) -> Result<(weir_store::Acted, Option<i64>), ApiError> {
-    let done = act_and_audit(app, p, caller, name, act, action, detail, why).await;
-    // A resume, a promote or a rollback publishes: followers and destinations look now.
-    p.bell.ring();
-    done
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn act_and_audit(
-    app: &Arc<App>,
-    p: &Pipeline,
-    caller: &Caller,
-    name: &str,
-    act: weir_store::Act,
-    action: &'static str,
-    detail: serde_json::Value,
-    why: String,
-) -> Result<(weir_store::Acted, Option<i64>), ApiError> {
     let (who, origin, pipeline) = (caller.grant.who(), caller.origin.clone(), name.to_owned());
     if p.store.keeps_audit_log() {
-        return stored(p, move |s| {
+        let done = stored(p, move |s| {
             let entry = weir_store::audit::Entry {
                 who: &who,
                 action,
@@ -277,11 +260,15 @@ async fn act_and_audit(
             s.act(&pipeline, &act, Some(&entry))
         })
         .await;
+        // A resume, a promote or a rollback publishes: followers and destinations look now.
+        p.bell.ring();
+        return done;
     }
     let mut asked = detail;
     asked["outcome"] = "asked".into();
     let seq = audited(app, caller, action, Some(pipeline.clone()), asked, why).await?;
     let done = stored(p, move |s| s.act(&pipeline, &act, None)).await;
+    p.bell.ring();
     let failure = match &done {
         Ok((weir_store::Acted::Switched(Err(e)), _)) => Some(e.to_string()),
         Ok((weir_store::Acted::Incident(Err(e)), _)) => Some(e.to_string()),

@@ -13,16 +13,21 @@
 //!    catches up with it;
 //! 2. **steady**: 3 s of one fresh event per partition every 200 ms (the
 //!    topic's last records with the time now and a new id); the alerts
-//!    firing at its end were firing before the fault;
+//!    firing at its end were firing before the fault (a `destination-down`
+//!    outage begins before the copy instead, so that the rows the copy
+//!    publishes wait for the receiver, and has no steady phase);
 //! 3. **fault** (`for`): the scenario's failure: partition 0 silent, then
 //!    a burst of what it held back (`delayed-partition`); the steady phase's
 //!    events sent again (`duplicates`); 20 events a partition dated beyond
 //!    the allowed lateness (`late-burst`) or a year ahead (`clock-skew`);
 //!    the shadow killed without a last checkpoint while events keep coming,
-//!    then started again (`restart`);
+//!    then started again (`restart`); every destination's receiver
+//!    answering `503` (`destination-down`: the shadow's destinations deliver
+//!    to a stand-in receiver inside the server, never to the real ones,
+//!    so that no drill row reaches a destination; see `stand_in`);
 //! 4. **recovery** (at most `recover`): steady events until the shadow has
-//!    read everything and every alert the fault fired on the pipeline's
-//!    state has resolved (`max_ledger_rate`, a rate over the last minute,
+//!    read everything, its destinations have delivered everything, and
+//!    every alert the fault fired on the pipeline's state has resolved (`max_ledger_rate`, a rate over the last minute,
 //!    is reported as it goes, not waited for).
 //!
 //! The report says which alerts fired and how long after the fault began,
@@ -44,14 +49,16 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde_json::{json, Value};
-use weir_contract::{Contract, WindowKind};
+use weir_contract::{Connection, Contract, Destination, DestinationKind, WindowKind};
 use weir_engine::time::format_rfc3339_ms;
+use weir_runtime::destination::{DestinationRunner, DestinationStatus};
 use weir_runtime::drill::{copy_topic, event_like, Copied, DrillLog, Scenario, Shadow};
 use weir_runtime::runner::{Connected, Runner};
 use weir_runtime::{lock, Pipeline, PipelineVersion, Status};
 use weir_store::{Act, Acted, DrillAsk, FileContract, Store};
 
 use crate::app::*;
+use crate::stand_in::StandIn;
 
 const STEADY: Duration = Duration::from_secs(3);
 const TICK: Duration = Duration::from_millis(200);
@@ -129,6 +136,12 @@ pub(crate) async fn ask(
         return Err(ApiError(
             StatusCode::CONFLICT,
             format!("topic {} holds no events: a drill copies the topic and makes its events from the topic's own records; send some first", contract.source.topic),
+        ));
+    }
+    if scenario == Scenario::DestinationDown && contract.destinations.is_empty() {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("pipeline {name} has no [[destination]]: a destination-down drill rehearses its destinations' receivers refusing deliveries; add one to the contract, or pick another scenario"),
         ));
     }
     if scenario == Scenario::DelayedPartition && ends.len() < 2 {
@@ -291,13 +304,17 @@ fn describe(d: &weir_store::drills::Drill) -> Value {
     })
 }
 
-/// How long a fault lasts unless the operator says: a silence long enough
-/// for the watermark's age to pass its alert; otherwise 10 s.
+/// How long a fault lasts unless the operator says: a silence or an outage
+/// long enough for the watermark's age or the destinations' lag to pass
+/// its alert; otherwise 10 s.
 fn default_fault(scenario: Scenario, contract: &Contract) -> Duration {
-    let watermark_age = contract.alerts.as_ref().and_then(|a| a.max_watermark_age_ms);
-    match (scenario, watermark_age) {
-        (Scenario::DelayedPartition, Some(ms)) => Duration::from_millis((ms + 3000).clamp(5000, 600_000) as u64),
-        (Scenario::Restart, _) => Duration::from_secs(2),
+    let alerts = contract.alerts.as_ref();
+    let past = |ms: i64, margin: i64| Duration::from_millis((ms + margin).clamp(5000, 600_000) as u64);
+    match (scenario, alerts.and_then(|a| a.max_watermark_age_ms), alerts.and_then(|a| a.max_destination_lag_ms)) {
+        (Scenario::DelayedPartition, Some(ms), _) => past(ms, 3000),
+        // The outage also covers the copy, and a consumer group's join on Kafka.
+        (Scenario::DestinationDown, _, Some(ms)) => past(ms, 6000),
+        (Scenario::Restart, _, _) => Duration::from_secs(2),
         _ => Duration::from_secs(10),
     }
 }
@@ -499,6 +516,65 @@ struct Drilling<'a> {
     steady_events: Vec<Copied>,
     /// What a delayed partition held back.
     held: Vec<Copied>,
+    /// The shadow's destinations (`destination-down`), delivering to a stand-in.
+    destinations: Option<Delivering>,
+}
+
+/// The shadow's destinations: a delivery thread each, to one stand-in receiver.
+struct Delivering {
+    stand_in: StandIn,
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Delivering {
+    /// A delivery thread for each of the contract's destinations, as an
+    /// `http` destination of the same name and batch to the stand-in, with
+    /// its position in the shadow's store.
+    fn start(
+        plan: &Plan,
+        contract: &Contract,
+        store: &Arc<dyn Store>,
+        bell: &Arc<weir_runtime::bell::Bell>,
+        runtime: &tokio::runtime::Handle,
+    ) -> anyhow::Result<(Delivering, Vec<Arc<Mutex<DestinationStatus>>>)> {
+        let stand_in = StandIn::start(runtime)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (mut threads, mut statuses) = (Vec::new(), Vec::new());
+        for d in &contract.destinations {
+            let status = Arc::new(Mutex::new(DestinationStatus {
+                name: d.name.clone(),
+                kind: DestinationKind::Http.as_str().into(),
+                state: "starting".into(),
+                ..Default::default()
+            }));
+            let runner = DestinationRunner {
+                pipeline: plan.pipeline.clone(),
+                owner: contract.pipeline.owner.clone(),
+                destination: Destination { kind: DestinationKind::Http, connection: "drill".into(), ..d.clone() },
+                connection: Connection { url: stand_in.url(&d.name), headers: BTreeMap::new(), allow_private: true },
+                contracts: BTreeMap::from([(contract.pipeline.version, contract.clone())]),
+                declared_by: contract.pipeline.version,
+                store: Arc::clone(store),
+                exclusive: None,
+                kafka: None,
+                status: Arc::clone(&status),
+                stop: Arc::clone(&stop),
+                bell: Arc::clone(bell),
+            };
+            let thread = std::thread::Builder::new().name(format!("weir-drill-{}-{}", plan.id, d.name));
+            threads.push(thread.spawn(move || runner.run())?);
+            statuses.push(status);
+        }
+        Ok((Delivering { stand_in, stop, threads }, statuses))
+    }
+
+    fn close(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Drilling<'_> {
@@ -562,8 +638,9 @@ impl Drilling<'_> {
         Ok(false)
     }
 
-    /// Whether the shadow runs and has read every record of its topic.
-    fn caught_up(&self) -> bool {
+    /// Whether the shadow runs, has read every record of its topic, and
+    /// (if asked) its destinations have delivered every change.
+    fn caught_up(&self, with_destinations: bool) -> bool {
         if !self.shadow.running() {
             return false;
         }
@@ -572,6 +649,7 @@ impl Drilling<'_> {
         let read: BTreeMap<u32, u64> = r.partitions.iter().map(|p| (p.partition, p.next_offset)).collect();
         r.failed.is_none()
             && ends.iter().enumerate().all(|(p, &end)| end == 0 || read.get(&(p as u32)).is_some_and(|&n| n >= end))
+            && (!with_destinations || r.destinations.iter().all(|d| d.state == "caught up" && d.lag_changes == 0))
     }
 }
 
@@ -621,6 +699,19 @@ fn drill(app: &App, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handl
             return Err(e);
         }
     };
+    let bell: Arc<weir_runtime::bell::Bell> = Arc::default();
+    let (destinations, statuses) = if plan.scenario == Scenario::DestinationDown {
+        match Delivering::start(plan, &contract, &store, &bell, &runtime) {
+            Ok((d, statuses)) => (Some(d), statuses),
+            Err(e) => {
+                let _ = dlog.remove(&copy);
+                let _ = remove();
+                return Err(e);
+            }
+        }
+    } else {
+        (None, Vec::new())
+    };
     let status = Arc::new(Mutex::new(Status::default()));
     let runner = Runner {
         contract: contract.clone(),
@@ -629,7 +720,7 @@ fn drill(app: &App, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handl
         stop: Arc::new(AtomicBool::new(false)),
         paused: Arc::new(AtomicBool::new(false)),
         read_records: 1024,
-        bell: Arc::default(),
+        bell: Arc::clone(&bell),
     };
     let version = contract.pipeline.version;
     let mut versions = BTreeMap::new();
@@ -640,8 +731,8 @@ fn drill(app: &App, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handl
         paused: Arc::new(AtomicBool::new(false)),
         store,
         refused: None,
-        bell: Arc::default(),
-        destinations: Vec::new(),
+        bell,
+        destinations: statuses,
     };
     let mut d = Drilling {
         app,
@@ -657,8 +748,12 @@ fn drill(app: &App, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handl
         last_sample: Instant::now(),
         steady_events: Vec::new(),
         held: Vec::new(),
+        destinations,
     };
     let outcome = exercise(&mut d, copied, before, live_ends_before);
+    if let Some(destinations) = d.destinations.take() {
+        destinations.close();
+    }
     d.shadow.close();
     if let Err(e) = dlog.remove(&copy) {
         eprintln!("weir: drill {}: the copy {copy} was not removed: {e:#}", plan.id);
@@ -678,18 +773,35 @@ fn exercise(
 ) -> anyhow::Result<Value> {
     let (plan, app) = (d.plan, d.app);
     let started = Instant::now();
-    // 1. copy: the shadow reads what was copied.
-    let caught = d.run_for(Duration::from_secs(300), Traffic::None, false, &|d| d.caught_up())?;
+    // A destination's outage begins before the copy, so that the rows the
+    // copy publishes pile up: a contract without `early` publishes only when
+    // a window closes, which the steady phase's events seldom do.
+    let receiver = d.destinations.as_ref().map(|s| Arc::clone(&s.stand_in.received));
+    let outage_start = match &receiver {
+        Some(r) if plan.scenario == Scenario::DestinationDown => {
+            r.down.store(true, Ordering::SeqCst);
+            Some(weir_log::now_ms())
+        }
+        _ => None,
+    };
+    let ledger_at_start = d.report().ledger;
+    // 1. copy: the shadow reads what was copied (and its destinations deliver it, unless down).
+    let down = outage_start.is_some();
+    let caught = d.run_for(Duration::from_secs(300), Traffic::None, false, &|d| d.caught_up(!down))?;
     if !caught {
         anyhow::bail!("the shadow did not read the {copied} copied events within 5 minutes");
     }
-    // 2. steady traffic.
-    d.steady_events.clear();
-    d.run_for(STEADY, Traffic::All, false, &|_| false)?;
-    let firing_before: BTreeSet<&'static str> = d.alerting.firing.keys().copied().collect();
-    let ledger_before = d.report().ledger;
+    // 2. steady traffic (before any fault but an outage that began with the copy).
+    if !down {
+        d.steady_events.clear();
+        d.run_for(STEADY, Traffic::All, false, &|_| false)?;
+    }
+    // What an outage fired during the copy is the fault's.
+    let firing_before: BTreeSet<&'static str> =
+        if down { BTreeSet::new() } else { d.alerting.firing.keys().copied().collect() };
+    let ledger_before = if down { ledger_at_start } else { d.report().ledger };
     // 3. the fault.
-    let fault_start = weir_log::now_ms();
+    let fault_start = outage_start.unwrap_or_else(weir_log::now_ms);
     let expected: Vec<&'static str> =
         plan.scenario.alerts().iter().copied().filter(|a| configured(&plan.contract, a)).collect();
     let fired_expected =
@@ -742,13 +854,27 @@ fn exercise(
             );
             d.run_for(plan.fault, Traffic::All, true, &|_| false)?;
         }
+        Scenario::DestinationDown => {
+            let received = receiver.ok_or_else(|| anyhow::anyhow!("the shadow has no destinations"))?;
+            let so_far = Duration::from_millis((weir_log::now_ms() - fault_start).max(0) as u64);
+            d.run_for(plan.fault.saturating_sub(so_far), Traffic::All, false, &|_| false)?;
+            received.down.store(false, Ordering::SeqCst);
+            let refused = received.refused.load(Ordering::SeqCst);
+            described = format!(
+                "every destination's receiver answered 503 for {}, from the start of the copy, while events kept coming ({refused} deliveries refused)",
+                weir_contract::format_duration_ms(plan.fault.max(so_far).as_millis() as i64),
+            );
+            if refused == 0 {
+                described.push_str("; no change was published meanwhile, so none waited: without `early = true` a window publishes when it closes");
+            }
+        }
     }
     let fault_end = weir_log::now_ms();
     // 4. recovery: caught up, and every alert on the pipeline's state that
     // the fault fired resolved (the ledger rate is a rate over the last
     // minute: it is reported, not waited for).
     let recovered = d.run_for(plan.recover, Traffic::All, false, &|d| {
-        d.caught_up() && d.alerting.firing.keys().all(|a| firing_before.contains(a) || *a == "max_ledger_rate")
+        d.caught_up(true) && d.alerting.firing.keys().all(|a| firing_before.contains(a) || *a == "max_ledger_rate")
     })?;
     let recovery_ms = recovered.then(|| weir_log::now_ms() - fault_end);
     if let Some(f) = &d.shadow.failed {
@@ -807,6 +933,36 @@ fn exercise(
             weir_contract::format_duration_ms(plan.recover.as_millis() as i64)
         ));
     }
+    if plan.scenario == Scenario::DestinationDown && recovery_ms.is_none() {
+        let behind: Vec<String> = report
+            .destinations
+            .iter()
+            .filter(|s| s.lag_changes > 0 || s.state != "caught up")
+            .map(|s| format!("{} ({}, {} changes behind)", s.name, s.state, s.lag_changes))
+            .collect();
+        failures.push(format!(
+            "the destinations did not catch up within {} of the receiver's return: {}",
+            weir_contract::format_duration_ms(plan.recover.as_millis() as i64),
+            behind.join(", ")
+        ));
+    }
+    let destinations: Vec<Value> = report
+        .destinations
+        .iter()
+        .map(|s| {
+            json!({
+                "name": s.name,
+                "state": s.state,
+                "position": s.position,
+                "head": s.head,
+                "lag_changes": s.lag_changes,
+                "delivered": s.delivered,
+                "retries": s.retries,
+                "last_error": s.last_error,
+            })
+        })
+        .collect();
+    let receiver = d.destinations.as_ref().map(|s| s.stand_in.received.describe());
     let unchanged = after == before;
     if !unchanged && !topic_grew {
         failures.push("the live version's published rows changed during the drill while its topic got no event".into());
@@ -839,6 +995,8 @@ fn exercise(
             "live_topic_grew": topic_grew,
         },
         "recovery_ms": recovery_ms,
+        "destinations": destinations,
+        "receiver": receiver,
         "restarts": report.restarts,
         "took_ms": started.elapsed().as_millis() as u64,
     }))
@@ -852,6 +1010,7 @@ fn configured(contract: &Contract, alert: &str) -> bool {
         "max_ledger_rate" => a.max_ledger_rate.is_some(),
         "max_lag" => a.max_lag_ms.is_some(),
         "max_oldest_unprocessed" => a.max_oldest_unprocessed_ms.is_some(),
+        "max_destination_lag" => a.max_destination_lag_ms.is_some(),
         _ => false,
     }
 }

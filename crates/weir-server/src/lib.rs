@@ -32,6 +32,7 @@ mod provenance;
 mod readers;
 mod report;
 mod review;
+mod stand_in;
 mod versions;
 mod watch;
 pub mod webhooks;

@@ -361,7 +361,7 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:8080")]
         url: String,
     },
-    /// Rehearse a failure on a shadow copy of a running server's pipeline (operator; audited): delayed-partition, duplicates, late-burst, clock-skew or restart. Prints what the operator would have seen; exits 1 when the expected alert did not fire.
+    /// Rehearse a failure on a shadow copy of a running server's pipeline (operator; audited): delayed-partition, duplicates, late-burst, clock-skew, restart or destination-down. Prints what the operator would have seen; exits 1 when the expected alert did not fire.
     Drill {
         scenario: String,
         #[arg(long)]
@@ -369,7 +369,7 @@ enum Command {
         /// Why the drill runs (kept in the audit log).
         #[arg(long, default_value = "a failure drill")]
         why: String,
-        /// How long the fault lasts: the silence, the time down, or the wait for an alert (default: the scenario's).
+        /// How long the fault lasts: the silence, the time down, the receiver's outage, or the wait for an alert (default: the scenario's).
         #[arg(long = "for")]
         fault: Option<String>,
         /// How long to wait for recovery after the fault (default 60s).

@@ -14,36 +14,7 @@ use std::time::{Duration, Instant};
 use common::topology::{postgres_url, Topology};
 use common::{authed, call, get, json_lines, Scratch};
 
-const V1: &str = r#"[pipeline]
-name = "paid"
-version = 1
-owner = "billing-ops"
-steward = "data-platform"
-decision = "Revenue per account per minute, for the finance dashboards"
-
-[source]
-topic = "payments"
-event_time = "approved_at"
-key = ["account_id"]
-event_id = "payment_id"
-where = 'status == "approved"'
-
-[window]
-type = "tumbling"
-size = "1m"
-
-[dedup]
-horizon = "10m"
-
-[[aggregate]]
-name = "revenue"
-fn = "sum"
-field = "amount"
-
-[[aggregate]]
-name = "payments"
-fn = "count"
-"#;
+const V1: &str = common::PAID;
 
 fn post(base: &str, lines: &[String]) {
     let url = format!("{base}/v1/topics/payments/events");

@@ -24,42 +24,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::topology::{postgres_url, Topology};
-use common::{authed, call, get, json_lines, text, weir, weir_as, Scratch, Server};
+use common::{authed, call, get, json_lines, text, weir, weir_as, Scratch, Server, PAID};
 use serde_json::Value;
-
-const CONTRACT: &str = r#"[pipeline]
-name = "paid"
-version = 1
-owner = "billing-ops"
-steward = "data-platform"
-decision = "Unlock paid features within seconds of payment approval"
-
-[source]
-topic = "payments"
-event_time = "approved_at"
-key = ["account_id"]
-event_id = "payment_id"
-where = 'status == "approved"'
-max_delay = "5s"
-
-[window]
-type = "tumbling"
-size = "1m"
-allowed_lateness = "2m"
-late = "revise"
-
-[dedup]
-horizon = "10m"
-
-[[aggregate]]
-name = "revenue"
-fn = "sum"
-field = "amount"
-
-[[aggregate]]
-name = "payments"
-fn = "count"
-"#;
 
 /// The account service: applies each batch's `Idempotency-Key` once, and
 /// remembers what it applied.
@@ -203,7 +169,7 @@ impl Drop for Tables {
 /// `postgres` upsert table and a changes table in that schema.
 fn contract(tables: Option<&Tables>, batch: usize) -> String {
     let mut c = format!(
-        "{CONTRACT}\n[[destination]]\nname = \"accounts\"\nkind = \"http\"\nconnection = \"accounts\"\nbatch = {batch}\n"
+        "{PAID}\n[[destination]]\nname = \"accounts\"\nkind = \"http\"\nconnection = \"accounts\"\nbatch = {batch}\n"
     );
     if let Some(t) = tables {
         c.push_str(&format!(

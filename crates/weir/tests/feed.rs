@@ -17,35 +17,7 @@ use common::topology::{free_port, Topology};
 use common::{authed, call, get, json_lines, start, Scratch};
 use serde_json::Value;
 
-const V1: &str = r#"[pipeline]
-name = "paid"
-version = 1
-owner = "billing-ops"
-steward = "data-platform"
-decision = "Unlock paid features within seconds of payment approval"
-
-[source]
-topic = "payments"
-event_time = "approved_at"
-key = ["account_id"]
-event_id = "payment_id"
-where = 'status == "approved"'
-max_delay = "5s"
-
-[window]
-type = "tumbling"
-size = "1m"
-allowed_lateness = "2m"
-late = "revise"
-
-[dedup]
-horizon = "10m"
-
-[[aggregate]]
-name = "revenue"
-fn = "sum"
-field = "amount"
-"#;
+const V1: &str = common::PAID;
 
 /// Payments `from..from + n` over 20 accounts, a second apart from `start_s`.
 fn payments(from: usize, n: usize, start_s: i64) -> Vec<String> {
@@ -167,7 +139,12 @@ fn tail_follows_a_promote_and_restarts_without_a_gap_or_a_repeat() {
             topology.name()
         );
 
-        // Past max_followers (2: the tail and one more), a feed is refused.
+        // Past max_followers (2: the tail, once it follows, and one more), a feed is refused.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tail.seqs().is_empty() {
+            assert!(Instant::now() < deadline, "{}: the tail printed nothing", topology.name());
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let sse = |since: &str| {
             let url = format!("{base}/v1/pipelines/paid/changes?since={since}");
             authed(common::agent().get(&url), "GET", &url).header("accept", "text/event-stream")

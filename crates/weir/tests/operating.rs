@@ -769,10 +769,20 @@ fn drill(base: &str, operator: &str, pipeline: &str, scenario: &str, extra: &[&s
 fn drill_server(topology: &Topology, s: &Scratch, hook: &str) -> (std::path::PathBuf, common::Server, String) {
     let drilled =
         format!("{PAYMENTS}\n[alerts]\nmax_watermark_age = \"2s\"\nmax_ledger_rate = 0.2\nwebhook = \"{hook}\"\n");
+    drill_server_with(topology, s, &drilled, "")
+}
+
+/// [`drill_server`] with `paid` as given and `extra` at the top of weir.toml.
+fn drill_server_with(
+    topology: &Topology,
+    s: &Scratch,
+    paid: &str,
+    extra: &str,
+) -> (std::path::PathBuf, common::Server, String) {
     let quiet = PAYMENTS.replace("name = \"paid\"", "name = \"quiet\"");
     // Long enough that no partition goes idle during a drill.
-    let config = topology.config(("payments", 2, "acct"), "idle_timeout = \"10m\"");
-    let root = topology.folder(s, "server", &[("paid.toml", &drilled), ("quiet.toml", &quiet)], &config);
+    let config = topology.config(("payments", 2, "acct"), &format!("idle_timeout = \"10m\"\n{extra}"));
+    let root = topology.folder(s, "server", &[("paid.toml", paid), ("quiet.toml", &quiet)], &config);
     let (server, base) = topology.serve(&root);
     let at = (weir_log::now_ms() - 600_000) / 60_000 * 60_000 + 10_000;
     let lines: Vec<String> = (0..16)
@@ -784,6 +794,71 @@ fn drill_server(topology: &Topology, s: &Scratch, hook: &str) -> (std::path::Pat
     post(&base, &lines);
     wait_read(&base, 16);
     (root, server, base)
+}
+
+#[test]
+fn a_destination_down_drill_fires_the_lag_alert_and_shows_the_catch_up() {
+    for topology in Topology::both("drill_dest") {
+        let name = topology.name();
+        let (hook, notes) = common::receiver();
+        let (live, deliveries) = common::listener();
+        let s = Scratch::new("drill-dest");
+        let paid = format!(
+            "{PAYMENTS}\n[[destination]]\nname = \"accounts\"\nkind = \"http\"\nconnection = \"accounts\"\n\n[alerts]\nmax_destination_lag = \"2s\"\nwebhook = \"{hook}\"\n"
+        );
+        let extra = format!("[connections.accounts]\nurl = \"{live}/accounts\"\nallow_private = true\n");
+        let (root, _server, base) = drill_server_with(&topology, &s, &paid, &extra);
+        // The live destination takes the live rows first.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let d = &status(&base)["destinations"][0];
+            if d["state"] == "caught up" && d["delivered"].as_u64() >= Some(8) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{name}: the live destination did not catch up: {d}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let live_before = deliveries.try_iter().count();
+        assert!(live_before >= 1, "{name}");
+        let tokens = common::tokens_of(&root.join("data"));
+        // A pipeline without a destination has nothing to take down.
+        let (code, _, stderr) = drill(&base, &tokens.operator, "quiet", "destination-down", &[]);
+        assert_eq!(code, Some(1), "{name}: {stderr}");
+        assert!(stderr.contains("has no [[destination]]"), "{name}: {stderr}");
+        let (code, d, stderr) =
+            drill(&base, &tokens.operator, "paid", "destination-down", &["--for", "8s", "--recover", "60s"]);
+        let r = &d["report"];
+        assert_eq!((code, d["verdict"].as_str()), (Some(0), Some("pass")), "{name}: {d} {stderr}");
+        // The outage begins with the copy; the lag passes 2 s about 2 s after the copy's first change.
+        let lag = r["alerts"].as_array().unwrap().iter().find(|a| a["alert"] == "max_destination_lag");
+        let lag = lag.unwrap_or_else(|| panic!("{name}: {r}"));
+        let fired = lag["fired_after_ms"].as_i64().unwrap_or_else(|| panic!("{name}: {r}"));
+        assert!((2_000..8_000).contains(&fired), "{name}: fired after {fired} ms: {r}");
+        assert!(lag["resolved_after_ms"].as_i64() > Some(fired), "{name}: resolved once delivered: {r}");
+        assert!(
+            r["fault"]["what"].as_str().unwrap().contains("answered 503 for 8s, from the start of the copy"),
+            "{name}: {r}"
+        );
+        // The catch-up: everything the shadow published reached the receiver, each batch applied once.
+        assert!(r["recovery_ms"].is_number(), "{name}: {r}");
+        let (dest, receiver) = (&r["destinations"][0], &r["receiver"]);
+        assert_eq!((dest["name"].as_str(), dest["lag_changes"].as_i64()), (Some("accounts"), Some(0)), "{name}: {r}");
+        assert_eq!(dest["position"].as_i64(), dest["head"].as_i64().map(|h| h + 1), "{name}: {r}");
+        assert!(dest["retries"].as_u64() >= Some(1), "{name}: {r}");
+        assert!(receiver["refused"].as_u64() >= Some(1), "{name}: {r}");
+        assert_eq!(receiver["applied_changes"], dest["delivered"], "{name}: {r}");
+        assert!(receiver["applied_changes"].as_u64() > Some(8), "{name}: the copied rows and the drill's: {r}");
+        // The alert reached the webhook marked as a drill; no drill row reached the real destination.
+        let seen: Vec<Value> = notes.try_iter().collect();
+        let lag_notes: Vec<&Value> = seen
+            .iter()
+            .filter(|n| n["alert"] == "max_destination_lag" && n["drill"]["scenario"] == "destination-down")
+            .collect();
+        let states: Vec<&str> = lag_notes.iter().filter_map(|n| n["status"].as_str()).collect();
+        assert_eq!(states, ["firing", "resolved"], "{name}: {seen:?}");
+        assert_eq!(deliveries.try_iter().count(), 0, "{name}: the live destination got nothing of the drill");
+        assert_eq!(r["published"]["unchanged"], true, "{name}: {r}");
+    }
 }
 
 #[test]

@@ -12,6 +12,43 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+/// The payments contract most server tests run: approved payments per
+/// account per minute, revised for two minutes, duplicates caught by
+/// payment id, revenue and a count.
+pub const PAID: &str = r#"[pipeline]
+name = "paid"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Unlock paid features within seconds of payment approval"
+
+[source]
+topic = "payments"
+event_time = "approved_at"
+key = ["account_id"]
+event_id = "payment_id"
+where = 'status == "approved"'
+max_delay = "5s"
+
+[window]
+type = "tumbling"
+size = "1m"
+allowed_lateness = "2m"
+late = "revise"
+
+[dedup]
+horizon = "10m"
+
+[[aggregate]]
+name = "revenue"
+fn = "sum"
+field = "amount"
+
+[[aggregate]]
+name = "payments"
+fn = "count"
+"#;
+
 pub struct Scratch(pub PathBuf);
 
 impl Scratch {
