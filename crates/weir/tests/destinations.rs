@@ -13,7 +13,8 @@
 //! - A promote and a rollback: each destination switches to the new live
 //!   version's rows (the upsert table and the receiver then equal that
 //!   version's published rows, a new aggregate a new column), and the
-//!   changes table holds every change of both versions once.
+//!   changes table holds every change of both versions once. Then a
+//!   backfill's `corrected` row reaches every destination like any other.
 
 mod common;
 
@@ -684,7 +685,7 @@ fn holds(topology: &Topology, base: &str, tables: &Tables, accounts: &Arc<Mutex<
 }
 
 #[test]
-fn a_promote_and_a_rollback_switch_every_destination_to_the_live_versions_rows() {
+fn promotes_rollbacks_and_backfills_reach_every_destination() {
     for topology in Topology::both("dest_versions") {
         let name = if matches!(topology, Topology::Embedded) { "v_embedded" } else { "v_kafka" };
         let dir = Scratch::new("dest-versions");
@@ -750,6 +751,70 @@ fn a_promote_and_a_rollback_switch_every_destination_to_the_live_versions_rows()
             .collect();
         assert_eq!(stored, expected, "{}", topology.name());
         assert_eq!(stored.iter().filter(|(_, s)| s == "version").count(), 2);
+
+        // A backfill's corrected rows go out like any others: three payments
+        // too late for a settled window, then a backfill over it.
+        let approved = lines.iter().map(|l| serde_json::from_str::<Value>(l).unwrap());
+        let first = approved.into_iter().find(|v| v["status"] == "approved").unwrap();
+        let account = first["account_id"].as_str().unwrap().to_owned();
+        let t0 = weir_engine::time::parse_rfc3339_ms(first["approved_at"].as_str().unwrap()).unwrap();
+        let minute = t0 / 60_000 * 60_000;
+        let late: Vec<String> = (0..3)
+            .map(|i| {
+                format!(
+                    r#"{{"payment_id":"late-{i}","account_id":"{account}","amount":100.00,"currency":"EUR","status":"approved","approved_at":"{}"}}"#,
+                    weir_engine::time::format_rfc3339_ms(minute + 30_000)
+                )
+            })
+            .collect();
+        produce(&Arc::new(Mutex::new(base.clone())), &late, "late", Duration::ZERO);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while json_lines(&get(&format!("{base}/v1/pipelines/paid/ledger?reason=too_late"))).len() < 3 {
+            assert!(Instant::now() < deadline, "{}: the late payments are not in the ledger", topology.name());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let t = weir_engine::time::format_rfc3339_ms;
+        let ask = format!(r#"{{"from":"{}","to":"{}","why":"late payments"}}"#, t(minute), t(minute + 60_000));
+        let (code, body) = call("POST", &format!("{base}/v1/pipelines/paid/backfill"), Some(&ask));
+        assert_eq!(code, 202, "{body}");
+        let id = serde_json::from_str::<Value>(&body).unwrap()["backfill"].as_i64().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let run = loop {
+            let run: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/backfills/{id}"))).unwrap();
+            if run["state"] == "done" || run["state"] == "failed" {
+                break run;
+            }
+            assert!(Instant::now() < deadline, "backfill {id} not done: {run}");
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert_eq!(
+            (run["state"].as_str(), run["report"]["windows_corrected"].as_u64()),
+            (Some("done"), Some(1)),
+            "{run}"
+        );
+        wait_delivered(&base, destinations, topology.name());
+        holds(&topology, &base, &tables, &accounts, 1, "after a backfill");
+        let results = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=100000")));
+        let corrected =
+            results.iter().find(|r| r["status"] == "corrected").unwrap_or_else(|| panic!("no corrected row"));
+        let seq = corrected["seq"].as_i64().unwrap();
+        assert_eq!(window_of(corrected), (account.clone(), Some(minute)), "{corrected}");
+        let in_table = upsert_table(&mut tables.client(), &tables.0);
+        assert_eq!(in_table[&window_of(corrected)].0, seq, "the upsert table holds the corrected row");
+        let history: i64 = tables
+            .client()
+            .query_one(
+                &format!("SELECT count(*) FROM {}.paid_changes WHERE seq = $1 AND status = 'corrected'", tables.0),
+                &[&seq],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(history, 1, "the changes table holds the corrected change once");
+        let window = (corrected["key"].to_string(), corrected["window_start"].to_string());
+        assert_eq!(accounts.lock().unwrap().windows.get(&window), Some(&seq), "the receiver applied the corrected row");
+        if let Some((held, _)) = kafka_view(&topology) {
+            assert_eq!(held.get(&window).map(|h| h.0), Some(seq), "the Kafka consumer holds the corrected row");
+        }
         drop::<Server>(server);
     }
 }
