@@ -10,6 +10,8 @@
 //! - A receiver that refuses a batch with 400 stops its destination and
 //!   opens an incident for the owner; `weir resume --destination` sends the
 //!   refused batch again and the rest after it, nothing skipped.
+//! - Pausing the pipeline holds every destination: nothing is delivered
+//!   until the resume publishes the held rows.
 //! - A promote and a rollback: each destination switches to the new live
 //!   version's rows (the upsert table and the receiver then equal that
 //!   version's published rows, a new aggregate a new column), and the
@@ -626,6 +628,61 @@ fn a_refused_batch_stops_the_destination_until_an_operator_resumes_it() {
         assert_eq!(applied, seqs, "{}: every change applied, none skipped", topology.name());
         assert!(a.applied.values().all(|n| *n == 1), "none twice");
         drop(a);
+        drop::<Server>(server);
+    }
+}
+
+#[test]
+fn pausing_the_pipeline_holds_every_destination_until_the_resume() {
+    for topology in Topology::both("dest_pause") {
+        let name = if matches!(topology, Topology::Embedded) { "p_embedded" } else { "p_kafka" };
+        let dir = Scratch::new("dest-pause");
+        let tables = Tables::new(name);
+        let accounts = Arc::new(Mutex::new(Accounts::default()));
+        let receiver = account_service(Arc::clone(&accounts));
+        let (c, destinations) = with_kafka(&topology, contract(Some(&tables), 100));
+        let root = topology.folder(&dir, "server", &[("paid.toml", &c)], &config(&topology, &receiver));
+        let lines = payments(&dir, (4_000, 10), 5, 20);
+        let (server, base) = topology.serve(&root);
+        let at = Arc::new(Mutex::new(base.clone()));
+        produce(&at, &lines[..2_000], "first", Duration::ZERO);
+        wait_delivered(&base, destinations, topology.name());
+        let history = || -> i64 {
+            let sql = format!("SELECT count(*) FROM {}.paid_changes", tables.0);
+            tables.client().query_one(&sql, &[]).unwrap().get(0)
+        };
+        let pause = call("POST", &format!("{base}/v1/pipelines/paid/pause"), Some(r#"{"why":"bad amounts upstream"}"#));
+        assert_eq!(pause.0, 200, "{}", pause.1);
+        let (applied, kept, head) =
+            (accounts.lock().unwrap().applied.len(), history(), status(&base)["destinations"][0]["head"].clone());
+
+        // Processing goes on while paused; its rows are held, and so is every destination.
+        produce(&at, &lines[2_000..], "second", Duration::ZERO);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = status(&base);
+            if s["events"]["read"].as_u64() >= Some(4_000) && s["lag_records"] == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{}: the paused pipeline did not read on: {s}", topology.name());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        std::thread::sleep(Duration::from_millis(1_500));
+        let s = status(&base);
+        let states: Vec<&str> =
+            s["destinations"].as_array().unwrap().iter().filter_map(|d| d["state"].as_str()).collect();
+        assert_eq!(states, vec!["held: the pipeline is paused"; destinations], "{}: {s}", topology.name());
+        assert_eq!(s["destinations"][0]["head"], head, "{}: no change published while paused", topology.name());
+        assert_eq!(accounts.lock().unwrap().applied.len(), applied, "{}: the receiver got nothing", topology.name());
+        assert_eq!(history(), kept, "{}: the changes table got nothing", topology.name());
+
+        // The resume publishes the held rows, and every destination delivers them.
+        let resume = call("POST", &format!("{base}/v1/pipelines/paid/resume"), Some(r#"{"why":"fixed upstream"}"#));
+        assert_eq!(resume.0, 200, "{}", resume.1);
+        wait_delivered(&base, destinations, topology.name());
+        assert!(accounts.lock().unwrap().applied.len() > applied, "{}", topology.name());
+        assert!(history() > kept, "{}", topology.name());
+        holds(&topology, &base, &tables, &accounts, 1, "after the resume");
         drop::<Server>(server);
     }
 }
