@@ -16,46 +16,17 @@ use std::time::{Duration, Instant};
 
 use common::{authed, start, text, weir, Scratch};
 
-const WITH_DEDUP: &str = r#"[pipeline]
-name = "with_dedup"
-version = 1
-owner = "billing-ops"
-steward = "data-platform"
-decision = "Revenue per account per minute"
-
-[source]
-topic = "payments"
-event_time = "approved_at"
-key = ["account_id"]
-event_id = "payment_id"
-where = 'status == "approved"'
-max_delay = "5s"
-
-[window]
-type = "tumbling"
-size = "1m"
-allowed_lateness = "2m"
-late = "revise"
-
-[dedup]
-horizon = "10m"
-
-[[aggregate]]
-name = "revenue"
-fn = "sum"
-field = "amount"
-
-[[aggregate]]
-name = "payments"
-fn = "count"
-"#;
+/// Revenue per account per minute, with `[dedup]`.
+fn with_dedup() -> String {
+    common::PAID.replace("name = \"paid\"", "name = \"with_dedup\"")
+}
 
 fn without_dedup() -> String {
-    WITH_DEDUP.replace("with_dedup", "without_dedup").replace("[dedup]\nhorizon = \"10m\"\n", "")
+    with_dedup().replace("with_dedup", "without_dedup").replace("[dedup]\nhorizon = \"10m\"\n", "")
 }
 
 fn with_corrections() -> String {
-    WITH_DEDUP
+    with_dedup()
         .replace("with_dedup", "with_corrections")
         .replace("horizon = \"10m\"\n", "horizon = \"10m\"\non_conflict = \"correct\"\n")
 }
@@ -110,7 +81,7 @@ fn kill_9_at_random_moments_loses_nothing_and_counts_nothing_twice() {
     eprintln!("crash test seed {seed} (rerun with WEIR_CRASH_SEED={seed})");
     let dir = Scratch::new("crash");
     std::fs::create_dir_all(dir.path("contracts")).unwrap();
-    dir.write("contracts/with_dedup.toml", WITH_DEDUP);
+    dir.write("contracts/with_dedup.toml", &with_dedup());
     dir.write("contracts/without_dedup.toml", &without_dedup());
     dir.write("contracts/with_corrections.toml", &with_corrections());
     dir.write("weir.toml", "checkpoint_interval = \"50ms\"\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n");

@@ -15,39 +15,8 @@ use std::time::{Duration, Instant};
 use common::{call, get, json_lines, receiver, start, text, weir, weir_as, Scratch};
 use serde_json::Value;
 
-const V1: &str = r#"[pipeline]
-name = "paid"
-version = 1
-owner = "billing-ops"
-steward = "data-platform"
-decision = "Revenue per account"
-
-[source]
-topic = "payments"
-event_time = "approved_at"
-key = ["account_id"]
-event_id = "payment_id"
-where = 'status == "approved"'
-max_delay = "5s"
-
-[window]
-type = "tumbling"
-size = "1m"
-allowed_lateness = "2m"
-late = "revise"
-
-[dedup]
-horizon = "10m"
-
-[[aggregate]]
-name = "revenue"
-fn = "sum"
-field = "amount"
-
-[[aggregate]]
-name = "payments"
-fn = "count"
-"#;
+/// Version 1: revenue and payments per account per minute.
+const V1: &str = common::PAID;
 
 /// The other pipeline, which runs whatever happens to `paid`.
 const OTHER: &str = r#"[pipeline]
