@@ -49,7 +49,7 @@ use weir_engine::{Delta, LedgerEntry, Output, Row, RowFormat};
 
 use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError, Version, VersionState};
 
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS state_windows (
     PRIMARY KEY (pipeline, version, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS state_id_batches (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL, seq INTEGER NOT NULL, max_expires INTEGER NOT NULL,
-    data BLOB NOT NULL, PRIMARY KEY (pipeline, version, seq)) WITHOUT ROWID;
+    data BLOB NOT NULL, PRIMARY KEY (pipeline, version, seq));
 CREATE TABLE IF NOT EXISTS results (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
     window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
@@ -135,6 +135,7 @@ CREATE INDEX IF NOT EXISTS ledger_by_version ON ledger (pipeline, version, reaso
 CREATE INDEX IF NOT EXISTS changes_by_version ON changes (pipeline, version, seq);
 DROP INDEX IF EXISTS changes_by_place;
 CREATE INDEX IF NOT EXISTS ledger_by_place ON ledger (pipeline, version, place) WHERE place IS NOT NULL;
+CREATE INDEX IF NOT EXISTS state_id_batches_by_expiry ON state_id_batches (pipeline, version, max_expires);
 ";
 
 /// Version 5 to 6: a pipeline's tables keyed by version too. Each
@@ -413,6 +414,13 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
         }
         version = 9;
     }
+    if version == 9 {
+        if let Err(e) = migrate_9_to_10(conn) {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(e.into());
+        }
+        version = 10;
+    }
     if version != SCHEMA_VERSION {
         anyhow::bail!(
             "the results database has schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or move weir.db aside to rebuild results from the log"
@@ -463,6 +471,33 @@ fn migrate_8_to_9(conn: &Connection) -> rusqlite::Result<()> {
           WHERE changes.pipeline = p.pipeline AND changes.seq = p.seq AND p.prev IS NOT NULL;
          UPDATE meta SET value = '9' WHERE key = 'schema_version';
          COMMIT;"
+    ))
+}
+
+/// Version 9 to 10: `state_id_batches` keeps its blobs (tens of kilobytes,
+/// a checkpoint's ids) in a table with row ids, its key in an index of its
+/// own. Without row ids every row was a key of the table's one index, and
+/// SQLite compares such a key in full: each checkpoint's insert and its
+/// scan for expired batches read every batch whole, so a checkpoint cost
+/// grew with the ids remembered (BENCHMARKS.md, "Where results go").
+fn migrate_9_to_10(conn: &Connection) -> rusqlite::Result<()> {
+    let sql: String =
+        conn.query_row("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'state_id_batches'", [], |r| {
+            r.get(0)
+        })?;
+    let rebuild = if sql.to_ascii_uppercase().contains("WITHOUT ROWID") {
+        "CREATE TABLE state_id_batches_rowid (
+             pipeline TEXT NOT NULL, version INTEGER NOT NULL, seq INTEGER NOT NULL, max_expires INTEGER NOT NULL,
+             data BLOB NOT NULL, PRIMARY KEY (pipeline, version, seq));
+         INSERT INTO state_id_batches_rowid (pipeline, version, seq, max_expires, data)
+             SELECT pipeline, version, seq, max_expires, data FROM state_id_batches;
+         DROP TABLE state_id_batches;
+         ALTER TABLE state_id_batches_rowid RENAME TO state_id_batches;"
+    } else {
+        ""
+    };
+    conn.execute_batch(&format!(
+        "BEGIN IMMEDIATE; {rebuild} UPDATE meta SET value = '10' WHERE key = 'schema_version'; COMMIT;"
     ))
 }
 

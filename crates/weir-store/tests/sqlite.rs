@@ -478,3 +478,55 @@ fn point_4_each_row_written_names_its_windows_previous_row() {
     drop(conn);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_version_9_id_table_gets_row_ids_and_keeps_its_batches() {
+    let dir = std::env::temp_dir().join(format!("weir-store-migrate-9-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let conn = weir_store::sqlite::open(&dir.join("weir.db")).unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
+    // The table as version 9 made it: without row ids, each batch a key of its one index.
+    conn.execute_batch(
+        "DROP TABLE state_id_batches;
+         CREATE TABLE state_id_batches (
+             pipeline TEXT NOT NULL, version INTEGER NOT NULL, seq INTEGER NOT NULL, max_expires INTEGER NOT NULL,
+             data BLOB NOT NULL, PRIMARY KEY (pipeline, version, seq)) WITHOUT ROWID;
+         UPDATE meta SET value = '9' WHERE key = 'schema_version';",
+    )
+    .unwrap();
+    for seq in 1..=3i64 {
+        let data = vec![seq as u8; 40_000];
+        conn.execute(
+            "INSERT INTO state_id_batches VALUES ('paid', 1, ?1, ?2, ?3)",
+            rusqlite::params![seq, seq * 1000, data],
+        )
+        .unwrap();
+    }
+    weir_store::sqlite::migrate(&conn).unwrap();
+    let sql: String = conn
+        .query_row("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'state_id_batches'", [], |r| r.get(0))
+        .unwrap();
+    assert!(!sql.to_ascii_uppercase().contains("WITHOUT ROWID"), "{sql}");
+    let kept: Vec<(i64, i64, usize, u8)> = conn
+        .prepare("SELECT seq, max_expires, length(data), data FROM state_id_batches ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? as usize, r.get::<_, Vec<u8>>(3)?[0])))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(kept, [(1, 1000, 40_000, 1), (2, 2000, 40_000, 2), (3, 3000, 40_000, 3)]);
+    // Expired batches are found by their expiry, not by reading every batch.
+    let plan: String = conn
+        .query_row(
+            "EXPLAIN QUERY PLAN DELETE FROM state_id_batches WHERE pipeline = 'paid' AND version = 1 AND max_expires <= 1500",
+            [],
+            |r| r.get(3),
+        )
+        .unwrap();
+    assert!(plan.contains("state_id_batches_by_expiry"), "{plan}");
+    let version: String =
+        conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, weir_store::sqlite::SCHEMA_VERSION.to_string());
+    let _ = std::fs::remove_dir_all(&dir);
+}
