@@ -224,6 +224,16 @@ pub fn ingest(events: u64, batch: usize, connections: usize) -> Result<(), Failu
     Ok(())
 }
 
+/// Sleeps until the next 50 ms tick after `next`; a tick already past (a
+/// slow POST) starts the ticks again from now, so no burst catches up.
+fn wait_tick(next: &mut Instant) {
+    *next += Duration::from_millis(50);
+    match next.checked_duration_since(Instant::now()) {
+        Some(rest) => std::thread::sleep(rest),
+        None => *next = Instant::now(),
+    }
+}
+
 pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
     let dir = Folder::new("latency")?;
     let server = serve(&dir.0, free_port()?)?;
@@ -287,11 +297,7 @@ pub fn latency(rate: u64, seconds: u64) -> Result<(), Failure> {
         }
         posted += per_batch;
         b += 1;
-        next += Duration::from_millis(50);
-        match next.checked_duration_since(Instant::now()) {
-            Some(rest) => std::thread::sleep(rest),
-            None => next = Instant::now(),
-        }
+        wait_tick(&mut next);
     }
     let achieved = posted as f64 / started.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(2));
@@ -790,11 +796,7 @@ pub fn effect(rate: u64, seconds: u64) -> Result<(), Failure> {
             return Err(fail("a batch was not acknowledged".into()));
         }
         (posted, b) = (posted + per_batch, b + 1);
-        next += Duration::from_millis(50);
-        match next.checked_duration_since(Instant::now()) {
-            Some(rest) => std::thread::sleep(rest),
-            None => next = Instant::now(),
-        }
+        wait_tick(&mut next);
     }
     let achieved = posted as f64 / started.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(2));
