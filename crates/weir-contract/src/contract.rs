@@ -20,8 +20,6 @@ pub struct Contract {
     pub dedup: Option<Dedup>,
     pub aggregates: Vec<Aggregate>,
     pub alerts: Option<Alerts>,
-    /// `[sink]`: rows (and optionally ledger entries) also published to Kafka.
-    pub sink: Option<Sink>,
     /// `[[destination]]`: where the change stream is delivered (SPEC.md 11).
     pub destinations: Vec<crate::destinations::Destination>,
     /// `[reconcile]`: scheduled backfills (SPEC.md 9).
@@ -52,17 +50,6 @@ pub enum Promote {
     Manual,
     /// As soon as the candidate's watermark reaches the live version's.
     Auto,
-}
-
-/// `[sink]`: every published row also goes to a Kafka topic, at least
-/// once, keyed by the row's key and window start; `ledger_topic` does the
-/// same for ledger entries.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sink {
-    pub topic: String,
-    pub ledger_topic: Option<String>,
-    /// Over weir.toml's `[kafka] brokers`.
-    pub brokers: Option<String>,
 }
 
 /// `[limits]`: bounds on what one event and one pipeline may hold, so that
@@ -385,7 +372,6 @@ const SECTIONS: &[&str] = &[
 ];
 const LIMIT_KEYS: &[&str] = &["max_depth", "max_fields", "max_key_bytes", "max_keys", "max_open_windows"];
 const PRIVACY_KEYS: &[&str] = &["personal"];
-const SINK_KEYS: &[&str] = &["topic", "ledger_topic", "brokers"];
 
 /// Default `max_event_bytes`: 1 MiB.
 pub const MAX_EVENT_BYTES_DEFAULT: usize = 1 << 20;
@@ -639,13 +625,7 @@ impl Reader<'_> {
             None => None,
         };
         let sink = match self.table(root, "sink", false) {
-            Some(t) => {
-                self.unknown_keys(t, "sink", SINK_KEYS);
-                let topic = self.nonempty(t, "sink", "topic");
-                let ledger_topic = self.string(t, "sink", "ledger_topic", false);
-                let brokers = self.string(t, "sink", "brokers", false);
-                Some(Sink { topic: topic?, ledger_topic, brokers })
-            }
+            Some(t) => Some(self.sink(t)?),
             None => None,
         };
 
@@ -665,7 +645,20 @@ impl Reader<'_> {
             None => None,
         };
         let checks = self.checks(root, &source, &aggregates)?;
-        let destinations = self.destinations(root, &pipeline.name, &source, &aggregates)?;
+        let mut destinations = self.destinations(root, &pipeline.name, &source, &aggregates)?;
+        if let Some((span, sink)) = sink.map(|s| (root.get("sink").and_then(Item::span), s)) {
+            for d in sink {
+                if destinations.iter().any(|o| o.name == d.name) {
+                    self.error(
+                        span.clone(),
+                        "sink",
+                        format!("[sink] is read as the kafka destination `{}`, and a [[destination]] has that name too; rename that one, or write the sink as a [[destination]] (kind = \"kafka\")", d.name),
+                    );
+                    return None;
+                }
+                destinations.push(d);
+            }
+        }
         // What a row carries (key, aggregated fields) and the event time may not be personal.
         let span = privacy_table.and_then(|t| t.get("personal")).and_then(Item::span);
         let mut carried: Vec<(String, &FieldPath)> = source.key.iter().map(|k| ("source.key".to_owned(), k)).collect();
@@ -719,7 +712,6 @@ impl Reader<'_> {
             dedup,
             aggregates,
             alerts,
-            sink,
             destinations,
             reconcile,
             personal,

@@ -15,10 +15,21 @@
 //! connection = "warehouse"
 //! table = "paid_revenue"       # default: the pipeline's name; "schema.table" allowed; created if missing
 //! mode = "upsert"              # upsert (a row per key and window) | changes (every change appended)
+//!
+//! [[destination]]
+//! name = "rows"
+//! kind = "kafka"
+//! topic = "paid_rows"
+//! mode = "live"                # live (the live version's rows) | changes (every version's) | ledger
+//! connection = "events"        # optional: default the pipeline's Kafka ([source] brokers, weir.toml's [kafka])
 //! ```
 //!
 //! A contract names a connection, never a URL: secrets stay in weir.toml.
 //! Whether the connection exists is the server's to check at its start.
+//!
+//! The older `[sink]` section is read as `kafka` destinations: `topic` as
+//! `sink` (`mode = "changes"`), `ledger_topic` as `sink_ledger` (`mode =
+//! "ledger"`), on `[sink] brokers` when it names them.
 
 use toml_edit::{Item, Table};
 
@@ -29,8 +40,9 @@ use crate::contract::{AggFn, Aggregate, Reader, Source};
 pub struct Destination {
     pub name: String,
     pub kind: DestinationKind,
-    /// The `[connections.NAME]` of weir.toml that holds the URL.
-    pub connection: String,
+    /// The `[connections.NAME]` of weir.toml that holds the URL; a `kafka`
+    /// destination without one uses the pipeline's Kafka.
+    pub connection: Option<String>,
     /// Most changes in one delivery: a POST, or a transaction.
     pub batch: usize,
 }
@@ -42,7 +54,33 @@ pub enum DestinationKind {
     /// A table in a Postgres database, upserted or appended.
     Postgres { table: TableName, mode: TableMode },
     /// Records on a Kafka topic, keyed by the row's key and window.
-    Kafka { topic: String },
+    Kafka {
+        topic: String,
+        mode: KafkaMode,
+        /// The brokers a `[sink]` named in the contract (over the connection).
+        brokers: Option<String>,
+    },
+}
+
+/// What a `kafka` destination produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KafkaMode {
+    /// The live version's rows, and at a promote the new version's rows restated.
+    Live,
+    /// Every change of every version as it is, keyed by version too.
+    Changes,
+    /// The ledger: every event that did not count, personal fields masked.
+    Ledger,
+}
+
+impl KafkaMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KafkaMode::Live => "live",
+            KafkaMode::Changes => "changes",
+            KafkaMode::Ledger => "ledger",
+        }
+    }
 }
 
 impl DestinationKind {
@@ -205,6 +243,11 @@ pub fn typed_columns(source: &Source, aggregates: &[Aggregate]) -> Vec<Column> {
     out
 }
 
+/// A Kafka topic's name: 1 to 249 of letters, digits, `.`, `_` and `-`.
+pub fn is_topic(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 249 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
 /// A Postgres identifier weir creates: 1 to 63 of a-z, 0-9 and _, not starting with a digit.
 fn is_identifier(s: &str) -> bool {
     !s.is_empty()
@@ -259,7 +302,8 @@ impl Reader<'_> {
     fn destination(&mut self, t: &Table, section: &str, pipeline: &str) -> Option<Destination> {
         self.item_keys(t, section, "destination", DESTINATION_KEYS);
         let name = self.item_name(t, section, "a destination");
-        let connection = self.string(t, section, "connection", true);
+        let kafka = t.get("kind").and_then(Item::as_str) == Some("kafka");
+        let connection = self.string(t, section, "connection", !kafka);
         if connection.as_deref().is_some_and(|c| c.trim().is_empty()) {
             self.error(
                 t.get("connection").and_then(Item::span),
@@ -280,16 +324,26 @@ impl Reader<'_> {
                 self.postgres_destination(t, section, pipeline)
             }
             Some("kafka") => {
-                self.only_for(t, section, &["table", "mode"], "a postgres destination has a table");
-                let topic = self.string(t, section, "topic", true);
-                let valid = |s: &str| {
-                    !s.is_empty()
-                        && s.len() <= 249
-                        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+                self.only_for(t, section, &["table"], "a postgres destination has a table");
+                let mode = match self.string(t, section, "mode", false).as_deref() {
+                    None | Some("live") => Some(KafkaMode::Live),
+                    Some("changes") => Some(KafkaMode::Changes),
+                    Some("ledger") => Some(KafkaMode::Ledger),
+                    Some(other) => {
+                        self.error(
+                            span("mode"),
+                            &format!("{section}.mode"),
+                            format!("`{other}` is not a kafka mode; use \"live\" (the live version's rows), \"changes\" (every version's changes) or \"ledger\""),
+                        );
+                        None
+                    }
                 };
-                match topic {
-                    Some(topic) if valid(&topic) => Some(DestinationKind::Kafka { topic }),
-                    Some(topic) => {
+                let topic = self.string(t, section, "topic", true);
+                match (topic, mode) {
+                    (Some(topic), Some(mode)) if is_topic(&topic) => {
+                        Some(DestinationKind::Kafka { topic, mode, brokers: None })
+                    }
+                    (Some(topic), _) if !is_topic(&topic) => {
                         self.error(
                             span("topic"),
                             &format!("{section}.topic"),
@@ -297,7 +351,7 @@ impl Reader<'_> {
                         );
                         None
                     }
-                    None => None,
+                    _ => None,
                 }
             }
             Some(other) => {
@@ -310,8 +364,35 @@ impl Reader<'_> {
             }
             None => None,
         };
-        let (name, connection, kind, batch) = (name?, connection?, kind?, batch?);
+        if !kafka && connection.is_none() {
+            return None;
+        }
+        let (name, kind, batch) = (name?, kind?, batch?);
         Some(Destination { name, kind, connection, batch: batch.map_or(BATCH_DEFAULT, |b| b as usize) })
+    }
+
+    /// `[sink]`, read as `kafka` destinations: `sink` (every change, as the
+    /// section always published) and, with `ledger_topic`, `sink_ledger`.
+    pub(crate) fn sink(&mut self, t: &Table) -> Option<Vec<Destination>> {
+        self.unknown_keys(t, "sink", &["topic", "ledger_topic", "brokers"]);
+        let brokers = self.string(t, "sink", "brokers", false);
+        let mut out = Vec::new();
+        for (key, name, mode, required) in
+            [("topic", "sink", KafkaMode::Changes, true), ("ledger_topic", "sink_ledger", KafkaMode::Ledger, false)]
+        {
+            let Some(topic) = self.string(t, "sink", key, required) else { continue };
+            if !is_topic(&topic) {
+                self.error(
+                    t.get(key).and_then(Item::span),
+                    &format!("sink.{key}"),
+                    format!("`{topic}` is not a Kafka topic name: 1 to 249 of letters, digits, ., _ and -"),
+                );
+                return None;
+            }
+            let kind = DestinationKind::Kafka { topic, mode, brokers: brokers.clone() };
+            out.push(Destination { name: name.into(), kind, connection: None, batch: 2_000 });
+        }
+        (!out.is_empty()).then_some(out)
     }
 
     /// Keys another kind of destination takes, refused here (`what` says whose they are).

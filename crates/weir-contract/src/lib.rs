@@ -17,11 +17,11 @@ pub use checks::{fields_of, Check, CheckKind, Severity, VolumePeriod};
 pub use config::{Connection, KafkaConfig, OtelConfig, OtelProtocol, PostgresConfig, ServerConfig, TopicConfig};
 pub use contract::{
     overlaps, AggFn, Aggregate, Alerts, Contract, ContractError, ContractErrors, Dedup, LatePolicy, Limits, OnConflict,
-    Pipeline, Promote, Reconcile, Sink, Source, SourceKind, SystemOfRecord, WindowKind, WindowSpec, MAX_DEPTH,
+    Pipeline, Promote, Reconcile, Source, SourceKind, SystemOfRecord, WindowKind, WindowSpec, MAX_DEPTH,
 };
 pub use destinations::{
-    aggregate_type, key_column, typed_columns, Column, ColumnSource, Destination, DestinationKind, SqlType, TableMode,
-    TableName, RESERVED_COLUMNS, ROW_COLUMNS,
+    aggregate_type, key_column, typed_columns, Column, ColumnSource, Destination, DestinationKind, KafkaMode, SqlType,
+    TableMode, TableName, RESERVED_COLUMNS, ROW_COLUMNS,
 };
 pub use duration::{format_duration_ms, parse_duration_ms};
 pub use rule::{parse_rule, CmpOp, Expr, FieldPath};

@@ -251,16 +251,28 @@ fn a_source_kind_is_log_or_kafka() {
 }
 
 #[test]
-fn a_sink_names_its_topic() {
-    let c =
-        Contract::parse("c.toml", &edit("", "[sink]\ntopic = \"paid_rows\"\nledger_topic = \"paid_ledger\"")).unwrap();
-    let sink = c.sink.unwrap();
+fn a_sink_is_read_as_kafka_destinations() {
+    use weir_contract::{DestinationKind, KafkaMode};
+    let c = Contract::parse(
+        "c.toml",
+        &edit("", "[sink]\ntopic = \"paid_rows\"\nledger_topic = \"paid_ledger\"\nbrokers = \"b:9092\""),
+    )
+    .unwrap();
+    let read: Vec<_> = c.destinations.iter().map(|d| (d.name.as_str(), d.kind.clone(), d.connection.clone())).collect();
+    let kafka =
+        |topic: &str, mode| DestinationKind::Kafka { topic: topic.into(), mode, brokers: Some("b:9092".into()) };
     assert_eq!(
-        (sink.topic.as_str(), sink.ledger_topic.as_deref(), sink.brokers),
-        ("paid_rows", Some("paid_ledger"), None)
+        read,
+        [
+            ("sink", kafka("paid_rows", KafkaMode::Changes), None),
+            ("sink_ledger", kafka("paid_ledger", KafkaMode::Ledger), None)
+        ]
     );
     check(&edit("", "[sink]\nkind = \"kafka\""), Some(33), "sink.topic", "missing required key");
     check(&edit("", "[sink]\ntopic = \"t\"\nkind = \"kafka\""), Some(35), "sink.kind", "unknown key");
+    check(&edit("", "[sink]\ntopic = \"a b\""), Some(34), "sink.topic", "not a Kafka topic name");
+    let clash = edit("", "[sink]\ntopic = \"t\"\n\n[[destination]]\nname = \"sink\"\nkind = \"kafka\"\ntopic = \"u\"");
+    check(&clash, Some(33), "sink", "has that name too");
 }
 
 #[test]
@@ -439,6 +451,23 @@ fn bad_destinations_are_refused_with_their_line() {
         Some(line + 3),
         "destination[1].topic",
         "not a Kafka topic name",
+    );
+    check(
+        &d("name = \"a\"\nkind = \"kafka\"\ntopic = \"t\"\nmode = \"upsert\""),
+        Some(line + 3),
+        "destination[1].mode",
+        "not a kafka mode",
+    );
+    // A kafka destination without a connection goes to the pipeline's Kafka.
+    let own = Contract::parse("c.toml", &d("name = \"rows\"\nkind = \"kafka\"\ntopic = \"t\"")).unwrap();
+    assert_eq!(own.destinations[0].connection, None);
+    assert_eq!(
+        own.destinations[0].kind,
+        weir_contract::DestinationKind::Kafka {
+            topic: "t".into(),
+            mode: weir_contract::KafkaMode::Live,
+            brokers: None
+        }
     );
     check(
         &d("name = \"a\"\nkind = \"postgres\"\nconnection = \"c\"\ntopic = \"t\""),

@@ -16,7 +16,10 @@
 //!   the new live version's rows as they stood at it (its `results` whose
 //!   `seq` is below the entry's), in pages of `batch`, so the destination
 //!   holds the new version's rows from there on. A table in `changes` mode
-//!   takes every change as it is, entries included.
+//!   takes every change as it is, entries included, and so does a `kafka`
+//!   destination in `changes` mode; one in `ledger` mode reads the ledger
+//!   instead (every version's entries in their `seq` order, personal fields
+//!   masked), its position a ledger `seq`.
 //! - **`http`.** Each batch of consecutive changes is one POST of JSON
 //!   lines with `Idempotency-Key: {pipeline}/{version}/{first seq}-{last
 //!   seq}` (a version entry's pages: `{pipeline}/{to}/{seq}-{seq}`, then
@@ -42,7 +45,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use weir_contract::{Connection, Contract, Destination, DestinationKind, PostgresConfig, TableMode};
+use weir_contract::{Connection, Contract, Destination, DestinationKind, KafkaMode, PostgresConfig, TableMode};
 use weir_store::destinations::Step;
 use weir_store::{ResultFilter, Store};
 
@@ -340,6 +343,14 @@ impl DestinationRunner {
         if let Some(own) = target.position().map_err(failure_text)? {
             (position, pending) = (own, None);
         }
+        if let (DestinationKind::Kafka { topic, mode: KafkaMode::Changes | KafkaMode::Ledger, .. }, None) =
+            (&self.destination.kind, stored.delivered_ms)
+        {
+            // Never delivered: go on from where the older `[sink]` publisher on this topic stopped.
+            if position == 1 && pending.is_none() {
+                position = self.store.sink_position(&self.pipeline, topic).map_err(|e| e.to_string())?;
+            }
+        }
         let mut live = self.live_at(position)?;
         let mut backoff = BACKOFF_FIRST;
         let mut measured = Instant::now();
@@ -425,8 +436,8 @@ impl DestinationRunner {
                 headers: self.connection.headers.clone(),
                 pipeline: self.pipeline.clone(),
             }),
-            DestinationKind::Kafka { topic } => {
-                Box::new(KafkaTarget::connect(&self.connection.url, self.kafka.as_ref(), topic)?)
+            DestinationKind::Kafka { topic, mode, .. } => {
+                Box::new(KafkaTarget::connect(&self.connection.url, self.kafka.as_ref(), topic, *mode)?)
             }
             DestinationKind::Postgres { table, mode } => Box::new(crate::pg_destination::PgTarget::connect(
                 &self.connection.url,
@@ -440,7 +451,44 @@ impl DestinationRunner {
 
     /// Whether this destination takes only the live version's rows.
     fn live_only(&self) -> bool {
-        !matches!(self.destination.kind, DestinationKind::Postgres { mode: TableMode::Changes, .. })
+        !matches!(
+            self.destination.kind,
+            DestinationKind::Postgres { mode: TableMode::Changes, .. }
+                | DestinationKind::Kafka { mode: KafkaMode::Changes | KafkaMode::Ledger, .. }
+        )
+    }
+
+    /// Whether this destination reads the ledger instead of the change stream.
+    fn reads_ledger(&self) -> bool {
+        matches!(self.destination.kind, DestinationKind::Kafka { mode: KafkaMode::Ledger, .. })
+    }
+
+    /// The stream from `since`, at most `limit`: the changes, or the ledger's
+    /// entries with their personal fields masked.
+    fn read(&self, since: i64, limit: i64) -> Result<Vec<Change>, String> {
+        if !self.reads_ledger() {
+            let lines = self.store.changes(&self.pipeline, None, since, limit).map_err(|e| e.to_string())?;
+            return lines.into_iter().map(Change::parse).collect();
+        }
+        let lines = self.store.ledger_stream(&self.pipeline, since, limit).map_err(|e| e.to_string())?;
+        lines
+            .into_iter()
+            .map(|line| {
+                let value: serde_json::Value = serde_json::from_str(&line)
+                    .map_err(|e| format!("a stored ledger entry is not JSON ({e}): {line:.200}"))?;
+                let seq =
+                    value["seq"].as_i64().ok_or_else(|| format!("a stored ledger entry has no seq: {line:.200}"))?;
+                let version = value["version"].as_u64().map_or(self.declared_by, |v| v as u32);
+                let contract = self.contracts.get(&version).or_else(|| self.contracts.get(&self.declared_by));
+                match contract {
+                    Some(c) if !c.personal.is_empty() => {
+                        let value = crate::privacy::for_sink(value, c);
+                        Ok(Change { seq, version, switch_from: None, line: value.to_string(), value })
+                    }
+                    _ => Ok(Change { seq, version, switch_from: None, line, value }),
+                }
+            })
+            .collect()
     }
 
     /// The version live at `position` of the stream: the `from` of the next
@@ -460,9 +508,7 @@ impl DestinationRunner {
 
     /// The next batch from `position`, or `None` when there is nothing new.
     fn next(&self, position: i64, live: u32) -> Result<Option<Work>, String> {
-        let batch = self.destination.batch as i64;
-        let lines = self.store.changes(&self.pipeline, None, position, batch).map_err(|e| e.to_string())?;
-        let changes: Vec<Change> = lines.into_iter().map(Change::parse).collect::<Result<_, _>>()?;
+        let changes = self.read(position, self.destination.batch as i64)?;
         let Some(first) = changes.first() else { return Ok(None) };
         if first.is_switch() && self.live_only() {
             return self.switch_page(first.clone(), 1, None).map(Some);
@@ -492,9 +538,7 @@ impl DestinationRunner {
     fn rebuild(&self, pending: &Pending, live: u32) -> Result<Work, String> {
         match pending {
             Pending::Changes { first, last } => {
-                let n = last - first + 1;
-                let lines = self.store.changes(&self.pipeline, None, *first, n).map_err(|e| e.to_string())?;
-                let changes: Vec<Change> = lines.into_iter().map(Change::parse).collect::<Result<_, _>>()?;
+                let changes = self.read(*first, last - first + 1)?;
                 let changes: Vec<Change> = changes.into_iter().filter(|c| c.seq <= *last).collect();
                 match self.changes_work(changes, live) {
                     Work::Changes { version, taken, .. } => {
@@ -574,7 +618,12 @@ impl DestinationRunner {
     /// How far behind the stream's head `position` is: in changes, and in
     /// time since the oldest change not delivered was published.
     fn measure(&self, position: i64) -> Result<(), String> {
-        let head = self.store.stream_head(&self.pipeline, position).map_err(|e| e.to_string())?;
+        let head = if self.reads_ledger() {
+            self.store.ledger_head(&self.pipeline, position)
+        } else {
+            self.store.stream_head(&self.pipeline, position)
+        };
+        let head = head.map_err(|e| e.to_string())?;
         let lag_seconds = head.at_ms.map_or(0.0, |at| (weir_log::now_ms() - at).max(0) as f64 / 1000.0);
         self.set(|s| {
             s.position = position;
@@ -641,21 +690,33 @@ fn take_lock(pg: &PostgresConfig, pipeline: &str, name: &str) -> Result<Option<p
     Ok(held.then_some(client))
 }
 
-/// A `kafka` destination: each change one record on the topic, keyed by
-/// `{"key":...,"window_start":...}` (a `version` entry by
-/// `{"type":"version"}`), acknowledged by every in-sync replica before the
-/// position moves. At least once: a consumer applies a record only if its
-/// `seq` is greater than the last it applied for that key and window. A
-/// row restated at a `version` entry carries the entry's `seq` (and its own
-/// as `restated_from`), so it replaces what the consumer holds.
+/// A `kafka` destination: each change one record on the topic,
+/// acknowledged by every in-sync replica before the position moves. At
+/// least once: a consumer applies a record only if its `seq` is greater
+/// than the last it applied for that record key.
+///
+/// - `live`: keyed by `{"key":...,"window_start":...}` (a `version` entry
+///   by `{"type":"version"}`). A row restated at a `version` entry carries
+///   the entry's `seq` (and its own as `restated_from`), so it replaces
+///   what the consumer holds.
+/// - `changes`: every version's rows, keyed by
+///   `{"version":...,"key":...,"window_start":...}` (a `version` entry by
+///   `{"type":"version","to":...}`), as the older `[sink]` published them.
+/// - `ledger`: each entry keyed by `{"version":...,"partition":...,"offset":...}`.
 struct KafkaTarget {
     producer: rdkafka::producer::FutureProducer,
     topic: String,
+    mode: KafkaMode,
     runtime: tokio::runtime::Runtime,
 }
 
 impl KafkaTarget {
-    fn connect(url: &str, kafka: Option<&weir_contract::KafkaConfig>, topic: &str) -> Result<KafkaTarget, String> {
+    fn connect(
+        url: &str,
+        kafka: Option<&weir_contract::KafkaConfig>,
+        topic: &str,
+        mode: KafkaMode,
+    ) -> Result<KafkaTarget, String> {
         let brokers = url.strip_prefix("kafka://").unwrap_or(url);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -666,16 +727,25 @@ impl KafkaTarget {
             .map_err(|e| format!("the Kafka topic {topic} at {brokers}: {e:#}"))?;
         let producer = crate::kafka::producer(brokers, kafka)
             .map_err(|e| format!("cannot make a Kafka producer for {brokers}: {e}"))?;
-        Ok(KafkaTarget { producer, topic: topic.to_owned(), runtime })
+        Ok(KafkaTarget { producer, topic: topic.to_owned(), mode, runtime })
     }
 }
 
-/// A change's record key: its key and window, or `{"type":"version"}`.
-fn record_key(c: &Change) -> String {
-    if c.is_switch() {
-        return "{\"type\":\"version\"}".into();
-    }
-    serde_json::json!({ "key": c.value["key"], "window_start": c.value["window_start"] }).to_string()
+/// A change's record key in `mode` (see [`KafkaTarget`]).
+fn record_key(c: &Change, mode: KafkaMode) -> String {
+    let v = &c.value;
+    let key = match (mode, c.is_switch()) {
+        (KafkaMode::Ledger, _) => {
+            serde_json::json!({ "version": v["version"], "partition": v["partition"], "offset": v["offset"] })
+        }
+        (KafkaMode::Live, true) => serde_json::json!({ "type": "version" }),
+        (KafkaMode::Changes, true) => serde_json::json!({ "type": "version", "to": v["to"] }),
+        (KafkaMode::Live, false) => serde_json::json!({ "key": v["key"], "window_start": v["window_start"] }),
+        (KafkaMode::Changes, false) => {
+            serde_json::json!({ "version": v["version"], "key": v["key"], "window_start": v["window_start"] })
+        }
+    };
+    key.to_string()
 }
 
 impl Target for KafkaTarget {
@@ -700,7 +770,7 @@ impl Target for KafkaTarget {
                 _ => c.line.trim_end().to_owned(),
             };
             records.push((0, value.into_bytes()));
-            keys.push(Some(record_key(c)));
+            keys.push(Some(record_key(c, self.mode)));
         }
         if records.is_empty() {
             return Ok(());

@@ -1,5 +1,5 @@
 //! weir's runtime: one pipeline runner over a source, its checkpoint
-//! protocol and restart loop, and the sink.
+//! protocol and restart loop, and the destinations.
 //!
 //! ```text
 //!  embedded::LogSource (one engine reads every partition) ──┐
@@ -25,7 +25,6 @@ pub mod pg_destination;
 pub mod privacy;
 pub mod reconcile;
 pub mod runner;
-pub mod sink;
 pub mod status;
 pub mod telemetry;
 

@@ -551,7 +551,7 @@ impl Delivering {
             let runner = DestinationRunner {
                 pipeline: plan.pipeline.clone(),
                 owner: contract.pipeline.owner.clone(),
-                destination: Destination { kind: DestinationKind::Http, connection: "drill".into(), ..d.clone() },
+                destination: Destination { kind: DestinationKind::Http, connection: Some("drill".into()), ..d.clone() },
                 connection: Connection { url: stand_in.url(&d.name), headers: BTreeMap::new(), allow_private: true },
                 contracts: BTreeMap::from([(contract.pipeline.version, contract.clone())]),
                 declared_by: contract.pipeline.version,
@@ -686,7 +686,6 @@ fn drill(app: &App, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handl
     }
     let mut contract = plan.contract.clone();
     contract.source.topic = copy.clone();
-    contract.sink = None;
     contract.reconcile = None;
     if p.on_kafka {
         contract.source.group = Some(format!("weir-drill-{}", plan.id));

@@ -51,7 +51,7 @@ use weir_store::{audit, pg, sqlite as store};
 
 use weir_runtime::runner::{Runner, READ_RECORDS};
 use weir_runtime::{backfill, destination, embedded};
-use weir_runtime::{kafka, lock, sink, Pipeline, PipelineVersion, Status};
+use weir_runtime::{kafka, lock, Pipeline, PipelineVersion, Status};
 use weir_store::{FileContract, Registration, VersionState};
 
 pub use weir_runtime::privacy;
@@ -274,14 +274,7 @@ fn start_destinations(
     let mut out = Destinations { threads: Vec::new(), statuses: Vec::new() };
     let name = &file.pipeline.name;
     for d in &file.destinations {
-        let Some(connection) = config.connections.get(&d.connection) else {
-            anyhow::bail!(
-                "pipeline {name:?}: destination {:?} names the connection {:?}, which weir.toml does not have; add [connections.{}] with its url",
-                d.name,
-                d.connection,
-                d.connection
-            );
-        };
+        let connection = connection_of(file, d, config)?;
         if d.kind == weir_contract::DestinationKind::Http {
             weir_runtime::outbound::check_url(&connection.url, connection.allow_private).map_err(|e| {
                 anyhow::anyhow!("pipeline {name:?}: destination {:?} (connection {:?}): {e}", d.name, d.connection)
@@ -297,7 +290,7 @@ fn start_destinations(
             pipeline: name.clone(),
             owner: file.pipeline.owner.clone(),
             destination: d.clone(),
-            connection: connection.clone(),
+            connection,
             contracts: running.iter().map(|(v, pv)| (*v, pv.contract.clone())).collect(),
             declared_by: file.pipeline.version,
             store: Arc::clone(store),
@@ -312,6 +305,39 @@ fn start_destinations(
         out.statuses.push(status);
     }
     Ok(out)
+}
+
+/// The connection a destination names in weir.toml; a `kafka` destination
+/// without one goes to the pipeline's Kafka: the brokers its `[sink]`
+/// named, else its `[source] brokers`, else weir.toml's `[kafka] brokers`.
+fn connection_of(
+    file: &Contract,
+    d: &weir_contract::Destination,
+    config: &ServerConfig,
+) -> anyhow::Result<weir_contract::Connection> {
+    let name = &file.pipeline.name;
+    if let Some(c) = &d.connection {
+        return config.connections.get(c).cloned().ok_or_else(|| {
+            anyhow::anyhow!(
+                "pipeline {name:?}: destination {:?} names the connection {c:?}, which weir.toml does not have; add [connections.{c}] with its url",
+                d.name,
+            )
+        });
+    }
+    let weir_contract::DestinationKind::Kafka { brokers, .. } = &d.kind else {
+        anyhow::bail!("pipeline {name:?}: destination {:?} names no connection; add `connection`", d.name);
+    };
+    let brokers = brokers
+        .clone()
+        .or_else(|| file.source.brokers.clone())
+        .or_else(|| config.kafka.as_ref().map(|k| k.brokers.clone()));
+    let Some(url) = brokers else {
+        anyhow::bail!(
+            "pipeline {name:?}: the kafka destination {:?} has no brokers: name a connection in it, or set [kafka] brokers in weir.toml",
+            d.name
+        );
+    };
+    Ok(weir_contract::Connection { url, headers: BTreeMap::new(), allow_private: true })
 }
 
 /// Runs the server until `shutdown` completes, then stops every pipeline
@@ -455,48 +481,8 @@ pub async fn serve(
         }
     }
     let worker = format!("weir-{}-{}", std::process::id(), weir_log::now_ms());
-    // [sink]: a producer per pipeline that publishes to Kafka.
-    let mut sinks = Vec::new();
-    for c in opts.contracts.iter() {
-        let Some(sink) = &c.sink else { continue };
-        let brokers = sink
-            .brokers
-            .clone()
-            .or_else(|| c.source.brokers.clone())
-            .or_else(|| config.kafka.as_ref().map(|k| k.brokers.clone()));
-        let Some(brokers) = brokers else {
-            anyhow::bail!(
-                "pipeline {:?} has a [sink] but no Kafka brokers: set brokers in [sink] or [kafka] brokers in weir.toml",
-                c.pipeline.name
-            );
-        };
-        for topic in std::iter::once(&sink.topic).chain(&sink.ledger_topic) {
-            kafka::ensure_topic(&brokers, config.kafka.as_ref(), topic, config.topic(topic).partitions)
-                .await
-                .with_context(|| format!("Kafka sink topic {topic} at {brokers}"))?;
-        }
-        let producer = kafka::producer(&brokers, config.kafka.as_ref())
-            .with_context(|| format!("cannot make a Kafka producer for {brokers}"))?;
-        sinks.push((c.pipeline.name.clone(), producer));
-    }
-
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads = Vec::new();
-    for (name, producer) in sinks {
-        let Some(contract) = opts.contracts.iter().find(|c| c.pipeline.name == name).cloned() else { continue };
-        let store = match (on_kafka(&contract), config.postgres.clone()) {
-            (true, Some(pg)) => sink::SinkStore::Postgres(pg),
-            _ => sink::SinkStore::Sqlite(db.clone()),
-        };
-        let runner = sink::SinkRunner {
-            contract,
-            producer,
-            store,
-            stop: Arc::clone(&stop),
-            runtime: tokio::runtime::Handle::current(),
-        };
-        threads.push(std::thread::Builder::new().name(format!("weir-sink-{name}")).spawn(move || runner.run())?);
-    }
     // One store per topology, each behind the same interface for readers and operators.
     let sqlite = Arc::new(weir_store::SqliteStore::new(db.clone(), config.pool_connections));
     let pg_store: Option<Arc<dyn weir_store::Store>> = config.postgres.as_ref().map(|pg| {

@@ -141,6 +141,15 @@ CREATE TABLE IF NOT EXISTS destinations (
             .optional()?;
         Ok(Head { last: last.unwrap_or(0), at_ms: at_ms.flatten() })
     }
+
+    pub fn ledger_head(conn: &Connection, pipeline: &str, at: i64) -> rusqlite::Result<Head> {
+        let last: Option<i64> =
+            conn.query_row("SELECT max(seq) FROM ledger WHERE pipeline = ?1", params![pipeline], |r| r.get(0))?;
+        let at_ms: Option<i64> = conn
+            .query_row("SELECT at_ms FROM ledger WHERE pipeline = ?1 AND seq = ?2", params![pipeline, at], |r| r.get(0))
+            .optional()?;
+        Ok(Head { last: last.unwrap_or(0), at_ms })
+    }
 }
 
 pub mod pg {
@@ -252,6 +261,19 @@ pub mod pg {
         let at_ms: Option<i64> = client
             .query_opt(
                 &format!("SELECT at_ms FROM {schema}.changes WHERE pipeline = $1 AND seq = $2 AND seq < {below}"),
+                &[&pipeline, &at],
+            )?
+            .map(|r| r.get(0));
+        Ok(Head { last: last.unwrap_or(0), at_ms })
+    }
+
+    pub fn ledger_head(client: &mut Client, schema: &str, pipeline: &str, at: i64) -> Result<Head, postgres::Error> {
+        let last: Option<i64> = client
+            .query_one(&format!("SELECT max(seq) FROM {schema}.ledger WHERE pipeline = $1"), &[&pipeline])?
+            .get(0);
+        let at_ms: Option<i64> = client
+            .query_opt(
+                &format!("SELECT at_ms FROM {schema}.ledger WHERE pipeline = $1 AND seq = $2"),
                 &[&pipeline, &at],
             )?
             .map(|r| r.get(0));

@@ -340,6 +340,14 @@ pub trait Store: Send + Sync {
     fn stream_head(&self, pipeline: &str, at: i64) -> Result<destinations::Head>;
     /// Makes the pipeline's typed views for BI tools again (see [`views`]).
     fn refresh_views(&self, pipeline: &str) -> Result<()>;
+    /// Every version's ledger entries from `since`, in `seq` order, as
+    /// stored for everyone (a `kafka` destination in `ledger` mode reads them).
+    fn ledger_stream(&self, pipeline: &str, since: i64, limit: i64) -> Result<Vec<String>>;
+    /// The last ledger `seq`, and when the entry at `at` was ledgered.
+    fn ledger_head(&self, pipeline: &str, at: i64) -> Result<destinations::Head>;
+    /// The next `seq` the older `[sink]` publisher would have published to
+    /// `topic` (1 if it never published there): where its destination goes on.
+    fn sink_position(&self, pipeline: &str, topic: &str) -> Result<i64>;
 }
 
 /// The embedded topology's store: `weir.db`, through a pool.
@@ -580,6 +588,15 @@ impl Store for SqliteStore {
     fn refresh_views(&self, pipeline: &str) -> Result<()> {
         self.with(|c| views::sqlite::refresh(c, pipeline))
     }
+    fn ledger_stream(&self, pipeline: &str, since: i64, limit: i64) -> Result<Vec<String>> {
+        self.with(|c| sqlite::ledger(c, pipeline, None, None, (since, limit), false))
+    }
+    fn ledger_head(&self, pipeline: &str, at: i64) -> Result<destinations::Head> {
+        self.with(|c| destinations::sqlite::ledger_head(c, pipeline, at))
+    }
+    fn sink_position(&self, pipeline: &str, topic: &str) -> Result<i64> {
+        self.with(|c| sqlite::sink_position(c, pipeline, topic))
+    }
 }
 
 /// The Kafka topology's store: the `[postgres]` schema, through a pool.
@@ -809,5 +826,14 @@ impl Store for PostgresStore {
     }
     fn refresh_views(&self, pipeline: &str) -> Result<()> {
         self.with(|c, s| views::pg::refresh(c, s, pipeline))
+    }
+    fn ledger_stream(&self, pipeline: &str, since: i64, limit: i64) -> Result<Vec<String>> {
+        self.with(|c, s| pg::ledger(c, s, pipeline, None, None, (since, limit), false))
+    }
+    fn ledger_head(&self, pipeline: &str, at: i64) -> Result<destinations::Head> {
+        self.with(|c, s| destinations::pg::ledger_head(c, s, pipeline, at))
+    }
+    fn sink_position(&self, pipeline: &str, topic: &str) -> Result<i64> {
+        self.with(|c, s| pg::sink_position(c, s, pipeline, topic))
     }
 }

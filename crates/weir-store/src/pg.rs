@@ -1147,30 +1147,13 @@ pub fn partitions(
         .collect())
 }
 
-/// The next `seq` a `[sink]` publishes to `topic` (1 at first).
+/// The next `seq` the older `[sink]` publisher recorded for `topic` (1 if none): a `kafka` destination on that topic goes on from it.
 pub fn sink_position(client: &mut Client, schema: &str, pipeline: &str, topic: &str) -> Result<i64, postgres::Error> {
     let row = client.query_opt(
         &format!("SELECT next_seq FROM {schema}.sinks WHERE pipeline = $1 AND topic = $2"),
         &[&pipeline, &topic],
     )?;
     Ok(row.map_or(1, |r| r.get(0)))
-}
-
-pub fn set_sink_position(
-    client: &mut Client,
-    schema: &str,
-    pipeline: &str,
-    topic: &str,
-    next: i64,
-) -> Result<(), postgres::Error> {
-    client.execute(
-        &format!(
-            "INSERT INTO {schema}.sinks (pipeline, topic, next_seq) VALUES ($1, $2, $3)
-             ON CONFLICT (pipeline, topic) DO UPDATE SET next_seq = excluded.next_seq"
-        ),
-        &[&pipeline, &topic, &next],
-    )?;
-    Ok(())
 }
 
 /// The published row `seq` with where it came from (see

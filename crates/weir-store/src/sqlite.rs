@@ -1394,22 +1394,13 @@ pub struct Incident {
     pub notification: String,
 }
 
-/// The next `seq` a `[sink]` publishes to `topic` (1 at first).
+/// The next `seq` the older `[sink]` publisher recorded for `topic` (1 if none): a `kafka` destination on that topic goes on from it.
 pub fn sink_position(conn: &Connection, pipeline: &str, topic: &str) -> rusqlite::Result<i64> {
     conn.query_row("SELECT next_seq FROM sinks WHERE pipeline = ?1 AND topic = ?2", params![pipeline, topic], |r| {
         r.get(0)
     })
     .optional()
     .map(|v| v.unwrap_or(1))
-}
-
-pub fn set_sink_position(conn: &Connection, pipeline: &str, topic: &str, next: i64) -> rusqlite::Result<()> {
-    conn.execute(
-        "INSERT INTO sinks (pipeline, topic, next_seq) VALUES (?1, ?2, ?3)
-         ON CONFLICT (pipeline, topic) DO UPDATE SET next_seq = excluded.next_seq",
-        params![pipeline, topic, next],
-    )?;
-    Ok(())
 }
 
 fn version_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Version> {

@@ -717,6 +717,8 @@ fn a_sink_publishes_every_row_and_ledger_entry_to_kafka_on_both_stores() {
     let ledger = consume_all(&broker, "paid_ledger", 16);
     assert!(ledger.iter().all(|e| e["reason"] == "duplicate" || e["reason"] == "superseded"), "{ledger:?}");
     assert!(ledger.iter().any(|e| e["reason"] == "superseded" && e["superseded_by"].is_u64()), "{ledger:?}");
+    // The sink is read as two kafka destinations, operated as any other.
+    wait_sink_caught_up(&w, &["sink", "sink_ledger"]);
     drop(w);
 
     // The embedded log and SQLite, the same contract with the sink's brokers named.
@@ -738,6 +740,56 @@ fn a_sink_publishes_every_row_and_ledger_entry_to_kafka_on_both_stores() {
     }
     std::thread::sleep(Duration::from_millis(500));
     check_sink(&broker, &w, "log_rows");
+    wait_sink_caught_up(&w, &["sink"]);
+
+    // A store the older `[sink]` publisher left: its position in `sinks`, no
+    // destination's. The destination goes on from there, publishing nothing twice.
+    let changes = |w: &Worker| get(&format!("{}/v1/pipelines/paid/changes?limit=100000", w.base)).1.lines().count();
+    let before = changes(&w);
+    assert_eq!(consume_all(&broker, "log_rows", before).len(), before, "each change once on log_rows");
+    drop(w);
+    let db = rusqlite::Connection::open(root.join("data/weir.db")).unwrap();
+    db.execute("DELETE FROM destinations WHERE pipeline = 'paid'", []).unwrap();
+    let next = before as i64 + 1;
+    db.execute("INSERT INTO sinks (pipeline, topic, next_seq) VALUES ('paid', 'log_rows', ?1)", [next]).unwrap();
+    drop(db);
+    let w = worker(&root);
+    let url = format!("{}/v1/topics/payments/events", w.base);
+    let mut r = authed(agent().post(&url), "POST", &url).send(&(events(400, 500).join("\n") + "\n")).unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.body_mut().read_to_string().unwrap_or_default());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(&w)["lag_records"] != 0 || changes(&w) == before {
+        assert!(Instant::now() < deadline, "{}", status(&w));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    wait_sink_caught_up(&w, &["sink"]);
+    let after = changes(&w);
+    assert_eq!(consume_all(&broker, "log_rows", after).len(), after, "went on from the sink's position");
+    check_sink(&broker, &w, "log_rows");
+}
+
+/// Waits until the destinations `names` (a `[sink]`'s, in `/status`) have
+/// delivered everything published: position past the head, no lag.
+fn wait_sink_caught_up(w: &Worker, names: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = status(w);
+        let ds = s["destinations"].as_array().cloned().unwrap_or_default();
+        let found: Vec<&str> = ds.iter().filter_map(|d| d["name"].as_str()).collect();
+        let done = found == names
+            && ds.iter().all(|d| {
+                d["kind"] == "kafka"
+                    && d["state"] == "caught up"
+                    && d["lag_changes"] == 0
+                    && d["head"].as_i64().is_some_and(|h| h > 0 && d["position"].as_i64() == Some(h + 1))
+            });
+        if done {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the sink's destinations did not catch up: {}", s["destinations"]);
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 #[test]
