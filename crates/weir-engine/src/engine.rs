@@ -381,12 +381,10 @@ impl Engine {
     pub fn id_bytes(&self) -> usize {
         let ids = self.st.seen.slots() * (16 + std::mem::size_of::<Seen>());
         let counted = self.st.counted.slots() * (16 + std::mem::size_of::<Counted>());
-        let counted_heap: usize = self
-            .st
-            .counted
-            .iter()
-            .map(|(_, c)| c.given.len() * std::mem::size_of::<Option<rust_decimal::Decimal>>())
-            .sum();
+        // What each counting version gave: one value per aggregate (counted
+        // from the table's length, so a status does not walk every id).
+        let counted_heap =
+            self.st.counted.len() * self.plan.aggs.len() * std::mem::size_of::<Option<rust_decimal::Decimal>>();
         ids + counted + counted_heap
     }
 

@@ -511,6 +511,10 @@ pub struct Run {
     /// Whether it is a candidate (checkpointed less often: no reader waits for its rows).
     candidate: bool,
     status_published: u64,
+    /// When the state's bytes were last measured (a walk of every window),
+    /// and what they were: measured at most once a second, but at once
+    /// while the state was empty (so a first window shows).
+    bytes_measured: Option<(u64, usize)>,
     idle_after: u64,
     interval: u64,
 }
@@ -548,7 +552,7 @@ impl Run {
         if let Some(f) = lock(&held).failed.take() {
             anyhow::bail!(f);
         }
-        let run = Run {
+        let mut run = Run {
             source,
             held,
             batch: Batch::default(),
@@ -558,10 +562,11 @@ impl Run {
             reading: true,
             candidate: false,
             status_published: now,
+            bytes_measured: None,
             idle_after: r.config.idle_timeout_ms.max(0) as u64,
             interval: r.config.checkpoint_interval_ms.max(1) as u64,
         };
-        run.publish_status(r, None);
+        run.publish_status(r, None, now);
         Ok(run)
     }
 
@@ -750,7 +755,7 @@ impl Run {
         self.take_failures(r)?;
         let now = clock.monotonic_ms();
         if any_checkpoint || replayed || now.saturating_sub(self.status_published) >= 1_000 {
-            self.publish_status(r, any_checkpoint.then(|| clock.wall_ms()));
+            self.publish_status(r, any_checkpoint.then(|| clock.wall_ms()), now);
             self.status_published = now;
         }
         if replayed {
@@ -806,7 +811,8 @@ impl Run {
         held.units.values().filter_map(|u| u.engine.watermark()).min()
     }
 
-    fn publish_status(&self, r: &Runner, checkpoint_ms: Option<i64>) {
+    fn publish_status(&mut self, r: &Runner, checkpoint_ms: Option<i64>, now: u64) {
+        let measure_bytes = self.bytes_measured.is_none_or(|(at, bytes)| bytes == 0 || now.saturating_sub(at) >= 1_000);
         let held = lock(&self.held);
         let mut s = lock(&r.status);
         let mut counters = weir_engine::Counters::default();
@@ -823,7 +829,9 @@ impl Run {
                 (a, b) => a.or(b),
             };
             open += e.open_windows();
-            bytes += e.state_bytes();
+            if measure_bytes {
+                bytes += e.state_bytes();
+            }
             match scope {
                 Scope::Topic => {
                     s.partition_watermarks = e.partition_watermarks();
@@ -843,7 +851,10 @@ impl Run {
         s.watermark = watermark;
         s.counters = counters;
         s.open_windows = open;
-        s.state_bytes = bytes;
+        if measure_bytes {
+            s.state_bytes = bytes;
+            self.bytes_measured = Some((now, bytes));
+        }
         if held.per_partition {
             s.kafka = Some(parts);
         }

@@ -780,6 +780,7 @@ pub fn effect(rate: u64, seconds: u64) -> Result<(), Failure> {
     let mut stream = PaymentStream::new(3, 10_000, Profile::Bench, true);
     let agent = crate::client::agent();
     let (started, mut next, mut posted) = (Instant::now(), Instant::now(), 0u64);
+    let started_ms = weir_log::now_ms();
     let mut b = 0u64;
     while started.elapsed() < Duration::from_secs(seconds) {
         let now_ms = weir_log::now_ms();
@@ -820,7 +821,28 @@ pub fn effect(rate: u64, seconds: u64) -> Result<(), Failure> {
         })
         .collect();
     println!("effect: the slowest: {}", slowest.join(", "));
+    println!("effect: {}", window_closes(started_ms, seconds));
     Ok(())
+}
+
+/// When, in a run of `seconds` from `started_ms`, the contract's windows
+/// closed: every account's window of a minute at once, as the watermark
+/// (the newest approval less `max_delay`) passed the minute. Whether a run
+/// holds one depends on the clock, and its tail with it.
+fn window_closes(started_ms: i64, seconds: u64) -> String {
+    let Ok(c) = weir_contract::Contract::parse("bench", CONTRACT) else { return String::new() };
+    let weir_contract::WindowKind::Tumbling { size_ms } = c.window.kind else { return String::new() };
+    let end_ms = started_ms + seconds as i64 * 1000;
+    let mut at = Vec::new();
+    let mut boundary = (started_ms - c.source.max_delay_ms).div_euclid(size_ms) * size_ms + size_ms;
+    while boundary + c.source.max_delay_ms < end_ms {
+        at.push(format!("{:.1} s", (boundary + c.source.max_delay_ms - started_ms) as f64 / 1000.0));
+        boundary += size_ms;
+    }
+    match at.is_empty() {
+        true => "no window closed during the run".into(),
+        false => format!("windows closed at {} (every account's window of the minute at once)", at.join(", ")),
+    }
 }
 
 /// `weir bench destination`: how fast a `postgres` destination (upsert)
