@@ -724,8 +724,11 @@ fn a_sink_publishes_every_row_and_ledger_entry_to_kafka_on_both_stores() {
     // The embedded log and SQLite, the same contract with the sink's brokers named.
     let root = s.path("embedded");
     std::fs::create_dir_all(root.join("contracts")).unwrap();
-    let embedded = format!("{CONTRACT}\n[sink]\ntopic = \"log_rows\"\nbrokers = \"{}\"\n", broker.url)
-        .replace("max_delay", "kind = \"log\"\nmax_delay");
+    let embedded = format!(
+        "{CONTRACT}\n[sink]\ntopic = \"log_rows\"\nledger_topic = \"log_ledger\"\nbrokers = \"{}\"\n",
+        broker.url
+    )
+    .replace("max_delay", "kind = \"log\"\nmax_delay");
     std::fs::write(root.join("contracts/paid.toml"), &embedded).unwrap();
     std::fs::write(root.join("weir.toml"), "[topics.payments]\npartitions = 2\nkey = \"acct\"\n").unwrap();
     let w = worker(&root);
@@ -740,7 +743,9 @@ fn a_sink_publishes_every_row_and_ledger_entry_to_kafka_on_both_stores() {
     }
     std::thread::sleep(Duration::from_millis(500));
     check_sink(&broker, &w, "log_rows");
-    wait_sink_caught_up(&w, &["sink"]);
+    let ledger = consume_all(&broker, "log_ledger", 16);
+    assert!(ledger.iter().any(|e| e["reason"] == "superseded" && e["superseded_by"].is_u64()), "{ledger:?}");
+    wait_sink_caught_up(&w, &["sink", "sink_ledger"]);
 
     // A store the older `[sink]` publisher left: its position in `sinks`, no
     // destination's. The destination goes on from there, publishing nothing twice.
@@ -749,7 +754,7 @@ fn a_sink_publishes_every_row_and_ledger_entry_to_kafka_on_both_stores() {
     assert_eq!(consume_all(&broker, "log_rows", before).len(), before, "each change once on log_rows");
     drop(w);
     let db = rusqlite::Connection::open(root.join("data/weir.db")).unwrap();
-    db.execute("DELETE FROM destinations WHERE pipeline = 'paid'", []).unwrap();
+    db.execute("DELETE FROM destinations WHERE pipeline = 'paid' AND name = 'sink'", []).unwrap();
     let next = before as i64 + 1;
     db.execute("INSERT INTO sinks (pipeline, topic, next_seq) VALUES ('paid', 'log_rows', ?1)", [next]).unwrap();
     drop(db);
@@ -763,7 +768,7 @@ fn a_sink_publishes_every_row_and_ledger_entry_to_kafka_on_both_stores() {
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(500));
-    wait_sink_caught_up(&w, &["sink"]);
+    wait_sink_caught_up(&w, &["sink", "sink_ledger"]);
     let after = changes(&w);
     assert_eq!(consume_all(&broker, "log_rows", after).len(), after, "went on from the sink's position");
     check_sink(&broker, &w, "log_rows");
