@@ -23,15 +23,21 @@
 //! - **`http`.** Each batch of consecutive changes is one POST of JSON
 //!   lines with `Idempotency-Key: {pipeline}/{version}/{first seq}-{last
 //!   seq}` (a version entry's pages: `{pipeline}/{to}/{seq}-{seq}`, then
-//!   `.../{seq}-{seq}/{page}` from the second page). The batch is written
-//!   to the store as `pending` before it is sent, and sent again exactly
-//!   as it was after a crash, so a receiver that applies each key once
-//!   applies each change once. The position delivered is recorded by the
-//!   next batch's `pending`, else at most once a second: a crash sends the
-//!   batches since again, under their keys. 408, 429, 5xx and network errors are
-//!   retried with backoff (0.5 s doubling to 30 s); any other answer
-//!   stops the destination (`stopped`, an incident for the owner with the
-//!   receiver's answer) until an operator resumes it
+//!   `.../{seq}-{seq}/{page}` from the second page). A batch is the changes
+//!   in the window of `batch` seqs from the position, cut before a `version`
+//!   entry. Once a change past the window is published, the window reads
+//!   the same after a crash, so the batch is sent again as it was from the
+//!   position alone; a batch at the stream's head (more changes may join
+//!   its window) and a version entry's page are written to the store as
+//!   `pending` before they are sent, and sent again exactly as they were.
+//!   So a receiver that applies each key once applies each change once,
+//!   and catching up writes nothing to the store per batch. The position
+//!   delivered is recorded by the next `pending`, else at most once a
+//!   second: a crash sends the batches since again, under their keys.
+//!   408, 429, 5xx and network errors are retried with backoff (0.5 s
+//!   doubling to 30 s); any other answer stops the destination (`stopped`,
+//!   an incident for the owner with the receiver's answer, the refused
+//!   batch recorded `pending`) until an operator resumes it
 //!   (`Act::ResumeDestination`), which sends the refused batch again.
 //! - **`postgres`.** See [`crate::pg_destination`]: rows and the position
 //!   commit in one transaction of the destination's database.
@@ -52,7 +58,9 @@ use weir_store::{ResultFilter, Store};
 use crate::lock;
 
 /// A change of the stream as a destination reads it: the line `/changes`
-/// serves, parsed.
+/// serves, with what delivering it needs read from it. The whole line is
+/// parsed only by a destination that reads its fields ([`Change::value`]):
+/// an `http` destination sends the line as it is.
 #[derive(Debug, Clone)]
 pub struct Change {
     pub seq: i64,
@@ -61,22 +69,43 @@ pub struct Change {
     /// For a `version` entry, the version it replaced.
     pub switch_from: Option<Option<u32>>,
     pub line: String,
-    pub value: serde_json::Value,
+    value: std::cell::OnceCell<serde_json::Value>,
+}
+
+/// The fields of a change's line that say where it stands; serde skips the rest.
+#[derive(serde::Deserialize)]
+struct Head {
+    seq: Option<i64>,
+    version: Option<u64>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    from: Option<u64>,
+    to: Option<u64>,
 }
 
 impl Change {
     pub fn parse(line: String) -> Result<Change, String> {
-        let value: serde_json::Value =
+        let head: Head =
             serde_json::from_str(&line).map_err(|e| format!("a stored change is not JSON ({e}): {line:.200}"))?;
-        let seq = value["seq"].as_i64().ok_or_else(|| format!("a stored change has no seq: {line:.200}"))?;
-        let version = |v: &serde_json::Value| v.as_u64().map(|v| v as u32);
-        let (version, switch_from) = if value["type"] == "version" {
-            let to = version(&value["to"]).ok_or_else(|| format!("version entry {seq} has no `to`"))?;
-            (to, Some(version(&value["from"])))
+        let seq = head.seq.ok_or_else(|| format!("a stored change has no seq: {line:.200}"))?;
+        let (version, switch_from) = if head.kind.as_deref() == Some("version") {
+            let to = head.to.ok_or_else(|| format!("version entry {seq} has no `to`"))?;
+            (to as u32, Some(head.from.map(|v| v as u32)))
         } else {
-            (version(&value["version"]).ok_or_else(|| format!("change {seq} has no version"))?, None)
+            (head.version.ok_or_else(|| format!("change {seq} has no version"))? as u32, None)
         };
-        Ok(Change { seq, version, switch_from, line, value })
+        Ok(Change { seq, version, switch_from, line, value: std::cell::OnceCell::new() })
+    }
+
+    /// A change read already as a JSON value (a ledger entry, masked).
+    fn of_value(seq: i64, version: u32, line: String, value: serde_json::Value) -> Change {
+        Change { seq, version, switch_from: None, line, value: std::cell::OnceCell::from(value) }
+    }
+
+    /// The whole line as JSON, parsed at the first call.
+    pub fn value(&self) -> &serde_json::Value {
+        // The line parsed as JSON in `parse`, so this parse does not fail.
+        self.value.get_or_init(|| serde_json::from_str(&self.line).unwrap_or(serde_json::Value::Null))
     }
 
     pub fn is_switch(&self) -> bool {
@@ -89,7 +118,9 @@ impl Change {
 pub enum Work {
     /// The changes `first..=last` of the stream; `taken` those the
     /// destination takes, in order (none: the batch only moves the position).
-    Changes { first: i64, last: i64, version: u32, taken: Vec<Change> },
+    /// `settled`: read again from `first`, the batch is the same (see
+    /// [`DestinationRunner::next`]), so it needs no `pending` record.
+    Changes { first: i64, last: i64, version: u32, taken: Vec<Change>, settled: bool },
     /// A page of a `version` entry's delivery: the entry (on the first
     /// page) and the new live version's rows as they stood at it.
     Switch {
@@ -113,6 +144,11 @@ impl Work {
                 format!("{pipeline}/{}/{}-{}/{page}", entry.version, entry.seq, entry.seq)
             }
         }
+    }
+
+    /// Whether the batch is read the same again after a crash without a `pending` record.
+    fn settled(&self) -> bool {
+        matches!(self, Work::Changes { settled: true, .. })
     }
 
     /// The lines sent, in order.
@@ -381,7 +417,7 @@ impl DestinationRunner {
             };
             let keeps_position = matches!(self.destination.kind, DestinationKind::Postgres { .. });
             let keyed = self.destination.kind == DestinationKind::Http;
-            if keyed && pending.is_none() && !work.lines().is_empty() {
+            if keyed && pending.is_none() && !work.lines().is_empty() && !work.settled() {
                 let step = Step::Sending { position, pending: describe_pending(&work.pending()) };
                 self.store.record_destination(&self.pipeline, self.name(), &step).map_err(|e| e.to_string())?;
             }
@@ -419,7 +455,7 @@ impl DestinationRunner {
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
                 Err(Failure::Refused(why)) => {
-                    self.refused(&work, &why)?;
+                    self.refused(&work, position, &why)?;
                     pending = Some(work.pending());
                     stopped = Some(why);
                 }
@@ -483,9 +519,9 @@ impl DestinationRunner {
                 match contract {
                     Some(c) if !c.personal.is_empty() => {
                         let value = crate::privacy::for_sink(value, c);
-                        Ok(Change { seq, version, switch_from: None, line: value.to_string(), value })
+                        Ok(Change::of_value(seq, version, value.to_string(), value))
                     }
-                    _ => Ok(Change { seq, version, switch_from: None, line, value }),
+                    _ => Ok(Change::of_value(seq, version, line, value)),
                 }
             })
             .collect()
@@ -506,24 +542,50 @@ impl DestinationRunner {
         }
     }
 
-    /// The next batch from `position`, or `None` when there is nothing new.
+    /// The next batch from `position`, or `None` when there is nothing new:
+    /// the changes in the window of `batch` seqs from `position`, cut before
+    /// a `version` entry where the destination takes only the live version.
+    ///
+    /// Once a change at or past the window's end is published (or the cut
+    /// is made), the batch is `settled`: read again after a crash, from the
+    /// same position, it is the same batch under the same key, so it is sent
+    /// without a `pending` record, and the stream's commits do not wait for a
+    /// write of the store per batch while the destination catches up. A
+    /// batch at the stream's head is not settled (more changes may join its
+    /// window) and is recorded as `pending` before it is sent.
     fn next(&self, position: i64, live: u32) -> Result<Option<Work>, String> {
-        let changes = self.read(position, self.destination.batch as i64)?;
-        let Some(first) = changes.first() else { return Ok(None) };
+        let size = self.destination.batch as i64;
+        let end = position.saturating_add(size - 1);
+        let mut changes = self.read(position, size + 1)?;
+        let whole = changes.last().is_some_and(|c| c.seq >= end);
+        changes.retain(|c| c.seq <= end);
+        let Some(first) = changes.first() else {
+            // A window with no change in it (a gap in the seqs), already passed.
+            return Ok(whole.then_some(Work::Changes {
+                first: position,
+                last: end,
+                version: live,
+                taken: Vec::new(),
+                settled: true,
+            }));
+        };
         if first.is_switch() && self.live_only() {
             return self.switch_page(first.clone(), 1, None).map(Some);
         }
-        Ok(Some(self.changes_work(changes, live)))
+        Ok(Some(self.changes_work(changes, live, position, whole.then_some(end))))
     }
 
-    /// The changes up to (not including) the next `version` entry, as one batch.
-    fn changes_work(&self, changes: Vec<Change>, live: u32) -> Work {
+    /// The changes up to (not including) the next `version` entry, as one
+    /// batch from `position`; `end`: the window read is whole up to there.
+    fn changes_work(&self, changes: Vec<Change>, live: u32, position: i64, end: Option<i64>) -> Work {
         let live_only = self.live_only();
         let first = changes.first().map_or(0, |c| c.seq);
         let mut last = first;
         let mut taken = Vec::new();
+        let mut cut = None;
         for c in changes {
             if c.is_switch() && live_only {
+                cut = Some(c.seq - 1);
                 break;
             }
             last = c.seq;
@@ -531,7 +593,10 @@ impl DestinationRunner {
                 taken.push(c);
             }
         }
-        Work::Changes { first, last, version: live, taken }
+        match cut.or(end) {
+            Some(last) => Work::Changes { first: position, last, version: live, taken, settled: true },
+            None => Work::Changes { first, last, version: live, taken, settled: false },
+        }
     }
 
     /// A pending batch, read again as it was first read.
@@ -540,9 +605,9 @@ impl DestinationRunner {
             Pending::Changes { first, last } => {
                 let changes = self.read(*first, last - first + 1)?;
                 let changes: Vec<Change> = changes.into_iter().filter(|c| c.seq <= *last).collect();
-                match self.changes_work(changes, live) {
+                match self.changes_work(changes, live, *first, None) {
                     Work::Changes { version, taken, .. } => {
-                        Ok(Work::Changes { first: *first, last: *last, version, taken })
+                        Ok(Work::Changes { first: *first, last: *last, version, taken, settled: false })
                     }
                     other => Ok(other),
                 }
@@ -636,7 +701,12 @@ impl DestinationRunner {
 
     /// The receiver refused a batch: stopped until an operator resumes it,
     /// with an incident for the owner.
-    fn refused(&self, work: &Work, why: &str) -> Result<(), String> {
+    fn refused(&self, work: &Work, position: i64, why: &str) -> Result<(), String> {
+        if work.settled() {
+            // Sent without a record: recorded now, so a resume after a restart sends this batch first.
+            let step = Step::Sending { position, pending: describe_pending(&work.pending()) };
+            self.store.record_destination(&self.pipeline, self.name(), &step).map_err(|e| e.to_string())?;
+        }
         let step = Step::Stopped { why: why.to_owned() };
         self.store.record_destination(&self.pipeline, self.name(), &step).map_err(|e| e.to_string())?;
         let title =
@@ -733,7 +803,7 @@ impl KafkaTarget {
 
 /// A change's record key in `mode` (see [`KafkaTarget`]).
 fn record_key(c: &Change, mode: KafkaMode) -> String {
-    let v = &c.value;
+    let v = c.value();
     let key = match (mode, c.is_switch()) {
         (KafkaMode::Ledger, _) => {
             serde_json::json!({ "version": v["version"], "partition": v["partition"], "offset": v["offset"] })
@@ -762,7 +832,7 @@ impl Target for KafkaTarget {
         for c in work.lines() {
             let value = match restated_at {
                 Some(at) if !c.is_switch() => {
-                    let mut v = c.value.clone();
+                    let mut v = c.value().clone();
                     v["restated_from"] = v["seq"].clone();
                     v["seq"] = at.into();
                     v.to_string()
@@ -842,7 +912,7 @@ mod tests {
 
     #[test]
     fn keys_name_the_pipeline_version_and_range() {
-        let w = Work::Changes { first: 10, last: 20, version: 2, taken: vec![change(10, 2)] };
+        let w = Work::Changes { first: 10, last: 20, version: 2, taken: vec![change(10, 2)], settled: false };
         assert_eq!(w.key("paid"), "paid/2/10-20");
         let entry = Change::parse(r#"{"seq":21,"type":"version","from":2,"to":3}"#.into()).unwrap();
         assert_eq!(entry.switch_from, Some(Some(2)));
@@ -862,7 +932,7 @@ mod tests {
 
     #[test]
     fn a_pending_batch_reads_back_as_it_was_described() {
-        let w = Work::Changes { first: 5, last: 9, version: 1, taken: vec![] };
+        let w = Work::Changes { first: 5, last: 9, version: 1, taken: vec![], settled: false };
         assert_eq!(Pending::parse(&describe_pending(&w.pending())).unwrap(), Pending::Changes { first: 5, last: 9 });
         let p = Pending::Switch { seq: 7, page: 3, after: Some((60_000, vec![0x73, 0, 1])) };
         assert_eq!(Pending::parse(&describe_pending(&p)).unwrap(), p);

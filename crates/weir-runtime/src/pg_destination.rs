@@ -308,10 +308,10 @@ impl Layout {
                 }
                 let source = own.iter().find(|c| &c.name == name).map(|c| &c.source)?;
                 let v = match source {
-                    ColumnSource::Key(path) => &row.value["key"][path.as_str()],
-                    ColumnSource::Value(agg) => &row.value["values"][agg.as_str()],
-                    ColumnSource::Row("as_of") => &row.value["watermark"],
-                    ColumnSource::Row(field) => &row.value[*field],
+                    ColumnSource::Key(path) => &row.value()["key"][path.as_str()],
+                    ColumnSource::Value(agg) => &row.value()["values"][agg.as_str()],
+                    ColumnSource::Row("as_of") => &row.value()["watermark"],
+                    ColumnSource::Row(field) => &row.value()[*field],
                 };
                 text_of(v)
             })
