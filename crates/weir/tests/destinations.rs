@@ -3,8 +3,9 @@
 //!
 //! - Kill -9 the server 20 times while 50,000 payments are produced and
 //!   delivered to an `http` receiver (an account service that applies each
-//!   `Idempotency-Key` once) and to two `postgres` tables (upsert and
-//!   changes). Afterwards every table equals the published rows, the
+//!   `Idempotency-Key` once), to two `postgres` tables (upsert and
+//!   changes) and to a `kafka` topic (on the embedded log, a broker of its
+//!   own). Afterwards every table equals the published rows, the
 //!   receiver applied every change exactly once and in order per window,
 //!   and no table row ever went back to an older change.
 //! - A receiver that refuses a batch with 400 stops its destination and
@@ -26,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::topology::{postgres_url, Topology};
+use common::topology::{postgres_url, Broker, Topology};
 use common::{authed, call, get, json_lines, text, weir, weir_as, Scratch, Server, PAID};
 use serde_json::Value;
 
@@ -203,27 +204,41 @@ fn contract(tables: Option<&Tables>, batch: usize) -> String {
     c
 }
 
-fn config(topology: &Topology, receiver: &str) -> String {
+/// Where the `kafka` destination sends: the topology's broker on Kafka, a
+/// broker of its own beside the embedded log (a pipeline on the embedded
+/// log may send its rows to a Kafka it does not read from).
+struct Stream {
+    _own: Option<Broker>,
+    url: String,
+}
+
+impl Stream {
+    fn of(topology: &Topology) -> Stream {
+        match topology {
+            Topology::Kafka(broker, _) => Stream { _own: None, url: broker.url.clone() },
+            Topology::Embedded => {
+                let broker = Broker::start();
+                Stream { url: broker.url.clone(), _own: Some(broker) }
+            }
+        }
+    }
+}
+
+fn config(topology: &Topology, receiver: &str, stream: Option<&Stream>) -> String {
     let mut connections = format!(
         "checkpoint_interval = \"50ms\"\n\n[connections.accounts]\nurl = \"{receiver}\"\nallow_private = true\n\n[connections.warehouse]\nurl = \"{}\"\n",
         postgres_url()
     );
-    if let Topology::Kafka(broker, _) = topology {
-        connections.push_str(&format!("\n[connections.stream]\nurl = \"{}\"\n", broker.url));
+    if let Some(stream) = stream {
+        connections.push_str(&format!("\n[connections.stream]\nurl = \"{}\"\n", stream.url));
     }
     topology.config(("payments", 2, "account_id"), &connections)
 }
 
-/// On Kafka, the contract with a `kafka` destination more (the topic `paid_rows`); the destinations it has.
-fn with_kafka(topology: &Topology, contract: String) -> (String, usize) {
+/// The contract with a `kafka` destination more (the topic `paid_rows`); the destinations it has.
+fn with_kafka(contract: String) -> (String, usize) {
     let n = contract.matches("[[destination]]").count();
-    match topology {
-        Topology::Kafka(..) => (
-            contract + "\n[[destination]]\nname = \"stream\"\nkind = \"kafka\"\nconnection = \"stream\"\ntopic = \"paid_rows\"\n",
-            n + 1,
-        ),
-        Topology::Embedded => (contract, n),
-    }
+    (contract + "\n[[destination]]\nname = \"stream\"\nkind = \"kafka\"\nconnection = \"stream\"\ntopic = \"paid_rows\"\n", n + 1)
 }
 
 /// Per key and window: the `seq` and the version held.
@@ -232,12 +247,11 @@ type Held = BTreeMap<(String, String), (i64, i64)>;
 /// What a consumer of the `kafka` destination holds when it applies a record
 /// only if its `seq` is greater than the last it applied for that key and
 /// window: per window, the `seq` and version it holds; and every `seq` read.
-fn kafka_view(topology: &Topology) -> Option<(Held, BTreeSet<i64>)> {
+fn kafka_view(stream: &Stream) -> (Held, BTreeSet<i64>) {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::Message;
-    let Topology::Kafka(broker, _) = topology else { return None };
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &broker.url)
+        .set("bootstrap.servers", &stream.url)
         .set("group.id", format!("test-reader-{}", std::process::id()))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
@@ -268,7 +282,7 @@ fn kafka_view(topology: &Topology) -> Option<(Held, BTreeSet<i64>)> {
             }
         }
     }
-    Some((held, seen))
+    (held, seen)
 }
 
 fn status(base: &str) -> Value {
@@ -423,6 +437,7 @@ fn kill_9_twenty_times_while_delivering_loses_nothing_and_applies_nothing_twice(
         eprintln!("destinations kill test on the {} (seed {seed})", topology.name());
         let dir = Scratch::new("destinations");
         let tables = Tables::new(name);
+        let stream = Stream::of(&topology);
         let accounts = Arc::new(Mutex::new(Accounts {
             answer_after: Duration::from_millis(60),
             window: BATCH,
@@ -432,8 +447,8 @@ fn kill_9_twenty_times_while_delivering_loses_nothing_and_applies_nothing_twice(
         let root = topology.folder(
             &dir,
             "server",
-            &[("paid.toml", &with_kafka(&topology, contract(Some(&tables), BATCH as usize)).0)],
-            &config(&topology, &receiver),
+            &[("paid.toml", &with_kafka(contract(Some(&tables), BATCH as usize)).0)],
+            &config(&topology, &receiver, Some(&stream)),
         );
         let lines = payments(&dir, (50_000, 50), seed, 300);
         let (server, base) = topology.serve(&root);
@@ -521,7 +536,7 @@ fn kill_9_twenty_times_while_delivering_loses_nothing_and_applies_nothing_twice(
         }
         let base = base.lock().unwrap().clone();
         produce(&Arc::new(Mutex::new(base.clone())), &flush(300), "flush", Duration::ZERO);
-        wait_delivered(&base, with_kafka(&topology, contract(Some(&tables), BATCH as usize)).1, topology.name());
+        wait_delivered(&base, with_kafka(contract(Some(&tables), BATCH as usize)).1, topology.name());
         watching.store(false, Ordering::SeqCst);
         let (samples, backwards) = watcher.join().unwrap();
         eprintln!("{}: {kills} kills, {mid_delivery} mid-delivery, {samples} samples of the table", topology.name());
@@ -586,8 +601,9 @@ fn kill_9_twenty_times_while_delivering_loses_nothing_and_applies_nothing_twice(
             .collect();
         let next = seqs.last().unwrap() + 1;
         assert_eq!(positions, [("history".to_owned(), next), ("warehouse".to_owned(), next)]);
-        // On Kafka, the topic holds every change at least once, and a consumer applying by seq holds the published rows.
-        if let Some((held, seen)) = kafka_view(&topology) {
+        // The topic holds every change at least once, and a consumer applying by seq holds the published rows.
+        {
+            let (held, seen) = kafka_view(&stream);
             assert!(seqs.is_subset(&seen), "every change is on the topic");
             assert_eq!(held.len(), results.len(), "one window per published row");
             for r in &results {
@@ -619,7 +635,7 @@ fn a_refused_batch_stops_the_destination_until_an_operator_resumes_it() {
         let receiver = account_service(Arc::clone(&accounts));
         let (hook, notes) = common::receiver();
         let with_alert = format!("{}\n[alerts]\nmax_destination_lag = \"2s\"\n", contract(None, 50));
-        let settings = format!("alert_webhook = \"{hook}\"\n{}", config(&topology, &receiver));
+        let settings = format!("alert_webhook = \"{hook}\"\n{}", config(&topology, &receiver, None));
         let root = topology.folder(&dir, "server", &[("paid.toml", &with_alert)], &settings);
         let lines = payments(&dir, (2_000, 10), 7, 20);
         let (server, base) = topology.serve(&root);
@@ -700,10 +716,11 @@ fn pausing_the_pipeline_holds_every_destination_until_the_resume() {
         let name = if matches!(topology, Topology::Embedded) { "p_embedded" } else { "p_kafka" };
         let dir = Scratch::new("dest-pause");
         let tables = Tables::new(name);
+        let stream = Stream::of(&topology);
         let accounts = Arc::new(Mutex::new(Accounts::default()));
         let receiver = account_service(Arc::clone(&accounts));
-        let (c, destinations) = with_kafka(&topology, contract(Some(&tables), 100));
-        let root = topology.folder(&dir, "server", &[("paid.toml", &c)], &config(&topology, &receiver));
+        let (c, destinations) = with_kafka(contract(Some(&tables), 100));
+        let root = topology.folder(&dir, "server", &[("paid.toml", &c)], &config(&topology, &receiver, Some(&stream)));
         let lines = payments(&dir, (4_000, 10), 5, 20);
         let (server, base) = topology.serve(&root);
         let at = Arc::new(Mutex::new(base.clone()));
@@ -744,7 +761,7 @@ fn pausing_the_pipeline_holds_every_destination_until_the_resume() {
         wait_delivered(&base, destinations, topology.name());
         assert!(accounts.lock().unwrap().applied.len() > applied, "{}", topology.name());
         assert!(history() > kept, "{}", topology.name());
-        holds(&topology, &base, &tables, &accounts, 1, "after the resume");
+        holds(&stream, &base, &tables, &accounts, 1, "after the resume");
         drop::<Server>(server);
     }
 }
@@ -766,7 +783,7 @@ fn caught_up(base: &str, version: u32) {
 }
 
 /// The upsert table and the receiver hold exactly `version`'s published rows.
-fn holds(topology: &Topology, base: &str, tables: &Tables, accounts: &Arc<Mutex<Accounts>>, version: u32, what: &str) {
+fn holds(stream: &Stream, base: &str, tables: &Tables, accounts: &Arc<Mutex<Accounts>>, version: u32, what: &str) {
     let results = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?version={version}&limit=100000")));
     assert!(results.len() > 50, "{what}: {} rows", results.len());
     let mut client = tables.client();
@@ -792,7 +809,8 @@ fn holds(topology: &Topology, base: &str, tables: &Tables, accounts: &Arc<Mutex<
     }
     assert!(a.backwards.is_empty(), "{what}: {:?}", a.backwards);
     drop(a);
-    if let Some((held, _)) = kafka_view(topology) {
+    {
+        let (held, _) = kafka_view(stream);
         let windows: BTreeSet<(String, String)> =
             results.iter().map(|r| (r["key"].to_string(), r["window_start"].to_string())).collect();
         assert_eq!(held.keys().cloned().collect::<BTreeSet<_>>(), windows, "{what}: the Kafka consumer's windows");
@@ -809,22 +827,23 @@ fn promotes_rollbacks_and_backfills_reach_every_destination() {
         let name = if matches!(topology, Topology::Embedded) { "v_embedded" } else { "v_kafka" };
         let dir = Scratch::new("dest-versions");
         let tables = Tables::new(name);
+        let stream = Stream::of(&topology);
         let accounts = Arc::new(Mutex::new(Accounts::default()));
         let receiver = account_service(Arc::clone(&accounts));
-        let (v1, destinations) = with_kafka(&topology, contract(Some(&tables), 100));
+        let (v1, destinations) = with_kafka(contract(Some(&tables), 100));
         // Version 2: two-minute windows and an aggregate more (a new column).
         let v2 = v1.replace("version = 1", "version = 2").replace("size = \"1m\"", "size = \"2m\"").replace(
             "[[aggregate]]\nname = \"payments\"",
             "[[aggregate]]\nname = \"largest\"\nfn = \"max\"\nfield = \"amount\"\n\n[[aggregate]]\nname = \"payments\"",
         );
-        let root = topology.folder(&dir, "server", &[("paid.toml", &v1)], &config(&topology, &receiver));
+        let root = topology.folder(&dir, "server", &[("paid.toml", &v1)], &config(&topology, &receiver, Some(&stream)));
         let lines = payments(&dir, (6_000, 10), 11, 40);
         let (server, base) = topology.serve(&root);
         let at = Arc::new(Mutex::new(base.clone()));
         produce(&at, &lines, "v", Duration::ZERO);
         produce(&at, &flush(40), "flush", Duration::ZERO);
         wait_delivered(&base, destinations, topology.name());
-        holds(&topology, &base, &tables, &accounts, 1, "version 1 live");
+        holds(&stream, &base, &tables, &accounts, 1, "version 1 live");
 
         // Version 2 builds beside it; the destinations go on with version 1's rows.
         drop(server);
@@ -832,7 +851,7 @@ fn promotes_rollbacks_and_backfills_reach_every_destination() {
         let (server, base) = topology.serve(&root);
         caught_up(&base, 2);
         wait_delivered(&base, destinations, topology.name());
-        holds(&topology, &base, &tables, &accounts, 1, "version 2 a candidate");
+        holds(&stream, &base, &tables, &accounts, 1, "version 2 a candidate");
 
         let (code, body) = call(
             "POST",
@@ -841,7 +860,7 @@ fn promotes_rollbacks_and_backfills_reach_every_destination() {
         );
         assert_eq!(code, 200, "{body}");
         wait_delivered(&base, destinations, topology.name());
-        holds(&topology, &base, &tables, &accounts, 2, "version 2 promoted");
+        holds(&stream, &base, &tables, &accounts, 2, "version 2 promoted");
         let largest: i64 = tables
             .client()
             .query_one(&format!("SELECT count(*) FROM {}.paid WHERE largest IS NOT NULL", tables.0), &[])
@@ -853,7 +872,7 @@ fn promotes_rollbacks_and_backfills_reach_every_destination() {
             call("POST", &format!("{base}/v1/pipelines/paid/rollback"), Some(r#"{"why":"back to one minute"}"#));
         assert_eq!(code, 200, "{body}");
         wait_delivered(&base, destinations, topology.name());
-        holds(&topology, &base, &tables, &accounts, 1, "rolled back to version 1");
+        holds(&stream, &base, &tables, &accounts, 1, "rolled back to version 1");
 
         // The changes table: every change of both versions, and both entries, once.
         let changes = json_lines(&get(&format!("{base}/v1/pipelines/paid/changes?limit=100000")));
@@ -912,7 +931,7 @@ fn promotes_rollbacks_and_backfills_reach_every_destination() {
             "{run}"
         );
         wait_delivered(&base, destinations, topology.name());
-        holds(&topology, &base, &tables, &accounts, 1, "after a backfill");
+        holds(&stream, &base, &tables, &accounts, 1, "after a backfill");
         let results = json_lines(&get(&format!("{base}/v1/pipelines/paid/results?limit=100000")));
         let corrected =
             results.iter().find(|r| r["status"] == "corrected").unwrap_or_else(|| panic!("no corrected row"));
@@ -931,7 +950,8 @@ fn promotes_rollbacks_and_backfills_reach_every_destination() {
         assert_eq!(history, 1, "the changes table holds the corrected change once");
         let window = (corrected["key"].to_string(), corrected["window_start"].to_string());
         assert_eq!(accounts.lock().unwrap().windows.get(&window), Some(&seq), "the receiver applied the corrected row");
-        if let Some((held, _)) = kafka_view(&topology) {
+        {
+            let (held, _) = kafka_view(&stream);
             assert_eq!(held.get(&window).map(|h| h.0), Some(seq), "the Kafka consumer holds the corrected row");
         }
         drop::<Server>(server);
