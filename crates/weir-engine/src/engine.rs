@@ -263,6 +263,11 @@ pub struct Engine {
     /// The event time of the last event processed, when it had a readable one
     /// within `max_future` ([`Engine::last_event_time`]). Not kept in snapshots.
     last_time: Option<i64>,
+    /// Rows go out per batch ([`Engine::emit_per_batch`]), not per event.
+    per_batch: bool,
+    /// Per batch: the watermark before the batch's first event, while the
+    /// batch has rows to emit ([`Engine::end_batch`]).
+    batch_from: Option<i64>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -307,6 +312,8 @@ impl Engine {
             one_partition: false,
             clock_ms: None,
             last_time: None,
+            per_batch: false,
+            batch_from: None,
         }
     }
 
@@ -333,6 +340,50 @@ impl Engine {
         self.one_partition = true;
         self.st.part_wm.truncate(1);
         self.st.part_idle.truncate(1);
+    }
+
+    /// From now on a stream engine emits rows per batch, as SPEC.md 3.4
+    /// allows a server: each window changed or due since the last
+    /// [`Engine::end_batch`] emits at most one row there, from its state at
+    /// that point, instead of a row at every event. Intake is unchanged
+    /// (an event is late or too late by the watermark as it reads it), so
+    /// the rows a batch ends with, and every `settled` row, are those of an
+    /// engine emitting per event; only revisions nobody could have read
+    /// apart are left out. Call `end_batch` before [`Engine::take_delta`].
+    /// Not kept in snapshots; set it again after a restore.
+    pub fn emit_per_batch(&mut self) {
+        self.per_batch = true;
+    }
+
+    /// Emits the rows of the batch since the last call (see
+    /// [`Engine::emit_per_batch`]); nothing when emitting per event.
+    pub fn end_batch(&mut self, out: &mut Output) {
+        if let Some(wm_before) = self.batch_from.take() {
+            self.emit(wm_before, false, out);
+        }
+    }
+
+    /// Step 9 after an event or an idleness change: now, or per batch. Per
+    /// batch, a window whose time to settle came still settles (and is
+    /// forgotten) at once, as per event, so that what an event finds open
+    /// (`max_open_windows`, the key of a counted version) is the same; the
+    /// other rows wait for the batch's end.
+    fn emit_step(&mut self, wm_before: i64, out: &mut Output) {
+        if !self.per_batch {
+            return self.emit(wm_before, false, out);
+        }
+        self.batch_from.get_or_insert(wm_before);
+        if self.st.wm > wm_before {
+            let settle_to = self.st.wm.saturating_sub(self.plan.lateness_ms);
+            let due: Vec<(i64, WinId)> =
+                self.st.timers.iter().take_while(|(end, _)| *end <= settle_to).copied().collect();
+            for (end, id) in due {
+                if let Some(row) = self.decide(id) {
+                    self.pending.push((end, row));
+                }
+            }
+            self.send_pending(out);
+        }
     }
 
     /// The watermark slot of `partition`.
@@ -441,7 +492,7 @@ impl Engine {
     /// The end of a bounded input: the watermark becomes +infinity and every
     /// remaining window emits `settled`, global ones included.
     pub fn finish(&mut self, out: &mut Output) {
-        let wm_before = self.st.wm;
+        let wm_before = self.batch_from.take().unwrap_or(self.st.wm);
         self.st.wm = WM_MAX;
         self.emit(wm_before, true, out);
     }
@@ -456,7 +507,7 @@ impl Engine {
         self.st.part_idle[partition as usize] = idle;
         let wm_before = self.st.wm;
         self.recompute_watermark();
-        self.emit(wm_before, false, out);
+        self.emit_step(wm_before, out);
     }
 
     fn ensure_partition(&mut self, partition: u32) {
@@ -506,7 +557,7 @@ impl Engine {
             }
         }
         if self.mode == Mode::Stream {
-            self.emit(wm_before, false, out);
+            self.emit_step(wm_before, out);
         }
     }
 
@@ -1222,6 +1273,11 @@ impl Engine {
                 self.pending.push((end, row));
             }
         }
+        self.send_pending(out);
+    }
+
+    /// The rows of this step, in order of window end, window start and key.
+    fn send_pending(&mut self, out: &mut Output) {
         self.pending.sort_by(|a, b| (a.0, a.1.window_start, &a.1.key).cmp(&(b.0, b.1.window_start, &b.1.key)));
         for (_, row) in self.pending.drain(..) {
             match row.status {
@@ -1245,6 +1301,9 @@ impl Engine {
             // window published a row: it has nothing to say, as in a batch.
             if wm == WM_MAX || (!global && w.end.saturating_add(plan.lateness_ms) <= wm) {
                 self.forget_window(id);
+            } else if let Some(w) = self.st.windows.get_mut(id) {
+                // Off the dirty list now: its next change puts it back.
+                w.dirty = false;
             }
             return None;
         }

@@ -403,6 +403,90 @@ proptest! {
         }
     }
 
+    /// (d) A server's engine emits per batch (SPEC.md 3.4): over the same
+    /// events cut into random batches, its ledger and final rows are those
+    /// of an engine emitting per event; before a batch ends only windows
+    /// that settle emit (as per event); in each batch a window emits at most
+    /// one row, equal to the last one the per-event engine emitted for it
+    /// there (status, values, events), and where only the per-event engine
+    /// emitted, its last row holds no event (every version corrected away
+    /// before the per-batch engine published the window); revisions still go
+    /// 1..n without a gap.
+    #[test]
+    fn per_batch_emission_ends_each_batch_where_per_event_emission_does(
+        shape in shape(),
+        events in versions(0.2, 0.2),
+        jitter in prop::collection::vec(0i64..1_000_000, 1..64),
+        disorder_ms in 0i64..30_000,
+        lateness in 0i64..10_000,
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+    ) {
+        let c = contract(&shape, lateness, 2_000);
+        let session = shape.window.contains("session");
+        let lines = arrive(&events, &jitter, disorder_ms);
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c.index(lines.len() + 1)).collect();
+        cuts.push(lines.len());
+        cuts.sort_unstable();
+        let (mut each, mut batched) = (Engine::new(&c, Mode::Stream, 1).unwrap(), Engine::new(&c, Mode::Stream, 1).unwrap());
+        batched.emit_per_batch();
+        let (mut each_out, mut batched_out) = (Output::default(), Output::default());
+        // Per batch, the rows each engine emitted in it; the last batch is the finish.
+        let (mut each_rows, mut batched_rows): (Vec<Vec<Row>>, Vec<Vec<Row>>) = (Vec::new(), Vec::new());
+        let mut done = 0;
+        for cut in cuts.iter().copied().chain([usize::MAX]) {
+            if cut == usize::MAX {
+                each.finish(&mut each_out);
+                batched.finish(&mut batched_out);
+            } else {
+                for (i, line) in lines[done..cut].iter().enumerate() {
+                    let event = || EventIn { partition: 0, offset: (done + i) as u64 + 1, bytes: line.as_bytes() };
+                    each.process(event(), &mut each_out);
+                    batched.process(event(), &mut batched_out);
+                }
+                done = cut;
+                let early: Vec<&Row> = batched_out.rows.iter().filter(|r| r.status == Status::Provisional).collect();
+                prop_assert!(early.is_empty(), "only a settling window emits before its batch ends: {:?}", early);
+                batched.end_batch(&mut batched_out);
+            }
+            each_rows.push(std::mem::take(&mut each_out.rows));
+            batched_rows.push(std::mem::take(&mut batched_out.rows));
+        }
+        prop_assert_eq!(&each_out.ledger, &batched_out.ledger);
+        let all = |rows: &[Vec<Row>]| rows.concat();
+        prop_assert_eq!(finals(&all(&each_rows)), finals(&all(&batched_rows)));
+        let seen = |r: &Row| format!("{:?} {:?} end={:?} events={} late={}", r.status, r.values, r.window_end, r.events, r.late_events);
+        let mut published: std::collections::BTreeSet<WindowId> = Default::default();
+        let mut revisions: BTreeMap<WindowId, u32> = BTreeMap::new();
+        for (b, (each_b, batched_b)) in each_rows.iter().zip(&batched_rows).enumerate() {
+            let mut last: BTreeMap<WindowId, &Row> = BTreeMap::new();
+            for row in each_b {
+                last.insert((row.key.clone(), row.window_start), row);
+            }
+            // A session that settled can come back under its start (a new life, from revision 1).
+            let mut once: BTreeMap<WindowId, Status> = BTreeMap::new();
+            for row in batched_b {
+                let id = (row.key.clone(), row.window_start);
+                let before = once.insert(id.clone(), row.status);
+                prop_assert!(before.is_none_or(|s| session && s != Status::Provisional), "batch {}: {:?} emitted twice", b, id);
+                let next = revisions.get(&id).map_or(1, |r| r + 1);
+                if !session {
+                    prop_assert_eq!(row.revision, next, "batch {}: {:?}", b, id);
+                    let theirs = last.get(&id).map(|r| seen(r));
+                    prop_assert_eq!(Some(seen(row)), theirs, "batch {}: {:?}", b, id);
+                }
+                revisions.insert(id.clone(), row.revision);
+                published.insert(id);
+            }
+            if !session {
+                for (id, row) in last {
+                    if !once.contains_key(&id) {
+                        prop_assert!(row.events == 0 && !published.contains(&id), "batch {}: {:?} emitted only per event: {:?}", b, id, row);
+                    }
+                }
+            }
+        }
+    }
+
     /// Event intake: no input panics, and every line either counts, is
     /// filtered, or is in the ledger.
     #[test]

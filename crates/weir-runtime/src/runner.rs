@@ -332,6 +332,7 @@ impl Held {
             engine.read_one_partition();
         }
         engine.track_changes();
+        engine.emit_per_batch();
         let mut out = Output::default();
         let mut parts = BTreeMap::new();
         for &p in partitions {
@@ -368,6 +369,7 @@ impl Held {
     /// replay; `Ok(false)` when the fence refused it (the scope is then dropped).
     fn commit(&mut self, scope: Scope, replay: Option<i64>, now_ms: i64) -> anyhow::Result<bool> {
         let Some(unit) = self.units.get_mut(&scope) else { return Ok(true) };
+        unit.engine.end_batch(&mut unit.out);
         if let Some((keep, until)) = &unit.republish_after {
             unit.out.rows.retain(|row| !keep.keeps(row));
             let read_all = until.iter().all(|(p, u)| unit.parts.get(p).is_none_or(|part| part.next >= *u));
@@ -423,6 +425,7 @@ impl Held {
         let mut engine = self.new_engine(partitions)?;
         engine.set_revision_floor(floor);
         engine.track_changes();
+        engine.emit_per_batch();
         let run = self.checkpoints.start_run(scope, "replay")?;
         let (c, now) = (self.contract.clone(), self.now);
         let Some(unit) = self.units.get_mut(&scope) else { return Ok(()) };
@@ -721,7 +724,10 @@ impl Run {
                 .collect();
             for scope in ready {
                 let (started, began_ms) = (Instant::now(), clock.wall_ms());
-                let size = held.units.get(&scope).map(|u| (u.since, u.out.rows.len(), u.out.ledger.len()));
+                let size = held.units.get_mut(&scope).map(|u| {
+                    u.engine.end_batch(&mut u.out);
+                    (u.since, u.out.rows.len(), u.out.ledger.len())
+                });
                 let committed = held.commit(scope, None, began_ms)?;
                 let took = started.elapsed();
                 if committed {
