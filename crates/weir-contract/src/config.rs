@@ -6,7 +6,7 @@
 //! listen = "127.0.0.1:8080"
 //! idle_timeout = "30s"          # a partition silent this long stops holding the watermark back
 //! checkpoint_interval = "100ms" # results are published (and checkpointed) at least this often while behind; caught up, at once
-//! checkpoint_events = 50000     # ... and after at most this many events
+//! checkpoint_events = 200000    # ... and after at most this many events
 //! max_body_bytes = 67108864     # largest POST body
 //! max_events_per_request = 100000 # most events in one POST (413 past it, nothing appended)
 //! log_queue_bytes = 268435456   # events waiting for the log's writer; past it a POST gets 503 and Retry-After
@@ -206,7 +206,7 @@ impl Default for ServerConfig {
             listen: None,
             idle_timeout_ms: 30_000,
             checkpoint_interval_ms: 100,
-            checkpoint_events: 50_000,
+            checkpoint_events: 200_000,
             max_body_bytes: 64 << 20,
             max_events_per_request: 100_000,
             log_queue_bytes: 256 << 20,

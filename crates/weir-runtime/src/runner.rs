@@ -22,8 +22,10 @@
 //!    reads several);
 //! 4. as soon as the step has caught up (its read stopped short of its
 //!    limit, and no held partition is known to have more), or while behind
-//!    every `checkpoint_interval` (from the end of the last checkpoint) or
-//!    after `checkpoint_events` events, commits a checkpoint of each changed
+//!    every `checkpoint_interval` (from the end of the last checkpoint, and
+//!    at least twice as long as that one took, up to a second) or after
+//!    `checkpoint_events` events, ends the engine's batch (its rows) and
+//!    commits a checkpoint of each changed
 //!    scope: rows, ledger entries, the engine's changed state and the
 //!    offsets, in one transaction, refused by the fence if another worker
 //!    took the scope (the scope is then dropped);
@@ -494,8 +496,22 @@ impl Holder for HeldRef {
     }
 }
 
-/// A candidate checkpoints after this many times `checkpoint_events`.
-const CANDIDATE_EVENTS: u64 = 20;
+/// A candidate checkpoints after this many events while behind (or
+/// `checkpoint_events`, when that is more).
+const CANDIDATE_EVENTS: u64 = 1_000_000;
+
+/// How long after the last checkpoint the next one is due while a step
+/// reads (`interval`, in ms). Behind, committing takes at most a third of
+/// the time: the next checkpoint waits at least twice as long as the last
+/// one took (`last_took`), and no more than a second for that (results are
+/// published at least every second), so a backlog is caught up in fewer,
+/// larger transactions, each window writing one row per checkpoint.
+fn pause_after(interval: u64, behind: bool, last_took: u64) -> u64 {
+    match behind {
+        true => interval.max(last_took.saturating_mul(2).min(1_000)),
+        false => interval,
+    }
+}
 
 /// One run of a pipeline between a start (from the last checkpoints) and a
 /// stop or a crash. Dropping it without a stop is a crash: what it did
@@ -506,6 +522,8 @@ pub struct Run {
     held: Arc<Mutex<Held>>,
     batch: Batch,
     last_checkpoint: u64,
+    /// How long the last checkpoint took (ms, every scope's commit).
+    last_took: u64,
     /// Operator actions are read from the store (where the HTTP side wrote them) every interval.
     commands_read: Option<u64>,
     replay: Option<(i64, Replay)>,
@@ -560,6 +578,7 @@ impl Run {
             held,
             batch: Batch::default(),
             last_checkpoint: now,
+            last_took: 0,
             commands_read: None,
             replay: None,
             reading: true,
@@ -701,18 +720,20 @@ impl Run {
         }
         self.take_failures(r)?;
         // A candidate building from the retained input is read by no one by default: it
-        // checkpoints for its own safety, not for readers, so every 5 s or CANDIDATE_EVENTS x
-        // checkpoint_events while it is behind; once caught up, as a live version.
+        // checkpoints for its own safety, not for readers, so every 5 s or CANDIDATE_EVENTS
+        // events while it is behind; once caught up, as a live version.
         let behind = lock(&self.held).units.values().any(|u| u.parts.values().any(|p| p.end > p.next));
         let (interval, events) = match self.candidate && behind {
-            true => (self.interval.max(5_000), r.config.checkpoint_events.saturating_mul(CANDIDATE_EVENTS)),
+            true => (self.interval.max(5_000), r.config.checkpoint_events.max(CANDIDATE_EVENTS)),
             false => (self.interval, r.config.checkpoint_events),
         };
         // Caught up (nothing more to read now, as far as the source knows), a scope publishes at
         // once: a row waits for its checkpoint's commit, not for the interval. Behind, it waits
         // for the interval or `checkpoint_events`, so catching up writes few large checkpoints.
         let caught_up = short_read && !behind;
+        let interval = pause_after(interval, behind, self.last_took);
         let due = caught_up || now.saturating_sub(self.last_checkpoint) >= interval;
+        let round = clock.monotonic_ms();
         let mut checkpointed = Vec::new();
         {
             let mut held = lock(&self.held);
@@ -745,6 +766,7 @@ impl Run {
             // The interval runs from the end of a checkpoint: a checkpoint slower than the
             // interval must not make every following step checkpoint.
             self.last_checkpoint = clock.monotonic_ms();
+            self.last_took = self.last_checkpoint.saturating_sub(round);
         }
         let mut replayed = false;
         if let Some((id, replay)) = self.replay.take() {
@@ -871,5 +893,19 @@ impl Run {
             drop(s);
             r.bell.ring();
         }
+    }
+}
+
+#[cfg(test)]
+mod pause_tests {
+    use super::pause_after;
+
+    #[test]
+    fn behind_the_next_checkpoint_waits_twice_the_last_one_up_to_a_second() {
+        assert_eq!(pause_after(100, false, 500), 100, "caught up: the interval, however long the last took");
+        assert_eq!(pause_after(100, true, 30), 100, "a quick checkpoint: the interval");
+        assert_eq!(pause_after(100, true, 150), 300, "twice the last one");
+        assert_eq!(pause_after(100, true, 900), 1_000, "at most a second for the pause");
+        assert_eq!(pause_after(5_000, true, 900), 5_000, "a candidate's own interval stands");
     }
 }
