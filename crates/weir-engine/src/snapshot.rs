@@ -19,6 +19,7 @@ use weir_contract::{Contract, WindowKind};
 use crate::engine::{Counted, Counters, Engine, Mode, PlanError, Seen, State, Window};
 use crate::output::Reason;
 use crate::plan::Plan;
+use crate::table::HashedTable;
 
 const MAGIC: &[u8; 8] = b"WEIRSNAP";
 /// The snapshot format this build writes. It also reads formats 6, 5 and 4:
@@ -171,7 +172,10 @@ impl Engine {
         let windows = std::mem::take(&mut image.windows);
         let seen = std::mem::take(&mut image.seen);
         let mut counted: std::collections::HashMap<u128, Counted> = counted.into_iter().collect();
-        let ids = seen.into_iter().map(|(k, s)| (k, s, counted.remove(&k)));
+        let mut ids = Ids::default();
+        for (k, s) in seen {
+            ids.remember(&plan, k, s, counted.remove(&k))?;
+        }
         build(plan, image, windows.into_iter().map(Ok), ids)
     }
 
@@ -211,9 +215,7 @@ impl Engine {
                 }
             }
             let keep_until = records.iter().map(|r| r.keep_until).max().unwrap_or(i64::MIN);
-            let bytes =
-                if records.is_empty() { Vec::new() } else { postcard::to_allocvec(&records).unwrap_or_default() };
-            (bytes, keep_until)
+            (encode_records(&records), keep_until)
         } else {
             encode_ids(live)
         };
@@ -235,25 +237,50 @@ impl Engine {
         let windows = windows.into_iter().map(|(k, bytes)| {
             postcard::from_bytes::<Window>(&bytes).map(|w| (k, w)).map_err(|e| SnapshotError::Corrupt(e.to_string()))
         });
-        let mut ids = IdMap::default();
-        for batch in id_batches {
+        // Straight into the engine's tables: an id's last record decides,
+        // so a record that forgets it, or one already expired, removes it.
+        let wm = image.wm;
+        let batches: Vec<B> = id_batches.into_iter().collect();
+        let mut ids = Ids::default();
+        // Room for every record at once: a later record of an id replaces
+        // an earlier one, so this is at most what the batches hold.
+        let records: usize = batches.iter().map(|b| records_in(b.as_ref(), plan.corrects)).sum();
+        ids.seen.reserve(records);
+        if plan.corrects {
+            ids.counted.reserve(records);
+        }
+        for batch in &batches {
             let batch = batch.as_ref();
             if batch.is_empty() {
                 continue;
             }
             if plan.corrects {
-                let records: Vec<IdRecord> =
-                    postcard::from_bytes(batch).map_err(|e| SnapshotError::Corrupt(format!("an id batch: {e}")))?;
-                for r in records {
-                    ids.insert(r.id, r.entry.map(|(s, c)| (s, Some(c))));
+                let records = decode_records(batch, plan.aggs.len())?;
+                let keys: Vec<u128> = records.iter().map(|r| r.id).collect();
+                for (i, r) in records.into_iter().enumerate() {
+                    if let Some(&ahead) = keys.get(i + PREFETCH_AHEAD) {
+                        ids.prefetch(ahead);
+                    }
+                    match r.entry {
+                        Some((s, c)) if s.expires > wm => ids.remember(&plan, r.id, s, Some(c))?,
+                        _ => ids.forget(r.id),
+                    }
                 }
             } else {
-                decode_ids(batch, &mut ids)?;
+                decode_ids(batch, |id, s, ahead| {
+                    if let Some(ahead) = ahead {
+                        ids.prefetch(ahead);
+                    }
+                    match s.expires > wm {
+                        true => ids.remember(&plan, id, s, None),
+                        false => {
+                            ids.forget(id);
+                            Ok(())
+                        }
+                    }
+                })?;
             }
         }
-        let wm = image.wm;
-        let ids =
-            ids.into_iter().filter_map(|(k, e)| e.map(|(s, c)| (k, s, c))).filter(move |(_, s, _)| s.expires > wm);
         build(plan, image, windows, ids)
     }
 }
@@ -287,6 +314,151 @@ struct IdRecord {
     entry: Option<(Seen, Counted)>,
 }
 
+/// An id batch under corrections starts with this, then the number of
+/// records (u64) and the records: id (u128), keep until (i64), then 0
+/// (forgotten) or 1 and the counted version: partition (u32), offset,
+/// payload hash (u64), expiry, time (i64), first window (u128), watermark
+/// when counted, keep until (i64), the number of aggregates (u16) and for
+/// each 0 (nothing given), 1 and a mantissa (i128) and a scale (u8), or 2
+/// and a mantissa that fits an i64 and a scale; all little-endian. Batches written before it are a postcard `Vec<IdRecord>`,
+/// which cannot start with ten bytes of 0xff (a varint is at most ten
+/// bytes, and its tenth has no continuation bit).
+const RECORDS_MARK: [u8; 10] = [0xff; 10];
+
+/// The fewest bytes a record takes (a forgotten id).
+const RECORD_MIN_BYTES: usize = 25;
+
+fn encode_records(records: &[IdRecord]) -> Vec<u8> {
+    if records.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(18 + records.len() * 128);
+    out.extend_from_slice(&RECORDS_MARK);
+    out.extend_from_slice(&(records.len() as u64).to_le_bytes());
+    for r in records {
+        out.extend_from_slice(&r.id.to_le_bytes());
+        out.extend_from_slice(&r.keep_until.to_le_bytes());
+        let Some((s, c)) = &r.entry else {
+            out.push(0);
+            continue;
+        };
+        out.push(1);
+        out.extend_from_slice(&s.partition.to_le_bytes());
+        out.extend_from_slice(&s.offset.to_le_bytes());
+        out.extend_from_slice(&s.payload_hash.to_le_bytes());
+        out.extend_from_slice(&s.expires.to_le_bytes());
+        out.extend_from_slice(&c.time.to_le_bytes());
+        out.extend_from_slice(&c.window.to_le_bytes());
+        out.extend_from_slice(&c.wm_at.to_le_bytes());
+        out.extend_from_slice(&c.keep_until.to_le_bytes());
+        // A plan has a handful of aggregates; the contract bounds them far below u16.
+        out.extend_from_slice(&(c.given.len() as u16).to_le_bytes());
+        for g in c.given.iter() {
+            match g {
+                None => out.push(0),
+                Some(d) => match i64::try_from(d.mantissa()) {
+                    Ok(small) => {
+                        out.push(2);
+                        out.extend_from_slice(&small.to_le_bytes());
+                        out.push(d.scale() as u8);
+                    }
+                    Err(_) => {
+                        out.push(1);
+                        out.extend_from_slice(&d.mantissa().to_le_bytes());
+                        out.push(d.scale() as u8);
+                    }
+                },
+            }
+        }
+    }
+    out
+}
+
+/// Reads fixed-size little-endian fields off the front of a batch.
+struct Fields<'a>(&'a [u8]);
+
+impl Fields<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], SnapshotError> {
+        let (head, rest) = self.0.split_first_chunk::<N>().ok_or_else(|| {
+            SnapshotError::Corrupt(format!("an id batch ends {} bytes into a field of {N}", self.0.len()))
+        })?;
+        self.0 = rest;
+        Ok(*head)
+    }
+    fn u8(&mut self) -> Result<u8, SnapshotError> {
+        Ok(self.take::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, SnapshotError> {
+        self.take().map(u16::from_le_bytes)
+    }
+    fn u32(&mut self) -> Result<u32, SnapshotError> {
+        self.take().map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Result<u64, SnapshotError> {
+        self.take().map(u64::from_le_bytes)
+    }
+    fn i64(&mut self) -> Result<i64, SnapshotError> {
+        self.take().map(i64::from_le_bytes)
+    }
+    fn u128(&mut self) -> Result<u128, SnapshotError> {
+        self.take().map(u128::from_le_bytes)
+    }
+}
+
+/// The records of an id batch under corrections, in either encoding;
+/// `aggs` bounds what a record may say it gave.
+fn decode_records(batch: &[u8], aggs: usize) -> Result<Vec<IdRecord>, SnapshotError> {
+    let Some(rest) = batch.strip_prefix(&RECORDS_MARK) else {
+        return postcard::from_bytes(batch).map_err(|e| SnapshotError::Corrupt(format!("an id batch: {e}")));
+    };
+    let mut f = Fields(rest);
+    let count = f.u64()?;
+    let corrupt = |what: String| SnapshotError::Corrupt(format!("an id batch: {what}"));
+    if count > (rest.len() / RECORD_MIN_BYTES) as u64 {
+        return Err(corrupt(format!("{count} records in {} bytes", batch.len())));
+    }
+    let mut records = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let id = f.u128()?;
+        let keep_until = f.i64()?;
+        let entry = match f.u8()? {
+            0 => None,
+            1 => {
+                let seen = Seen { partition: f.u32()?, offset: f.u64()?, payload_hash: f.u64()?, expires: f.i64()? };
+                let (time, window, wm_at, keep_until) = (f.i64()?, f.u128()?, f.i64()?, f.i64()?);
+                let n = f.u16()? as usize;
+                if n != aggs {
+                    return Err(corrupt(format!("a record gives {n} aggregates where the contract has {aggs}")));
+                }
+                let mut given = Vec::with_capacity(n);
+                for _ in 0..n {
+                    given.push(match f.u8()? {
+                        0 => None,
+                        tag @ (1 | 2) => {
+                            let mantissa = match tag {
+                                1 => i128::from_le_bytes(f.take()?),
+                                _ => f.i64()?.into(),
+                            };
+                            let scale = f.u8()?;
+                            let d = rust_decimal::Decimal::try_from_i128_with_scale(mantissa, scale.into())
+                                .map_err(|e| corrupt(format!("an amount given: {e}")))?;
+                            Some(d)
+                        }
+                        t => return Err(corrupt(format!("an amount tagged {t}"))),
+                    });
+                }
+                Some((seen, Counted { time, window, wm_at, given: given.into_boxed_slice(), keep_until }))
+            }
+            t => return Err(corrupt(format!("a record tagged {t}"))),
+        };
+        records.push(IdRecord { id, keep_until, entry });
+    }
+    if !f.0.is_empty() {
+        return Err(corrupt(format!("{} bytes after its {count} records", f.0.len())));
+    }
+    Ok(records)
+}
+
 /// An id batch without corrections: 44 bytes an id (id, partition, offset,
 /// payload hash, expiry; little-endian).
 const ID_BYTES: usize = 44;
@@ -305,18 +477,86 @@ fn encode_ids(ids: impl Iterator<Item = (u128, Seen)>) -> (Vec<u8>, i64) {
     (out, max)
 }
 
-type IdMap = std::collections::HashMap<u128, Option<(Seen, Option<Counted>)>>;
+/// How many records an id batch holds, from its length or, under
+/// corrections, its leading count (0 when that cannot be read: decoding
+/// the batch then says what is wrong).
+fn records_in(batch: &[u8], corrects: bool) -> usize {
+    if !corrects {
+        return batch.len() / ID_BYTES;
+    }
+    if let Some(rest) = batch.strip_prefix(&RECORDS_MARK) {
+        let count = rest.first_chunk::<8>().map_or(0, |c| u64::from_le_bytes(*c));
+        return usize::try_from(count).unwrap_or(0).min(rest.len() / RECORD_MIN_BYTES);
+    }
+    let mut count = 0usize;
+    for (i, byte) in batch.iter().take(10).enumerate() {
+        count |= ((byte & 0x7f) as usize).checked_shl(7 * i as u32).unwrap_or(0);
+        if byte & 0x80 == 0 {
+            // Never more records than bytes: a damaged count reserves no more than the batch's length.
+            return count.min(batch.len());
+        }
+    }
+    0
+}
 
-fn decode_ids(bytes: &[u8], into: &mut IdMap) -> Result<(), SnapshotError> {
+/// Remembered ids as the engine keeps them, being restored.
+#[derive(Default)]
+struct Ids {
+    seen: HashedTable<Seen>,
+    counted: HashedTable<Counted>,
+}
+
+impl Ids {
+    /// Remembers `id` as `seen`, replacing what an earlier record said; under
+    /// `on_conflict = "correct"` with what its counting version gave.
+    fn remember(&mut self, plan: &Plan, id: u128, seen: Seen, counted: Option<Counted>) -> Result<(), SnapshotError> {
+        match (plan.corrects, counted) {
+            (false, _) => self.seen.insert(id, seen),
+            (true, Some(c)) if c.given.len() == plan.aggs.len() => {
+                self.seen.insert(id, seen);
+                self.counted.insert(id, c);
+            }
+            (true, _) => {
+                return Err(SnapshotError::Corrupt(
+                    "a remembered id does not say what it counted, as on_conflict = \"correct\" needs".into(),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts loading the slots `id` will take, a few records ahead: the
+    /// tables are far larger than the cache, so each insert is otherwise a miss.
+    fn prefetch(&self, id: u128) {
+        self.seen.prefetch(id);
+        self.counted.prefetch(id);
+    }
+
+    fn forget(&mut self, id: u128) {
+        self.seen.remove(id);
+        self.counted.remove(id);
+    }
+}
+
+/// How many records ahead a restore prefetches the slots of an id.
+const PREFETCH_AHEAD: usize = 8;
+
+/// Calls `each` with every id of a batch without corrections, its record,
+/// and the id [`PREFETCH_AHEAD`] records on.
+fn decode_ids(
+    bytes: &[u8],
+    mut each: impl FnMut(u128, Seen, Option<u128>) -> Result<(), SnapshotError>,
+) -> Result<(), SnapshotError> {
     if !bytes.len().is_multiple_of(ID_BYTES) {
         return Err(SnapshotError::Corrupt(format!("an id batch of {} bytes is not whole records", bytes.len())));
     }
-    for c in bytes.chunks_exact(ID_BYTES) {
+    let id_at = |c: &[u8]| u128::from_le_bytes(c[0..16].try_into().unwrap_or_default());
+    for (i, c) in bytes.chunks_exact(ID_BYTES).enumerate() {
+        let ahead = bytes.get((i + PREFETCH_AHEAD) * ID_BYTES..).filter(|r| r.len() >= ID_BYTES).map(id_at);
         let word = |at: usize| u64::from_le_bytes(c[at..at + 8].try_into().unwrap_or_default());
-        let id = u128::from_le_bytes(c[0..16].try_into().unwrap_or_default());
+        let id = id_at(c);
         let partition = u32::from_le_bytes(c[16..20].try_into().unwrap_or_default());
-        let seen = Seen { partition, offset: word(20), payload_hash: word(28), expires: word(36) as i64 };
-        into.insert(id, Some((seen, None)));
+        each(id, Seen { partition, offset: word(20), payload_hash: word(28), expires: word(36) as i64 }, ahead)?;
     }
     Ok(())
 }
@@ -370,7 +610,7 @@ fn build(
     plan: Plan,
     image: Image,
     windows: impl IntoIterator<Item = Result<(u128, Window), SnapshotError>>,
-    ids: impl IntoIterator<Item = (u128, Seen, Option<Counted>)>,
+    ids: Ids,
 ) -> Result<Engine, SnapshotError> {
     let mut st = State {
         part_wm: image.part_wm,
@@ -378,6 +618,8 @@ fn build(
         wm: image.wm,
         counters: image.counters,
         revision_floor: image.revision_floor,
+        seen: ids.seen,
+        counted: ids.counted,
         ..State::default()
     };
     let global = matches!(plan.kind, WindowKind::Global);
@@ -397,20 +639,6 @@ fn build(
             *st.keys.get_or_insert_with(crate::engine::key_id(&w.key), || 0).0 += 1;
         }
         st.windows.insert(id, w);
-    }
-    for (id, s, counted) in ids {
-        match (plan.corrects, counted) {
-            (false, _) => st.seen.insert(id, s),
-            (true, Some(c)) if c.given.len() == plan.aggs.len() => {
-                st.seen.insert(id, s);
-                st.counted.insert(id, c);
-            }
-            (true, _) => {
-                return Err(SnapshotError::Corrupt(
-                    "a remembered id does not say what it counted, as on_conflict = \"correct\" needs".into(),
-                ))
-            }
-        }
     }
     Ok(Engine::from_parts(Arc::new(plan), image.mode, st))
 }
@@ -440,6 +668,72 @@ mod tests {
         bytes.extend_from_slice(&format.to_le_bytes());
         bytes.extend(postcard::to_allocvec(&old).unwrap());
         bytes
+    }
+
+    #[test]
+    fn a_batch_says_how_many_records_it_holds() {
+        for n in [0usize, 1, 127, 128, 300, 20_000] {
+            let batch = postcard::to_allocvec(&vec![7u16; n]).unwrap();
+            assert_eq!(records_in(&batch, true), n);
+        }
+        assert_eq!(records_in(&[0xff; 12], true), 0, "a count past ten bytes");
+        assert_eq!(records_in(&[0xff, 0x7f], true), 2, "never more than the batch's bytes");
+        assert_eq!(records_in(&[0; ID_BYTES * 3], false), 3);
+    }
+
+    #[test]
+    fn an_id_batch_under_corrections_reads_the_same_in_either_encoding_and_damage_is_an_error() {
+        let text = "[pipeline]\nname = \"p\"\nversion = 1\nowner = \"o\"\nsteward = \"s\"\ndecision = \"d\"\n\
+            [source]\ntopic = \"t\"\nevent_time = \"t\"\nkey = [\"k\"]\nevent_id = \"id\"\n\
+            where = '!has(status) || status != \"void\"'\n\
+            [window]\ntype = \"tumbling\"\nsize = \"10s\"\n[dedup]\nhorizon = \"1m\"\non_conflict = \"correct\"\n\
+            [[aggregate]]\nname = \"n\"\nfn = \"count\"\n\
+            [[aggregate]]\nname = \"total\"\nfn = \"sum\"\nfield = \"amount\"\n";
+        let c = Contract::parse("p.toml", text).unwrap();
+        let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+        engine.track_changes();
+        let mut out = Output::default();
+        let events = [
+            r#"{"k":"a","t":1000,"id":"1","amount":"12.50"}"#,
+            r#"{"k":"b","t":2000,"id":"2","amount":-3}"#,
+            r#"{"k":"a","t":3000,"id":"3"}"#,
+            // A mantissa past an i64.
+            r#"{"k":"a","t":3500,"id":"4","amount":"123456789012345678901.5"}"#,
+            // A correction (another amount, another key) and a deletion.
+            r#"{"k":"b","t":1500,"id":"1","amount":"0.0001"}"#,
+            r#"{"id":"2","status":"void"}"#,
+        ];
+        for (i, e) in events.iter().enumerate() {
+            engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: e.as_bytes() }, &mut out);
+        }
+        let delta = engine.take_delta();
+        assert!(delta.ids.starts_with(&RECORDS_MARK));
+        let records = decode_records(&delta.ids, 2).unwrap();
+        assert_eq!(records.len(), 4);
+        assert!(records.iter().any(|r| r.entry.is_none()), "the deletion's record");
+        let given: Vec<_> =
+            records.iter().filter_map(|r| r.entry.as_ref()).flat_map(|(_, c)| c.given.to_vec()).collect();
+        assert!(given.contains(&Some(rust_decimal::Decimal::new(1, 4))), "{given:?}");
+        let big = rust_decimal::Decimal::from_i128_with_scale(1_234_567_890_123_456_789_015, 1);
+        assert!(given.contains(&Some(big)), "{given:?}");
+        // The same records as a batch written before this encoding.
+        let older = postcard::to_allocvec(&records).unwrap();
+        let windows: Vec<(u128, Vec<u8>)> = delta.windows.iter().filter_map(|(k, w)| Some((*k, w.clone()?))).collect();
+        let now = Engine::restore_parts(&c, &delta.header, windows.clone(), [&delta.ids]).unwrap();
+        let before = Engine::restore_parts(&c, &delta.header, windows.clone(), [&older]).unwrap();
+        assert_eq!(now.snapshot(), engine.snapshot());
+        assert_eq!(before.snapshot(), engine.snapshot());
+        // Every cut short and every byte changed: an error or records, never a panic.
+        for cut in 0..delta.ids.len() {
+            assert!(decode_records(&delta.ids[..cut], 2).is_err(), "cut at {cut}");
+        }
+        for at in 0..delta.ids.len() {
+            let mut bytes = delta.ids.clone();
+            bytes[at] ^= 0x80;
+            let _ = decode_records(&bytes, 2);
+            let _ = Engine::restore_parts(&c, &delta.header, windows.clone(), [&bytes]);
+        }
+        assert!(decode_records(&delta.ids, 1).is_err(), "a record with more aggregates than the contract");
     }
 
     #[test]

@@ -78,6 +78,20 @@ impl<V: Default> HashedTable<V> {
         self.find(stored(key)).ok().map(|slot| &mut self.values[slot])
     }
 
+    /// Makes room for `more` keys beyond those held, at once, so that
+    /// inserting them does not grow the table step by step.
+    pub(crate) fn reserve(&mut self, more: usize) {
+        let need = self.len.saturating_add(more);
+        if need * 10 <= self.keys.len() * 7 {
+            return;
+        }
+        let mut slots = self.keys.len().max(MIN_SLOTS);
+        while need.saturating_mul(10) > slots.saturating_mul(7) && slots < usize::MAX / 4 {
+            slots *= 2;
+        }
+        self.rehash(slots);
+    }
+
     /// True when one more key would make the table grow.
     pub(crate) fn is_full(&self) -> bool {
         (self.len + 1) * 10 > self.keys.len() * 7
@@ -190,7 +204,11 @@ impl<V: Default> HashedTable<V> {
     }
 
     fn grow(&mut self) {
-        let slots = (self.keys.len() * 2).max(MIN_SLOTS);
+        self.rehash((self.keys.len() * 2).max(MIN_SLOTS));
+    }
+
+    /// Moves every entry into a table of `slots` slots (a power of two that holds them).
+    fn rehash(&mut self, slots: usize) {
         let keys = std::mem::replace(&mut self.keys, vec![0; slots]);
         let mut values = std::mem::take(&mut self.values);
         self.values.resize_with(slots, V::default);
@@ -237,6 +255,26 @@ mod tests {
         assert_eq!(table.len(), table.iter().count());
         table.retain(|_| false);
         assert_eq!((table.len(), table.iter().count()), (0, 0));
+    }
+
+    #[test]
+    fn reserving_makes_room_at_once_and_keeps_every_entry() {
+        let mut table = HashedTable::<i64>::default();
+        for n in 0..100i64 {
+            table.insert((n as u128) << 70 | 3, n);
+        }
+        table.reserve(10_000);
+        let slots = table.slots();
+        assert!(slots.is_power_of_two() && (100 + 10_000) * 10 <= slots * 7, "{slots} slots");
+        for n in 100..10_100i64 {
+            table.insert((n as u128) << 70 | 3, n);
+        }
+        assert_eq!((table.slots(), table.len()), (slots, 10_100), "inserting what was reserved grew the table");
+        for n in 0..10_100i64 {
+            assert_eq!(table.get((n as u128) << 70 | 3), Some(&n));
+        }
+        table.reserve(1);
+        assert_eq!(table.slots(), slots, "room already there");
     }
 
     #[test]

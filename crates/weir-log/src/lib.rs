@@ -175,6 +175,39 @@ impl Pending {
     }
 }
 
+/// Opens each partition of `jobs` (topic, folder, number), on a thread per
+/// core at most: each reads and checks every record of its segments. The
+/// partitions come back in the order of `jobs`; the first failure in that
+/// order is the answer.
+fn open_partitions(jobs: &[(&str, PathBuf, u32)]) -> Result<Vec<(Partition, Recovered)>, LogError> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, jobs.len().max(1));
+    let next = AtomicUsize::new(0);
+    type Opened = Result<(Partition, Recovered), LogError>;
+    let done: Mutex<Vec<Option<Opened>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
+    let work = || {
+        let mut buf = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some((_, dir, p)) = jobs.get(i) else { break };
+            let opened = Partition::open(dir, *p, &mut buf);
+            if let Some(slot) = lock(&done).get_mut(i) {
+                *slot = Some(opened);
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        // A thread that cannot start leaves its share to the others.
+        for _ in 1..threads {
+            let _ = std::thread::Builder::new().name("weir-log-open".into()).spawn_scoped(s, work);
+        }
+        work();
+    });
+    let done = done.into_inner().unwrap_or_else(|e| e.into_inner());
+    done.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(LogError::Unavailable("a partition was not opened".into()))))
+        .collect()
+}
+
 impl Log {
     /// Opens (or creates) the log in `dir`, recovering every topic on disk.
     pub fn open(dir: &Path, options: LogOptions) -> Result<(Log, Vec<(String, Recovered)>), LogError> {
@@ -189,16 +222,19 @@ impl Log {
             .filter(|n| valid_topic(n))
             .collect();
         names.sort();
-        for name in names {
-            let tdir = dir.join(&name);
-            let count = count_partitions(&tdir)?;
-            let mut partitions = Vec::new();
-            for p in 0..count {
-                let (partition, report) = Partition::open(&tdir.join(p.to_string()), p)?;
-                recovered.push((name.clone(), report));
-                partitions.push(Mutex::new(partition));
-            }
-            topics.insert(name, Arc::new(new_topic(partitions)));
+        let mut jobs = Vec::new();
+        for name in &names {
+            let tdir = dir.join(name);
+            jobs.extend((0..count_partitions(&tdir)?).map(|p| (name.as_str(), tdir.join(p.to_string()), p)));
+        }
+        let mut partitions: BTreeMap<&str, Vec<Mutex<Partition>>> =
+            names.iter().map(|n| (n.as_str(), Vec::new())).collect();
+        for ((name, _, _), (partition, report)) in jobs.iter().zip(open_partitions(&jobs)?) {
+            recovered.push((name.to_string(), report));
+            partitions.entry(name).or_default().push(Mutex::new(partition));
+        }
+        for (name, partitions) in partitions {
+            topics.insert(name.to_owned(), Arc::new(new_topic(partitions)));
         }
         let shared = Arc::new(Shared {
             dir: dir.to_owned(),

@@ -78,7 +78,9 @@ impl Partition {
 
     /// Opens a partition folder, checking every record: a torn tail of the
     /// last segment is cut off; damage anywhere else is refused.
-    pub(crate) fn open(dir: &Path, id: u32) -> Result<(Partition, Recovered), LogError> {
+    /// Opens the partition in `dir`, reading each segment into `buf` (kept
+    /// by the caller, so that one allocation serves every segment).
+    pub(crate) fn open(dir: &Path, id: u32, buf: &mut Vec<u8>) -> Result<(Partition, Recovered), LogError> {
         let mut bases = Vec::new();
         let entries = std::fs::read_dir(dir).map_err(|e| LogError::io(dir, "list the partition folder", e))?;
         for entry in entries {
@@ -112,7 +114,7 @@ impl Partition {
                     });
                 }
             }
-            let (segment, count, torn) = scan_segment(&path, base, last)?;
+            let (segment, count, torn) = scan_segment(&path, base, last, buf)?;
             records += count;
             torn_bytes += torn;
             segments.push(segment);
@@ -327,8 +329,12 @@ pub(crate) fn read_segment(
 
 /// Checks every record of a segment; returns the segment, its record count
 /// and the bytes of torn tail cut off (only the last segment may have one).
-fn scan_segment(path: &Path, base: u64, last: bool) -> Result<(Segment, u64, u64), LogError> {
-    let bytes = std::fs::read(path).map_err(|e| LogError::io(path, "read", e))?;
+fn scan_segment(path: &Path, base: u64, last: bool, buf: &mut Vec<u8>) -> Result<(Segment, u64, u64), LogError> {
+    buf.clear();
+    File::open(path)
+        .and_then(|mut f| std::io::Read::read_to_end(&mut f, buf))
+        .map_err(|e| LogError::io(path, "read", e))?;
+    let bytes = &buf[..];
     let mut pos = 0usize;
     let mut expected = base;
     let mut newest_ms = i64::MIN;
