@@ -404,6 +404,24 @@ fn a_pause_holds_the_rows_of_every_worker_and_a_resume_publishes_them() {
     assert!(results.iter().any(|r| r.contains("5.00")), "{results:?}");
 }
 
+/// How Postgres stores `state_ids.data`: `e` (external) is as it is, `x` compressed.
+fn id_batch_storage(s: &mut Schema) -> String {
+    let sql = format!(
+        "SELECT attstorage::TEXT FROM pg_attribute WHERE attrelid = '{}.state_ids'::regclass AND attname = 'data'",
+        s.name
+    );
+    s.client.query_one(&sql, &[]).unwrap().get(0)
+}
+
+#[test]
+fn id_batches_are_stored_uncompressed_in_a_new_schema() {
+    let mut s = Schema::new("idstorage");
+    assert_eq!(id_batch_storage(&mut s), "e");
+    // Starting again on it changes nothing.
+    pg::migrate(&mut s.client, &s.name).unwrap();
+    assert_eq!(id_batch_storage(&mut s), "e");
+}
+
 #[test]
 fn a_version_2_schema_is_migrated_and_generations_go_on_above_the_old_ones() {
     let mut s = Schema::new("migrate3");
@@ -426,6 +444,7 @@ fn a_version_2_schema_is_migrated_and_generations_go_on_above_the_old_ones() {
         .unwrap()
         .get(0);
     assert_eq!(version, pg::SCHEMA_VERSION.to_string());
+    assert_eq!(id_batch_storage(&mut s), "e", "a migrated schema stores id batches uncompressed");
     let claim = pg::claim(&mut s.client, &s.name, "paid", 0, "new", (1, c.text_hash)).unwrap();
     assert!(claim.generation > 7, "{}", claim.generation);
     let other = pg::claim(&mut s.client, &s.name, "paid", 1, "new", (1, c.text_hash)).unwrap();
