@@ -57,21 +57,31 @@ url = "$pg"
 schema = "weir_bench_$1"
 TOML
 }
-status_sum() { # sum of next_offset over the workers' partitions, and of checkpoint seconds; args: URL|TOKEN
+wait_all() { # waits until the workers' partitions' next offsets sum to $1, polling every 200 ms from one
+              # process; prints the sum of checkpoint seconds and their count. Args: N URL|TOKEN...
     python3 - "$@" <<'PY'
-import json, sys, urllib.request
-offsets, seconds, count = 0, 0.0, 0
-for arg in sys.argv[1:]:
-    base, token = arg.split("|")
-    get = lambda path: urllib.request.urlopen(urllib.request.Request(base + path, headers={"Authorization": "Bearer " + token}))
-    s = json.load(get("/v1/pipelines/paid_revenue/status"))
-    offsets += sum(p["next_offset"] for p in s["partitions"])
-    for line in get("/metrics").read().decode().splitlines():
-        if line.startswith("weir_checkpoint_duration_seconds_sum"):
-            seconds += float(line.rsplit(" ", 1)[1])
-        if line.startswith("weir_checkpoint_duration_seconds_count"):
-            count += int(float(line.rsplit(" ", 1)[1]))
-print(offsets, seconds, count)
+import json, sys, time, urllib.request
+n = int(sys.argv[1])
+def get(base, token, path):
+    return urllib.request.urlopen(urllib.request.Request(base + path, headers={"Authorization": "Bearer " + token}))
+while True:
+    offsets, seconds, count = 0, 0.0, 0
+    try:
+        for arg in sys.argv[2:]:
+            base, token = arg.split("|")
+            s = json.load(get(base, token, "/v1/pipelines/paid_revenue/status"))
+            offsets += sum(p["next_offset"] for p in s["partitions"])
+            for line in get(base, token, "/metrics").read().decode().splitlines():
+                if line.startswith("weir_checkpoint_duration_seconds_sum"):
+                    seconds += float(line.rsplit(" ", 1)[1])
+                if line.startswith("weir_checkpoint_duration_seconds_count"):
+                    count += int(float(line.rsplit(" ", 1)[1]))
+    except OSError:
+        offsets = 0
+    if offsets >= n:
+        print(seconds, count)
+        break
+    time.sleep(0.2)
 PY
 }
 start_worker() { # $1: suffix, $2: worker number; sets $base (URL|reader token) and $pid
@@ -116,11 +126,7 @@ for workers in 1 2; do
         bases+=("$base")
         started_pids+=("$pid")
     done
-    while true; do
-        read -r offsets seconds count < <(status_sum "${bases[@]}" 2>/dev/null || echo "0 0 0")
-        [ "$offsets" -ge "$n" ] && break
-        sleep 0.2
-    done
+    read -r seconds count < <(wait_all "$n" "${bases[@]}")
     t1=$(date +%s.%N)
     cpu=0
     for p in "${started_pids[@]}"; do cpu=$((cpu + $(ps -o times= -p "$p" | tr -d ' '))); done
