@@ -320,9 +320,10 @@ struct IdRecord {
 /// payload hash (u64), expiry, time (i64), first window (u128), watermark
 /// when counted, keep until (i64), the number of aggregates (u16) and for
 /// each 0 (nothing given), 1 and a mantissa (i128) and a scale (u8), or 2
-/// and a mantissa that fits an i64 and a scale; all little-endian. Batches written before it are a postcard `Vec<IdRecord>`,
-/// which cannot start with ten bytes of 0xff (a varint is at most ten
-/// bytes, and its tenth has no continuation bit).
+/// and a mantissa that fits an i64 and a scale; all little-endian.
+/// Batches written before it are a postcard `Vec<IdRecord>`, which cannot
+/// start with ten bytes of 0xff (a varint is at most ten bytes, and its
+/// tenth has no continuation bit).
 const RECORDS_MARK: [u8; 10] = [0xff; 10];
 
 /// The fewest bytes a record takes (a forgotten id).

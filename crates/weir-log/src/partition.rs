@@ -77,9 +77,9 @@ impl Partition {
     }
 
     /// Opens a partition folder, checking every record: a torn tail of the
-    /// last segment is cut off; damage anywhere else is refused.
-    /// Opens the partition in `dir`, reading each segment into `buf` (kept
-    /// by the caller, so that one allocation serves every segment).
+    /// last segment is cut off; damage anywhere else is refused. Each
+    /// segment is read into `buf`, kept by the caller so that one
+    /// allocation serves every segment.
     pub(crate) fn open(dir: &Path, id: u32, buf: &mut Vec<u8>) -> Result<(Partition, Recovered), LogError> {
         let mut bases = Vec::new();
         let entries = std::fs::read_dir(dir).map_err(|e| LogError::io(dir, "list the partition folder", e))?;
