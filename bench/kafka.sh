@@ -4,6 +4,8 @@
 #
 #   bench/kafka.sh [EVENTS]            default: 500000
 #   WEIR=OTHER/weir bench/kafka.sh     the same with another build
+#   KAFKA_CONFIG='"queued.min.messages" = "500000"' bench/kafka.sh
+#                                      with librdkafka settings ([kafka.config] lines)
 #
 # Starts tansu (the Kafka-API broker of the tests, in memory) on a free port,
 # generates EVENTS payments (`weir gen payments --profile bench`), produces
@@ -56,6 +58,8 @@ group = "bench-$1"
 url = "$pg"
 schema = "weir_bench_$1"
 TOML
+    # KAFKA_CONFIG: extra [kafka.config] lines, to try librdkafka settings.
+    if [ -n "${KAFKA_CONFIG:-}" ]; then printf '[kafka.config]\n%s\n' "$KAFKA_CONFIG"; fi
 }
 wait_all() { # waits until the workers' partitions' next offsets sum to $1, polling every 200 ms from one
               # process; prints the sum of checkpoint seconds and their count. Args: N URL|TOKEN...
@@ -113,7 +117,9 @@ psql_run "DROP SCHEMA IF EXISTS weir_bench_setup CASCADE"
 echo "produced $n events to Kafka: $(python3 -c "print(round($n / ($ended - $started)))") events/s ($(tail -1 "$dir/produce.log"))"
 
 tansu_pid=${pids[0]}
-printf '%-8s %-10s %-10s %-16s %-12s %-24s %-14s %s\n' workers events seconds events_per_second checkpoints checkpoint_us_per_event weir_cpu_s tansu_cpu_s
+# CPU seconds of every postgres process on this machine (the server's backends included).
+pg_cpu() { ps -C postgres -o times= | awk '{s += $1} END {print s + 0}'; }
+printf '%-8s %-10s %-10s %-16s %-12s %-24s %-12s %-12s %s\n' workers events seconds events_per_second checkpoints checkpoint_us_per_event weir_cpu_s tansu_cpu_s postgres_cpu_s
 for workers in 1 2; do
     suffix="w${workers}_$$"
     psql_run "DROP SCHEMA IF EXISTS weir_bench_$suffix CASCADE"
@@ -121,6 +127,7 @@ for workers in 1 2; do
     started_pids=()
     t0=$(date +%s.%N)
     tansu_before=$(ps -o times= -p "$tansu_pid" | tr -d ' ')
+    pg_before=$(pg_cpu)
     for w in $(seq 1 "$workers"); do
         start_worker "$suffix" "$w"
         bases+=("$base")
@@ -131,9 +138,10 @@ for workers in 1 2; do
     cpu=0
     for p in "${started_pids[@]}"; do cpu=$((cpu + $(ps -o times= -p "$p" | tr -d ' '))); done
     tansu_cpu=$(( $(ps -o times= -p "$tansu_pid" | tr -d ' ') - tansu_before ))
+    pg_used=$(( $(pg_cpu) - pg_before ))
     python3 -c "
 n, t, s, c = $n, $t1 - $t0, $seconds, $count
-print(f'{$workers:<8} {n:<10} {t:<10.2f} {n / t:<16.0f} {c:<12} {s / n * 1e6:<24.1f} {$cpu:<14} {$tansu_cpu}')"
+print(f'{$workers:<8} {n:<10} {t:<10.2f} {n / t:<16.0f} {c:<12} {s / n * 1e6:<24.1f} {$cpu:<12} {$tansu_cpu:<12} {$pg_used}')"
     for p in "${started_pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
     psql_run "DROP SCHEMA IF EXISTS weir_bench_$suffix CASCADE"
 done

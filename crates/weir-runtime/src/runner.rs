@@ -259,6 +259,10 @@ struct Part {
     /// not its input, until the first one at or after it (as Kafka's
     /// offsets for a time: the earliest offset whose time is at or after it).
     from_time: Option<i64>,
+    /// A record arrived past `next`: the source was sent back to `next`
+    /// (this offset) once, and the partition's later records in that read
+    /// were dropped. A gap found again there is the source's own.
+    reread: Option<u64>,
 }
 
 /// A claimed scope: its engine and where it stands.
@@ -339,7 +343,10 @@ impl Held {
         let mut parts = BTreeMap::new();
         for &p in partitions {
             let next = claimed.offsets.iter().find(|(q, _)| *q == p).map_or(0, |(_, o)| *o);
-            parts.insert(p, Part { next, end: next, idle: false, heard: self.now, last_time_ms: None, from_time });
+            parts.insert(
+                p,
+                Part { next, end: next, idle: false, heard: self.now, last_time_ms: None, from_time, reread: None },
+            );
             if !self.per_partition {
                 // Every partition starts active, as the runner sees it, whatever the checkpoint held.
                 engine.set_partition_idle(p, false, &mut out);
@@ -439,7 +446,15 @@ impl Held {
             source.seek(*p, from)?;
             // Records before the version's start are not its input in a replay either.
             let from_time = c.pipeline.start_ms;
-            *part = Part { next: from, end: high.max(from), idle: false, heard: now, last_time_ms: None, from_time };
+            *part = Part {
+                next: from,
+                end: high.max(from),
+                idle: false,
+                heard: now,
+                last_time_ms: None,
+                from_time,
+                reread: None,
+            };
             until.push((*p, high));
         }
         unit.republish_after = replay.from_time.map(|t| (KeepPublished::new(&c, t, replaced.watermark()), until));
@@ -648,17 +663,33 @@ impl Run {
             let name = &held.contract.pipeline.name;
             let mut latencies = Vec::with_capacity(self.batch.len());
             let mut producer_lags = Vec::with_capacity(self.batch.len());
+            // Partitions sent back to their next offset in this read: their later records wait.
+            let mut sent_back: Vec<u32> = Vec::new();
             for (rec, bytes) in self.batch.iter() {
                 let scope = if held.per_partition { Scope::Partition(rec.partition) } else { Scope::Topic };
                 // A record of a partition handed over (read before the hand-over) is not this worker's.
                 let Some(unit) = held.units.get_mut(&scope) else { continue };
                 let Some(part) = unit.parts.get_mut(&rec.partition) else { continue };
-                if rec.offset < part.next {
-                    continue; // counted before the last checkpoint
+                if rec.offset < part.next || sent_back.contains(&rec.partition) {
+                    continue; // counted before the last checkpoint, or read again from `next`
                 }
+                if rec.offset > part.next && part.reread != Some(part.next) {
+                    // Records past `next`: before calling anything missing, read once
+                    // more from `next` (a client may have dropped what it had queued).
+                    eprintln!(
+                        "weir: {name}: partition {}: offset {} arrived where {} was next; reading again from {}",
+                        rec.partition, rec.offset, part.next, part.next
+                    );
+                    self.source.seek(rec.partition, part.next)?;
+                    part.reread = Some(part.next);
+                    sent_back.push(rec.partition);
+                    continue;
+                }
+                part.reread = None;
                 if rec.offset > part.next {
-                    // Offsets the source did not deliver: removed by retention or compaction,
-                    // transaction markers, or a broker fault. Never silent.
+                    // Offsets the source did not deliver when asked again: removed by retention
+                    // or compaction, transaction markers, or a broker fault (tansu answers a
+                    // fetch from inside a record batch with the batch after it). Never silent.
                     eprintln!(
                         "weir: {name}: partition {}: offset {} was delivered after {}; offsets {}..{} were not delivered",
                         rec.partition,
