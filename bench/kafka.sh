@@ -61,17 +61,23 @@ TOML
     # KAFKA_CONFIG: extra [kafka.config] lines, to try librdkafka settings.
     if [ -n "${KAFKA_CONFIG:-}" ]; then printf '[kafka.config]\n%s\n' "$KAFKA_CONFIG"; fi
 }
-wait_all() { # waits until the workers' partitions' next offsets sum to $1, polling every 200 ms from one
-              # process; prints the sum of checkpoint seconds and their count. Args: N URL|TOKEN...
-    python3 - "$@" <<'PY'
-import json, sys, time, urllib.request
-n = int(sys.argv[1])
+wait_all() { # waits until the offsets checkpointed in Postgres sum to $1, polling every 200 ms from one
+              # process (the workers' status first, then Postgres); prints the sum of checkpoint
+              # seconds and their count. Args: N SCHEMA URL|TOKEN...
+    python3 - "$pg" "$@" <<'PY'
+import json, subprocess, sys, time, urllib.request
+pg, n, schema = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def get(base, token, path):
     return urllib.request.urlopen(urllib.request.Request(base + path, headers={"Authorization": "Bearer " + token}))
+def stored():
+    sql = f"SELECT coalesce(sum(next_offset), 0) FROM {schema}.partitions WHERE pipeline = 'paid_revenue'"
+    out = subprocess.run(["psql", "-XAtq", pg, "-c", sql], capture_output=True, text=True)
+    return int(out.stdout.strip() or 0)
+read_all = False
 while True:
     offsets, seconds, count = 0, 0.0, 0
     try:
-        for arg in sys.argv[2:]:
+        for arg in sys.argv[4:]:
             base, token = arg.split("|")
             s = json.load(get(base, token, "/v1/pipelines/paid_revenue/status"))
             offsets += sum(p["next_offset"] for p in s["partitions"])
@@ -82,7 +88,9 @@ while True:
                     count += int(float(line.rsplit(" ", 1)[1]))
     except OSError:
         offsets = 0
-    if offsets >= n:
+    # Read is not published: the time ends when the last offset is checkpointed.
+    read_all = read_all or offsets >= n
+    if read_all and stored() >= n:
         print(seconds, count)
         break
     time.sleep(0.2)
@@ -133,7 +141,7 @@ for workers in 1 2; do
         bases+=("$base")
         started_pids+=("$pid")
     done
-    read -r seconds count < <(wait_all "$n" "${bases[@]}")
+    read -r seconds count < <(wait_all "$n" "weir_bench_$suffix" "${bases[@]}")
     t1=$(date +%s.%N)
     cpu=0
     for p in "${started_pids[@]}"; do cpu=$((cpu + $(ps -o times= -p "$p" | tr -d ' '))); done

@@ -28,7 +28,12 @@
 //!    commits a checkpoint of each changed
 //!    scope: rows, ledger entries, the engine's changed state and the
 //!    offsets, in one transaction, refused by the fence if another worker
-//!    took the scope (the scope is then dropped);
+//!    took the scope (the scope is then dropped). Caught up, stopping or
+//!    replaying, the step commits before it returns; behind, it commits on
+//!    a thread of its own while the next steps read and count (the store
+//!    is that thread's until it ends, and whatever needs the store waits
+//!    for it: the next checkpoint, a claim, a hand-over, a replay, the
+//!    commands, a crash);
 //! 5. applies a replay to each scope that has not applied it: what it
 //!    counted is checkpointed, then its state starts again from the
 //!    replay's offset, with revisions above every one published.
@@ -50,8 +55,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use weir_contract::{Contract, ServerConfig};
+use weir_engine::{Delta, RowFormat};
 use weir_engine::{Engine, EventIn, Mode, Output, Reason};
-use weir_store::checkpoint::{CheckpointError, Checkpoints, Scope, Write};
+use weir_store::checkpoint::{self, CheckpointError, Checkpoints, Scope, Write};
 use weir_store::{Replay, VersionState};
 
 use crate::status::{KafkaPartition, Status};
@@ -289,10 +295,64 @@ impl Unit {
     }
 }
 
+/// One scope's checkpoint, taken from its unit, to commit now or behind.
+struct Taken {
+    scope: Scope,
+    generation: i64,
+    format: RowFormat,
+    out: Output,
+    delta: Delta,
+    offsets: Vec<(u32, u64)>,
+    now_ms: i64,
+    run: i64,
+    replay: Option<i64>,
+    /// Events, rows and ledger entries it holds (for its span).
+    size: (u64, usize, usize),
+}
+
+impl Taken {
+    fn commit(self, checkpoints: &mut dyn Checkpoints) -> checkpoint::Result<()> {
+        let Taken { scope, generation, format, out, delta, offsets, now_ms, run, replay, .. } = self;
+        let write =
+            Write { scope, generation, format: &format, out: &out, delta, offsets: &offsets, now_ms, run, replay };
+        checkpoints.commit(write)
+    }
+}
+
+/// A checkpoint committed, or refused by the fence, for the step to report.
+struct Committed {
+    scope: Scope,
+    offsets: Vec<(u32, u64)>,
+    size: (u64, usize, usize),
+    began_ms: i64,
+    took: Duration,
+    ok: bool,
+}
+
+/// A checkpoint sent to commit behind: its scope, offsets, size and start.
+type Sent = (Scope, Vec<(u32, u64)>, (u64, usize, usize), i64);
+
+/// What the thread of [`Behind`] gives back: the store, with each commit's
+/// result and how long it took (it stops at the first failure other than
+/// the fence's).
+type Ended = (Box<dyn Checkpoints>, Vec<(checkpoint::Result<()>, Duration)>);
+
+/// Checkpoints of a step that was behind, committing on a thread of their
+/// own while the next steps read: the store is the thread's until it ends.
+struct Behind {
+    /// In the order committed.
+    scopes: Vec<Sent>,
+    job: std::thread::JoinHandle<Ended>,
+}
+
 /// What a run's steps and the source's [`Holder`] calls share.
 struct Held {
     contract: Contract,
-    checkpoints: Box<dyn Checkpoints>,
+    /// `None` while [`Held::behind`] commits (or if its thread panicked).
+    checkpoints: Option<Box<dyn Checkpoints>>,
+    behind: Option<Behind>,
+    /// Checkpoints that ended since the step last reported them.
+    committed: Vec<Committed>,
     per_partition: bool,
     units: BTreeMap<Scope, Unit>,
     /// Why the run started, recorded with each claim.
@@ -327,7 +387,8 @@ impl Held {
 
     /// Claims `scope` over `partitions` and restores its last checkpoint.
     fn claim(&mut self, scope: Scope, partitions: &[u32]) -> anyhow::Result<()> {
-        let claimed = self.checkpoints.claim(scope, &self.why)?;
+        let why = self.why.clone();
+        let claimed = self.store()?.claim(scope, &why)?;
         let c = &self.contract;
         let from_time = if claimed.state.is_none() { c.pipeline.start_ms } else { None };
         let mut engine = match claimed.state {
@@ -374,10 +435,20 @@ impl Held {
         Ok(())
     }
 
-    /// Commits a checkpoint of `scope`, or with `replay` the first one of a
-    /// replay; `Ok(false)` when the fence refused it (the scope is then dropped).
-    fn commit(&mut self, scope: Scope, replay: Option<i64>, now_ms: i64) -> anyhow::Result<bool> {
-        let Some(unit) = self.units.get_mut(&scope) else { return Ok(true) };
+    /// The store, once the checkpoints committing behind have ended.
+    fn store(&mut self) -> anyhow::Result<&mut dyn Checkpoints> {
+        self.settle(true);
+        match self.checkpoints.as_deref_mut() {
+            Some(store) => Ok(store),
+            None => anyhow::bail!("{}", self.failed.clone().unwrap_or_else(|| "the checkpoint thread stopped".into())),
+        }
+    }
+
+    /// Ends the batch of `scope` and takes its checkpoint out of the unit
+    /// (its rows, ledger entries, state change and offsets); `None` when
+    /// the scope is not held.
+    fn take(&mut self, scope: Scope, replay: Option<i64>, now_ms: i64) -> Option<Taken> {
+        let unit = self.units.get_mut(&scope)?;
         unit.engine.end_batch(&mut unit.out);
         if let Some((keep, until)) = &unit.republish_after {
             unit.out.rows.retain(|row| !keep.keeps(row));
@@ -386,34 +457,115 @@ impl Held {
                 unit.republish_after = None;
             }
         }
-        let offsets = unit.offsets();
-        let delta = unit.engine.take_delta();
-        let write = Write {
+        let size = (unit.since, unit.out.rows.len(), unit.out.ledger.len());
+        let taken = Taken {
             scope,
             generation: unit.generation,
-            format: unit.engine.format(),
-            out: &unit.out,
-            delta,
-            offsets: &offsets,
+            format: unit.engine.format().clone(),
+            out: std::mem::take(&mut unit.out),
+            delta: unit.engine.take_delta(),
+            offsets: unit.offsets(),
             now_ms,
             run: unit.run,
             replay,
+            size,
         };
-        match self.checkpoints.commit(write) {
-            Ok(()) => {
-                unit.out.clear();
-                unit.since = 0;
-                unit.dirty = false;
-                Ok(true)
+        unit.since = 0;
+        unit.dirty = false;
+        Some(taken)
+    }
+
+    /// Commits a checkpoint of `scope` now, or with `replay` the first one
+    /// of a replay; `Ok(false)` when the fence refused it (the scope is then dropped).
+    fn commit(&mut self, scope: Scope, replay: Option<i64>, now_ms: i64) -> anyhow::Result<bool> {
+        self.store()?;
+        if self.abandoned {
+            return Ok(false);
+        }
+        let Some(taken) = self.take(scope, replay, now_ms) else { return Ok(true) };
+        let (offsets, size, started) = (taken.offsets.clone(), taken.size, Instant::now());
+        let result = taken.commit(self.store()?);
+        self.ended(scope, offsets, size, now_ms, started.elapsed(), result)
+    }
+
+    /// Commits `taken` on a thread of its own; [`Held::settle`] takes the results.
+    fn commit_behind(&mut self, taken: Vec<Taken>) -> anyhow::Result<()> {
+        if taken.is_empty() {
+            return Ok(());
+        }
+        self.store()?;
+        let Some(mut store) = self.checkpoints.take() else { return Ok(()) };
+        let scopes = taken.iter().map(|t| (t.scope, t.offsets.clone(), t.size, t.now_ms)).collect();
+        let job = std::thread::Builder::new().name("weir-checkpoint".into()).spawn(move || {
+            let mut results = Vec::with_capacity(taken.len());
+            for t in taken {
+                let started = Instant::now();
+                let result = t.commit(store.as_mut());
+                let failed = matches!(result, Err(ref e) if !matches!(e, CheckpointError::Fenced { .. }));
+                results.push((result, started.elapsed()));
+                if failed {
+                    break;
+                }
             }
+            (store, results)
+        })?;
+        self.behind = Some(Behind { scopes, job });
+        Ok(())
+    }
+
+    /// Takes the results of the checkpoints committing behind, waiting for
+    /// them when `wait` (else only when they have ended).
+    fn settle(&mut self, wait: bool) {
+        if !wait && self.behind.as_ref().is_some_and(|b| !b.job.is_finished()) {
+            return;
+        }
+        let Some(Behind { scopes, job }) = self.behind.take() else { return };
+        match job.join() {
+            Ok((store, results)) => {
+                self.checkpoints = Some(store);
+                for ((scope, offsets, size, began_ms), (result, took)) in scopes.into_iter().zip(results) {
+                    if let Err(e) = self.ended(scope, offsets, size, began_ms, took, result) {
+                        self.failed.get_or_insert(format!("checkpointing {scope}: {e:#}"));
+                    }
+                }
+            }
+            Err(panic) => {
+                let why = (panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "(no message)".to_owned());
+                self.failed.get_or_insert(format!("the checkpoint thread panicked: {why}"));
+                self.abandoned = true;
+            }
+        }
+    }
+
+    /// Records how a commit of `scope` ended: `Ok(false)` when the fence
+    /// refused it (the scope is dropped); another failure abandons the run,
+    /// since a later checkpoint would lack this one's change.
+    fn ended(
+        &mut self,
+        scope: Scope,
+        offsets: Vec<(u32, u64)>,
+        size: (u64, usize, usize),
+        began_ms: i64,
+        took: Duration,
+        result: checkpoint::Result<()>,
+    ) -> anyhow::Result<bool> {
+        let ok = match result {
+            Ok(()) => true,
             Err(e @ CheckpointError::Fenced { .. }) => {
                 eprintln!("weir: {e}");
                 self.units.remove(&scope);
                 self.fenced += 1;
-                Ok(false)
+                false
             }
-            Err(e) => Err(e.into()),
-        }
+            Err(e) => {
+                self.abandoned = true;
+                return Err(e.into());
+            }
+        };
+        self.committed.push(Committed { scope, offsets, size, began_ms, took, ok });
+        Ok(ok)
     }
 
     /// Applies replay `id` to `scope`: what it counted so far is
@@ -435,7 +587,7 @@ impl Held {
         engine.set_revision_floor(floor);
         engine.track_changes();
         engine.emit_per_batch();
-        let run = self.checkpoints.start_run(scope, "replay")?;
+        let run = self.store()?.start_run(scope, "replay")?;
         let (c, now) = (self.contract.clone(), self.now);
         let Some(unit) = self.units.get_mut(&scope) else { return Ok(()) };
         let replaced = std::mem::replace(&mut unit.engine, engine);
@@ -559,7 +711,10 @@ impl Drop for Run {
     /// A run dropped without [`Run::close`] (a failure, a crash) commits
     /// nothing more: a source that hands partitions over as it goes only drops them.
     fn drop(&mut self) {
-        lock(&self.held).abandoned = true;
+        let mut held = lock(&self.held);
+        held.abandoned = true;
+        // A checkpoint committing behind ends first, as a crash after its commit.
+        held.settle(true);
     }
 }
 
@@ -575,7 +730,9 @@ impl Run {
         let now = clock.monotonic_ms();
         let held = Arc::new(Mutex::new(Held {
             contract: r.contract.clone(),
-            checkpoints,
+            checkpoints: Some(checkpoints),
+            behind: None,
+            committed: Vec::new(),
             per_partition: source.per_partition(),
             units: BTreeMap::new(),
             why: why.to_owned(),
@@ -613,16 +770,23 @@ impl Run {
     pub fn step(&mut self, r: &Runner, clock: &dyn Clock, stopping: bool, wait: Duration) -> anyhow::Result<Step> {
         let now = clock.monotonic_ms();
         lock(&self.held).now = now;
-        if self.commands_read.is_none_or(|at| now.saturating_sub(at) >= self.interval) {
+        // Checkpoints committing behind that have ended are taken now; while they commit,
+        // the store is theirs, and the commands wait for a step after them.
+        let committing = {
             let mut held = lock(&self.held);
-            r.paused.store(held.checkpoints.is_paused()?, Ordering::SeqCst);
-            let state = held.checkpoints.version_state()?;
+            held.settle(false);
+            held.behind.is_some()
+        };
+        if !committing && self.commands_read.is_none_or(|at| now.saturating_sub(at) >= self.interval) {
+            let mut held = lock(&self.held);
+            r.paused.store(held.store()?.is_paused()?, Ordering::SeqCst);
+            let state = held.store()?.version_state()?;
             lock(&r.status).version_state = state;
             self.reading = state.is_some_and(VersionState::runs);
             self.candidate = state == Some(VersionState::Candidate);
             let oldest = held.units.values().map(|u| u.replayed).min();
             self.replay = match oldest {
-                Some(oldest) => held.checkpoints.last_replay()?.filter(|(id, _)| *id > oldest),
+                Some(oldest) => held.store()?.last_replay()?.filter(|(id, _)| *id > oldest),
                 None => None,
             };
             self.commands_read = Some(now);
@@ -764,7 +928,10 @@ impl Run {
         let caught_up = short_read && !behind;
         let interval = pause_after(interval, behind, self.last_took);
         let due = caught_up || now.saturating_sub(self.last_checkpoint) >= interval;
-        let round = clock.monotonic_ms();
+        // Caught up, stopping or replaying, a step commits before it returns (a row waits for its
+        // checkpoint, not for the next step). Behind, it commits on a thread of its own while the
+        // next steps read, and the next checkpoint first waits for that one.
+        let now_behind = !(caught_up || stopping || self.replay.is_some());
         let mut checkpointed = Vec::new();
         {
             let mut held = lock(&self.held);
@@ -774,37 +941,48 @@ impl Run {
                 .filter(|(_, u)| u.dirty && (due || stopping || u.since >= events || self.replay.is_some()))
                 .map(|(s, _)| *s)
                 .collect();
-            for scope in ready {
-                let (started, began_ms) = (Instant::now(), clock.wall_ms());
-                let size = held.units.get_mut(&scope).map(|u| {
-                    u.engine.end_batch(&mut u.out);
-                    (u.since, u.out.rows.len(), u.out.ledger.len())
-                });
-                let committed = held.commit(scope, None, began_ms)?;
-                let took = started.elapsed();
-                if committed {
-                    lock(&r.status).checkpoint_duration.observe(took.as_secs_f64());
-                    checkpointed.extend(held.units.get(&scope).map(Unit::offsets).unwrap_or_default());
+            let sent = !ready.is_empty();
+            if sent {
+                held.settle(true);
+                let began_ms = clock.wall_ms();
+                let taken: Vec<Taken> = match held.abandoned {
+                    true => Vec::new(),
+                    false => ready.into_iter().filter_map(|scope| held.take(scope, None, began_ms)).collect(),
+                };
+                held.commit_behind(taken)?;
+            }
+            if !now_behind {
+                held.settle(true);
+            }
+            if sent {
+                // The interval runs from the end of a checkpoint here, or from its start behind.
+                self.last_checkpoint = clock.monotonic_ms();
+            }
+            let mut took_ms = 0;
+            for c in std::mem::take(&mut held.committed) {
+                if c.ok {
+                    lock(&r.status).checkpoint_duration.observe(c.took.as_secs_f64());
+                    checkpointed.extend(c.offsets);
                 }
-                let (events, rows, ledger) = size.unwrap_or_default();
-                let span = telemetry::Checkpoint { scope, events, rows, ledger, committed };
-                span.record(&r.contract, began_ms, took);
+                took_ms += c.took.as_millis() as u64;
+                let (events, rows, ledger) = c.size;
+                let span = telemetry::Checkpoint { scope: c.scope, events, rows, ledger, committed: c.ok };
+                span.record(&r.contract, c.began_ms, c.took);
+            }
+            if took_ms > 0 {
+                self.last_took = took_ms;
             }
         }
         let any_checkpoint = !checkpointed.is_empty();
         if any_checkpoint {
             self.source.checkpointed(&checkpointed);
-            // The interval runs from the end of a checkpoint: a checkpoint slower than the
-            // interval must not make every following step checkpoint.
-            self.last_checkpoint = clock.monotonic_ms();
-            self.last_took = self.last_checkpoint.saturating_sub(round);
         }
         let mut replayed = false;
         if let Some((id, replay)) = self.replay.take() {
             let mut held = lock(&self.held);
             let behind: Vec<Scope> = held.units.iter().filter(|(_, u)| u.replayed < id).map(|(s, _)| *s).collect();
             if !behind.is_empty() {
-                let floor = held.checkpoints.max_revision()?;
+                let floor = held.store()?.max_revision()?;
                 for scope in behind {
                     held.replay(scope, (id, replay), floor, self.source.as_mut(), clock.wall_ms())?;
                 }
