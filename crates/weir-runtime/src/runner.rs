@@ -1056,7 +1056,8 @@ impl Run {
         let mut watermark: Option<i64> = None;
         let (mut open, mut bytes) = (0, 0);
         let mut parts = Vec::new();
-        s.unsaved = held.units.values().any(|u| u.dirty);
+        // A checkpoint still committing behind has not stored its rows either.
+        s.unsaved = held.behind.is_some() || held.units.values().any(|u| u.dirty);
         for (scope, unit) in &held.units {
             let e = &unit.engine;
             counters.add(e.counters());

@@ -47,7 +47,8 @@ pub struct Status {
     /// Where this contract's version stands, as the store last said
     /// (`None` before the first read, or once the version was removed).
     pub version_state: Option<weir_store::VersionState>,
-    /// Events were read since the last checkpoint: rows they made are not in the store yet.
+    /// Events were read since the last checkpoint that ended (one may be
+    /// committing): rows they made are not in the store yet.
     pub unsaved: bool,
 }
 

@@ -195,6 +195,8 @@ struct World {
     store: Box<dyn Store>,
     /// Records the source leaves out ([`Skipping`]); none in the simulation.
     skip: Option<Skip>,
+    /// Holds every commit until opened ([`Gated`]); none in the simulation.
+    gate: Option<Gate>,
 }
 
 /// Where the runner checkpoints.
@@ -414,6 +416,49 @@ impl Source for Skipping {
     }
 }
 
+/// Open or closed, and the commits waiting for it to open.
+type Gate = Arc<(Mutex<bool>, std::sync::Condvar)>;
+
+fn open_gate(gate: &Gate) {
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+}
+
+/// Checkpoints whose commits wait until the gate is open.
+struct Gated {
+    inner: Box<dyn Checkpoints>,
+    gate: Gate,
+}
+
+impl Checkpoints for Gated {
+    fn claim(&mut self, scope: Scope, why: &str) -> checkpoint::Result<Claimed> {
+        self.inner.claim(scope, why)
+    }
+    fn commit(&mut self, write: Write<'_>) -> checkpoint::Result<()> {
+        let mut open = self.gate.0.lock().unwrap();
+        while !*open {
+            open = self.gate.1.wait(open).unwrap();
+        }
+        drop(open);
+        self.inner.commit(write)
+    }
+    fn start_run(&mut self, scope: Scope, why: &str) -> checkpoint::Result<i64> {
+        self.inner.start_run(scope, why)
+    }
+    fn is_paused(&mut self) -> checkpoint::Result<bool> {
+        self.inner.is_paused()
+    }
+    fn last_replay(&mut self) -> checkpoint::Result<Option<(i64, Replay)>> {
+        self.inner.last_replay()
+    }
+    fn max_revision(&mut self) -> checkpoint::Result<u32> {
+        self.inner.max_revision()
+    }
+    fn version_state(&mut self) -> checkpoint::Result<Option<VersionState>> {
+        self.inner.version_state()
+    }
+}
+
 fn log_options() -> LogOptions {
     LogOptions { segment_bytes: 16 * 1024, ..LogOptions::default() }
 }
@@ -457,6 +502,7 @@ impl World {
             backend,
             store,
             skip: None,
+            gate: None,
         }
     }
 
@@ -480,7 +526,10 @@ impl World {
 
     /// A run on a new connection whose commits the test can refuse, over the log.
     fn open_run(&self, live: &Live, why: &str) -> anyhow::Result<Run> {
-        let checkpoints = self.backend.checkpoints(&self.contract, &live.fail_commit)?;
+        let mut checkpoints = self.backend.checkpoints(&self.contract, &live.fail_commit)?;
+        if let Some(gate) = &self.gate {
+            checkpoints = Box::new(Gated { inner: checkpoints, gate: Arc::clone(gate) });
+        }
         let mut source = LogSource::new(self.log.clone(), "events", None);
         if self.backend.per_partition() {
             source = source.engine_per_partition();
@@ -1026,4 +1075,58 @@ fn records_a_source_never_delivers_are_counted_as_not_delivered() {
 #[test]
 fn records_a_source_never_delivers_are_counted_as_not_delivered_on_postgres() {
     records_left_out_are_read_again(Kind::Postgres, true);
+}
+
+/// Seeds of the tests of a checkpoint committing behind (see `CAUGHT_UP_SEED`).
+const BEHIND_SEED: u64 = 9_000_020;
+
+/// A step that is behind commits its checkpoint on a thread of its own and
+/// returns; until that commit ends, the status says rows are unsaved (a
+/// candidate is not ready) and the store holds the offsets before it. A
+/// step that catches up commits before it returns.
+fn committing_behind_leaves_rows_unsaved_until_stored(kind: Kind) {
+    let seed = BEHIND_SEED + matches!(kind, Kind::Postgres) as u64;
+    let mut world = World::new(kind, seed);
+    world.read_records = 4;
+    let gate: Gate = Arc::default();
+    world.gate = Some(Arc::clone(&gate));
+    world.start("server start");
+    world.step(false); // nothing to read yet
+    let events: Vec<(u32, Vec<u8>)> = (0..10).map(|_| (0, world.event(0))).collect();
+    world.append(events);
+    // A second on: the checkpoint is due and the status is published; 4 of 10 read, so behind.
+    world.clock.advance(1_100);
+    let returned = !world.step(false);
+    let unsaved_while_committing = world.live.as_ref().map(|l| l.runner.status.lock().unwrap().unsaved);
+    let stored_while_committing = world.backend.stored_offsets().first().copied();
+    open_gate(&gate);
+    assert!(returned, "{kind:?}: the step behind returned without reporting a checkpoint");
+    assert_eq!(unsaved_while_committing, Some(true), "{kind:?}: the status said the rows were saved");
+    assert_ne!(stored_while_committing, Some(4), "{kind:?}: the store held the checkpoint before its commit ended");
+    // The rest read: caught up, so the step commits before it returns.
+    let mut stored = None;
+    for _ in 0..20 {
+        world.clock.advance(1_100);
+        world.step(false);
+        stored = world.backend.stored_offsets().first().copied();
+        if stored == Some(10) {
+            break;
+        }
+    }
+    assert_eq!(stored, Some(10), "{kind:?}: every record checkpointed once caught up");
+    let unsaved = world.live.as_ref().map(|l| l.runner.status.lock().unwrap().unsaved);
+    assert_eq!(unsaved, Some(false), "{kind:?}: caught up and stored, nothing is unsaved");
+    world.live = None;
+    world.backend.close();
+    let _ = std::fs::remove_dir_all(&world.dir);
+}
+
+#[test]
+fn a_checkpoint_committing_behind_leaves_rows_unsaved_until_it_is_stored() {
+    committing_behind_leaves_rows_unsaved_until_stored(Kind::Sqlite);
+}
+
+#[test]
+fn a_checkpoint_committing_behind_leaves_rows_unsaved_until_it_is_stored_on_postgres() {
+    committing_behind_leaves_rows_unsaved_until_stored(Kind::Postgres);
 }

@@ -37,6 +37,9 @@ pub struct Report {
     pub state_bytes: usize,
     pub last_checkpoint: Option<String>,
     pub checkpoint_age_ms: Option<i64>,
+    /// Events were read since the last checkpoint that ended: rows they
+    /// made are not in the store yet.
+    pub unsaved: bool,
     pub failed: Option<String>,
     pub paused: bool,
     pub replays: u64,
@@ -237,6 +240,7 @@ pub fn report_version(
         state_bytes: s.state_bytes,
         last_checkpoint: (s.last_checkpoint_ms > 0).then(|| format_rfc3339_ms(s.last_checkpoint_ms)),
         checkpoint_age_ms: (s.last_checkpoint_ms > 0).then(|| now.saturating_sub(s.last_checkpoint_ms)),
+        unsaved: s.unsaved,
         failed: p.refused.clone().or(s.failed),
         paused: p.paused.load(Ordering::SeqCst),
         replays: s.replays,

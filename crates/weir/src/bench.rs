@@ -198,7 +198,8 @@ fn caught_up(server: &Server, events: u64, within: Duration) -> Result<Duration,
     let started = Instant::now();
     loop {
         if let Some(s) = status(&agent, server) {
-            if s["events"]["read"].as_u64() >= Some(events) && s["lag_records"] == 0 {
+            // Read, and stored: no checkpoint still committing.
+            if s["events"]["read"].as_u64() >= Some(events) && s["lag_records"] == 0 && s["unsaved"] == false {
                 return Ok(started.elapsed());
             }
         }
