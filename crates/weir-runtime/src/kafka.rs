@@ -684,29 +684,28 @@ mod tests {
         assert!(producer(&k.brokers, Some(&k)).is_err(), "an unknown protocol is refused");
     }
 
-    #[test]
-    fn a_consumer_waits_at_most_10_ms_at_the_broker_unless_told_otherwise() {
-        let c = consumer_config("127.0.0.1:9092", None);
-        assert_eq!(c.get("fetch.wait.max.ms"), Some(FETCH_WAIT_MS));
-        let k = kafka(&[("fetch.wait.max.ms", "250")]);
-        assert_eq!(consumer_config(&k.brokers, Some(&k)).get("fetch.wait.max.ms"), Some("250"));
-        assert_eq!(consumer_config(&k.brokers, Some(&k)).get("fetch.queue.backoff.ms"), Some(FETCH_QUEUE_BACKOFF_MS));
+    /// Each of weir's consumer defaults, set unless `[kafka.config]` names
+    /// it (and then only that one is left to the configuration).
+    fn consumer_default_unless_told_otherwise(key: &str, default: &str, other: (&str, &str)) {
+        assert_eq!(consumer_config("127.0.0.1:9092", None).get(key), Some(default), "{key}");
+        let k = kafka(&[(key, "250")]);
+        assert_eq!(consumer_config(&k.brokers, Some(&k)).get(key), Some("250"), "{key} as configured");
+        assert_eq!(consumer_config(&k.brokers, Some(&k)).get(other.0), Some(other.1), "{} kept", other.0);
         let created: anyhow::Result<BaseConsumer> =
             consumer_config(&k.brokers, None).set("group.id", "weir-test").create().map_err(Into::into);
-        assert!(created.is_ok(), "librdkafka takes the setting");
-        assert_eq!(client_config(&k.brokers, None).get("fetch.wait.max.ms"), None, "producers are not given it");
+        assert!(created.is_ok(), "librdkafka takes {key}");
+        assert_eq!(client_config(&k.brokers, None).get(key), None, "producers are not given {key}");
+    }
+
+    #[test]
+    fn a_consumer_waits_at_most_10_ms_at_the_broker_unless_told_otherwise() {
+        let other = ("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS);
+        consumer_default_unless_told_otherwise("fetch.wait.max.ms", FETCH_WAIT_MS, other);
     }
 
     #[test]
     fn a_full_fetch_queue_pauses_a_partition_10_ms_unless_told_otherwise() {
-        let c = consumer_config("127.0.0.1:9092", None);
-        assert_eq!(c.get("fetch.queue.backoff.ms"), Some(FETCH_QUEUE_BACKOFF_MS));
-        let k = kafka(&[("fetch.queue.backoff.ms", "1000")]);
-        assert_eq!(consumer_config(&k.brokers, Some(&k)).get("fetch.queue.backoff.ms"), Some("1000"));
-        assert_eq!(consumer_config(&k.brokers, Some(&k)).get("fetch.wait.max.ms"), Some(FETCH_WAIT_MS));
-        let created: anyhow::Result<BaseConsumer> =
-            consumer_config(&k.brokers, None).set("group.id", "weir-test").create().map_err(Into::into);
-        assert!(created.is_ok(), "librdkafka takes the setting");
-        assert_eq!(client_config(&k.brokers, None).get("fetch.queue.backoff.ms"), None, "producers are not given it");
+        let other = ("fetch.wait.max.ms", FETCH_WAIT_MS);
+        consumer_default_unless_told_otherwise("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS, other);
     }
 }

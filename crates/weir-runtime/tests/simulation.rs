@@ -195,7 +195,7 @@ struct World {
     store: Box<dyn Store>,
     /// Records the source leaves out ([`Skipping`]); none in the simulation.
     skip: Option<Skip>,
-    /// Holds every commit until opened ([`Gated`]); none in the simulation.
+    /// Holds every commit until opened ([`Faulty`]); none in the simulation.
     gate: Option<Gate>,
 }
 
@@ -252,8 +252,8 @@ impl Backend {
             }
             Backend::Postgres { url, schema, .. } => {
                 let client = pg::connect(url)?;
-                let inner = PgCheckpoints::open(client, schema, "sim-worker", contract)?;
-                Box::new(Refusing { inner, fail: Arc::clone(fail) })
+                let inner = Box::new(PgCheckpoints::open(client, schema, "sim-worker", contract)?);
+                Box::new(Faulty { inner, fail: Some(Arc::clone(fail)), gate: None })
             }
         })
     }
@@ -319,18 +319,26 @@ enum Kind {
     Postgres,
 }
 
-/// Postgres checkpoints whose next commit is refused before it is sent while `fail` is set.
-struct Refusing {
-    inner: PgCheckpoints,
-    fail: Arc<AtomicBool>,
+/// Checkpoints whose commits wait while `gate` is closed, and whose next
+/// commit is refused before it is sent while `fail` is set (Postgres).
+struct Faulty {
+    inner: Box<dyn Checkpoints>,
+    fail: Option<Arc<AtomicBool>>,
+    gate: Option<Gate>,
 }
 
-impl Checkpoints for Refusing {
+impl Checkpoints for Faulty {
     fn claim(&mut self, scope: Scope, why: &str) -> checkpoint::Result<Claimed> {
         self.inner.claim(scope, why)
     }
     fn commit(&mut self, write: Write<'_>) -> checkpoint::Result<()> {
-        if self.fail.swap(false, Ordering::SeqCst) {
+        if let Some(gate) = &self.gate {
+            let mut open = gate.0.lock().unwrap();
+            while !*open {
+                open = gate.1.wait(open).unwrap();
+            }
+        }
+        if self.fail.as_ref().is_some_and(|f| f.swap(false, Ordering::SeqCst)) {
             let message = "the simulation refused this commit".to_owned();
             return Err(StoreError::Unreachable { what: "Postgres", message }.into());
         }
@@ -424,41 +432,6 @@ fn open_gate(gate: &Gate) {
     gate.1.notify_all();
 }
 
-/// Checkpoints whose commits wait until the gate is open.
-struct Gated {
-    inner: Box<dyn Checkpoints>,
-    gate: Gate,
-}
-
-impl Checkpoints for Gated {
-    fn claim(&mut self, scope: Scope, why: &str) -> checkpoint::Result<Claimed> {
-        self.inner.claim(scope, why)
-    }
-    fn commit(&mut self, write: Write<'_>) -> checkpoint::Result<()> {
-        let mut open = self.gate.0.lock().unwrap();
-        while !*open {
-            open = self.gate.1.wait(open).unwrap();
-        }
-        drop(open);
-        self.inner.commit(write)
-    }
-    fn start_run(&mut self, scope: Scope, why: &str) -> checkpoint::Result<i64> {
-        self.inner.start_run(scope, why)
-    }
-    fn is_paused(&mut self) -> checkpoint::Result<bool> {
-        self.inner.is_paused()
-    }
-    fn last_replay(&mut self) -> checkpoint::Result<Option<(i64, Replay)>> {
-        self.inner.last_replay()
-    }
-    fn max_revision(&mut self) -> checkpoint::Result<u32> {
-        self.inner.max_revision()
-    }
-    fn version_state(&mut self) -> checkpoint::Result<Option<VersionState>> {
-        self.inner.version_state()
-    }
-}
-
 fn log_options() -> LogOptions {
     LogOptions { segment_bytes: 16 * 1024, ..LogOptions::default() }
 }
@@ -528,7 +501,7 @@ impl World {
     fn open_run(&self, live: &Live, why: &str) -> anyhow::Result<Run> {
         let mut checkpoints = self.backend.checkpoints(&self.contract, &live.fail_commit)?;
         if let Some(gate) = &self.gate {
-            checkpoints = Box::new(Gated { inner: checkpoints, gate: Arc::clone(gate) });
+            checkpoints = Box::new(Faulty { inner: checkpoints, fail: None, gate: Some(Arc::clone(gate)) });
         }
         let mut source = LogSource::new(self.log.clone(), "events", None);
         if self.backend.per_partition() {
