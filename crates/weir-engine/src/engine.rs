@@ -188,11 +188,13 @@ pub(crate) struct Seen {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Counted {
     pub time: i64,
-    /// The first window it counted in: with `time`, which windows those are
-    /// (the window holds the group key's bytes, so they are not kept twice).
+    /// The first window it counted in: with `time` and `wm_at`, which
+    /// windows those are (the window holds the group key's bytes, so they
+    /// are not kept twice). Unused when it counted nowhere.
     pub window: WinId,
     /// The watermark when it counted: it is late in every window that had
-    /// ended by then.
+    /// ended by then, and counts in none that had expired (SPEC.md 3.3: a
+    /// correction touches only the windows it counts in).
     pub wm_at: i64,
     /// Per aggregate, what it gave ([`Contrib::kept`]).
     pub given: Box<[Option<rust_decimal::Decimal>]>,
@@ -848,19 +850,50 @@ impl Engine {
     fn remember_counted(&mut self, id_key: u128, fresh: Seen, time: i64, key: &[u8], wm: i64, keep_until: i64) {
         self.st.seen.insert(id_key, fresh);
         let given = self.contribs.iter().map(Contrib::kept).collect();
-        let window = self.win_id(fixed_span(&self.plan.kind, time).first, key);
+        let first = self.first_counted(time, wm).unwrap_or(fixed_span(&self.plan.kind, time).first);
+        let window = self.win_id(first, key);
         self.st.counted.insert(id_key, Counted { time, window, wm_at: wm, given, keep_until });
     }
 
-    /// The group key of a counted version, from its first window (there
-    /// while that window is open).
+    /// The group key of a counted version, from the first window it counts
+    /// in (there while that window is open); `None` if it counts nowhere.
     fn counted_key(&self, c: &Counted) -> Option<Box<[u8]>> {
+        self.first_counted(c.time, c.wm_at)?;
         self.st.windows.get(c.window).map(|w| w.key.clone())
     }
 
+    /// The start of the first window a version at `time` counts in, given
+    /// the watermark when it arrived: the windows it was too late for
+    /// (`end + L <= wm_at`) start first, so it counts in the rest, or in
+    /// none (`None`). A global window always counts.
+    fn first_counted(&self, time: i64, wm_at: i64) -> Option<i64> {
+        let FixedSpan { size, slide, first, last } = fixed_span(&self.plan.kind, time);
+        if size == 0 {
+            return Some(first);
+        }
+        let mut start = first;
+        while (start + size).saturating_add(self.plan.lateness_ms) <= wm_at {
+            if start >= last {
+                return None;
+            }
+            start += slide;
+        }
+        Some(start)
+    }
+
+    /// The earliest-starting window a counted version counts in that has
+    /// expired since (`end + L <= W`), if any.
+    fn counted_expired(&self, old: &Counted, wm: i64) -> Option<(i64, i64)> {
+        let size = fixed_span(&self.plan.kind, old.time).size;
+        let start = self.first_counted(old.time, old.wm_at)?;
+        let end = start.checked_add(size).filter(|_| size > 0)?;
+        (end.saturating_add(self.plan.lateness_ms) <= wm).then_some((start, end))
+    }
+
     /// SPEC.md 3.3: a later, different version of a counted event replaces
-    /// it, all or nothing. The old version leaves its windows (ledger
-    /// `superseded`), the new one joins its own.
+    /// it, all or nothing. The old version leaves the windows it counts in
+    /// (ledger `superseded`), the new one joins its own. It touches those
+    /// windows only: one the old version was too late for does not refuse it.
     #[allow(clippy::too_many_arguments)]
     fn correct(&mut self, id_key: u128, seen: Seen, fresh: Seen, ctx: &Ctx<'_>, key: &[u8], wm: i64, out: &mut Output) {
         let Some(old) = self.st.counted.get(id_key).cloned() else {
@@ -869,7 +902,7 @@ impl Engine {
         };
         let time = ctx.time.unwrap_or(old.time);
         let expired =
-            [self.earliest_expired(old.time, wm), self.earliest_expired(time, wm)].into_iter().flatten().min();
+            [self.counted_expired(&old, wm), self.earliest_expired(time, wm)].into_iter().flatten().min();
         if let Some(window) = expired {
             let detail = format!(
                 "a correction of the event at partition {} offset {}, refused whole: one of the windows it touches had closed (the watermark had passed its end plus allowed_lateness, {}ms); the earlier version still counts",
@@ -901,7 +934,7 @@ impl Engine {
         let Some(seen) = self.st.seen.get(id_key).filter(|s| s.expires > wm).copied() else { return };
         let Some(old) = self.st.counted.get(id_key).cloned() else { return };
         ctx.id = Some(Cow::Owned(id.into_owned()));
-        if let Some(window) = self.earliest_expired(old.time, wm) {
+        if let Some(window) = self.counted_expired(&old, wm) {
             let detail = format!(
                 "a deletion (this version does not pass source.where) of the event at partition {} offset {}, refused: its window had closed (the watermark had passed its end plus allowed_lateness, {}ms); the earlier version still counts",
                 seen.partition, seen.offset, self.plan.lateness_ms
@@ -932,24 +965,33 @@ impl Engine {
         (end.saturating_add(self.plan.lateness_ms) <= wm).then_some((span.first, end))
     }
 
-    /// Takes a counted version out of its windows, with its `superseded`
-    /// entry naming `by`; false (nothing changed) if its first window is gone,
-    /// which the caller's expiry check rules out.
+    /// Takes a counted version out of the windows it counts in, with its
+    /// `superseded` entry naming `by`; false (nothing changed) if its first
+    /// such window is gone, which the caller's expiry check rules out. A
+    /// version that counts nowhere leaves nothing, and is superseded all the
+    /// same.
     fn withdraw(&mut self, old: &Counted, seen: Seen, by: &Ctx<'_>, out: &mut Output) -> bool {
-        let Some(key) = self.counted_key(old) else {
-            debug_assert!(false, "an open window of a counted version is missing");
-            return false;
+        let key = match self.first_counted(old.time, old.wm_at) {
+            None => None,
+            Some(from) => {
+                let Some(key) = self.counted_key(old) else {
+                    debug_assert!(false, "an open window of a counted version is missing");
+                    return false;
+                };
+                self.take_out(old, from, &key, seen);
+                Some(key)
+            }
         };
-        self.take_out(old, &key, seen);
         self.supersede(old, key, seen, by, out);
         true
     }
 
-    /// Takes a counted version's contribution out of each of its windows.
-    fn take_out(&mut self, old: &Counted, key: &[u8], seen: Seen) {
-        let FixedSpan { size, slide, first, last } = fixed_span(&self.plan.kind, old.time);
+    /// Takes a counted version's contribution out of each window it counts
+    /// in, the first starting at `from`.
+    fn take_out(&mut self, old: &Counted, from: i64, key: &[u8], seen: Seen) {
+        let FixedSpan { size, slide, last, .. } = fixed_span(&self.plan.kind, old.time);
         let global = size == 0;
-        let mut start = first;
+        let mut start = from;
         loop {
             let id = self.win_id(start, key);
             if let Some(w) = self.st.windows.get_mut(id) {
@@ -976,7 +1018,7 @@ impl Engine {
     }
 
     /// The ledger entry of a version that counted and was replaced.
-    fn supersede(&mut self, old: &Counted, key: Box<[u8]>, seen: Seen, by: &Ctx<'_>, out: &mut Output) {
+    fn supersede(&mut self, old: &Counted, key: Option<Box<[u8]>>, seen: Seen, by: &Ctx<'_>, out: &mut Output) {
         self.st.counters.ledger[Reason::Superseded.index()] += 1;
         out.ledger.push(LedgerEntry {
             partition: seen.partition,
@@ -984,7 +1026,7 @@ impl Engine {
             reason: Reason::Superseded,
             event_id: by.id.as_deref().map(str::to_owned),
             event_time: Some(old.time),
-            key: Some(key),
+            key,
             window: None,
             first_offset: None,
             superseded_by: Some(by.offset),

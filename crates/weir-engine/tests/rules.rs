@@ -855,6 +855,65 @@ fn a_correction_is_all_or_nothing_across_hopping_windows() {
 }
 
 #[test]
+fn a_correction_touches_only_the_windows_its_first_version_counts_in() {
+    let c = contract(
+        "",
+        "type = \"hopping\"\nsize = \"10s\"\nslide = \"5s\"\nallowed_lateness = \"2s\"\nlate = \"revise\"",
+        CORRECT,
+    );
+    check(
+        &c,
+        // At watermark 10, 4 is too late for [-5,5) and late in [0,10); its
+        // correction to 8 touches [0,10) (where it counts) and [5,15), both
+        // open, so it applies though [-5,5) has closed.
+        &[ev("b", 10, "2", "1"), ev("a", 4, "1", "2"), ev("a", 8, "1", "5"), ev("z", 30, "9", "1")],
+        &[
+            "a [0,10) provisional#1 events=1 late=1 {1,2}",
+            "a [0,10) provisional#2 events=1 late=1 {1,5}",
+            "a [0,10) settled#3 events=1 late=1 {1,5}",
+            "a [5,15) settled#1 events=1 late=0 {1,5}",
+            "b [5,15) settled#1 events=1 late=0 {1,1}",
+            "b [10,20) settled#1 events=1 late=0 {1,1}",
+            "z [25,35) settled#1 events=1 late=0 {1,1}",
+            "z [30,40) settled#1 events=1 late=0 {1,1}",
+        ],
+        &["2 too_late [-5,5)", "2 superseded by=3"],
+    );
+}
+
+#[test]
+fn a_version_too_late_everywhere_is_remembered_and_its_deletion_applies() {
+    let c = contract(
+        "where = '!has(status) || status != \"void\"'",
+        "type = \"hopping\"\nsize = \"10s\"\nslide = \"5s\"\nallowed_lateness = \"2s\"\nlate = \"revise\"",
+        CORRECT,
+    );
+    let void = r#"{"id":"1","status":"void"}"#.to_string();
+    check(
+        &c,
+        // At watermark 20, 4 is too late for both its windows; the void
+        // version deletes it all the same, and no row changes.
+        &[ev("b", 20, "2", "1"), ev("a", 4, "1", "2"), void],
+        &["b [15,25) settled#1 events=1 late=0 {1,1}", "b [20,30) settled#1 events=1 late=0 {1,1}"],
+        &["2 too_late [-5,5)", "2 too_late [0,10)", "2 superseded by=3"],
+    );
+}
+
+#[test]
+fn a_refused_correction_of_a_version_that_counts_nowhere_names_the_new_window() {
+    let c = contract("", &format!("{TUMBLING_10S}
+allowed_lateness = \"2s\"\nlate = \"revise\""), CORRECT);
+    check(
+        &c,
+        // At watermark 30, 4 counts nowhere; its correction to 15 would join
+        // [10,20), closed too: refused, naming [10,20), not [0,10).
+        &[ev("b", 30, "2", "1"), ev("a", 4, "1", "2"), ev("a", 15, "1", "5")],
+        &["b [30,40) settled#1 events=1 late=0 {1,1}"],
+        &["2 too_late [0,10)", "3 too_late [10,20)"],
+    );
+}
+
+#[test]
 fn an_identical_resend_is_still_a_duplicate_of_the_version_that_counts() {
     let c = contract("", &format!("{TUMBLING_10S}\nlate = \"discard\""), CORRECT);
     check(

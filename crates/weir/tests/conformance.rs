@@ -1,5 +1,7 @@
-//! Every case in ../shared/conformance and ../shared/conformance-next (the
-//! newer rules: the rule first, event-time formats, corrections), compared
+//! Every case in ../shared/conformance, ../shared/conformance-next (the
+//! newer rules: the rule first, event-time formats, corrections) and
+//! ../shared/conformance-pending (rules SPEC.md states that a release had
+//! not yet followed: which windows a correction touches, 3.3), compared
 //! the way their README says: rows grouped by key and window start, in
 //! order, by status, revision, events, late events, window end and values
 //! (numbers by value, averages to 1e-9 relative); the ledger as a multiset
@@ -120,6 +122,13 @@ fn every_case_of_the_newer_rules_passes() {
     let cases = cases("conformance-next");
     assert!(cases.len() >= 8, "expected the newer rules' cases, found {}", cases.len());
     check_cases("conformance-next", &cases);
+}
+
+#[test]
+fn every_pending_case_passes() {
+    let cases = cases("conformance-pending");
+    assert!(cases.len() >= 3, "expected the pending cases, found {}", cases.len());
+    check_cases("conformance-pending", &cases);
 }
 
 fn check_cases(folder: &str, cases: &[std::path::PathBuf]) {
