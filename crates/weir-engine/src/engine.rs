@@ -901,8 +901,7 @@ impl Engine {
             return;
         };
         let time = ctx.time.unwrap_or(old.time);
-        let expired =
-            [self.counted_expired(&old, wm), self.earliest_expired(time, wm)].into_iter().flatten().min();
+        let expired = [self.counted_expired(&old, wm), self.earliest_expired(time, wm)].into_iter().flatten().min();
         if let Some(window) = expired {
             let detail = format!(
                 "a correction of the event at partition {} offset {}, refused whole: one of the windows it touches had closed (the watermark had passed its end plus allowed_lateness, {}ms); the earlier version still counts",

@@ -901,8 +901,14 @@ fn a_version_too_late_everywhere_is_remembered_and_its_deletion_applies() {
 
 #[test]
 fn a_refused_correction_of_a_version_that_counts_nowhere_names_the_new_window() {
-    let c = contract("", &format!("{TUMBLING_10S}
-allowed_lateness = \"2s\"\nlate = \"revise\""), CORRECT);
+    let c = contract(
+        "",
+        &format!(
+            "{TUMBLING_10S}
+allowed_lateness = \"2s\"\nlate = \"revise\""
+        ),
+        CORRECT,
+    );
     check(
         &c,
         // At watermark 30, 4 counts nowhere; its correction to 15 would join
