@@ -3,6 +3,7 @@
 
 mod access;
 mod accounts;
+mod allocator;
 mod bench;
 mod client;
 mod demo;
@@ -21,8 +22,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use weir_contract::Contract;
 use weir_engine::Mode;
 
@@ -638,6 +637,7 @@ pub fn load_contract(path: &Path) -> Result<Contract, Failure> {
 }
 
 fn main() -> ExitCode {
+    allocator::return_freed_memory_promptly();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {
