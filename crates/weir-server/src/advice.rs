@@ -35,22 +35,28 @@ fn whole_seconds(ms: i64) -> i64 {
     (ms + 999) / 1000 * 1000
 }
 
-/// The advice for `contract` from `seen`, with `state_bytes` held now.
+/// What a global window's advice says instead of suggestions.
+pub const GLOBAL_NOTE: &str =
+    "a global window never closes, so no event is too late for it and allowed_lateness changes nothing: there is nothing to advise";
+
+/// The advice for `contract` from `seen`, with `state_bytes` held now. A
+/// global window gets no suggestions: no event is too late there, however
+/// far behind the watermark it arrives.
 pub fn advise(c: &Contract, seen: &Lateness, state_bytes: usize) -> Value {
     let total = seen.total();
     let now_ms = c.window.allowed_lateness_ms;
     let rate = |over: u64| if total == 0 { 0.0 } else { over as f64 / total as f64 };
-    let too_late_now = seen.over(now_ms);
-    let window = window_ms(c);
     let global = matches!(c.window.kind, WindowKind::Global);
-    let suggestions: Vec<Value> = TARGETS
+    let too_late_now = if global { 0 } else { seen.over(now_ms) };
+    let window = window_ms(c);
+    let targets: &[f64] = if global { &[] } else { &TARGETS };
+    let suggestions: Vec<Value> = targets
         .iter()
         .map(|&target| {
             let ms = whole_seconds(seen.bound_for(target));
             let over = seen.over(ms);
-            // A window stays open for its length plus the lateness; global ones never close.
-            let factor =
-                if global || window + now_ms == 0 { 1.0 } else { (window + ms) as f64 / (window + now_ms) as f64 };
+            // A window stays open for its length plus the lateness.
+            let factor = if window + now_ms == 0 { 1.0 } else { (window + ms) as f64 / (window + now_ms) as f64 };
             json!({
                 "target_too_late_rate": target,
                 "allowed_lateness": format_duration_ms(ms),
@@ -68,7 +74,7 @@ pub fn advise(c: &Contract, seen: &Lateness, state_bytes: usize) -> Value {
             })
         })
         .collect();
-    json!({
+    let mut advice = json!({
         "pipeline": c.pipeline.name,
         "version": c.pipeline.version,
         "period": {
@@ -85,7 +91,11 @@ pub fn advise(c: &Contract, seen: &Lateness, state_bytes: usize) -> Value {
         },
         "suggestions": suggestions,
         "method": "each event's lateness is how far behind the watermark its time was when it arrived; a suggestion is the smallest bucket bound (within 25%, rounded up to a second) that at most the target share of the events observed exceeded; an event behind the watermark by less than allowed_lateness is never too late, so the rates are upper bounds",
-    })
+    });
+    if global {
+        advice["note"] = json!(GLOBAL_NOTE);
+    }
+    advice
 }
 
 /// `GET /v1/pipelines/{p}/advice[?version=N]`.
@@ -128,6 +138,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_global_window_gets_no_lateness_advice_since_no_event_is_too_late_there() {
+        let text = "[pipeline]\nname = \"p\"\nversion = 1\nowner = \"o\"\nsteward = \"s\"\ndecision = \"d\"\n\
+            [source]\ntopic = \"t\"\nevent_time = \"t\"\nkey = [\"k\"]\n\
+            [window]\ntype = \"global\"\n\
+            [[aggregate]]\nname = \"n\"\nfn = \"count\"\n";
+        let c = Contract::parse("p.toml", text).unwrap();
+        let mut seen = Lateness::default();
+        // Events up to a minute and a half behind the watermark.
+        for ms in (0..90_000).step_by(100) {
+            seen.record(ms, Some(1_000 + ms));
+        }
+        let a = advise(&c, &seen, 1_000);
+        assert_eq!(a["period"]["events"], 900);
+        assert_eq!(a["current"]["too_late_events"], 0, "{a}");
+        assert_eq!(a["current"]["too_late_rate"], 0.0, "{a}");
+        assert_eq!(a["suggestions"], json!([]), "{a}");
+        assert_eq!(a["note"], GLOBAL_NOTE);
+    }
+
+    #[test]
     fn suggestions_leave_at_most_their_rate_too_late_and_say_the_cost() {
         let text = "[pipeline]\nname = \"p\"\nversion = 1\nowner = \"o\"\nsteward = \"s\"\ndecision = \"d\"\n\
             [source]\ntopic = \"t\"\nevent_time = \"t\"\nkey = [\"k\"]\n\
@@ -142,6 +172,7 @@ mod tests {
         let a = advise(&c, &seen, 1_000);
         assert_eq!(a["period"]["events"], 8_192);
         assert_eq!(a["current"]["too_late_events"], 0, "{a}");
+        assert!(a.get("note").is_none(), "{a}");
         for s in a["suggestions"].as_array().unwrap() {
             let (target, rate) = (s["target_too_late_rate"].as_f64().unwrap(), s["too_late_rate"].as_f64().unwrap());
             assert!(rate <= target, "{s}");

@@ -897,6 +897,10 @@ pub fn advice_text(a: &serde_json::Value) -> String {
         pct(&c["too_late_rate"]),
         plain(&c["state_bytes"]),
     );
+    if let Some(note) = a["note"].as_str() {
+        out.push_str(note);
+        out.push('\n');
+    }
     for s in a["suggestions"].as_array().into_iter().flatten() {
         out.push_str(&format!(
             "for at most {} too late: allowed_lateness = {:<10} ({} observed; {} more events counted, {} extra revisions, state x{:.2} = {} bytes)\n",

@@ -97,6 +97,9 @@ fn sections(p: &Value) -> Vec<Table> {
         "–".into(),
         plain(&a["current"]["state_bytes"]),
     ]];
+    if let Some(note) = a["note"].as_str() {
+        lateness.push(vec![note.to_owned(), "–".into(), "–".into(), "–".into(), "–".into(), "–".into()]);
+    }
     for s in a["suggestions"].as_array().into_iter().flatten() {
         lateness.push(vec![
             format!("at most {}", pct(&s["target_too_late_rate"])),
