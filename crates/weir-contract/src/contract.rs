@@ -355,6 +355,11 @@ const ALERT_KEYS: &[&str] = &[
     "webhook",
 ];
 const RECONCILE_KEYS: &[&str] = &["every", "delay", "system_of_record"];
+
+/// The shortest `[reconcile] every`: each scheduled run is a backfill that
+/// reads the pipeline's input over its range, so a run every millisecond
+/// would keep a worker reading for nothing else.
+pub const MIN_RECONCILE_EVERY_MS: i64 = 10_000;
 const SYSTEM_OF_RECORD_KEYS: &[&str] = &["query", "map", "tolerance", "url"];
 const SECTIONS: &[&str] = &[
     "pipeline",
@@ -1294,8 +1299,12 @@ impl Reader<'_> {
         let every = self.duration(t, "reconcile", "every");
         let delay = self.duration(t, "reconcile", "delay");
         let (every, delay) = (every?, delay?);
-        if every.is_some_and(|e| e <= 0) {
-            self.error(t.get("every").and_then(Item::span), "reconcile.every", "must be longer than zero, e.g. \"1h\"");
+        if every.is_some_and(|e| e < MIN_RECONCILE_EVERY_MS) {
+            self.error(
+                t.get("every").and_then(Item::span),
+                "reconcile.every",
+                "must be at least 10s (each run is a backfill over the pipeline's input), e.g. \"1h\"",
+            );
             return None;
         }
         if delay.is_some() && every.is_none() {

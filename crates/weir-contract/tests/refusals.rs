@@ -113,7 +113,12 @@ fn reconcile_parses_and_bad_values_are_refused() {
     assert_eq!((r.every_ms, r.delay_ms, r.system_of_record), (Some(3_600_000), 7_200_000, None));
     assert_eq!(c.alerts.unwrap().max_corrected_windows, Some(14));
     assert!(Contract::parse("c.toml", GOOD).unwrap().reconcile.is_none());
-    check(&edit("", "[reconcile]\nevery = \"0s\""), Some(34), "reconcile.every", "longer than zero");
+    check(&edit("", "[reconcile]\nevery = \"0s\""), Some(34), "reconcile.every", "at least 10s");
+    // Issue 42, finding 8: a run every millisecond is refused; 10 s is the floor.
+    check(&edit("", "[reconcile]\nevery = \"1ms\""), Some(34), "reconcile.every", "at least 10s");
+    check(&edit("", "[reconcile]\nevery = \"9999ms\""), Some(34), "reconcile.every", "at least 10s");
+    let floor = Contract::parse("c.toml", &edit("", "[reconcile]\nevery = \"10s\"")).unwrap();
+    assert_eq!(floor.reconcile.unwrap().every_ms, Some(10_000));
     check(&edit("", "[reconcile]\ndelay = \"2h\""), Some(34), "reconcile.delay", "every");
     check(&edit("", "[reconcile]\nevry = \"1h\""), Some(34), "reconcile.evry", "unknown key");
     let sor = |body: &str| edit("", &format!("[reconcile]\nevery = \"1h\"\n\n[reconcile.system_of_record]\n{body}"));

@@ -360,7 +360,7 @@ fn a_scheduled_reconciliation_corrects_counts_and_alerts_the_owner() {
         "SELECT account, minute, total, count FROM {schema}.revenue WHERE minute >= $1::timestamptz AND minute < $2::timestamptz"
     );
     let contract = format!(
-        "{PAID}\n[reconcile]\nevery = \"3s\"\ndelay = \"8783h\"\n\n[reconcile.system_of_record]\nurl = \"{}\"\nquery = \"{query}\"\nmap = \"key.account_id=account,window_start=minute,revenue=total,payments=count\"\ntolerance = \"0.001\"\n\n[alerts]\nmax_corrected_windows = 1\n",
+        "{PAID}\n[reconcile]\nevery = \"10s\"\ndelay = \"8783h\"\n\n[reconcile.system_of_record]\nurl = \"{}\"\nquery = \"{query}\"\nmap = \"key.account_id=account,window_start=minute,revenue=total,payments=count\"\ntolerance = \"0.001\"\n\n[alerts]\nmax_corrected_windows = 1\n",
         postgres_url()
     );
     dir.write("contracts/paid.toml", &contract);

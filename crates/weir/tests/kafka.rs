@@ -1222,7 +1222,7 @@ fn a_scheduled_reconciliation_on_kafka_corrects_and_compares_with_the_system_of_
         "SELECT acct, minute, total, n FROM {table} WHERE minute >= $1::timestamptz AND minute < $2::timestamptz"
     );
     let contract = format!(
-        "{plain}\n[reconcile]\nevery = \"3s\"\ndelay = \"8783h\"\n\n[reconcile.system_of_record]\nquery = \"{query}\"\nmap = \"key.acct=acct,window_start=minute,total=total,payments=n\"\ntolerance = \"0.001\"\n"
+        "{plain}\n[reconcile]\nevery = \"10s\"\ndelay = \"8783h\"\n\n[reconcile.system_of_record]\nquery = \"{query}\"\nmap = \"key.acct=acct,window_start=minute,total=total,payments=n\"\ntolerance = \"0.001\"\n"
     );
     let (root_a, root_b) = (worker_root(&s, "a", &broker, &schema), worker_root(&s, "b", &broker, &schema));
     std::fs::write(root_a.join("contracts/paid.toml"), &contract).unwrap();
