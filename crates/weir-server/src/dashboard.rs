@@ -33,8 +33,48 @@ const LATEST_RUNS: i64 = 5;
 
 const PAGE: &str = include_str!("dashboard.html");
 
+/// `GET /`: the page, with headers that keep it to itself: its one script
+/// and one style run by their SHA-256 (nothing else, inline or from
+/// elsewhere), it fetches from this server only, no other site may frame it
+/// or keep a handle on its window, and no address leaves it as a referrer.
 pub async fn page() -> Response {
-    ([(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-store")], PAGE).into_response()
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+            (header::CONTENT_SECURITY_POLICY, policy()),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::REFERRER_POLICY, "no-referrer"),
+            (header::HeaderName::from_static("cross-origin-opener-policy"), "same-origin"),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
+/// The page's Content-Security-Policy, computed once from the page.
+fn policy() -> &'static str {
+    static POLICY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    POLICY.get_or_init(|| {
+        format!(
+            "default-src 'none'; script-src '{}'; style-src '{}'; connect-src 'self'; img-src 'self' data:; \
+             base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+            inline_hash(PAGE, "<script>", "</script>"),
+            inline_hash(PAGE, "<style>", "</style>"),
+        )
+    })
+}
+
+/// `sha256-BASE64` of the text between the first `open` and the `close`
+/// after it, as a Content-Security-Policy source.
+fn inline_hash(page: &str, open: &str, close: &str) -> String {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let start = page.find(open).map_or(0, |i| i + open.len());
+    let end = page[start..].find(close).map_or(page.len(), |i| start + i);
+    let digest = sha2::Sha256::digest(&page.as_bytes()[start..end]);
+    format!("sha256-{}", base64::engine::general_purpose::STANDARD.encode(digest))
 }
 
 fn parsed(lines: Vec<String>) -> Vec<Value> {
@@ -153,6 +193,44 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
         "pipelines": pipelines,
         "incidents": { "cases": cases, "alerts": alerts, "actions": audit },
     });
-    Ok(([(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-store")], body.to_string())
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-store"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body.to_string(),
+    )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dashboard_runs_only_its_own_script_and_style_and_cannot_be_framed() {
+        let response = tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(page());
+        let h = response.headers();
+        let csp = h[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+        let script = &PAGE[PAGE.find("<script>").unwrap() + 8..PAGE.find("</script>").unwrap()];
+        let style = &PAGE[PAGE.find("<style>").unwrap() + 7..PAGE.find("</style>").unwrap()];
+        assert_eq!(PAGE.matches("<script").count(), 1, "one script, the one the policy names");
+        assert_eq!(PAGE.matches("<style").count(), 1, "one style, the one the policy names");
+        use base64::Engine as _;
+        use sha2::Digest as _;
+        let hash = |t: &str| base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(t.as_bytes()));
+        assert!(csp.contains(&format!("script-src 'sha256-{}'", hash(script))), "{csp}");
+        assert!(csp.contains(&format!("style-src 'sha256-{}'", hash(style))), "{csp}");
+        assert!(csp.starts_with("default-src 'none';") && csp.contains("frame-ancestors 'none'"), "{csp}");
+        assert_eq!(h[header::X_FRAME_OPTIONS], "DENY");
+        assert_eq!(h[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+        assert_eq!(h[header::REFERRER_POLICY], "no-referrer");
+        assert_eq!(h["cross-origin-opener-policy"], "same-origin");
+    }
+
+    #[test]
+    fn the_token_is_read_from_the_address_once_so_an_opener_cannot_swap_it() {
+        assert!(!PAGE.contains("hashchange"), "a change of the address's fragment must not take a new token");
+    }
 }

@@ -3,7 +3,8 @@
 //! chromium-driver`; `scripts/test` installs them). The page loads with
 //! nothing from elsewhere, its charts draw, it shows the pipeline, alerts,
 //! annotations, named checks and incidents, and, without a reload, a late event makes a
-//! revised row appear. A screenshot is kept in `target/artifacts/`.
+//! revised row appear. It runs under its Content-Security-Policy, and a new
+//! token in the address's fragment counts only after a reload. A screenshot is kept in `target/artifacts/`.
 
 mod common;
 
@@ -330,6 +331,12 @@ fn the_dashboard_draws_live_and_marks_a_revised_row() {
     // of another pipeline sees nothing but why.
     let reader = make_token(&s.path("data"), &["--role", "reader", "--pipeline", "paid"]);
     browser.go(&format!("{base}/#token={reader}"));
+    // A new fragment alone does not swap the token (a page that opened this
+    // one could set it): after two refreshes, still the admin's view.
+    std::thread::sleep(Duration::from_millis(2_500));
+    let actions = browser.eval("return document.getElementById('incident-actions').innerText;");
+    assert!(!actions.as_str().unwrap_or("").contains("admin tokens only"), "a fragment changed the token: {actions}");
+    browser.eval("location.reload(); return true;");
     browser.wait_for(
         "the reader's view",
         &format!(
@@ -339,11 +346,13 @@ fn the_dashboard_draws_live_and_marks_a_revised_row() {
     );
     let other = make_token(&s.path("data"), &["--role", "reader", "--pipeline", "other"]);
     browser.go(&format!("{base}/#token={other}"));
+    browser.eval("location.reload(); return true;");
     browser.wait_for(
         "the refusal",
         "return document.getElementById('error').innerText.includes('may not read the dashboard');",
     );
     browser.go(&format!("{base}/#token={}", tokens_of(&s.path("data")).admin));
+    browser.eval("location.reload(); return true;");
     browser.wait_for("the admin's view again", &format!("return !!{card};"));
 
     let png = browser.screenshot();
