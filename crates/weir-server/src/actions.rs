@@ -29,8 +29,12 @@ struct Action {
 pub(crate) fn why_and_for_whom(body: &Bytes) -> Result<(String, Option<String>), ApiError> {
     let a: Action = serde_json::from_slice(body)
         .map_err(|e| bad(format!("the body must be JSON like {{\"why\":\"...\"}}: {e}")))?;
+    let who = a.who.filter(|w| !w.trim().is_empty());
+    if let Some(who) = &who {
+        short_text("who", who)?;
+    }
     match a.why.filter(|w| !w.trim().is_empty()) {
-        Some(why) => Ok((why, a.who.filter(|w| !w.trim().is_empty()))),
+        Some(why) => Ok((short_text("why", &why)?.to_owned(), who)),
         None => Err(bad("say why: {\"why\":\"...\"} (it is kept in the audit log with the token that acted)")),
     }
 }
@@ -133,9 +137,10 @@ pub(crate) async fn annotate(
     let Some(note) = a.note.filter(|n| !n.trim().is_empty()) else {
         return Err(bad(format!("say what the note is: {usage}")));
     };
+    short_text("note", &note)?;
     // The annotation names the token's holder (and whom it was for, if the body says).
     let who = match a.who.filter(|w| !w.trim().is_empty()) {
-        Some(w) => format!("{w} via {}", caller.grant.who()),
+        Some(w) => format!("{} via {}", short_text("who", &w)?, caller.grant.who()),
         None => caller.grant.who(),
     };
     // The note is kept beside the rows it marks (Postgres for a pipeline on Kafka).

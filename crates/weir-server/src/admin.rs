@@ -56,6 +56,7 @@ pub(crate) async fn create_token(
     new.check().map_err(bad)?;
     let (who, origin) = (caller.grant.who(), caller.origin.clone());
     let why = b.why.unwrap_or_default();
+    short_text("why", &why)?;
     let made = app.read(move |c| Ok(auth::create_audited(c, &new, &who, &origin, &why))).await?;
     let (token, grant) = made.map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?;
     let mut v = grant.json();

@@ -306,6 +306,23 @@ pub(crate) fn bad(message: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, message.into())
 }
 
+/// The most an operator's free text may hold: an incident's title, owner,
+/// notes, why and proof, an annotation, the why of an action, a backfill or
+/// a reconciliation, and whom it was for. Each is kept, audited and shown
+/// on the dashboard and in the review, so a request body's 64 MiB is not.
+pub(crate) const MAX_TEXT_BYTES: usize = 4096;
+
+/// `text`, given as `key`, if it is at most [`MAX_TEXT_BYTES`] long.
+pub(crate) fn short_text<'a>(key: &str, text: &'a str) -> Result<&'a str, ApiError> {
+    if text.len() > MAX_TEXT_BYTES {
+        return Err(bad(format!(
+            "`{key}` is {} bytes, over the {MAX_TEXT_BYTES} an operator's text may hold; say it shorter (a link to a longer write-up will do)",
+            text.len()
+        )));
+    }
+    Ok(text)
+}
+
 pub(crate) fn error(code: StatusCode, message: impl Into<String>) -> Response {
     let body = serde_json::json!({ "error": message.into() }).to_string() + "\n";
     (code, [(header::CONTENT_TYPE, "application/json")], body).into_response()

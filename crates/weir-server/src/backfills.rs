@@ -188,6 +188,10 @@ pub(crate) async fn reconcile(
     let Some(why) = q.get("why").filter(|w| !w.trim().is_empty()).cloned() else {
         return Err(bad("say why: ?why=... (it is kept in the audit log with the token that acted)"));
     };
+    short_text("why", &why)?;
+    if let Some(source) = q.get("source") {
+        short_text("source", source)?;
+    }
     let version = read_version(p, &name, &q).await?;
     let Some(contract) = p.versions.get(&version).map(|v| v.contract.clone()) else {
         return Err(ApiError(StatusCode::CONFLICT, format!("this server does not run version {version} of {name:?}")));

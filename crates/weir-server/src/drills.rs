@@ -106,6 +106,7 @@ pub(crate) async fn ask(
     let Some(why) = a.why.filter(|w| !w.trim().is_empty()) else {
         return Err(bad("say why: {\"why\":\"...\"} (it is kept in the audit log with the token that acted)"));
     };
+    short_text("why", &why)?;
     let duration = |v: &Option<String>, key: &str| -> Result<Option<Duration>, ApiError> {
         match v {
             None => Ok(None),

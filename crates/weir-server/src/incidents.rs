@@ -104,6 +104,18 @@ async fn step(
         _ => "{\"why\":\"...\",\"proof\":\"...\"}",
     };
     let s: Step = serde_json::from_slice(&body).map_err(|e| bad(format!("the body must be JSON like {usage}: {e}")))?;
+    for (key, text) in [
+        ("title", &s.title),
+        ("owner", &s.owner),
+        ("who", &s.who),
+        ("why", &s.why),
+        ("note", &s.note),
+        ("proof", &s.proof),
+    ] {
+        if let Some(text) = text {
+            short_text(key, text)?;
+        }
+    }
     let who = match given(&s.who) {
         Some(w) => format!("{w} via {}", caller.grant.who()),
         None => caller.grant.who(),

@@ -698,3 +698,45 @@ fn point_9_the_audit_chain_is_keyed_and_no_action_stands_unaudited() {
     let (ok, err) = serve_with("audit_key_file = \"OPEN\"");
     assert!(!ok && err.contains("chmod 600"), "{err}");
 }
+
+/// The second outside review (issue 42), finding 8: an operator's text (an
+/// incident's title, why and notes, an annotation, the why of an action, a
+/// backfill or a reconciliation) is at most 4 KiB. A longer one is refused
+/// with 400 naming the field, and nothing is kept or audited.
+#[test]
+fn review_2_point_8_an_operators_text_is_at_most_4_kib() {
+    let r = serve("operator-text", "");
+    let url = |path: &str| format!("{}/v1/pipelines/paid/{path}", r.base);
+    let long = "x".repeat(4097);
+    let audited = r.pages("/v1/audit?since=1").len();
+    let (from, to) = ("2026-11-01T00:00:00Z", "2026-11-01T01:00:00Z");
+    let refused = [
+        ("incidents", serde_json::json!({ "title": long }), "title"),
+        ("incidents", serde_json::json!({ "title": "t", "why": long }), "why"),
+        ("annotations", serde_json::json!({ "from": from, "to": to, "note": long }), "note"),
+        ("annotations", serde_json::json!({ "from": from, "to": to, "note": "n", "who": long }), "who"),
+        ("pause", serde_json::json!({ "why": long }), "why"),
+        ("backfill", serde_json::json!({ "from": from, "to": to, "why": long }), "why"),
+        ("drills", serde_json::json!({ "scenario": "delayed-partition", "why": long }), "why"),
+    ];
+    for (path, body, field) in refused {
+        let (code, text) = call("POST", &url(path), Some(&body.to_string()));
+        assert_eq!(code, 400, "{path} with a 4,097-byte {field}: {text}");
+        assert!(text.contains(&format!("`{field}` is 4097 bytes")) && text.contains("4096"), "{path}: {text}");
+    }
+    let (code, text) = call("POST", &url(&format!("reconcile?why={long}&map=x")), Some("a\n"));
+    assert_eq!(code, 400, "reconcile with a 4,097-byte why: {text}");
+    assert!(text.contains("`why` is 4097 bytes"), "{text}");
+    assert_eq!(r.pages("/v1/audit?since=1").len(), audited, "nothing refused was audited");
+    assert_eq!(get(&url("annotations")).trim(), "", "no annotation was kept");
+    let status: Value = serde_json::from_str(&get(&url("status"))).unwrap();
+    assert_eq!(status["paused"], false, "{status}");
+    // At the limit, it is taken.
+    let fits = "y".repeat(4096);
+    let (code, text) = call("POST", &url("incidents"), Some(&serde_json::json!({ "title": fits }).to_string()));
+    assert_eq!(code, 201, "{text}");
+    let id = serde_json::from_str::<Value>(&text).unwrap()["id"].as_i64().unwrap();
+    let notes = url(&format!("incidents/{id}/notes"));
+    let (code, text) = call("POST", &notes, Some(&serde_json::json!({ "note": long }).to_string()));
+    assert_eq!(code, 400, "a note of 4,097 bytes: {text}");
+}
