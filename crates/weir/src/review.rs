@@ -166,11 +166,15 @@ fn observed(p: &Value) -> String {
 }
 
 pub fn markdown(r: &Value) -> String {
-    let cell = |s: &str| s.replace('|', "\\|").replace('\n', " ");
-    let mut out =
-        format!("# weir review: {} to {} ({})\n", plain(&r["since"]), plain(&r["until"]), plain(&r["period"]));
+    let cell = |s: &str| md_text(s);
+    let mut out = format!(
+        "# weir review: {} to {} ({})\n",
+        cell(&plain(&r["since"])),
+        cell(&plain(&r["until"])),
+        cell(&plain(&r["period"]))
+    );
     for p in r["pipelines"].as_array().into_iter().flatten() {
-        out.push_str(&format!("\n## {}\n\n{}\n", heading(p), cell(&plain(&p["decision"]))));
+        out.push_str(&format!("\n## {}\n\n{}\n", cell(&heading(p)), cell(&plain(&p["decision"]))));
         for (title, header, rows, empty) in sections(p) {
             out.push_str(&format!("\n### {title}\n\n"));
             if rows.is_empty() {
@@ -184,6 +188,24 @@ pub fn markdown(r: &Value) -> String {
             if title.starts_with("Lateness") {
                 out.push_str(&format!("\n{}\n", observed(p)));
             }
+        }
+    }
+    out
+}
+
+/// Text from the server as Markdown that shows it as it is: no raw HTML,
+/// no link or image, no escape undone, no table cell or line ended early
+/// (CommonMark lets a backslash escape any ASCII punctuation).
+fn md_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' | '<' | '>' | '&' | '[' | ']' | '|' | '`' | '!' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\n' | '\r' => out.push(' '),
+            _ => out.push(c),
         }
     }
     out
@@ -293,4 +315,38 @@ pub fn html(r: &Value) -> String {
     }
     out.push_str("</body></html>\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_markdown_review_shows_titles_and_names_as_text_not_html_or_links() {
+        let hostile = "<img src=x onerror=alert(1)> [click](javascript:alert(1)) ![i](http://x/y.png) \\<b>";
+        let r = serde_json::json!({
+            "since": "2026-11-05", "until": "2026-12-05", "period": "30d",
+            "pipelines": [{
+                "pipeline": "paid", "live_version": 1, "owner": hostile, "steward": "s", "decision": hostile,
+                "incidents": [{ "id": 1, "title": hostile, "cause": "alert:x", "status": "open", "opened": "t" }],
+                "lateness": {}
+            }]
+        });
+        let md = markdown(&r);
+        // What a renderer reads as markup: the text without its escaped characters.
+        let mut unescaped = String::new();
+        let mut chars = md.chars();
+        while let Some(c) = chars.next() {
+            if c == '\\' {
+                chars.next();
+            } else {
+                unescaped.push(c);
+            }
+        }
+        for markup in ['<', '>', '[', ']', '!', '&'] {
+            assert!(!unescaped.contains(markup), "{markup:?} passed through as Markdown:\n{md}");
+        }
+        assert!(md.contains("\\<img src=x onerror=alert(1)\\>"), "{md}");
+        assert!(md.contains("\\[click\\](javascript:alert(1))"), "{md}");
+    }
 }
