@@ -94,13 +94,22 @@ pub fn router(app: Arc<App>) -> Router {
 /// a few tasks ready at once and a producer's request is not queued behind
 /// hundreds of them. The waiting requests hold no thread and no CPU.
 /// Producers' POSTs and operators' and admins' actions pass at once: an
-/// operator's pause never waits behind slow reads. So does a GET that says
-/// it has a body: its body is read (within `body_timeout`) before its
-/// handler, and a client sending it slowly must not hold a place.
+/// operator's pause never waits behind slow reads. A GET or HEAD that says
+/// it has a body is refused (413) unread: no read takes one, and passing it
+/// by the gate let a read skip its turn.
 async fn gate(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let read = req.method() == axum::http::Method::GET || req.method() == axum::http::Method::HEAD;
-    if !read || carries_body(req.headers()) || crate::feed::is_follower(path, req.uri().query(), req.headers()) {
+    if read && carries_body(req.headers()) && !public(&app, path) {
+        // No read takes a body, and one that came with a body would pass the
+        // gate (a public path's is refused by `authenticate`, counted as such).
+        app.count_denied("status=\"413\",reason=\"body_on_read\"".into());
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a {} takes no body; send it without one (nothing was read)", req.method()),
+        );
+    }
+    if !read || crate::feed::is_follower(path, req.uri().query(), req.headers()) {
         return next.run(req).await;
     }
     let gate = if public(&app, path) { &app.gates.public } else { &app.gates.readers };

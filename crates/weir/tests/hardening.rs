@@ -740,3 +740,23 @@ fn review_2_point_8_an_operators_text_is_at_most_4_kib() {
     let (code, text) = call("POST", &notes, Some(&serde_json::json!({ "note": long }).to_string()));
     assert_eq!(code, 400, "a note of 4,097 bytes: {text}");
 }
+
+/// The second outside review (issue 42), finding 8: a GET that says it has
+/// a body is refused unread (413) instead of passing the readers' gate.
+#[test]
+fn review_2_point_8_a_get_with_a_body_is_refused_not_let_past_the_gate() {
+    let r = serve("get-with-body", "");
+    let token = common::tokens_of(&r._dir.path("data")).reader;
+    for head in [
+        format!("GET /v1/pipelines HTTP/1.1\r\nhost: x\r\nconnection: close\r\nauthorization: Bearer {token}\r\ncontent-length: 5\r\n\r\nhello"),
+        format!("GET /v1/pipelines/paid/results HTTP/1.1\r\nhost: x\r\nconnection: close\r\nauthorization: Bearer {token}\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+    ] {
+        let (answer, _) = stalled(r.port, &head, b"", Duration::from_secs(10));
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        assert!(answer.contains("takes no body"), "{answer}");
+    }
+    // Without a body, the same read answers.
+    assert!(get(&format!("{}/v1/pipelines", r.base)).contains("paid"));
+    let metrics = get(&format!("{}/metrics", r.base));
+    assert!(metrics.contains("reason=\"body_on_read\""), "{metrics}");
+}
