@@ -557,6 +557,19 @@ fn read_otel(r: &mut Reader<'_>, t: &Table) -> Option<Option<OtelConfig>> {
             }
         }
     }
+    if let (Some(url), false) = (&endpoint, headers.is_empty()) {
+        if let Some(host) = url.strip_prefix("http://").filter(|rest| !on_this_machine(rest)) {
+            let host = host.split('/').next().unwrap_or(host);
+            r.error(
+                t.get("headers").and_then(Item::span).or_else(|| span("endpoint")),
+                "otel.headers",
+                format!(
+                    "would go to {host} over plain http://, readable on the way (a collector's token, say); use an https:// endpoint, or a collector on this machine (http://127.0.0.1:4318)"
+                ),
+            );
+            ok = false;
+        }
+    }
     let (endpoint, interval) = (endpoint?, interval?);
     ok.then(|| {
         Some(OtelConfig {
@@ -567,6 +580,18 @@ fn read_otel(r: &mut Reader<'_>, t: &Table) -> Option<Option<OtelConfig>> {
             headers,
         })
     })
+}
+
+/// Whether a URL's rest after `http://` names this machine: `localhost`, an
+/// address in 127.0.0.0/8, or `[::1]`.
+fn on_this_machine(rest: &str) -> bool {
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host.starts_with("[::1]") {
+        return true;
+    }
+    let name = host.split(':').next().unwrap_or(host);
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 fn read_connection(r: &mut Reader<'_>, t: &Table, name: &str) -> Option<Connection> {

@@ -97,6 +97,11 @@ Authorization = "Bearer abc"
     assert_eq!(o.endpoint, "https://collector.example:4318", "one trailing / is dropped: the signal's path is added");
     assert_eq!((o.protocol, o.interval_ms, o.service_name.as_str()), (OtelProtocol::Json, 15_000, "weir"));
     assert_eq!(o.headers.get("authorization").map(String::as_str), Some("Bearer abc"));
+    // Headers over http:// to a collector on this machine stay on it.
+    for local in ["http://127.0.0.1:4318", "http://localhost:4318", "http://[::1]:4318"] {
+        let text = format!("[otel]\nendpoint = \"{local}\"\n[otel.headers]\nAuthorization = \"Bearer abc\"\n");
+        assert!(ServerConfig::parse("weir.toml", &text).is_ok(), "{local}");
+    }
     let plain = ServerConfig::parse("weir.toml", "[otel]\nendpoint = \"http://127.0.0.1:4318\"\n").unwrap();
     let o = plain.otel.unwrap();
     assert_eq!((o.protocol, o.interval_ms), (OtelProtocol::Protobuf, 60_000), "OTLP's defaults");
@@ -119,6 +124,15 @@ Authorization = "Bearer abc"
             "weir.toml:4: `otel.headers.x`: must be a string",
         ),
         ("[otel]\nendpoint = \"http://c:4318\"\nport = 1\n", "weir.toml:3: `otel.port`: unknown key"),
+        // Issue 42, finding 8: headers (a token) over plain http:// to another machine.
+        (
+            "[otel]\nendpoint = \"http://collector.example:4318\"\n[otel.headers]\nAuthorization = \"Bearer abc\"\n",
+            "`otel.headers`: would go to collector.example:4318 over plain http://",
+        ),
+        (
+            "[otel]\nendpoint = \"http://10.0.0.7:4318/\"\n[otel.headers]\nx-token = \"t\"\n",
+            "use an https:// endpoint, or a collector on this machine",
+        ),
     ];
     for (text, expected) in cases {
         let err = ServerConfig::parse("weir.toml", text).unwrap_err().to_string();

@@ -96,9 +96,14 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
+    /// A redirect is not followed (it is an export that failed): following
+    /// one would send the headers, a collector's token among them, wherever
+    /// the answer points.
     fn new(exports: Arc<Exports>) -> Client {
-        let config =
-            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(10)));
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .timeout_global(Some(Duration::from_secs(10)));
         Client { agent: config.build().into(), exports }
     }
 
@@ -401,6 +406,33 @@ pub(crate) async fn traced(req: Request, next: Next) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn review_2_point_8_an_export_answered_with_a_redirect_is_not_followed() {
+        use std::io::{Read, Write};
+        // The place a redirect points at: it must see no request.
+        let elsewhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        elsewhere.set_nonblocking(true).unwrap();
+        let target = format!("http://{}/v1/metrics", elsewhere.local_addr().unwrap());
+        let collector = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1/metrics", collector.local_addr().unwrap());
+        let answering = std::thread::spawn(move || {
+            let (mut conn, _) = collector.accept().unwrap();
+            let mut head = [0u8; 4096];
+            let _ = conn.read(&mut head);
+            let answer =
+                format!("HTTP/1.1 302 Found\r\nlocation: {target}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            conn.write_all(answer.as_bytes()).unwrap();
+        });
+        let exports = Arc::new(Exports::default());
+        let client = Client::new(Arc::clone(&exports));
+        let request = http::Request::post(&url).header("authorization", "Bearer secret").body(&b"{}"[..]).unwrap();
+        let answer = client.send("metrics", request).unwrap();
+        answering.join().unwrap();
+        assert_eq!(answer.status().as_u16(), 302, "the redirect is the answer, not followed");
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(elsewhere.accept().is_err(), "the redirect's target was called, the token with it");
+    }
 
     #[test]
     fn names_follow_the_conventions() {
