@@ -112,16 +112,18 @@ start_worker() { # $1: suffix, $2: worker number; sets $base (URL|reader token) 
     base="http://127.0.0.1:$p|$token"
 }
 psql_run() { psql -q "$pg" -c "$1" >/dev/null 2>&1 || true; }
+# A schema and the one of its typed views for BI tools (`SCHEMA_bi`).
+drop_schema() { psql_run "DROP SCHEMA IF EXISTS $1 CASCADE; DROP SCHEMA IF EXISTS $1_bi CASCADE"; }
 
 # Produce once (a worker creates the topic with 4 partitions first).
-psql_run "DROP SCHEMA IF EXISTS weir_bench_setup CASCADE"
+drop_schema weir_bench_setup
 start_worker setup 1
 setup=$pid
 started=$(date +%s.%N)
 "$weir" produce --topic payments --kafka "127.0.0.1:$kport" --key account_id "$input" 2>"$dir/produce.log"
 ended=$(date +%s.%N)
 kill -TERM "$setup" 2>/dev/null || true
-psql_run "DROP SCHEMA IF EXISTS weir_bench_setup CASCADE"
+drop_schema weir_bench_setup
 echo "produced $n events to Kafka: $(python3 -c "print(round($n / ($ended - $started)))") events/s ($(tail -1 "$dir/produce.log"))"
 
 tansu_pid=${pids[0]}
@@ -130,7 +132,7 @@ pg_cpu() { ps -C postgres -o times= | awk '{s += $1} END {print s + 0}'; }
 printf '%-8s %-10s %-10s %-16s %-12s %-24s %-12s %-12s %s\n' workers events seconds events_per_second checkpoints checkpoint_us_per_event weir_cpu_s tansu_cpu_s postgres_cpu_s
 for workers in 1 2; do
     suffix="w${workers}_$$"
-    psql_run "DROP SCHEMA IF EXISTS weir_bench_$suffix CASCADE"
+    drop_schema "weir_bench_$suffix"
     bases=()
     started_pids=()
     t0=$(date +%s.%N)
@@ -151,5 +153,5 @@ for workers in 1 2; do
 n, t, s, c = $n, $t1 - $t0, $seconds, $count
 print(f'{$workers:<8} {n:<10} {t:<10.2f} {n / t:<16.0f} {c:<12} {s / n * 1e6:<24.1f} {$cpu:<12} {$tansu_cpu:<12} {$pg_used}')"
     for p in "${started_pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-    psql_run "DROP SCHEMA IF EXISTS weir_bench_$suffix CASCADE"
+    drop_schema "weir_bench_$suffix"
 done
