@@ -13,6 +13,7 @@
 //! max_connections = 1024        # open client connections; more wait in the listen backlog
 //! max_followers = 256           # open change feeds (long polls, server-sent events); past it 503 and Retry-After
 //! alert_queue = 1000            # alert notifications waiting for each webhook; past it the oldest is dropped and counted
+//! allow_private_webhooks = false     # true: alerts may go to loopback and private addresses
 //! allow_link_local_webhooks = false  # true: alerts may go to link-local and cloud metadata addresses
 //! pool_connections = 16         # connections each reader pool (SQLite, Postgres) opens at most
 //! header_timeout = "10s"        # a connection's request head must arrive within this (idle ones close too)
@@ -113,6 +114,9 @@ pub struct ServerConfig {
     /// `allow_link_local_webhooks = true`: alerts may go to link-local and
     /// cloud metadata addresses (refused by default).
     pub allow_link_local_webhooks: bool,
+    /// `allow_private_webhooks = true`: alerts may go to loopback and
+    /// private addresses (refused by default).
+    pub allow_private_webhooks: bool,
     /// The file holding the audit log's HMAC key (kept outside the data
     /// folder, so whoever can edit `weir.db` cannot recompute the chain).
     pub audit_key_file: Option<String>,
@@ -226,6 +230,7 @@ impl Default for ServerConfig {
             postgres: None,
             public_metrics: false,
             allow_link_local_webhooks: false,
+            allow_private_webhooks: false,
             audit_key_file: None,
             otel: None,
             connections: BTreeMap::new(),
@@ -251,6 +256,7 @@ const TOP_KEYS: &[&str] = &[
     "alert_webhook",
     "webhook_ca_cert",
     "allow_link_local_webhooks",
+    "allow_private_webhooks",
     "audit_key_file",
     "ledger_payload_retention",
     "superseded_retention",
@@ -400,6 +406,17 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
             ),
         }
     }
+    let mut allow_private_webhooks = false;
+    if let Some(item) = root.get("allow_private_webhooks") {
+        match item.as_bool() {
+            Some(b) => allow_private_webhooks = b,
+            None => r.error(
+                item.span(),
+                "allow_private_webhooks",
+                "must be true (alerts may go to loopback and private addresses) or false (the default)",
+            ),
+        }
+    }
     let mut public_metrics = false;
     if let Some(t) = r.table(root, "auth", false) {
         r.unknown_keys(t, "auth", AUTH_KEYS);
@@ -421,6 +438,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         connections: named,
         public_metrics,
         allow_link_local_webhooks,
+        allow_private_webhooks,
         kafka: kafka?,
         postgres: postgres?,
         otel: otel?,

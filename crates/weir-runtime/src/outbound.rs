@@ -1,19 +1,52 @@
-//! Requests weir makes to addresses a contract names (`http`
-//! destinations): never redirected, checked against the system's roots,
-//! and sent only to an address that was checked.
+//! Requests weir makes to addresses a contract or weir.toml names (`http`
+//! destinations, alert webhooks): never redirected, checked against the
+//! system's roots (or the ones given), and sent only to an address that
+//! was checked.
 //!
 //! The host is resolved once per connection by [`Guarded`], which refuses
 //! it when any of its addresses is loopback, private, link-local, a cloud
 //! metadata service or unspecified (loopback and private ones are allowed
-//! when the connection says `allow_private = true`), and hands the
-//! connector exactly the addresses it checked: a name that resolves
-//! elsewhere a moment later (DNS rebinding) is not resolved again.
+//! when the [`Allow`] says so: a connection's `allow_private = true`,
+//! weir.toml's `allow_private_webhooks`; link-local and metadata ones only
+//! by `allow_link_local_webhooks`), and hands the connector exactly the
+//! addresses it checked: a name that resolves elsewhere a moment later (DNS
+//! rebinding) is not resolved again.
 
 use std::net::IpAddr;
 use std::time::Duration;
 
 use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
 use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
+
+/// A refusal's reason as words: "a loopback address", "a cloud metadata service".
+fn described(why: &str) -> String {
+    if why.starts_with("a ") {
+        why.to_owned()
+    } else {
+        format!("a {why} address")
+    }
+}
+
+/// Which of the addresses refused by default may be called.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Allow {
+    /// Loopback and private ranges (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7).
+    pub private: bool,
+    /// Link-local addresses and cloud metadata services.
+    pub link_local: bool,
+}
+
+impl Allow {
+    pub fn private(private: bool) -> Allow {
+        Allow { private, link_local: false }
+    }
+}
+
+/// Why `ip` may not be called under `allow`, or `None` when it may.
+pub fn refused_for(ip: IpAddr, allow: Allow) -> Option<&'static str> {
+    let why = refused_address(ip, allow.private)?;
+    (!(allow.link_local && matches!(why, "a cloud metadata service" | "link-local"))).then_some(why)
+}
 
 /// Why `ip` may not be called, or `None` when it may.
 pub fn refused_address(ip: IpAddr, allow_private: bool) -> Option<&'static str> {
@@ -56,7 +89,9 @@ pub fn refused_address(ip: IpAddr, allow_private: bool) -> Option<&'static str> 
 /// (see [`refused_address`]).
 #[derive(Debug)]
 pub struct Guarded {
-    allow_private: bool,
+    allow: Allow,
+    /// Where the hint for a loopback or private address points.
+    hint: &'static str,
 }
 
 impl Resolver for Guarded {
@@ -68,46 +103,59 @@ impl Resolver for Guarded {
     ) -> Result<ResolvedSocketAddrs, ureq::Error> {
         let addrs = DefaultResolver::default().resolve(uri, config, timeout)?;
         let host = uri.host().unwrap_or_default();
-        if let Some((ip, why)) = addrs.iter().find_map(|a| Some((a.ip(), refused_address(a.ip(), self.allow_private)?)))
-        {
-            let hint = if matches!(why, "loopback" | "private") {
-                "; allow it with allow_private = true in the connection's [connections.NAME] of weir.toml"
-            } else {
-                ""
-            };
+        if let Some((ip, why)) = addrs.iter().find_map(|a| Some((a.ip(), refused_for(a.ip(), self.allow)?))) {
+            let hint = if matches!(why, "loopback" | "private") { self.hint } else { "" };
             return Err(ureq::Error::Io(std::io::Error::new(
                 std::io::ErrorKind::PermissionDenied,
-                format!("{host} resolves to {ip}, a {why} address, which weir does not call{hint}"),
+                format!("{host} resolves to {ip}, {}, which weir does not call{hint}", described(why)),
             )));
         }
         Ok(addrs)
     }
 }
 
+/// The hint of a destination's connection that names a loopback or private address.
+const CONNECTION_HINT: &str =
+    "; allow it with allow_private = true in the connection's [connections.NAME] of weir.toml";
+
+/// The hint of a webhook that names a loopback or private address.
+pub const WEBHOOK_HINT: &str = "; allow it with allow_private_webhooks = true in weir.toml";
+
 /// Why `url` cannot be a destination's, checked before a server starts:
 /// not http(s), or naming a refused address now.
 pub fn check_url(url: &str, allow_private: bool) -> Result<(), String> {
+    check_url_for(url, Allow::private(allow_private), CONNECTION_HINT, true)
+}
+
+/// Why `url` cannot be called under `allow`: not http(s), or naming a
+/// refused address now. A name that does not resolve now is refused only
+/// when `must_resolve` (each connection checks it again anyway).
+pub fn check_url_for(url: &str, allow: Allow, hint: &str, must_resolve: bool) -> Result<(), String> {
     let uri: ureq::http::Uri = url.parse().map_err(|e| format!("{url:?} is not a URL: {e}"))?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
         return Err(format!("{url:?} is not an http:// or https:// URL"));
     }
     let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
     let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+    let lower = host.to_ascii_lowercase();
+    if matches!(lower.trim_end_matches('.'), "metadata.google.internal" | "metadata" | "metadata.azure.internal")
+        && !allow.link_local
+    {
+        return Err(format!("{host} is a cloud metadata service, which weir does not call"));
+    }
     let addrs: Vec<IpAddr> = match host.parse::<IpAddr>() {
         Ok(ip) => vec![ip],
-        Err(_) => std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
-            .map_err(|e| format!("{host} cannot be resolved: {e}"))?
-            .map(|a| a.ip())
-            .collect(),
+        Err(_) => match std::net::ToSocketAddrs::to_socket_addrs(&(host, port)) {
+            Ok(addrs) => addrs.map(|a| a.ip()).collect(),
+            Err(e) if must_resolve => return Err(format!("{host} cannot be resolved: {e}")),
+            Err(_) => Vec::new(),
+        },
     };
-    match addrs.iter().find_map(|ip| Some((ip, refused_address(*ip, allow_private)?))) {
+    match addrs.iter().find_map(|ip| Some((ip, refused_for(*ip, allow)?))) {
         Some((ip, why)) => Err(format!(
-            "{host} is {ip}, a {why} address, which weir does not call{}",
-            if matches!(why, "loopback" | "private") {
-                "; allow it with allow_private = true in the connection's [connections.NAME] of weir.toml"
-            } else {
-                ""
-            }
+            "{host} is {ip}, {}, which weir does not call{}",
+            described(why),
+            if matches!(why, "loopback" | "private") { hint } else { "" }
         )),
         None => Ok(()),
     }
@@ -135,14 +183,25 @@ fn system_roots() -> ureq::tls::RootCerts {
 /// An agent for one destination: no redirects, statuses returned as they
 /// are, `timeout` for a whole request, the guarded resolver.
 pub fn agent(allow_private: bool, timeout: Duration) -> ureq::Agent {
-    let tls = ureq::tls::TlsConfig::builder().root_certs(system_roots()).build();
+    guarded_agent(Allow::private(allow_private), CONNECTION_HINT, timeout, None)
+}
+
+/// An agent as [`agent`]'s, under `allow`, its refusals hinting `hint`,
+/// `https` checked against `roots` when given (else the system's).
+pub fn guarded_agent(
+    allow: Allow,
+    hint: &'static str,
+    timeout: Duration,
+    roots: Option<ureq::tls::RootCerts>,
+) -> ureq::Agent {
+    let tls = ureq::tls::TlsConfig::builder().root_certs(roots.unwrap_or_else(system_roots)).build();
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .max_redirects(0)
         .timeout_global(Some(timeout))
         .tls_config(tls)
         .build();
-    ureq::Agent::with_parts(config, DefaultConnector::default(), Guarded { allow_private })
+    ureq::Agent::with_parts(config, DefaultConnector::default(), Guarded { allow, hint })
 }
 
 #[cfg(test)]

@@ -184,7 +184,11 @@ pub async fn run(app: Arc<App>) {
 /// Queues `note` on its webhook's own queue (see [`crate::webhooks`]); a
 /// full queue drops its oldest, which is logged and counted.
 pub(crate) fn notify(app: &App, url: &str, note: serde_json::Value) {
-    let (capacity, allow) = (app.config.alert_queue, app.config.allow_link_local_webhooks);
+    let capacity = app.config.alert_queue;
+    let allow = weir_runtime::outbound::Allow {
+        private: app.config.allow_private_webhooks,
+        link_local: app.config.allow_link_local_webhooks,
+    };
     if let Some(dropped) = app.webhooks.send(url, note, capacity, allow) {
         eprintln!(
             "weir: alert notification dropped: {capacity} notifications wait for {url} (weir.toml alert_queue): {dropped}"

@@ -349,19 +349,19 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     weir_log::create_private_dir(&opts.data)
         .with_context(|| format!("cannot create the data folder {}", opts.data.display()))?;
-    if !opts.config.allow_link_local_webhooks {
-        let hooks = opts
-            .contracts
-            .iter()
-            .filter_map(|c| Some((c.pipeline.name.as_str(), c.alerts.as_ref()?.webhook.as_deref()?)));
-        let hooks = hooks.chain(opts.config.alert_webhook.as_deref().map(|u| ("weir.toml alert_webhook", u)));
-        for (whose, url) in hooks {
-            if let Some(why) = webhooks::refused(url) {
-                anyhow::bail!(
-                    "the webhook of {whose} ({}) is refused: {why}; alerts may not go to link-local or cloud metadata addresses unless weir.toml says allow_link_local_webhooks = true",
-                    weir_store::pg::redacted(url)
-                );
-            }
+    let allow = weir_runtime::outbound::Allow {
+        private: opts.config.allow_private_webhooks,
+        link_local: opts.config.allow_link_local_webhooks,
+    };
+    let hooks =
+        opts.contracts.iter().filter_map(|c| Some((c.pipeline.name.as_str(), c.alerts.as_ref()?.webhook.as_deref()?)));
+    let hooks = hooks.chain(opts.config.alert_webhook.as_deref().map(|u| ("weir.toml alert_webhook", u)));
+    for (whose, url) in hooks {
+        if let Some(why) = webhooks::refused(url, allow) {
+            anyhow::bail!(
+                "the webhook of {whose} ({}) is refused: {why} (link-local and cloud metadata addresses need allow_link_local_webhooks = true)",
+                weir_store::pg::redacted(url)
+            );
         }
     }
     let webhook_roots = match &opts.config.webhook_ca_cert {

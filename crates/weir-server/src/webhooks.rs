@@ -1,20 +1,27 @@
 //! Alert notifications to webhooks: each webhook URL has its own bounded
 //! queue and its own delivery thread, so a dead hook delays only its own
 //! notifications. A full queue drops its oldest notification (the newest
-//! say more about now) and counts it. A URL that reaches a link-local or
-//! cloud metadata address is refused unless weir.toml allows it
-//! (`allow_link_local_webhooks = true`): a contract's author must not be
-//! able to make the server call the machine's metadata service. An
-//! `https` webhook is checked against the public roots, or only against
-//! the certificates of weir.toml's `webhook_ca_cert` ([`roots`]).
+//! say more about now) and counts it.
+//!
+//! A contract's author must not be able to make the server call what only
+//! the server can reach, so deliveries go through
+//! [`weir_runtime::outbound`]: no redirect is followed (a 3xx is a failed
+//! delivery), the name is resolved once per connection and the connection
+//! goes to the addresses that were checked (no DNS rebinding), and
+//! loopback and private addresses are refused unless weir.toml says
+//! `allow_private_webhooks = true`, link-local and cloud metadata ones
+//! (169.254.169.254, 100.100.100.200, fd00:ec2::254) unless it says
+//! `allow_link_local_webhooks = true`. An `https` webhook is checked
+//! against the system's roots, or only against the certificates of
+//! weir.toml's `webhook_ca_cert` ([`roots`]).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::net::{IpAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use weir_runtime::lock;
+use weir_runtime::outbound::{self, Allow};
 
 /// The webhooks' queues and what happened to their notifications.
 #[derive(Default)]
@@ -57,13 +64,7 @@ struct Queue {
 impl Webhooks {
     /// Queues `note` for `url` without waiting; `capacity` notifications
     /// wait at most per webhook. Returns the one dropped to make room.
-    pub fn send(
-        &self,
-        url: &str,
-        note: serde_json::Value,
-        capacity: usize,
-        allow_link_local: bool,
-    ) -> Option<serde_json::Value> {
+    pub fn send(&self, url: &str, note: serde_json::Value, capacity: usize, allow: Allow) -> Option<serde_json::Value> {
         let queue = {
             let mut queues = lock(&self.queues);
             match queues.get(url) {
@@ -76,7 +77,7 @@ impl Webhooks {
                     let trusted = self.trusted.get().cloned();
                     let spawned = std::thread::Builder::new()
                         .name("weir-webhook".into())
-                        .spawn(move || deliver(&u, &q2, (allow_link_local, trusted), &ok, &failed));
+                        .spawn(move || deliver(&u, &q2, (allow, trusted), &ok, &failed));
                     if let Err(e) = spawned {
                         eprintln!("weir: no delivery thread for the webhook {url}: {e}");
                     }
@@ -96,36 +97,11 @@ impl Webhooks {
     }
 }
 
-/// Why `url` may not be a webhook: it names (or its host resolves to) a
-/// link-local or cloud metadata address.
-pub fn refused(url: &str) -> Option<String> {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let host = match host_port.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or_default(),
-        None => host_port.rsplit_once(':').map_or(host_port, |(h, _)| h),
-    };
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
-    if matches!(host.as_str(), "metadata.google.internal" | "metadata" | "metadata.azure.internal") {
-        return Some(format!("{host} is a cloud metadata service"));
-    }
-    let addrs: Vec<IpAddr> = match host.parse::<IpAddr>() {
-        Ok(ip) => vec![ip],
-        Err(_) => (host.as_str(), 80).to_socket_addrs().map(|a| a.map(|s| s.ip()).collect()).unwrap_or_default(),
-    };
-    addrs.into_iter().find(|ip| link_local(*ip)).map(|ip| format!("{host} is the link-local or metadata address {ip}"))
-}
-
-fn link_local(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.is_link_local(),
-        IpAddr::V6(v6) => {
-            (v6.segments()[0] & 0xffc0) == 0xfe80
-                || v6 == "fd00:ec2::254".parse::<std::net::Ipv6Addr>().unwrap_or(std::net::Ipv6Addr::UNSPECIFIED)
-                || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_link_local())
-        }
-    }
+/// Why `url` may not be a webhook under `allow`, checked before a server
+/// starts: it names, or its host resolves to now, a refused address. A name
+/// that does not resolve now is checked again at each delivery.
+pub fn refused(url: &str, allow: Allow) -> Option<String> {
+    outbound::check_url_for(url, allow, outbound::WEBHOOK_HINT, false).err()
 }
 
 /// Sends one webhook's notifications in order, each retried with backoff
@@ -133,16 +109,11 @@ fn link_local(ip: IpAddr) -> bool {
 fn deliver(
     url: &str,
     queue: &Queue,
-    (allow_link_local, trusted): (bool, Option<ureq::tls::RootCerts>),
+    (allow, trusted): (Allow, Option<ureq::tls::RootCerts>),
     delivered: &AtomicU64,
     undelivered: &AtomicU64,
 ) {
-    let mut config =
-        ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(10)));
-    if let Some(roots) = trusted {
-        config = config.tls_config(ureq::tls::TlsConfig::builder().root_certs(roots).build());
-    }
-    let agent: ureq::Agent = config.build().into();
+    let agent = outbound::guarded_agent(allow, outbound::WEBHOOK_HINT, Duration::from_secs(10), trusted);
     loop {
         let note = {
             let mut notes = lock(&queue.notes);
@@ -153,20 +124,22 @@ fn deliver(
                 notes = queue.ready.wait(notes).unwrap_or_else(|e| e.into_inner());
             }
         };
-        // Asked at each delivery: a name may come to resolve elsewhere.
-        if let Some(why) = refused(url).filter(|_| !allow_link_local) {
-            eprintln!("weir: an alert was not sent to {url}: {why}; set allow_link_local_webhooks = true in weir.toml if it must be");
-            undelivered.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
         let started = Instant::now();
         let mut wait = Duration::from_millis(250);
         let body = note.to_string();
         loop {
+            // The address is checked at each connection: a name may come to resolve elsewhere.
             let sent = agent.post(url).header("content-type", "application/json").send(&body);
             if matches!(&sent, Ok(r) if r.status().is_success()) {
                 delivered.fetch_add(1, Ordering::Relaxed);
                 break;
+            }
+            if let Err(ureq::Error::Io(e)) = &sent {
+                if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    eprintln!("weir: an alert was not sent to {url}: {e}");
+                    undelivered.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
             }
             if started.elapsed() > Duration::from_secs(60) {
                 eprintln!("weir: could not deliver an alert to {url} for a minute; it stays in status");
@@ -183,6 +156,9 @@ fn deliver(
 mod tests {
     use super::*;
 
+    /// Loopback and private addresses allowed, as the tests' local hooks need.
+    const LOCAL: Allow = Allow { private: true, link_local: false };
+
     #[test]
     fn point_10_link_local_and_metadata_addresses_are_refused() {
         for url in [
@@ -190,14 +166,56 @@ mod tests {
             "http://169.254.1.2:8080/hook",
             "http://[fe80::1]/hook",
             "http://[fd00:ec2::254]/",
+            "http://100.100.100.200/latest/meta-data/",
             "https://metadata.google.internal/computeMetadata/v1/",
             "http://user:pw@169.254.169.254/",
         ] {
-            assert!(refused(url).is_some(), "{url}");
+            assert!(refused(url, LOCAL).is_some(), "{url}");
+            assert_eq!(refused(url, Allow { private: false, link_local: true }), None, "{url} allowed");
         }
         for url in ["http://127.0.0.1:9000/hook", "https://hooks.example.com/weir", "http://10.0.0.5/hook"] {
-            assert_eq!(refused(url), None, "{url}");
+            assert_eq!(refused(url, LOCAL), None, "{url}");
         }
+    }
+
+    #[test]
+    fn review_2_point_5_loopback_and_private_hooks_are_refused_unless_allowed() {
+        for url in ["http://127.0.0.1:9000/hook", "http://[::1]/hook", "http://10.0.0.5/hook", "http://192.168.1.9/"] {
+            let why = refused(url, Allow::default()).unwrap_or_default();
+            assert!(why.contains("allow_private_webhooks = true"), "{url}: {why:?}");
+        }
+        assert_eq!(refused("https://hooks.example.com/weir", Allow::default()), None);
+    }
+
+    #[test]
+    fn review_2_point_5_a_hook_answering_with_a_redirect_is_not_followed() {
+        use std::io::{Read, Write};
+        let elsewhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        elsewhere.set_nonblocking(true).unwrap();
+        let target = format!("http://{}/metadata", elsewhere.local_addr().unwrap());
+        let hook = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", hook.local_addr().unwrap());
+        let (tx, asked) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for conn in hook.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let mut head = [0u8; 4096];
+                let _ = conn.read(&mut head);
+                let answer = format!(
+                    "HTTP/1.1 302 Found\r\nlocation: {target}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+                let _ = conn.write_all(answer.as_bytes());
+                let _ = tx.send(());
+            }
+        });
+        let hooks = Webhooks::default();
+        assert_eq!(hooks.send(&url, serde_json::json!({ "n": 1 }), 3, LOCAL), None);
+        asked.recv_timeout(Duration::from_secs(5)).expect("the hook was not called");
+        // Retries come back to the hook; the redirect's target is never called.
+        std::thread::sleep(Duration::from_millis(1_500));
+        assert!(asked.try_recv().is_ok(), "a 302 is a failed delivery, tried again at the hook");
+        assert!(elsewhere.accept().is_err(), "the redirect was followed");
+        assert_eq!(hooks.delivered.load(Ordering::Relaxed), 0);
     }
 
     #[test]
@@ -207,7 +225,7 @@ mod tests {
         let dead = "http://127.0.0.1:9/dead";
         let mut dropped = Vec::new();
         for i in 0..10 {
-            dropped.extend(hooks.send(dead, serde_json::json!({ "n": i }), 3, false));
+            dropped.extend(hooks.send(dead, serde_json::json!({ "n": i }), 3, LOCAL));
         }
         assert!(dropped.len() >= 6, "{dropped:?}");
         assert!(dropped.windows(2).all(|w| w[0]["n"].as_i64() < w[1]["n"].as_i64()), "oldest first: {dropped:?}");
@@ -229,7 +247,7 @@ mod tests {
             });
             (url, rx)
         };
-        assert_eq!(hooks.send(&url, serde_json::json!({ "live": true }), 3, false), None);
+        assert_eq!(hooks.send(&url, serde_json::json!({ "live": true }), 3, LOCAL), None);
         let got = received.recv_timeout(Duration::from_secs(5)).expect("the live hook waited for the dead one");
         assert!(got.contains("\"live\":true") || got.contains("POST /live"), "{got}");
     }

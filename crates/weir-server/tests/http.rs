@@ -495,7 +495,7 @@ fn receiver() -> (String, std::sync::mpsc::Receiver<serde_json::Value>) {
 fn an_alert_fires_with_its_fields_reaches_the_webhook_and_resolves() {
     let (url, notes) = receiver();
     let contract = format!("{CONTRACT}\n[alerts]\nmax_watermark_age = \"10m\"\nwebhook = \"{url}\"\n");
-    let s = Server::start_with("alerts", &contract, "");
+    let s = Server::start_with("alerts", &contract, "allow_private_webhooks = true\n");
     let events = format!("{}/v1/topics/payments/events", s.url);
     // Event times a year old: the watermark is far behind the clock.
     assert_eq!(post(&events, &event(1, 1, 0, "1.00")).0, 200);
@@ -527,7 +527,7 @@ fn an_alert_fires_with_its_fields_reaches_the_webhook_and_resolves() {
         serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/status", s.url)).1).unwrap();
     assert_eq!(status["alerts"], serde_json::json!([]), "{status}");
     // The incident is kept in the store: after a restart the dashboard still lists both notifications.
-    let s = s.restart(&contract, "");
+    let s = s.restart(&contract, "allow_private_webhooks = true\n");
     let dashboard: serde_json::Value = serde_json::from_str(&get(&format!("{}/v1/dashboard", s.url)).1).unwrap();
     let kept: Vec<(&str, &str)> = dashboard["incidents"]["alerts"]
         .as_array()
@@ -847,7 +847,7 @@ fn a_replay_from_an_event_time_republishes_only_later_windows() {
 fn a_stalled_consumer_grows_lag_fires_the_lag_alert_and_catches_up() {
     let (url, notes) = receiver();
     let contract = format!("{CONTRACT}\n[alerts]\nmax_lag = \"2s\"\nwebhook = \"{url}\"\n");
-    let s = Server::start_with("lag", &contract, "idle_timeout = \"1h\"\n");
+    let s = Server::start_with("lag", &contract, "idle_timeout = \"1h\"\nallow_private_webhooks = true\n");
     let events = format!("{}/v1/topics/payments/events", s.url);
     let lag = || sample(&get(&format!("{}/metrics", s.url)).1, "weir_consumer_lag_records", &[]);
     let now = weir_log::now_ms() - 1_764_374_400_000;

@@ -367,7 +367,7 @@ fn a_scheduled_reconciliation_corrects_counts_and_alerts_the_owner() {
     let (hook, notes) = common::receiver();
     dir.write(
         "weir.toml",
-        &format!("alert_webhook = \"{hook}\"\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"),
+        &format!("alert_webhook = \"{hook}\"\nallow_private_webhooks = true\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"),
     );
     let _server = start(&dir.0, port);
     post(&base, &first);
@@ -472,7 +472,7 @@ fn a_reconciliation_against_an_export_finds_each_planted_difference_with_its_cau
     let (hook, notes) = common::receiver();
     dir.write(
         "weir.toml",
-        &format!("alert_webhook = \"{hook}\"\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"),
+        &format!("alert_webhook = \"{hook}\"\nallow_private_webhooks = true\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"),
     );
     let _server = start(&dir.0, port);
     let input = post_payments_then_late_ones(&dir, &base, 3000);

@@ -635,7 +635,10 @@ fn a_refused_batch_stops_the_destination_until_an_operator_resumes_it() {
         let receiver = account_service(Arc::clone(&accounts));
         let (hook, notes) = common::receiver();
         let with_alert = format!("{}\n[alerts]\nmax_destination_lag = \"2s\"\n", contract(None, 50));
-        let settings = format!("alert_webhook = \"{hook}\"\n{}", config(&topology, &receiver, None));
+        let settings = format!(
+            "alert_webhook = \"{hook}\"\nallow_private_webhooks = true\n{}",
+            config(&topology, &receiver, None)
+        );
         let root = topology.folder(&dir, "server", &[("paid.toml", &with_alert)], &settings);
         let lines = payments(&dir, (2_000, 10), 7, 20);
         let (server, base) = topology.serve(&root);

@@ -366,7 +366,7 @@ fn named_checks_are_kept_served_and_counted_and_a_failing_error_check_opens_an_i
     let contract = format!("{PAYMENTS}\n[alerts]\nwebhook = \"{hook}\"\n{CHECKS}");
     for topology in Topology::both("checks") {
         let s = Scratch::new("checks");
-        let config = topology.config(("payments", 1, "acct"), "");
+        let config = topology.config(("payments", 1, "acct"), "allow_private_webhooks = true\n");
         let root = topology.folder(&s, "server", &[("paid.toml", &contract)], &config);
         let (server, base) = topology.serve(&root);
         let name = topology.name();
@@ -781,7 +781,8 @@ fn drill_server_with(
 ) -> (std::path::PathBuf, common::Server, String) {
     let quiet = PAYMENTS.replace("name = \"paid\"", "name = \"quiet\"");
     // Long enough that no partition goes idle during a drill.
-    let config = topology.config(("payments", 2, "acct"), &format!("idle_timeout = \"10m\"\n{extra}"));
+    let config = topology
+        .config(("payments", 2, "acct"), &format!("idle_timeout = \"10m\"\nallow_private_webhooks = true\n{extra}"));
     let root = topology.folder(s, "server", &[("paid.toml", paid), ("quiet.toml", &quiet)], &config);
     let (server, base) = topology.serve(&root);
     let at = (weir_log::now_ms() - 600_000) / 60_000 * 60_000 + 10_000;

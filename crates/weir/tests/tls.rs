@@ -226,7 +226,7 @@ fn point_10_an_https_webhook_gets_its_alerts_checked_against_webhook_ca_cert() {
     s.write(
         "weir.toml",
         &format!(
-            "webhook_ca_cert = {:?}\nalert_webhook = \"https://localhost:{hook_port}/hook\"\n",
+            "webhook_ca_cert = {:?}\nalert_webhook = \"https://localhost:{hook_port}/hook\"\nallow_private_webhooks = true\n",
             ca.display().to_string()
         ),
     );

@@ -162,7 +162,7 @@ fn versions_side_by_side_candidate_promote_rollback_and_a_refused_change() {
     let (hook, notes) = receiver();
     dir.write(
         "weir.toml",
-        &format!("alert_webhook = \"{hook}\"\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"),
+        &format!("alert_webhook = \"{hook}\"\nallow_private_webhooks = true\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"),
     );
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let base = format!("http://127.0.0.1:{port}");
