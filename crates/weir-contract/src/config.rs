@@ -395,41 +395,17 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
             }
         }
     }
-    let mut allow_link_local_webhooks = false;
-    if let Some(item) = root.get("allow_link_local_webhooks") {
-        match item.as_bool() {
-            Some(b) => allow_link_local_webhooks = b,
-            None => r.error(
-                item.span(),
-                "allow_link_local_webhooks",
-                "must be true (alerts may go to link-local and cloud metadata addresses) or false (the default)",
-            ),
-        }
-    }
-    let mut allow_private_webhooks = false;
-    if let Some(item) = root.get("allow_private_webhooks") {
-        match item.as_bool() {
-            Some(b) => allow_private_webhooks = b,
-            None => r.error(
-                item.span(),
-                "allow_private_webhooks",
-                "must be true (alerts may go to loopback and private addresses) or false (the default)",
-            ),
-        }
-    }
+    let link_local = "alerts may go to link-local and cloud metadata addresses";
+    let allow_link_local_webhooks =
+        r.flag(root, "allow_link_local_webhooks", "allow_link_local_webhooks", link_local).unwrap_or(false);
+    let private = "alerts may go to loopback and private addresses";
+    let allow_private_webhooks =
+        r.flag(root, "allow_private_webhooks", "allow_private_webhooks", private).unwrap_or(false);
     let mut public_metrics = false;
     if let Some(t) = r.table(root, "auth", false) {
         r.unknown_keys(t, "auth", AUTH_KEYS);
-        if let Some(item) = t.get("public_metrics") {
-            match item.as_bool() {
-                Some(b) => public_metrics = b,
-                None => r.error(
-                    item.span(),
-                    "auth.public_metrics",
-                    "must be true (GET /metrics without a token) or false (the default: a token is needed)",
-                ),
-            }
-        }
+        let open = "GET /metrics without a token";
+        public_metrics = r.flag(t, "public_metrics", "auth.public_metrics", open).unwrap_or(false);
     }
     if !connections_ok {
         return None;
@@ -620,21 +596,10 @@ fn read_connection(r: &mut Reader<'_>, t: &Table, name: &str) -> Option<Connecti
         r.error(t.get("url").and_then(Item::span), &format!("{section}.url"), "must not be empty");
         return None;
     }
-    let mut ok = true;
-    let mut allow_private = false;
-    if let Some(item) = t.get("allow_private") {
-        match item.as_bool() {
-            Some(b) => allow_private = b,
-            None => {
-                r.error(
-                    item.span(),
-                    &format!("{section}.allow_private"),
-                    "must be true (the URL may be a loopback or private address) or false (the default)",
-                );
-                ok = false;
-            }
-        }
-    }
+    let private = "the URL may be a loopback or private address";
+    let allow_private = r.flag(t, "allow_private", &format!("{section}.allow_private"), private);
+    let mut ok = allow_private.is_some();
+    let allow_private = allow_private.unwrap_or(false);
     let mut headers = BTreeMap::new();
     // Each header: its name, its value when a string, and where it is written.
     type Header<'a> = (&'a str, Option<&'a str>, Option<std::ops::Range<usize>>);

@@ -854,6 +854,18 @@ impl Reader<'_> {
         }
     }
 
+    /// A true-or-false setting, false when absent; `None` (an error noted)
+    /// when it is something else. `name` is how the error names it, and
+    /// `when_true` what true means.
+    pub(crate) fn flag(&mut self, table: &Table, key: &str, name: &str, when_true: &str) -> Option<bool> {
+        let Some(item) = table.get(key) else { return Some(false) };
+        let flag = item.as_bool();
+        if flag.is_none() {
+            self.error(item.span(), name, format!("must be true ({when_true}) or false (the default)"));
+        }
+        flag
+    }
+
     fn nonempty(&mut self, table: &Table, section: &str, key: &str) -> Option<String> {
         let text = self.string(table, section, key, true)?;
         if text.trim().is_empty() {
