@@ -8,6 +8,7 @@
 //! checkpoint_interval = "100ms" # results are published (and checkpointed) at least this often while behind; caught up, at once
 //! checkpoint_events = 200000    # ... and after at most this many events
 //! max_body_bytes = 67108864     # largest POST body
+//! max_export_bytes = 268435456  # largest export POSTed to .../reconcile (read one at a time)
 //! max_events_per_request = 100000 # most events in one POST (413 past it, nothing appended)
 //! log_queue_bytes = 268435456   # events waiting for the log's writer; past it a POST gets 503 and Retry-After
 //! max_connections = 1024        # open client connections; more wait in the listen backlog
@@ -75,6 +76,9 @@ pub struct ServerConfig {
     pub checkpoint_interval_ms: i64,
     pub checkpoint_events: u64,
     pub max_body_bytes: usize,
+    /// The largest export a `POST .../reconcile` takes (in place of
+    /// `max_body_bytes`); one export is read at a time.
+    pub max_export_bytes: usize,
     /// Most events in one POST.
     pub max_events_per_request: usize,
     /// Bytes of appends waiting for the log's writer.
@@ -212,6 +216,7 @@ impl Default for ServerConfig {
             checkpoint_interval_ms: 100,
             checkpoint_events: 200_000,
             max_body_bytes: 64 << 20,
+            max_export_bytes: 256 << 20,
             max_events_per_request: 100_000,
             log_queue_bytes: 256 << 20,
             max_connections: 1024,
@@ -244,6 +249,7 @@ const TOP_KEYS: &[&str] = &[
     "checkpoint_interval",
     "checkpoint_events",
     "max_body_bytes",
+    "max_export_bytes",
     "max_events_per_request",
     "log_queue_bytes",
     "max_connections",
@@ -312,6 +318,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
     let interval = r.duration(root, "weir.toml", "checkpoint_interval");
     let events = r.whole(root, "weir.toml", "checkpoint_events", 1, u32::MAX as i64);
     let body = r.whole(root, "weir.toml", "max_body_bytes", 1024, 1 << 31);
+    let export = r.whole(root, "weir.toml", "max_export_bytes", 1024, 1 << 32);
     let max_events = r.whole(root, "weir.toml", "max_events_per_request", 1, 10_000_000);
     let log_queue = r.whole(root, "weir.toml", "log_queue_bytes", 1 << 20, 1 << 40);
     let connections = r.whole(root, "weir.toml", "max_connections", 1, 1 << 20);
@@ -423,6 +430,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         checkpoint_interval_ms: interval?.unwrap_or(defaults.checkpoint_interval_ms),
         checkpoint_events: events?.map_or(defaults.checkpoint_events, |v| v as u64),
         max_body_bytes: body?.map_or(defaults.max_body_bytes, |v| v as usize),
+        max_export_bytes: export?.map_or(defaults.max_export_bytes, |v| v as usize),
         max_events_per_request: max_events?.map_or(defaults.max_events_per_request, |v| v as usize),
         log_queue_bytes: log_queue?.map_or(defaults.log_queue_bytes, |v| v as usize),
         max_connections: connections?.map_or(defaults.max_connections, |v| v as usize),

@@ -128,8 +128,10 @@ pub struct SystemOfRecord {
     pub query: String,
     pub map: crate::reconcile::Mapping,
     pub tolerance: crate::reconcile::Tolerance,
-    /// libpq-style connection string (default: weir.toml's `[postgres] url`).
-    pub url: Option<String>,
+    /// The `[connections.NAME]` of weir.toml that reads the system of
+    /// record: an account of its own, never the store's, and no URL in the
+    /// contract (a contract is stored where every reader sees it).
+    pub connection: String,
 }
 
 #[derive(Debug, Clone)]
@@ -360,7 +362,7 @@ const RECONCILE_KEYS: &[&str] = &["every", "delay", "system_of_record"];
 /// reads the pipeline's input over its range, so a run every millisecond
 /// would keep a worker reading for nothing else.
 pub const MIN_RECONCILE_EVERY_MS: i64 = 10_000;
-const SYSTEM_OF_RECORD_KEYS: &[&str] = &["query", "map", "tolerance", "url"];
+const SYSTEM_OF_RECORD_KEYS: &[&str] = &["query", "map", "tolerance", "connection", "url"];
 const SECTIONS: &[&str] = &[
     "pipeline",
     "source",
@@ -1337,8 +1339,24 @@ impl Reader<'_> {
         let query = self.nonempty(t, section, "query");
         let map = self.nonempty(t, section, "map");
         let tolerance = self.string(t, section, "tolerance", false);
-        let url = self.string(t, section, "url", false);
-        let (query, map) = (query?, map?);
+        if let Some(url) = t.get("url") {
+            self.error(
+                url.span(),
+                &format!("{section}.url"),
+                "a contract holds no URL (its versions are kept where every reader of the pipeline sees them): put the URL in weir.toml as [connections.NAME] url = \"...\", with an account that may only read the system of record, and write connection = \"NAME\" here",
+            );
+            return None;
+        }
+        if !t.contains_key("connection") {
+            self.error(
+                t.span(),
+                &format!("{section}.connection"),
+                "missing required key; name the [connections.NAME] of weir.toml that reads the system of record, e.g. connection = \"billing_reader\" (an account of its own that may only read it, never weir's store's)",
+            );
+            return None;
+        }
+        let connection = self.nonempty(t, section, "connection");
+        let (query, map, connection) = (query?, map?, connection?);
         let key_names: Vec<String> = source.key.iter().map(ToString::to_string).collect();
         let names: Vec<String> = aggregates.iter().map(|a| a.name.clone()).collect();
         let map = match crate::reconcile::Mapping::parse(&map, &key_names, &names) {
@@ -1355,7 +1373,7 @@ impl Reader<'_> {
                 return None;
             }
         };
-        Some(SystemOfRecord { query, map, tolerance, url })
+        Some(SystemOfRecord { query, map, tolerance, connection })
     }
 
     fn dedup(&mut self, t: &Table) -> Option<Dedup> {

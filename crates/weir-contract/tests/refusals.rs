@@ -122,9 +122,15 @@ fn reconcile_parses_and_bad_values_are_refused() {
     check(&edit("", "[reconcile]\ndelay = \"2h\""), Some(34), "reconcile.delay", "every");
     check(&edit("", "[reconcile]\nevry = \"1h\""), Some(34), "reconcile.evry", "unknown key");
     let sor = |body: &str| edit("", &format!("[reconcile]\nevery = \"1h\"\n\n[reconcile.system_of_record]\n{body}"));
-    let good = "query = \"SELECT 1\"\nmap = \"key.account_id=a,window_start=d,revenue=r\"\ntolerance = \"1%\"";
+    let good = "query = \"SELECT 1\"\nmap = \"key.account_id=a,window_start=d,revenue=r\"\ntolerance = \"1%\"\nconnection = \"ledger\"";
     let r = Contract::parse("c.toml", &sor(good)).unwrap().reconcile.unwrap().system_of_record.unwrap();
-    assert_eq!((r.query.as_str(), r.map.window_start.as_str(), r.url), ("SELECT 1", "d", None));
+    assert_eq!((r.query.as_str(), r.map.window_start.as_str(), r.connection.as_str()), ("SELECT 1", "d", "ledger"));
+    // Issue 42, finding 2: the system of record is read through a connection
+    // of weir.toml, never a URL kept in the contract.
+    let no_connection = "query = \"SELECT 1\"\nmap = \"key.account_id=a,window_start=d,revenue=r\"";
+    check(&sor(no_connection), Some(36), "reconcile.system_of_record.connection", "[connections.NAME] of weir.toml");
+    let with_url = format!("{good}\nurl = \"postgres://reader:secret@db/billing\"");
+    check(&sor(&with_url), Some(41), "reconcile.system_of_record.url", "a contract holds no URL");
     check(
         &sor("map = \"key.account_id=a,window_start=d,revenue=r\""),
         Some(36),
@@ -132,13 +138,13 @@ fn reconcile_parses_and_bad_values_are_refused() {
         "missing required key",
     );
     check(
-        &sor("query = \"q\"\nmap = \"window_start=d,revenue=r\""),
+        &sor("query = \"q\"\nmap = \"window_start=d,revenue=r\"\nconnection = \"c\""),
         Some(38),
         "reconcile.system_of_record.map",
         "key field `account_id` is not mapped",
     );
     check(
-        &sor("query = \"q\"\nmap = \"key.account_id=a,window_start=d,revenue=r\"\ntolerance = \"some\""),
+        &sor("query = \"q\"\nmap = \"key.account_id=a,window_start=d,revenue=r\"\ntolerance = \"some\"\nconnection = \"c\""),
         Some(39),
         "reconcile.system_of_record.tolerance",
         "percentage",

@@ -713,9 +713,12 @@ pub struct Worker {
     pub input: InputFor,
     /// Who this worker is in claims (unique per process).
     pub claimant: String,
-    /// Where `[reconcile.system_of_record]` is queried when its `url` is not
-    /// given: weir.toml's `[postgres] url`.
-    pub record_url: Option<String>,
+    /// weir.toml's `[connections.NAME]`: what `[reconcile.system_of_record]`
+    /// names to read the system of record.
+    pub connections: BTreeMap<String, weir_contract::Connection>,
+    /// weir.toml's `[postgres] url`: the store's own account, which never
+    /// reads a system of record.
+    pub store_url: Option<String>,
     /// Notifications for the owner (a failed reconciliation), sent by the server.
     pub notes: Notes,
 }
@@ -817,45 +820,50 @@ impl Worker {
     }
 
     /// After a scheduled run: its range of the published rows against the
-    /// contract's query on the system of record; kept, and the owner told
-    /// when it fails. `$1` and `$2` in the query become the range's start
-    /// and end as quoted RFC 3339 literals (every value is read as text).
+    /// contract's query on the system of record
+    /// ([`crate::reconcile::read_record`]); kept, and the owner told when it
+    /// fails. A query that cannot be read is kept as a failed
+    /// reconciliation with its reason, and the owner is told that too.
     fn reconcile_with_record(
         &self,
         contract: &Contract,
         sor: &weir_contract::SystemOfRecord,
         run: &Backfill,
     ) -> anyhow::Result<()> {
-        let Some(url) = sor.url.as_deref().or(self.record_url.as_deref()) else {
-            anyhow::bail!("[reconcile.system_of_record] has no url, and weir.toml has no [postgres] url");
-        };
-        let t = weir_engine::time::format_rfc3339_ms;
-        let sql =
-            sor.query.replace("$1", &format!("'{}'", t(run.from_ms))).replace("$2", &format!("'{}'", t(run.to_ms)));
-        let mut client = weir_store::pg::connect(url)?;
-        let mut rows = Vec::new();
-        for message in client.simple_query(&sql)? {
-            if let postgres::SimpleQueryMessage::Row(row) = message {
-                let cells = row
-                    .columns()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| (c.name().to_owned(), row.get(i).unwrap_or_default().to_owned()))
-                    .collect();
-                rows.push((rows.len() + 1, cells));
-            }
-        }
-        let export = crate::reconcile::read_rows(rows, &sor.map)
-            .map_err(|e| anyhow::anyhow!("the system of record's query answered a row weir cannot read: {e}"))?;
         let why = format!("after scheduled backfill {}", run.id);
-        let (_, report) = crate::reconcile::compare_and_keep(
-            self.store.as_ref(),
-            contract,
-            (&self.pipeline, run.version),
-            (&sor.map, sor.tolerance),
-            &export,
-            ("schedule", &why, "system_of_record"),
-        )?;
+        let read = match self.connections.get(&sor.connection) {
+            None => Err(format!(
+                "[reconcile.system_of_record] names the connection {:?}, which weir.toml does not have; add [connections.{}] with the url of an account that may only read the system of record",
+                sor.connection, sor.connection
+            )),
+            Some(c) => crate::reconcile::read_record(
+                (&c.url, self.store_url.as_deref()),
+                &sor.query,
+                (run.from_ms, run.to_ms),
+                &sor.map,
+                crate::reconcile::RecordLimits::DEFAULT,
+            ),
+        };
+        let report = match read {
+            Ok(export) => {
+                crate::reconcile::compare_and_keep(
+                    self.store.as_ref(),
+                    contract,
+                    (&self.pipeline, run.version),
+                    (&sor.map, sor.tolerance),
+                    &export,
+                    ("schedule", &why, "system_of_record"),
+                )?
+                .1
+            }
+            Err(reason) => crate::reconcile::keep_unread(
+                self.store.as_ref(),
+                contract,
+                (&self.pipeline, run.version),
+                &format!("the system of record could not be read: {reason}"),
+                ("schedule", &why, "system_of_record"),
+            )?,
+        };
         if report["verdict"] == "fail" {
             let note = crate::reconcile::unexplained_note(contract, &report);
             crate::lock(&self.notes).push((self.pipeline.clone(), note));

@@ -63,12 +63,18 @@ pub struct App {
 pub(crate) struct Gates {
     pub readers: tokio::sync::Semaphore,
     pub public: tokio::sync::Semaphore,
+    /// One export (`POST .../reconcile`) is read and compared at a time.
+    pub exports: tokio::sync::Semaphore,
 }
 
 impl Gates {
     fn new() -> Gates {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        Gates { readers: tokio::sync::Semaphore::new(2 * cores), public: tokio::sync::Semaphore::new(cores) }
+        Gates {
+            readers: tokio::sync::Semaphore::new(2 * cores),
+            public: tokio::sync::Semaphore::new(cores),
+            exports: tokio::sync::Semaphore::new(1),
+        }
     }
 }
 

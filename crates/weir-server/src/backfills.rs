@@ -210,14 +210,17 @@ pub(crate) async fn reconcile(
         return Err(bad("say which columns are what: ?map=key.FIELD=column,window_start=column,AGGREGATE=column"));
     };
     let mapping = weir_runtime::reconcile::Mapping::parse(map, &key_names, &aggregates).map_err(bad)?;
-    let text = std::str::from_utf8(&body).map_err(|e| bad(format!("the export is not UTF-8: {e}")))?;
-    let export =
-        weir_runtime::reconcile::read_export(text, format, &mapping).map_err(|e| bad(format!("the export: {e}")))?;
     let source = q.get("source").cloned().unwrap_or_else(|| "export".to_owned());
     let contract_now = contract.clone();
     let (store, pn, who, w, src) =
         (Arc::clone(&p.store), name.clone(), caller.grant.who(), why.clone(), source.clone());
-    let stored_report = tokio::task::spawn_blocking(move || -> anyhow::Result<(i64, Value)> {
+    // Reading the export is CPU work over up to max_export_bytes: on a
+    // blocking thread, never on the server's async workers.
+    let stored_report = tokio::task::spawn_blocking(move || -> Result<(i64, Value), ApiError> {
+        let text = std::str::from_utf8(&body).map_err(|e| bad(format!("the export is not UTF-8: {e}")))?;
+        let export = weir_runtime::reconcile::read_export(text, format, &mapping)
+            .map_err(|e| bad(format!("the export: {e}")))?;
+        drop(body);
         weir_runtime::reconcile::compare_and_keep(
             store.as_ref(),
             &contract_now,
@@ -226,10 +229,10 @@ pub(crate) async fn reconcile(
             &export,
             (&who, &w, &src),
         )
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))
     })
     .await
-    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-    .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))?;
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
     let (id, report) = stored_report;
     if report["verdict"] == "fail" {
         let note = weir_runtime::reconcile::unexplained_note(&contract, &report);

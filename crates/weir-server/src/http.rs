@@ -66,7 +66,11 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/pipelines/{name}/backfill", axum::routing::post(crate::backfills::ask))
         .route("/v1/pipelines/{name}/backfills", get(crate::backfills::list))
         .route("/v1/pipelines/{name}/backfills/{id}", get(crate::backfills::one))
-        .route("/v1/pipelines/{name}/reconcile", axum::routing::post(crate::backfills::reconcile))
+        .route(
+            "/v1/pipelines/{name}/reconcile",
+            axum::routing::post(crate::backfills::reconcile)
+                .layer(axum::extract::DefaultBodyLimit::max(app.config.max_export_bytes)),
+        )
         .route("/v1/pipelines/{name}/reconciliations", get(crate::backfills::reconciliations))
         .route("/v1/pipelines/{name}/reconciliations/{id}", get(crate::backfills::reconciliation))
         .route("/v1/pipelines/{name}/checks", get(crate::checks::list))
@@ -93,6 +97,8 @@ pub fn router(app: Arc<App>) -> Router {
 /// public paths have a gate of their own), so a flood of reads keeps only
 /// a few tasks ready at once and a producer's request is not queued behind
 /// hundreds of them. The waiting requests hold no thread and no CPU.
+/// Exports POSTed to `.../reconcile` pass one at a time, body and all, so
+/// the memory they take is that of one (`max_export_bytes`).
 /// Producers' POSTs and operators' and admins' actions pass at once: an
 /// operator's pause never waits behind slow reads. A GET or HEAD that says
 /// it has a body is refused (413) unread: no read takes one, and passing it
@@ -109,6 +115,12 @@ async fn gate(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
             format!("a {} takes no body; send it without one (nothing was read)", req.method()),
         );
     }
+    if !read && is_export(path) {
+        let Ok(_turn) = app.gates.exports.acquire().await else {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping");
+        };
+        return next.run(req).await;
+    }
     if !read || crate::feed::is_follower(path, req.uri().query(), req.headers()) {
         return next.run(req).await;
     }
@@ -117,6 +129,11 @@ async fn gate(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
         return error(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping");
     };
     next.run(req).await
+}
+
+/// A reconciliation's export: `/v1/pipelines/{name}/reconcile`.
+fn is_export(path: &str) -> bool {
+    path.strip_prefix("/v1/pipelines/").and_then(|p| p.strip_suffix("/reconcile")).is_some_and(|n| !n.contains('/'))
 }
 
 /// Paths that answer without a token: the dashboard's page (it holds no
@@ -141,12 +158,16 @@ async fn whole_body(State(app): State<Arc<App>>, req: Request, next: Next) -> Re
     if !headers.contains_key(header::CONTENT_LENGTH) && !headers.contains_key(header::TRANSFER_ENCODING) {
         return next.run(req).await;
     }
-    let limit = app.config.max_body_bytes;
+    let (limit, setting) = if is_export(req.uri().path()) {
+        (app.config.max_export_bytes, "max_export_bytes")
+    } else {
+        (app.config.max_body_bytes, "max_body_bytes")
+    };
     let too_large = || {
         app.count_denied("status=\"413\",reason=\"body_too_large\"".into());
         error(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the body is larger than max_body_bytes = {limit}; nothing was appended; send smaller bodies or raise max_body_bytes in weir.toml"),
+            format!("the body is larger than {setting} = {limit}; nothing was read or appended; send smaller bodies or raise {setting} in weir.toml"),
         )
     };
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());

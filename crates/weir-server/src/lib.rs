@@ -569,6 +569,15 @@ pub async fn serve(
         }
         let mut destinations = Vec::new();
         if refused.is_none() {
+            for pv in running.values() {
+                let record = pv.contract.reconcile.as_ref().and_then(|r| r.system_of_record.as_ref());
+                if let Some(c) = record.map(|s| &s.connection).filter(|c| !config.connections.contains_key(*c)) {
+                    anyhow::bail!(
+                        "pipeline {name:?} version {}: [reconcile.system_of_record] names the connection {c:?}, which weir.toml does not have; add [connections.{c}] with the url of an account that may only read the system of record",
+                        pv.contract.pipeline.version
+                    );
+                }
+            }
             let exclusive = if kafka { config.postgres.clone() } else { None };
             let started = start_destinations(&file, &running, &config, (&store, exclusive, &bell), &stop)?;
             threads.extend(started.threads);
@@ -581,7 +590,8 @@ pub async fn serve(
                 store: Arc::clone(&store),
                 input: Arc::clone(&input),
                 claimant: worker.clone(),
-                record_url: config.postgres.as_ref().map(|pg| pg.url.clone()),
+                connections: config.connections.clone(),
+                store_url: config.postgres.as_ref().map(|pg| pg.url.clone()),
                 notes: Arc::clone(&notes),
             };
             let stop = Arc::clone(&stop);

@@ -360,14 +360,15 @@ fn a_scheduled_reconciliation_corrects_counts_and_alerts_the_owner() {
         "SELECT account, minute, total, count FROM {schema}.revenue WHERE minute >= $1::timestamptz AND minute < $2::timestamptz"
     );
     let contract = format!(
-        "{PAID}\n[reconcile]\nevery = \"10s\"\ndelay = \"8783h\"\n\n[reconcile.system_of_record]\nurl = \"{}\"\nquery = \"{query}\"\nmap = \"key.account_id=account,window_start=minute,revenue=total,payments=count\"\ntolerance = \"0.001\"\n\n[alerts]\nmax_corrected_windows = 1\n",
-        postgres_url()
+        "{PAID}\n[reconcile]\nevery = \"10s\"\ndelay = \"8783h\"\n\n[reconcile.system_of_record]\nconnection = \"payments_system\"\nquery = \"{query}\"\nmap = \"key.account_id=account,window_start=minute,revenue=total,payments=count\"\ntolerance = \"0.001\"\n\n[alerts]\nmax_corrected_windows = 1\n",
     );
     dir.write("contracts/paid.toml", &contract);
     let (hook, notes) = common::receiver();
+    // The payments system is read as an account of its own that may only read it.
+    let reader = common::topology::record_reader(&[&format!("{schema}.revenue")]);
     dir.write(
         "weir.toml",
-        &format!("alert_webhook = \"{hook}\"\nallow_private_webhooks = true\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n"),
+        &format!("alert_webhook = \"{hook}\"\nallow_private_webhooks = true\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n\n[connections.payments_system]\nurl = \"{reader}\"\n"),
     );
     let _server = start(&dir.0, port);
     post(&base, &first);
@@ -604,7 +605,11 @@ fn a_reconciliation_against_an_export_finds_each_planted_difference_with_its_cau
     let out = weir_as(&operator, &loose);
     assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
     for (name, body, words) in [
-        ("no-column.csv", "account,minute,total\na1,2026-11-01T00:02:00Z,1\n", "line 2: no column `count`"),
+        (
+            "no-column.csv",
+            "account,minute,total\na1,2026-11-01T00:02:00Z,1\n",
+            "line 1: the header has no column `count` (it has account, minute, total)",
+        ),
         ("bad-amount.csv", "account,minute,total,count\na1,2026-11-01T00:02:00Z,lots,1\n", "line 2, column `total`"),
         (
             "twice.csv",

@@ -760,3 +760,59 @@ fn review_2_point_8_a_get_with_a_body_is_refused_not_let_past_the_gate() {
     let metrics = get(&format!("{}/metrics", r.base));
     assert!(metrics.contains("reason=\"body_on_read\""), "{metrics}");
 }
+
+/// Issue 42, finding 1: a reconcile upload of a 1 MiB column name, then
+/// 4,096 short lines, once asked for about 4 GiB (the header copied into
+/// every row). Under an address-space limit of 1 GiB the server reads it
+/// in proportion and answers; a header of a million commas and a body past
+/// `max_export_bytes` are refused, and the server still serves.
+#[test]
+fn review_2_point_1_a_reconcile_upload_is_read_in_proportion() {
+    let dir = Scratch::new("reconcile-upload");
+    std::fs::create_dir_all(dir.path("contracts")).unwrap();
+    dir.write("contracts/paid.toml", PAID);
+    // Exports have their own limit, above the events' max_body_bytes.
+    let toml = "max_body_bytes = 1048576\nmax_export_bytes = 2097152\n[topics.payments]\npartitions = 2\nkey = \"account_id\"\n";
+    dir.write("weir.toml", toml);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let server = common::start_within(&dir.0, port, 1 << 20);
+    let base = format!("http://127.0.0.1:{port}");
+    let reconcile = |body: &str| {
+        let url = format!(
+            "{base}/v1/pipelines/paid/reconcile?why=review&format=csv&map=key.account_id=account,window_start=day,revenue=total"
+        );
+        call("POST", &url, Some(body))
+    };
+    let long = "c".repeat(1 << 20);
+    let mut wide = format!("{long},account,day,total\n");
+    for i in 0..4096 {
+        wide.push_str(&format!("x,a{i},2026-11-01,{i}\n"));
+    }
+    assert!(wide.len() > 1 << 20, "past max_body_bytes, within max_export_bytes");
+    let (code, answer) = reconcile(&wide);
+    assert_eq!(code, 200, "{answer}");
+    let report: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(report["windows"]["missing_in_weir"], 4096, "{report}");
+
+    let (code, answer) = reconcile(&",".repeat(1 << 20));
+    assert_eq!(code, 400, "{answer}");
+    assert!(answer.contains("the header has no column `account` (it has"), "{answer}");
+    assert!(answer.contains("and 1048565 more"), "{answer}");
+
+    // Past max_export_bytes: refused before the body is read.
+    let path = "/v1/pipelines/paid/reconcile?why=review&map=key.account_id=account,window_start=day,revenue=total";
+    let token = common::token_for("POST", &format!("{base}{path}")).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\ncontent-length: {}\r\n\r\n",
+        3 << 20
+    );
+    let (answer, _) = stalled(port, &head, b"account,day,total\n", Duration::from_secs(10));
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("max_export_bytes = 2097152"), "{answer}");
+
+    assert_eq!(call("GET", &format!("{base}/healthz"), None).0, 200);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    let peak: u64 =
+        status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(peak < 300 << 10, "peak resident memory {peak} KiB for exports of at most 3 MiB");
+}

@@ -1222,9 +1222,16 @@ fn a_scheduled_reconciliation_on_kafka_corrects_and_compares_with_the_system_of_
         "SELECT acct, minute, total, n FROM {table} WHERE minute >= $1::timestamptz AND minute < $2::timestamptz"
     );
     let contract = format!(
-        "{plain}\n[reconcile]\nevery = \"10s\"\ndelay = \"8783h\"\n\n[reconcile.system_of_record]\nquery = \"{query}\"\nmap = \"key.acct=acct,window_start=minute,total=total,payments=n\"\ntolerance = \"0.001\"\n"
+        "{plain}\n[reconcile]\nevery = \"10s\"\ndelay = \"8783h\"\n\n[reconcile.system_of_record]\nconnection = \"payments_system\"\nquery = \"{query}\"\nmap = \"key.acct=acct,window_start=minute,total=total,payments=n\"\ntolerance = \"0.001\"\n"
     );
+    // The payments system is read as an account of its own, never the store's.
+    let reader = common::topology::record_reader(&[&table]);
     let (root_a, root_b) = (worker_root(&s, "a", &broker, &schema), worker_root(&s, "b", &broker, &schema));
+    for root in [&root_a, &root_b] {
+        let config = std::fs::read_to_string(root.join("weir.toml")).unwrap();
+        let connection = format!("\n[connections.payments_system]\nurl = \"{reader}\"\n");
+        std::fs::write(root.join("weir.toml"), config + &connection).unwrap();
+    }
     std::fs::write(root_a.join("contracts/paid.toml"), &contract).unwrap();
     std::fs::write(root_b.join("contracts/paid.toml"), &contract).unwrap();
     let a = worker(&root_a);

@@ -114,9 +114,25 @@ pub fn start(root: &Path, port: u16) -> Server {
 
 /// [`start`] with more arguments to `weir serve` (such as `--tls-cert`).
 pub fn start_with(root: &Path, port: u16, extra: &[&dyn AsRef<std::ffi::OsStr>]) -> Server {
+    start_as(Command::new(env!("CARGO_BIN_EXE_weir")), root, port, extra)
+}
+
+/// [`start`] under an address-space limit (`ulimit -v`, in KiB): an
+/// allocation past it fails, and the server with it. What the allocators
+/// reserve ahead is address space, not memory (mimalloc's arena of 1 GiB,
+/// glibc's 64 MiB for each thread's arena): they reserve little here, so
+/// that the limit holds what the server uses.
+pub fn start_within(root: &Path, port: u16, address_space_kib: u64) -> Server {
+    let mut shell = Command::new("sh");
+    shell.env("MIMALLOC_ARENA_RESERVE", "32MiB").env("MALLOC_ARENA_MAX", "1");
+    shell.args(["-c", &format!("ulimit -v {address_space_kib} && exec \"$0\" \"$@\""), env!("CARGO_BIN_EXE_weir")]);
+    start_as(shell, root, port, &[])
+}
+
+fn start_as(mut command: Command, root: &Path, port: u16, extra: &[&dyn AsRef<std::ffi::OsStr>]) -> Server {
     let tokens = tokens_of(&root.join("data"));
     TOKENS.lock().unwrap_or_else(|e| e.into_inner()).push((format!("127.0.0.1:{port}"), tokens));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+    let mut child = command
         .args(["serve", "--data"])
         .arg(root.join("data"))
         .arg("--contracts")

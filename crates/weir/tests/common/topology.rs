@@ -53,6 +53,24 @@ pub fn postgres_url() -> String {
     std::env::var("WEIR_TEST_POSTGRES").unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=test".into())
 }
 
+/// A role of its own that may only read `tables` (each `schema.table`), and
+/// a URL that logs in as it: what a system of record's `[connections.NAME]`
+/// holds (never the store's own account).
+pub fn record_reader(tables: &[&str]) -> String {
+    let role = "weir_test_record_reader";
+    let mut c = postgres::Client::connect(&postgres_url(), postgres::NoTls).unwrap();
+    c.batch_execute(&format!(
+        "DO $$ BEGIN CREATE ROLE {role} LOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
+    ))
+    .unwrap();
+    for table in tables {
+        let schema = table.split('.').next().unwrap();
+        c.batch_execute(&format!("GRANT USAGE ON SCHEMA {schema} TO {role}; GRANT SELECT ON {table} TO {role}"))
+            .unwrap();
+    }
+    format!("{} user={role}", postgres_url())
+}
+
 /// A Postgres schema of this test's own, dropped at the end.
 pub struct Schema(pub String);
 
