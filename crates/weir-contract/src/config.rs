@@ -20,6 +20,7 @@
 //! header_timeout = "10s"        # a connection's request head must arrive within this (idle ones close too)
 //! write_timeout = "30s"         # an answer the client stops reading is cut off after this; shutdown waits at most this
 //! body_timeout = "60s"          # a request's body must arrive whole within this
+//! store_statement_timeout = "60s" # a reader's or an action's query on the store (SQLite, Postgres) is stopped after this
 //! alert_webhook = "http://..."  # where alerts go when a contract names no webhook
 //! webhook_ca_cert = "/etc/weir/hooks-ca.pem" # https webhooks are checked against these PEM certificates, not the public roots
 //! ledger_payload_retention = "30d" # ledger payloads (and details) are erased after this, or after
@@ -105,6 +106,9 @@ pub struct ServerConfig {
     /// How long a superseded contract version (SPEC.md 8) stays readable
     /// after it was superseded; then its rows, changes and ledger are removed.
     pub superseded_retention_ms: i64,
+    /// How long a query of the HTTP side and the backfill worker on the
+    /// store may run before the database stops it.
+    pub store_statement_timeout_ms: i64,
     /// Where alerts go when a contract's `[alerts]` names no webhook.
     pub alert_webhook: Option<String>,
     /// A PEM file of certificates that `https` webhooks are checked
@@ -225,6 +229,7 @@ impl Default for ServerConfig {
             pool_connections: 16,
             ledger_payload_retention_ms: None,
             superseded_retention_ms: 30 * 24 * 3_600_000,
+            store_statement_timeout_ms: 60_000,
             header_timeout_ms: 10_000,
             write_timeout_ms: 30_000,
             body_timeout_ms: 60_000,
@@ -266,6 +271,7 @@ const TOP_KEYS: &[&str] = &[
     "audit_key_file",
     "ledger_payload_retention",
     "superseded_retention",
+    "store_statement_timeout",
     "topics",
     "kafka",
     "postgres",
@@ -333,9 +339,13 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
     let header_timeout = r.duration(root, "weir.toml", "header_timeout");
     let body_timeout = r.duration(root, "weir.toml", "body_timeout");
     let write_timeout = r.duration(root, "weir.toml", "write_timeout");
-    for (key, value) in
-        [("header_timeout", &header_timeout), ("body_timeout", &body_timeout), ("write_timeout", &write_timeout)]
-    {
+    let store_timeout = r.duration(root, "weir.toml", "store_statement_timeout");
+    for (key, value) in [
+        ("header_timeout", &header_timeout),
+        ("body_timeout", &body_timeout),
+        ("write_timeout", &write_timeout),
+        ("store_statement_timeout", &store_timeout),
+    ] {
         if let Some(Some(ms)) = value {
             if !(100..=3_600_000).contains(ms) {
                 let span = root.get(key).and_then(Item::span);
@@ -439,6 +449,7 @@ fn read(r: &mut Reader<'_>, root: &Table) -> Option<ServerConfig> {
         pool_connections: pool?.map_or(defaults.pool_connections, |v| v as u32),
         ledger_payload_retention_ms: ledger_retention?,
         superseded_retention_ms: superseded_retention?.unwrap_or(defaults.superseded_retention_ms),
+        store_statement_timeout_ms: store_timeout?.unwrap_or(defaults.store_statement_timeout_ms),
         header_timeout_ms: header_timeout?.unwrap_or(defaults.header_timeout_ms),
         write_timeout_ms: write_timeout?.unwrap_or(defaults.write_timeout_ms),
         body_timeout_ms: body_timeout?.unwrap_or(defaults.body_timeout_ms),

@@ -713,15 +713,14 @@ pub fn compare(
     })
 }
 
-/// Compares, keeps the reconciliation, and gives its id and report.
-pub fn compare_and_keep(
+/// The report of the published rows in the export's range against it.
+pub fn compared(
     store: &dyn weir_store::Store,
     contract: &weir_contract::Contract,
     (pipeline, version): (&str, u32),
     (mapping, tolerance): (&Mapping, Tolerance),
     export: &[SourceRow],
-    (who, why, source): (&str, &str, &str),
-) -> anyhow::Result<(i64, Value)> {
+) -> anyhow::Result<Value> {
     let lo = export.iter().map(|r| r.window_start).min().unwrap_or(0);
     let hi = export.iter().map(|r| r.window_start).max().map_or(0, |h| h + 1);
     let filter = weir_store::ResultFilter { from_ms: Some(lo), to_ms: Some(hi), limit: i64::MAX, ..Default::default() };
@@ -734,8 +733,17 @@ pub fn compare_and_keep(
     let causes = crate::backfill::causes_from_ledger(contract, store, (pipeline, version), (lo, hi))?;
     let mut report = compare(contract, mapping, tolerance, export, &published, &causes);
     report["version"] = version.into();
-    report["source"] = source.into();
-    let kept = weir_store::Reconciliation {
+    Ok(report)
+}
+
+/// A report as the store keeps it (by `who`, for `why`, against `source`).
+pub fn to_keep(
+    pipeline: &str,
+    version: u32,
+    (who, why, source): (&str, &str, &str),
+    report: &Value,
+) -> weir_store::Reconciliation {
+    weir_store::Reconciliation {
         id: 0,
         pipeline: pipeline.to_owned(),
         version,
@@ -745,8 +753,22 @@ pub fn compare_and_keep(
         at_ms: weir_log::now_ms(),
         verdict: report["verdict"].as_str().unwrap_or("fail").to_owned(),
         report: report.to_string(),
-    };
-    let id = store.record_reconciliation(&kept)?;
+    }
+}
+
+/// Compares, keeps the reconciliation, and gives its id and report (a
+/// scheduled one: the server audits an operator's in the same transaction).
+pub fn compare_and_keep(
+    store: &dyn weir_store::Store,
+    contract: &weir_contract::Contract,
+    (pipeline, version): (&str, u32),
+    (mapping, tolerance): (&Mapping, Tolerance),
+    export: &[SourceRow],
+    (who, why, source): (&str, &str, &str),
+) -> anyhow::Result<(i64, Value)> {
+    let mut report = compared(store, contract, (pipeline, version), (mapping, tolerance), export)?;
+    report["source"] = source.into();
+    let id = store.record_reconciliation(&to_keep(pipeline, version, (who, why, source), &report))?;
     report["id"] = id.into();
     Ok((id, report))
 }
@@ -767,18 +789,7 @@ pub fn keep_unread(
         "verdict": "fail",
         "error": reason,
     });
-    let kept = weir_store::Reconciliation {
-        id: 0,
-        pipeline: pipeline.to_owned(),
-        version,
-        who: who.to_owned(),
-        why: why.to_owned(),
-        source: source.to_owned(),
-        at_ms: weir_log::now_ms(),
-        verdict: "fail".to_owned(),
-        report: report.to_string(),
-    };
-    report["id"] = store.record_reconciliation(&kept)?.into();
+    report["id"] = store.record_reconciliation(&to_keep(pipeline, version, (who, why, source), &report))?.into();
     Ok(report)
 }
 

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde_json::{json, Value};
 use weir_engine::time::{format_rfc3339_ms, parse_rfc3339_ms};
-use weir_store::{Backfill, BackfillAsk};
+use weir_store::{Act, Acted, Backfill};
 
 use crate::actions::why_and_for_whom;
 use crate::app::*;
@@ -87,15 +87,16 @@ pub(crate) async fn ask(
     if let Err(refusal) = checked {
         return Err(ApiError(StatusCode::CONFLICT, format!("pipeline {name:?}: {refusal}")));
     }
-    let (pn, who, w) = (name.clone(), caller.grant.who(), why.clone());
-    let id = stored(p, move |s| {
-        s.ask_backfill(&pn, &BackfillAsk { version, from_ms, to_ms, who: &who, why: &w, origin: "operator" })
-    })
-    .await?;
+    // Asked and audited in one transaction (SQLite), or audited first
+    // (Postgres): a backfill that cannot be audited is not asked.
     let detail = json!({
-        "backfill": id, "version": version, "from": format_rfc3339_ms(from_ms), "to": format_rfc3339_ms(to_ms), "for": for_whom
+        "version": version, "from": format_rfc3339_ms(from_ms), "to": format_rfc3339_ms(to_ms), "for": for_whom
     });
-    let seq = audited(&app, &caller, "backfill", Some(name.clone()), detail, why.clone()).await?;
+    let act = Act::Backfill { version, from_ms, to_ms, who: caller.grant.who(), why: why.clone() };
+    let (acted, seq) = act_audited(&app, p, &caller, &name, act, "backfill", detail, why.clone()).await?;
+    let Acted::Backfill { id } = acted else {
+        return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("the store did {acted:?}, not the backfill")));
+    };
     let (pn, who, text) = (name.clone(), caller.grant.who(), format!("asked backfill {id}: {why}"));
     stored(p, move |s| s.mark_incidents(&pn, None, ("backfill", &who, &text), false)).await?;
     let location = format!("/v1/pipelines/{name}/backfills/{id}");
@@ -212,34 +213,37 @@ pub(crate) async fn reconcile(
     let mapping = weir_runtime::reconcile::Mapping::parse(map, &key_names, &aggregates).map_err(bad)?;
     let source = q.get("source").cloned().unwrap_or_else(|| "export".to_owned());
     let contract_now = contract.clone();
-    let (store, pn, who, w, src) =
-        (Arc::clone(&p.store), name.clone(), caller.grant.who(), why.clone(), source.clone());
+    let (store, pn) = (Arc::clone(&p.store), name.clone());
     // Reading the export is CPU work over up to max_export_bytes: on a
     // blocking thread, never on the server's async workers.
-    let stored_report = tokio::task::spawn_blocking(move || -> Result<(i64, Value), ApiError> {
+    let mut report = tokio::task::spawn_blocking(move || -> Result<Value, ApiError> {
         let text = std::str::from_utf8(&body).map_err(|e| bad(format!("the export is not UTF-8: {e}")))?;
         let export = weir_runtime::reconcile::read_export(text, format, &mapping)
             .map_err(|e| bad(format!("the export: {e}")))?;
         drop(body);
-        weir_runtime::reconcile::compare_and_keep(
-            store.as_ref(),
-            &contract_now,
-            (&pn, version),
-            (&mapping, tolerance),
-            &export,
-            (&who, &w, &src),
-        )
-        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))
+        weir_runtime::reconcile::compared(store.as_ref(), &contract_now, (&pn, version), (&mapping, tolerance), &export)
+            .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))
     })
     .await
     .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
-    let (id, report) = stored_report;
+    report["source"] = source.clone().into();
+    // Kept and audited in one transaction (SQLite), or audited first
+    // (Postgres): a reconciliation that cannot be audited is not kept.
+    let kept = weir_runtime::reconcile::to_keep(&name, version, (&caller.grant.who(), &why, &source), &report);
+    let detail = json!({ "version": version, "source": source, "verdict": report["verdict"] });
+    let (acted, _) =
+        act_audited(&app, p, &caller, &name, Act::Reconcile(kept), "reconcile", detail, why.clone()).await?;
+    let Acted::Reconciled { id } = acted else {
+        return Err(ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the store did {acted:?}, not the reconciliation"),
+        ));
+    };
+    report["id"] = id.into();
     if report["verdict"] == "fail" {
         let note = weir_runtime::reconcile::unexplained_note(&contract, &report);
         weir_runtime::lock(&app.notes).push((name.clone(), note));
     }
-    let detail = json!({ "reconciliation": id, "version": version, "source": source, "verdict": report["verdict"] });
-    audited(&app, &caller, "reconcile", Some(name.clone()), detail, why).await?;
     let text = format!("reconciliation {id} against {source}: {}", report["verdict"].as_str().unwrap_or("?"));
     let (pn, who) = (name.clone(), caller.grant.who());
     stored(p, move |s| s.mark_incidents(&pn, None, ("reconciliation", &who, &text), false)).await?;

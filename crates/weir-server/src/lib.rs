@@ -484,9 +484,12 @@ pub async fn serve(
     let stop = Arc::new(AtomicBool::new(false));
     let mut threads = Vec::new();
     // One store per topology, each behind the same interface for readers and operators.
-    let sqlite = Arc::new(weir_store::SqliteStore::new(db.clone(), config.pool_connections));
+    let timeout = std::time::Duration::from_millis(config.store_statement_timeout_ms as u64);
+    let sqlite =
+        Arc::new(weir_store::SqliteStore::new(db.clone(), config.pool_connections).with_statement_timeout(timeout));
     let pg_store: Option<Arc<dyn weir_store::Store>> = config.postgres.as_ref().map(|pg| {
-        Arc::new(weir_store::PostgresStore::new(pg.url.clone(), pg.schema.clone(), config.pool_connections)) as _
+        Arc::new(weir_store::PostgresStore::timed(pg.url.clone(), pg.schema.clone(), config.pool_connections, timeout))
+            as _
     });
     let mut pipelines = BTreeMap::new();
     let mut backfill_inputs = BTreeMap::new();

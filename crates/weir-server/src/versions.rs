@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use weir_contract::Promote;
 use weir_runtime::{lock, Pipeline};
-use weir_store::{Switch, VersionState};
+use weir_store::{Act, Acted, Switch, VersionState};
 
 use crate::app::App;
 
@@ -140,28 +140,63 @@ pub fn check(app: &App) -> Vec<(String, Value)> {
     std::mem::take(&mut lock(&app.versions).outbox)
 }
 
+/// Promotes a candidate with its audit entry: in one transaction where the
+/// store keeps the audit log (SQLite); otherwise (Postgres) the entry is
+/// written first, and a promote that cannot be audited does not happen.
 fn auto_promote(app: &App, name: &str, p: &Pipeline, version: u32) {
     let (who, why) = ("weir (promote = \"auto\")", "the candidate's watermark reached the live version's");
-    match p.store.switch_version(name, Some(version), who, why) {
-        Ok(Ok((switch, seq))) => {
-            switched(p, switch);
-            let detail = json!({ "from": switch.from, "to": switch.to, "seq": seq });
-            let entry = weir_store::audit::Entry {
-                who,
-                action: "promote",
-                pipeline: Some(name),
-                detail: &detail,
-                why,
-                origin: "weir serve",
-            };
-            if let Err(e) = app.sqlite.with(|c| weir_store::audit::append(c, &entry)) {
-                eprintln!("weir: {name}: the automatic promote of version {version} was not audited: {e}");
+    let act = Act::Switch { promote: Some(version), who: who.to_owned(), why: why.to_owned() };
+    let entry = |detail| weir_store::audit::Entry {
+        who,
+        action: "promote",
+        pipeline: Some(name),
+        detail,
+        why,
+        origin: "weir serve",
+    };
+    let done = if p.store.keeps_audit_log() {
+        p.store.act(name, &act, Some(&entry(&json!({}))))
+    } else {
+        let asked = json!({ "to": version, "outcome": "asked" });
+        let seq = match app.sqlite.with(|c| weir_store::audit::append(c, &entry(&asked))) {
+            Ok(seq) => seq,
+            Err(e) => {
+                eprintln!("weir: {name}: version {version} not promoted automatically: it could not be audited: {e}");
+                return;
             }
+        };
+        let done = p.store.act(name, &act, None);
+        let failure = match &done {
+            Ok((Acted::Switched(Err(e)), _)) => Some(e.to_string()),
+            Ok(_) => None,
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(error) = failure {
+            let detail = json!({ "action": "promote", "entry": seq, "error": error });
+            let failed = weir_store::audit::Entry {
+                action: "action-failed",
+                detail: &detail,
+                why: "the action audited in the entry named did not take effect",
+                ..entry(&detail)
+            };
+            if let Err(e) = app.sqlite.with(|c| weir_store::audit::append(c, &failed)) {
+                eprintln!("weir: {name}: the failed automatic promote of version {version} was not audited: {e}");
+            }
+        }
+        done
+    };
+    match done {
+        Ok((Acted::Switched(Ok((switch, _))), _)) => {
+            p.bell.ring();
+            switched(p, switch);
             eprintln!("weir: {name}: version {version} promoted automatically ({why})");
             let note = note(p, name, "promote", switch);
             lock(&app.versions).outbox.push((name.to_owned(), note));
         }
-        Ok(Err(e)) => eprintln!("weir: {name}: version {version} not promoted automatically: {e}"),
+        Ok((Acted::Switched(Err(e)), _)) => {
+            eprintln!("weir: {name}: version {version} not promoted automatically: {e}")
+        }
+        Ok((other, _)) => eprintln!("weir: {name}: version {version}: the store did {other:?}, not the promote"),
         Err(e) => eprintln!("weir: {name}: version {version} not promoted automatically: {e}"),
     }
 }

@@ -559,7 +559,7 @@ pub mod pg {
 }
 
 /// A stored reconciliation against a system of record: its report as JSON.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Reconciliation {
     pub id: i64,
     pub pipeline: String,

@@ -74,6 +74,11 @@ pub enum Act {
     /// A destination stopped by its receiver's refusal delivers again,
     /// from the refused batch.
     ResumeDestination { name: String },
+    /// A backfill asked by an operator, of the windows starting in
+    /// `[from_ms, to_ms)`.
+    Backfill { version: u32, from_ms: i64, to_ms: i64, who: String, why: String },
+    /// A reconciliation's report kept.
+    Reconcile(Reconciliation),
 }
 
 /// A drill as an operator asks it: the scenario, on the live version.
@@ -96,13 +101,13 @@ impl Act {
             Act::Switch { promote: Some(v), why, .. } => format!("promoted version {v}: {why}"),
             Act::Switch { promote: None, why, .. } => format!("rolled back: {why}"),
             Act::ResumeDestination { name } => format!("resumed destination {name}"),
-            Act::Incident(_) | Act::Drill(_) => return None,
+            Act::Incident(_) | Act::Drill(_) | Act::Backfill { .. } | Act::Reconcile(_) => return None,
         })
     }
 
     fn who(&self) -> &str {
         match self {
-            Act::Annotate { who, .. } | Act::Switch { who, .. } => who,
+            Act::Annotate { who, .. } | Act::Switch { who, .. } | Act::Backfill { who, .. } => who,
             _ => "operator",
         }
     }
@@ -133,6 +138,12 @@ pub enum Acted {
     DestinationResumed {
         was_stopped: bool,
     },
+    Backfill {
+        id: i64,
+    },
+    Reconciled {
+        id: i64,
+    },
 }
 
 impl Acted {
@@ -148,6 +159,8 @@ impl Acted {
             Acted::Drill { id } => serde_json::json!({ "drill": id }),
             Acted::DestinationResumed { was_stopped: false } => return None,
             Acted::DestinationResumed { was_stopped: true } => serde_json::json!({ "was_stopped": true }),
+            Acted::Backfill { id } => serde_json::json!({ "backfill": id }),
+            Acted::Reconciled { id } => serde_json::json!({ "reconciliation": id }),
         })
     }
 }
@@ -172,6 +185,11 @@ pub enum StoreError {
     /// The database could not be reached.
     #[error("cannot reach {what}: {message}")]
     Unreachable { what: &'static str, message: String },
+    /// A call ran past the store's statement timeout and was stopped.
+    #[error(
+        "{what} stopped the query after {seconds} s (store_statement_timeout in weir.toml); ask for less (a narrower range, a smaller page), or raise it"
+    )]
+    TimedOut { what: &'static str, seconds: u64 },
     #[error("the results database failed: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("Postgres failed: {0}")]
@@ -183,7 +201,10 @@ impl StoreError {
     /// away), as opposed to a fault in the request or the data.
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Busy { .. } | StoreError::Unreachable { .. } | StoreError::Postgres(_) => true,
+            StoreError::Busy { .. }
+            | StoreError::Unreachable { .. }
+            | StoreError::TimedOut { .. }
+            | StoreError::Postgres(_) => true,
             StoreError::Sqlite(e) => matches!(
                 e.sqlite_error_code(),
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
@@ -354,19 +375,42 @@ pub trait Store: Send + Sync {
 pub struct SqliteStore {
     pool: r2d2::Pool<pool::Sqlite>,
     size: u32,
+    /// How long one call may run before SQLite is told to stop it.
+    timeout: std::time::Duration,
 }
+
+/// How long one store query may run, unless weir.toml's
+/// `store_statement_timeout` says otherwise.
+pub const STATEMENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl SqliteStore {
     /// At most `size` connections (weir.toml `pool_connections`), opened when needed.
     pub fn new(path: PathBuf, size: u32) -> SqliteStore {
-        SqliteStore { pool: pool::build(pool::Sqlite { path }, size), size }
+        SqliteStore { pool: pool::build(pool::Sqlite { path }, size), size, timeout: STATEMENT_TIMEOUT }
     }
 
-    /// Runs `f` on a pooled connection.
+    /// Each call stopped after `timeout` ([`STATEMENT_TIMEOUT`] unless set).
+    pub fn with_statement_timeout(mut self, timeout: std::time::Duration) -> SqliteStore {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Runs `f` on a pooled connection; SQLite stops it (`interrupted`) once
+    /// it has run past the statement timeout.
     pub fn with<T>(&self, f: impl FnOnce(&mut rusqlite::Connection) -> rusqlite::Result<T>) -> Result<T> {
         let mut conn =
             self.pool.get().map_err(|_| StoreError::Busy { what: "the results database", size: self.size })?;
-        Ok(f(&mut conn)?)
+        let deadline = std::time::Instant::now() + self.timeout;
+        // Asked every few thousand virtual machine steps: a cheap clock read.
+        conn.progress_handler(4096, Some(move || std::time::Instant::now() > deadline));
+        let done = f(&mut conn);
+        conn.progress_handler(4096, None::<fn() -> bool>);
+        done.map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::OperationInterrupted) => {
+                StoreError::TimedOut { what: "the results database", seconds: self.timeout.as_secs() }
+            }
+            _ => StoreError::Sqlite(e),
+        })
     }
 }
 
@@ -394,6 +438,18 @@ impl Store for SqliteStore {
                 Act::ResumeDestination { name } => {
                     Acted::DestinationResumed { was_stopped: destinations::sqlite::resume(&tx, pipeline, name)? }
                 }
+                Act::Backfill { version, from_ms, to_ms, who, why } => {
+                    let ask = BackfillAsk {
+                        version: *version,
+                        from_ms: *from_ms,
+                        to_ms: *to_ms,
+                        who,
+                        why,
+                        origin: "operator",
+                    };
+                    Acted::Backfill { id: backfill::sqlite::ask(&tx, pipeline, &ask)? }
+                }
+                Act::Reconcile(r) => Acted::Reconciled { id: backfill::reconciliations::record_sqlite(&tx, r)? },
             };
             if let (Some(text), Some(_)) = (act.timeline(), acted.detail()) {
                 let entry = ("action", act.who(), text.as_str());
@@ -604,12 +660,20 @@ pub struct PostgresStore {
     pool: r2d2::Pool<pool::Postgres>,
     schema: String,
     size: u32,
+    timeout: std::time::Duration,
 }
 
 impl PostgresStore {
     /// At most `size` clients (weir.toml `pool_connections`), opened when needed.
     pub fn new(url: String, schema: String, size: u32) -> PostgresStore {
-        PostgresStore { pool: pool::build(pool::Postgres { url }, size), schema, size }
+        PostgresStore::timed(url, schema, size, STATEMENT_TIMEOUT)
+    }
+
+    /// [`PostgresStore::new`] whose every statement Postgres stops after
+    /// `timeout` (`statement_timeout` on each pooled connection).
+    pub fn timed(url: String, schema: String, size: u32, timeout: std::time::Duration) -> PostgresStore {
+        let manager = pool::Postgres { url, statement_timeout: Some(timeout) };
+        PostgresStore { pool: pool::build(manager, size), schema, size, timeout }
     }
 
     /// Runs `f` on a pooled client with the schema's name.
@@ -625,7 +689,12 @@ impl PostgresStore {
                 StoreError::Unreachable { what: "Postgres", message }
             }
         })?;
-        Ok(f(&mut client, &self.schema)?)
+        f(&mut client, &self.schema).map_err(|e| match e.code() {
+            Some(&postgres::error::SqlState::QUERY_CANCELED) => {
+                StoreError::TimedOut { what: "Postgres", seconds: self.timeout.as_secs() }
+            }
+            _ => StoreError::Postgres(e),
+        })
     }
 }
 
@@ -649,6 +718,12 @@ impl Store for PostgresStore {
             Act::ResumeDestination { name } => Acted::DestinationResumed {
                 was_stopped: self.with(|c, s| destinations::pg::resume(c, s, pipeline, name))?,
             },
+            Act::Backfill { version, from_ms, to_ms, who, why } => {
+                let ask =
+                    BackfillAsk { version: *version, from_ms: *from_ms, to_ms: *to_ms, who, why, origin: "operator" };
+                Acted::Backfill { id: self.ask_backfill(pipeline, &ask)? }
+            }
+            Act::Reconcile(r) => Acted::Reconciled { id: self.record_reconciliation(r)? },
         };
         if let (Some(text), Some(_)) = (act.timeline(), acted.detail()) {
             self.mark_incidents(pipeline, None, ("action", act.who(), &text), false)?;

@@ -34,9 +34,11 @@ impl r2d2::ManageConnection for Sqlite {
     }
 }
 
-/// Clients of the Postgres destination (TLS as the url's libpq settings say).
+/// Clients of the Postgres destination (TLS as the url's libpq settings
+/// say), each with a `statement_timeout` when one is given.
 pub struct Postgres {
     pub url: String,
+    pub statement_timeout: Option<Duration>,
 }
 
 impl r2d2::ManageConnection for Postgres {
@@ -44,7 +46,12 @@ impl r2d2::ManageConnection for Postgres {
     type Error = PostgresError;
 
     fn connect(&self) -> Result<postgres::Client, PostgresError> {
-        crate::pg::connect(&self.url).map_err(|e| PostgresError(e.to_string()))
+        let mut client = crate::pg::connect(&self.url).map_err(|e| PostgresError(e.to_string()))?;
+        if let Some(timeout) = self.statement_timeout {
+            let set = format!("SET statement_timeout = {}", timeout.as_millis());
+            client.batch_execute(&set).map_err(|e| PostgresError(e.to_string()))?;
+        }
+        Ok(client)
     }
 
     fn is_valid(&self, client: &mut postgres::Client) -> Result<(), PostgresError> {

@@ -816,3 +816,63 @@ fn review_2_point_1_a_reconcile_upload_is_read_in_proportion() {
         status.lines().find(|l| l.starts_with("VmHWM:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(peak < 300 << 10, "peak resident memory {peak} KiB for exports of at most 3 MiB");
 }
+
+/// Issue 42, finding 4: a backfill and a reconciliation are kept with
+/// their audit entry in one transaction. With the audit key gone, each
+/// answers 5xx and nothing is asked, kept or published.
+#[test]
+fn review_2_point_4_a_backfill_or_reconciliation_that_cannot_be_audited_does_not_happen() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = Scratch::new("audit-actions");
+    let key = dir.write("audit.key", "k3Y-0f-the-audit-log-not-in-the-data-folder-0123456789\n");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let r = serve_in(dir, &format!("audit_key_file = {:?}", key.display().to_string()));
+    // Ten accounts' payments in the first minute, then a payment of each ten
+    // minutes on: every partition's watermark is past the first windows.
+    let first: Vec<String> = (0..10).map(|i| payment(i, &format!("a{i}"), BASE + i as i64)).collect();
+    let later: Vec<String> = (0..10).map(|i| payment(100 + i, &format!("a{i}"), BASE + 600_000)).collect();
+    assert_eq!(r.post(&first.join("\n")).0, 200);
+    assert_eq!(r.post(&later.join("\n")).0, 200);
+    r.wait_read(20);
+    let backfill = || {
+        let body = r#"{"from":"2026-11-01T00:00:00Z","to":"2026-11-01T00:01:00Z","why":"review"}"#;
+        call("POST", &format!("{}/v1/pipelines/paid/backfill", r.base), Some(body))
+    };
+    let reconcile = || {
+        let url = format!(
+            "{}/v1/pipelines/paid/reconcile?why=review&map=key.account_id=account,window_start=minute,revenue=total",
+            r.base
+        );
+        call("POST", &url, Some("account,minute,total\na0,2026-11-01T00:00:00Z,1.50\n"))
+    };
+    let listed = |what: &str| -> usize {
+        let body: Value = serde_json::from_str(&get(&format!("{}/v1/pipelines/paid/{what}", r.base))).unwrap();
+        body[what].as_array().unwrap().len()
+    };
+    let entries = r.pages("/v1/audit?since=1").len();
+
+    let kept = std::fs::read(&key).unwrap();
+    std::fs::remove_file(&key).unwrap();
+    let (code, body) = backfill();
+    assert!(code >= 500, "{code} {body}");
+    let (code, body) = reconcile();
+    assert!(code >= 500, "{code} {body}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!((listed("backfills"), listed("reconciliations")), (0, 0), "nothing was asked or kept");
+    let changes = get(&format!("{}/v1/pipelines/paid/changes?since=0&limit=100000", r.base));
+    assert!(!changes.contains("\"corrected\""), "nothing was published: {changes}");
+    assert_eq!(r.pages("/v1/audit?since=1").len(), entries, "nothing was audited");
+
+    // With the key back, both are done, each with its entry.
+    std::fs::write(&key, &kept).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, body) = backfill();
+    assert_eq!(code, 202, "{body}");
+    let (code, body) = reconcile();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!((listed("backfills"), listed("reconciliations")), (1, 1));
+    let audit = r.pages("/v1/audit?since=1");
+    let actions: Vec<&str> = audit[entries..].iter().filter_map(|e| e["action"].as_str()).collect();
+    assert_eq!(actions, ["backfill", "reconcile"], "{audit:?}");
+    assert!(audit.last().unwrap()["detail"]["reconciliation"].as_i64().is_some(), "{audit:?}");
+}
