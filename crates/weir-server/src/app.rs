@@ -53,6 +53,9 @@ pub struct App {
     pub data: std::path::PathBuf,
     /// The drill running on each pipeline (one at a time), by id.
     pub(crate) drills: Mutex<BTreeMap<String, i64>>,
+    /// The drills' threads: a shutdown stops them (they remove their copy
+    /// and shadow store) and waits for them.
+    pub(crate) drill_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Places for open change feeds (`max_followers`).
     pub(crate) followers: Arc<tokio::sync::Semaphore>,
     /// Set once the server stops: change feeds end.
@@ -106,6 +109,7 @@ impl App {
             otel_exports: Arc::default(),
             data: std::path::PathBuf::new(),
             drills: Mutex::default(),
+            drill_threads: Mutex::default(),
             followers: Arc::new(tokio::sync::Semaphore::new(config_followers)),
             closing: tokio::sync::watch::Sender::new(false),
         }

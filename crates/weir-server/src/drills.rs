@@ -163,6 +163,18 @@ pub(crate) async fn ask(
         }
         running.insert(name.clone(), 0);
     }
+    // A client that goes away mid-request drops this handler: the slot is freed then.
+    let mut slot = Slot { app: Arc::clone(&app), pipeline: name.clone(), held: true };
+    // What earlier drills left (a worker of this pipeline killed mid-drill) goes first.
+    let (a2, n2, runtime) = (Arc::clone(&app), name.clone(), tokio::runtime::Handle::current());
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Some(p) = a2.pipelines.get(&n2) {
+            if let Err(e) = remove_ended(&a2, &n2, p, &runtime) {
+                eprintln!("weir: {n2}: drills' leftovers were not removed: {e:#}");
+            }
+        }
+    })
+    .await;
     let fault = fault.unwrap_or_else(|| default_fault(scenario, &contract));
     let recover = recover.unwrap_or(Duration::from_secs(60));
     let who = match a.who.filter(|w| !w.trim().is_empty()) {
@@ -219,6 +231,9 @@ pub(crate) async fn ask(
         }
         lock(&app.drills).remove(&plan.pipeline);
     });
+    let spawned = spawned.map(|thread| lock(&app.drill_threads).push(thread));
+    // The drill's thread frees the slot when it ends (or the error below does).
+    slot.held = false;
     if let Err(e) = spawned {
         lock(&app.drills).remove(&name);
         let report = json!({ "verdict": "fail", "failures": [format!("the drill's thread did not start: {e}")] });
@@ -260,6 +275,102 @@ pub(crate) async fn one(
             StatusCode::NOT_FOUND,
             format!("pipeline {name:?} has no drill {id}; GET .../drills lists them"),
         )),
+    }
+}
+
+/// Removes what drills left behind: a server stopped mid-drill (a kill, a
+/// crash) leaves the copy of the topic and the shadow's store. At start,
+/// before the server serves: on the embedded log no drill runs before this
+/// server starts one, so every copy topic (`TOPIC.drill-ID`) and every
+/// file under `drills/` goes; on Kafka, other workers may be running
+/// drills, so only what drills that ended or whose lease ran out left
+/// ([`remove_ended`]), which is also done before each new drill.
+pub fn remove_leftovers(app: &App, runtime: &tokio::runtime::Handle) {
+    for (name, p) in &app.pipelines {
+        if !p.on_kafka {
+            let topic = &p.contract().source.topic;
+            for copy in app.log.topics().into_iter().filter(|t| is_copy_of(t, topic)) {
+                if let Err(e) = app.log.remove_topic(&copy) {
+                    eprintln!("weir: a drill's leftover topic {copy} was not removed: {e}");
+                }
+            }
+        } else if let Err(e) = remove_ended(app, name, p, runtime) {
+            eprintln!("weir: {name}: drills' leftovers were not removed: {e:#}");
+        }
+    }
+    for file in std::fs::read_dir(app.data.join("drills")).into_iter().flatten().flatten() {
+        if let Err(e) = std::fs::remove_file(file.path()) {
+            eprintln!("weir: a drill's leftover file {} was not removed: {e}", file.path().display());
+        }
+    }
+}
+
+/// Removes the copies and shadow stores of the pipeline's drills that are
+/// not running (ended, or their lease ran out): on the embedded log their
+/// copy topics and `drills/drill-ID.db`, on Kafka their topics and
+/// schemas `SCHEMA_drill_ID`.
+pub fn remove_ended(app: &App, name: &str, p: &Pipeline, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
+    let topic = p.contract().source.topic.clone();
+    let now = weir_log::now_ms();
+    let drills = p.store.drills(name, None, i64::MAX)?;
+    let ended: Vec<i64> = drills.iter().filter(|d| d.verdict_now(now) != "running").map(|d| d.id).collect();
+    if !p.on_kafka {
+        let topics = app.log.topics();
+        for id in ended {
+            let copy = copy_topic(&topic, id);
+            if topics.contains(&copy) {
+                app.log.remove_topic(&copy)?;
+            }
+            for suffix in ["", "-wal", "-shm"] {
+                let file = app.data.join("drills").join(format!("drill-{id}.db{suffix}"));
+                if file.exists() {
+                    std::fs::remove_file(&file)?;
+                }
+            }
+        }
+        return Ok(());
+    }
+    let Some(pg) = &app.config.postgres else { return Ok(()) };
+    let mut client = weir_store::pg::connect(&pg.url)?;
+    let pattern = format!("{}\\_drill\\_%", pg.schema);
+    let schemas: Vec<String> = client
+        .query("SELECT schema_name::text FROM information_schema.schemata WHERE schema_name LIKE $1", &[&pattern])?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let _entered = runtime.enter();
+    let dlog = drill_log(app, p, p.contract()).map_err(|e| anyhow::anyhow!("{}", e.1))?;
+    for id in ended {
+        let schema = format!("{}_drill_{id}", pg.schema);
+        if schemas.contains(&schema) {
+            client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))?;
+            // The topic goes with its schema (a topic already gone is no error here).
+            let _ = dlog.remove(&copy_topic(&topic, id));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `name` is a drill's copy of `topic` (`TOPIC.drill-ID`).
+fn is_copy_of(name: &str, topic: &str) -> bool {
+    name.strip_prefix(topic)
+        .and_then(|rest| rest.strip_prefix(".drill-"))
+        .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A pipeline's drill slot taken by a request, freed when the request is
+/// dropped before its drill's thread holds it.
+struct Slot {
+    app: Arc<App>,
+    pipeline: String,
+    held: bool,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if self.held {
+            lock(&self.app.drills).remove(&self.pipeline);
+        }
     }
 }
 
@@ -514,7 +625,10 @@ struct Drilling<'a> {
     last_tick: Instant,
     last_sample: Instant,
     /// The steady phase's events, for `duplicates`.
+    /// The steady phase's events (the `duplicates` fault sends them again);
+    /// kept while `keeping` only, so a long recovery does not grow them.
     steady_events: Vec<Copied>,
+    keeping: bool,
     /// What a delayed partition held back.
     held: Vec<Copied>,
     /// The shadow's destinations (`destination-down`), delivering to a stand-in.
@@ -607,6 +721,9 @@ impl Drilling<'_> {
             _ => None,
         };
         while Instant::now() < end {
+            if *self.app.closing.borrow() {
+                anyhow::bail!("the server stopped during the drill; its copy of the topic and its store were removed");
+            }
             if traffic != Traffic::None && self.last_tick.elapsed() >= TICK {
                 self.last_tick = Instant::now();
                 let now = weir_log::now_ms();
@@ -620,7 +737,9 @@ impl Drilling<'_> {
                     }
                 }
                 self.dlog.append(&self.copy, &batch)?;
-                self.steady_events.extend(batch);
+                if self.keeping {
+                    self.steady_events.extend(batch);
+                }
             }
             if down {
                 std::thread::sleep(Duration::from_millis(20));
@@ -747,6 +866,7 @@ fn drill(app: &App, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handl
         last_tick: Instant::now(),
         last_sample: Instant::now(),
         steady_events: Vec::new(),
+        keeping: false,
         held: Vec::new(),
         destinations,
     };
@@ -794,7 +914,9 @@ fn exercise(
     // 2. steady traffic (before any fault but an outage that began with the copy).
     if !down {
         d.steady_events.clear();
+        d.keeping = true;
         d.run_for(STEADY, Traffic::All, false, &|_| false)?;
+        d.keeping = false;
     }
     // What an outage fired during the copy is the fault's.
     let firing_before: BTreeSet<&'static str> =

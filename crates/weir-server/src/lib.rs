@@ -618,6 +618,10 @@ pub async fn serve(
     app.otel_exports = otel_exports;
     app.data = opts.data.clone();
     let app = Arc::new(app);
+    {
+        let (a, runtime) = (Arc::clone(&app), tokio::runtime::Handle::current());
+        tokio::task::spawn_blocking(move || drills::remove_leftovers(&a, &runtime)).await?;
+    }
     let otel_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let otel = match otel {
         Some(o) => {
@@ -659,6 +663,11 @@ pub async fn serve(
         let _ = closing.send(true);
     };
     listen::serve(listener, http::router(app), timeouts, shutdown).await;
+    // Drills see `closing`, remove their copy and shadow store, and end.
+    let drills = std::mem::take(&mut *lock(&kept.0.drill_threads));
+    for t in drills {
+        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    }
     retention.abort();
     alerting.abort();
     let _ = retention.await;

@@ -9,7 +9,8 @@
 //! (issue 17) join the attack: bodies on public paths without a token,
 //! lines that are not objects and requests past `max_events_per_request`,
 //! bad `limit`s, and readers asking without pause for the ledger and
-//! provenance.
+//! provenance. The second review's finding 1 (issue 42) joins too: a
+//! reconcile upload of a 1 MiB column name and one of a million commas.
 
 mod common;
 
@@ -97,6 +98,18 @@ fn post_request(token: &str, body: impl AsRef<[u8]>) -> Vec<u8> {
     )
     .into_bytes();
     request.extend_from_slice(body);
+    request
+}
+
+/// An export POSTed to `.../reconcile` (as the operator `token`).
+fn reconcile_request(token: &str, body: &str) -> Vec<u8> {
+    let path = "/v1/pipelines/paid/reconcile?why=hostile&map=key.acct=acct,window_start=hour,n=n";
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body.as_bytes());
     request
 }
 
@@ -302,6 +315,15 @@ fn good_traffic_flows_and_nothing_acknowledged_is_lost_under_hostile_requests() 
         ("limit=many", get_request(&t.reader, "/v1/pipelines/paid/changes?limit=many"), 400, "from 1 to 100000"),
         ("a 100 KB header", format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n", "y".repeat(100_000)).into_bytes(), 431, ""),
         ("a request line of garbage", b"\x16\x03\x01\x02\x00 garbage\r\n\r\n".to_vec(), 400, ""),
+        // Issue 42, finding 1: a reconcile upload read in proportion, beside the traffic.
+        ("a reconcile upload of a 1 MiB column name and 4,096 lines", reconcile_request(&t.operator, &{
+            let mut wide = format!("{},acct,hour,n\n", "c".repeat(1 << 20));
+            for i in 0..4096 {
+                wide.push_str(&format!("x,r{i},2026-11-01T00:00:00Z,{i}\n"));
+            }
+            wide
+        }), 200, "\"missing_in_weir\":4096"),
+        ("a reconcile upload of a million commas", reconcile_request(&t.operator, &",".repeat(1 << 20)), 400, "the header has no column `acct`"),
     ];
     for (what, request, code, says) in cases {
         let (got, body) = raw(port, &request);

@@ -877,8 +877,39 @@ fn a_drill_cut_off_by_a_stop_shows_interrupted_and_the_next_one_runs() {
         assert!(body.contains("drill 1 is running"), "{name}: {body}");
         let one: Value = serde_json::from_str(&get(&format!("{url}/1"))).unwrap();
         assert_eq!(one["verdict"], "running", "{name}");
+        // Killed mid-drill: the copy of the topic and the shadow's store are left.
+        let copy_left = || -> bool {
+            match &topology {
+                Topology::Embedded => {
+                    let log: Vec<String> = std::fs::read_dir(root.join("data/log"))
+                        .unwrap()
+                        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                        .collect();
+                    log.iter().any(|t| t.starts_with("payments.drill-"))
+                        || std::fs::read_dir(root.join("data/drills")).is_ok_and(|d| d.count() > 0)
+                }
+                Topology::Kafka(_, schema) => {
+                    let mut pg = postgres::Client::connect(&common::topology::postgres_url(), postgres::NoTls).unwrap();
+                    let shadow = format!("{}_drill_1", schema.0);
+                    let q = "SELECT count(*) FROM information_schema.schemata WHERE schema_name = $1";
+                    pg.query_one(q, &[&shadow]).unwrap().get::<_, i64>(0) > 0
+                }
+            }
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !copy_left() {
+            assert!(Instant::now() < deadline, "{name}: the drill made no copy");
+            std::thread::sleep(Duration::from_millis(100));
+        }
         drop(server);
+        assert!(copy_left(), "{name}");
         let (_server, base) = topology.serve(&root);
+        // Issue 42, finding 7: on the embedded log the restart removes the
+        // leftovers at once; on Kafka (other workers may be drilling) they go
+        // once the drill's lease has run out, before the next drill.
+        if let Topology::Embedded = topology {
+            assert!(!copy_left(), "{name}: no copy and no shadow store after the restart");
+        }
         let url = format!("{base}/v1/pipelines/paid/drills");
         let deadline = Instant::now() + Duration::from_secs(40);
         let cut = loop {
@@ -899,6 +930,7 @@ fn a_drill_cut_off_by_a_stop_shows_interrupted_and_the_next_one_runs() {
         let verdicts: Vec<&str> =
             listed["drills"].as_array().unwrap().iter().map(|d| d["verdict"].as_str().unwrap()).collect();
         assert_eq!(verdicts, ["pass", "interrupted"], "{name}");
+        assert!(!copy_left(), "{name}: no copy and no shadow store of the cut drill");
     }
 }
 
