@@ -12,6 +12,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
+use sha2::Digest;
 use weir_engine::time::format_rfc3339_ms;
 use weir_log::LogError;
 use weir_runtime::lock;
@@ -120,7 +121,9 @@ pub(crate) async fn post_events(
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
         Ok(None) => None,
         Ok(Some(key)) => {
-            let Some(guard) = InFlight::claim(&app, &topic, &key) else {
+            // A key is the producer's own: another token's same key is another key.
+            let scoped = format!("{}/{key}", caller.grant.id);
+            let Some(guard) = InFlight::claim(&app, &topic, &scoped) else {
                 let mut r = error(
                     StatusCode::CONFLICT,
                     format!(
@@ -130,12 +133,13 @@ pub(crate) async fn post_events(
                 r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
                 return r;
             };
-            let hash = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&body));
+            // Collision-resistant: another body must never pass for this one.
+            let hash: String = sha2::Sha256::digest(&body).iter().map(|b| format!("{b:02x}")).collect();
             let starts: Vec<u64> = match kafka {
                 Some(_) => Vec::new(),
                 None => app.log.bounds(&topic).map(|b| b.iter().map(|x| x.1).collect()).unwrap_or_default(),
             };
-            let (t, k, h) = (topic.clone(), key.clone(), hash);
+            let (t, k, h) = (topic.clone(), scoped, hash);
             let st = starts.clone();
             let found = app.read(move |c| weir_store::idempotency::begin(c, &t, &k, &h, &st, weir_log::now_ms())).await;
             let other_body = || {

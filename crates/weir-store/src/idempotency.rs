@@ -1,5 +1,6 @@
 //! `Idempotency-Key` (SPEC.md 7): a POST of events with a key is done at
-//! most once. Each key (per topic) keeps the hash of its body and, once the
+//! most once. Each key (per topic, and per token: the server stores it as
+//! `TOKEN_ID/KEY`) keeps the SHA-256 of its body and, once the
 //! events are durable, the answer given; a repeat within 24 hours with the
 //! same body gets that answer again, with another body a 422.
 //!
@@ -19,7 +20,13 @@ CREATE TABLE IF NOT EXISTS idempotency (
     topic TEXT NOT NULL, key TEXT NOT NULL, body_hash TEXT NOT NULL, state TEXT NOT NULL,
     starts TEXT NOT NULL, answer TEXT, at_ms INTEGER NOT NULL,
     PRIMARY KEY (topic, key)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idempotency_at ON idempotency (at_ms);
 ";
+
+/// Keys past [`KEEP_MS`] forgotten by each request that carries a key: a
+/// few at a time, found by the time index, so no request scans the table
+/// inside the write lock.
+pub const PURGED_AT_ONCE: i64 = 64;
 
 /// What a key's record says about a request that carries it.
 #[derive(Debug, PartialEq, Eq)]
@@ -43,7 +50,11 @@ pub fn begin(
     now_ms: i64,
 ) -> rusqlite::Result<Found> {
     let tx = conn.unchecked_transaction()?;
-    tx.execute("DELETE FROM idempotency WHERE at_ms < ?1", params![now_ms - KEEP_MS])?;
+    tx.execute(
+        "DELETE FROM idempotency WHERE (topic, key) IN
+             (SELECT topic, key FROM idempotency WHERE at_ms < ?1 ORDER BY at_ms LIMIT ?2)",
+        params![now_ms - KEEP_MS, PURGED_AT_ONCE],
+    )?;
     let found: Option<(String, String, String, Option<String>)> = tx
         .query_row(
             "SELECT body_hash, state, starts, answer FROM idempotency WHERE topic = ?1 AND key = ?2",
@@ -110,5 +121,32 @@ mod tests {
         assert_eq!(begin(&conn, "t", "k1", "h2", &[], 1_000 + KEEP_MS + 1).unwrap(), Found::New, "a day later");
         forget(&conn, "t", "k1").unwrap();
         assert_eq!(begin(&conn, "t", "k1", "h3", &[], 1_000 + KEEP_MS + 2).unwrap(), Found::New);
+    }
+
+    /// Issue 42, finding 6: a request forgets old keys a few at a time,
+    /// through the time index, not the whole table at once.
+    #[test]
+    fn old_keys_are_forgotten_a_few_at_a_time_through_the_time_index() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        for i in 0..200 {
+            begin(&conn, "t", &format!("old{i}"), "h", &[], 1_000 + i).unwrap();
+        }
+        let count = || conn.query_row("SELECT count(*) FROM idempotency", [], |r| r.get::<_, i64>(0)).unwrap();
+        let later = 1_000 + KEEP_MS + 1_000;
+        begin(&conn, "t", "new1", "h", &[], later).unwrap();
+        assert_eq!(count(), 200 - PURGED_AT_ONCE + 1);
+        for i in 2..=4 {
+            begin(&conn, "t", &format!("new{i}"), "h", &[], later).unwrap();
+        }
+        assert_eq!(count(), 4, "the old keys are gone, the new ones stay");
+        let plan: String = conn
+            .query_row(
+                "EXPLAIN QUERY PLAN SELECT topic, key FROM idempotency WHERE at_ms < 5 ORDER BY at_ms LIMIT 64",
+                [],
+                |r| r.get(3),
+            )
+            .unwrap();
+        assert!(plan.contains("idempotency_at"), "{plan}");
     }
 }

@@ -490,13 +490,26 @@ fn point_13_a_post_with_an_idempotency_key_is_done_at_most_once() {
         .collect();
     assert!(sent.into_iter().all(|t| t.join().unwrap() == 200));
     assert_eq!(r.records(), 20);
+    // Issue 42, finding 6: a key is the producer's own. Another producer's
+    // token with the same key and another body is another request.
+    let other_producer =
+        common::make_token(&r._dir.path("data"), &["--role", "producer", "--topic", "payments", "--why", "two"]);
+    let mut a = agent()
+        .post(&url)
+        .header("authorization", format!("Bearer {other_producer}"))
+        .header("idempotency-key", "batch-1")
+        .send(payment(300, "c1", BASE))
+        .unwrap();
+    assert_eq!(a.status().as_u16(), 200, "{}", a.body_mut().read_to_string().unwrap());
+    assert!(!a.headers().contains_key("idempotent-replayed"));
+    assert_eq!(r.records(), 21);
     // `weir produce` sends a key per batch.
     let file =
         r._dir.write("more.jsonl", &(0..30).map(|i| payment(200 + i, "b1", BASE)).collect::<Vec<_>>().join("\n"));
     let out =
         common::weir_as(&producer, &[&"produce", &"--url", &r.base, &"--topic", &"payments", &"--batch", &"7", &file]);
     assert!(out.status.success(), "{}", common::text(&out.stderr));
-    assert_eq!(r.records(), 50);
+    assert_eq!(r.records(), 51);
 }
 
 #[test]
