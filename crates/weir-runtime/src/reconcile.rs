@@ -19,7 +19,7 @@
 //! an identical resend or a replaced version is not in the system of record.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use rust_decimal::Decimal;
 use serde_json::{json, Map, Value};
@@ -564,46 +564,29 @@ fn amounts(m: &BTreeMap<String, Decimal>) -> Value {
     Value::Object(m.iter().map(|(k, v)| (k.clone(), Value::String(v.normalize().to_string()))).collect())
 }
 
-/// Compares the published rows with the export (see the module's comment);
-/// windows of `published` outside the export's range of window starts are
-/// left out.
-pub fn compare(
-    contract: &Contract,
-    mapping: &Mapping,
+/// A window of the comparison: the key as the export writes it, and the start.
+type At = (Vec<String>, i64);
+
+/// What a comparison has seen so far: counts, totals, and the windows to
+/// list (the unexplained first, then by key and start; at most
+/// [`crate::backfill::WINDOWS_LISTED`] are kept).
+struct Tally<'c> {
+    aggregates: Vec<&'c str>,
     tolerance: Tolerance,
-    export: &[SourceRow],
-    published: &[Published],
-    causes: &Causes,
-) -> Value {
-    let aggregates: Vec<&str> = mapping.values.iter().map(|(a, _)| a.as_str()).collect();
-    let range = export.iter().map(|r| r.window_start).min().zip(export.iter().map(|r| r.window_start).max());
-    let ours: BTreeMap<(Vec<String>, i64), &Published> = published
-        .iter()
-        .filter(|p| p.events > 0 && p.status != "retracted")
-        .filter(|p| range.is_some_and(|(lo, hi)| (lo..=hi).contains(&p.start)))
-        .map(|p| ((key_text(&p.key, &mapping.key), p.start), p))
-        .collect();
-    let theirs: BTreeMap<(Vec<String>, i64), &SourceRow> =
-        export.iter().map(|r| ((r.key.clone(), r.window_start), r)).collect();
-    let windows: BTreeSet<&(Vec<String>, i64)> = ours.keys().chain(theirs.keys()).collect();
-    // The causes by the key as the export writes it (a window weir has no row for has causes too).
-    let by_key: BTreeMap<(Vec<String>, i64), &BTreeMap<&'static str, crate::backfill::Carried>> = causes
-        .iter()
-        .filter_map(|((key, start), found)| {
-            let key: Value = serde_json::from_str(key).ok()?;
-            Some(((key_text(&key, &mapping.key), *start), found))
-        })
-        .collect();
-    let (mut matched, mut differing, mut missing_in_weir, mut missing_in_export, mut unexplained_windows) =
-        (0u64, 0u64, 0u64, 0u64, 0u64);
-    let mut totals: BTreeMap<&str, [Decimal; 4]> = aggregates.iter().map(|a| (*a, [Decimal::ZERO; 4])).collect();
-    let mut listed = Vec::new();
-    for at in windows {
-        let (ours, theirs) = (ours.get(at).copied(), theirs.get(at).copied());
-        let key_json: Value = Value::Object(
-            mapping.key.iter().zip(&at.0).map(|((n, _), v)| (n.clone(), Value::String(v.clone()))).collect(),
-        );
-        let found = by_key.get(at).copied();
+    key_names: &'c [(String, String)],
+    /// The causes by the key as the export writes it (a window weir has no row for has causes too).
+    causes: BTreeMap<At, &'c BTreeMap<&'static str, crate::backfill::Carried>>,
+    counts: [u64; 5],
+    totals: BTreeMap<&'c str, [Decimal; 4]>,
+    listed: BTreeMap<(bool, At), Value>,
+}
+
+impl Tally<'_> {
+    /// One window's verdict, counted, totalled and listed unless matched.
+    fn window(&mut self, at: At, ours: Option<&Published>, theirs: Option<&SourceRow>) {
+        let aggregates = &self.aggregates;
+        let tolerance = self.tolerance;
+        let found = self.causes.get(&at).copied();
         let (mut difference, mut accounted, mut unexplained) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
         // Whether the window's numbers can differ at all: a matched window
         // needs no cause, and a `corrected` row counts its late events already.
@@ -628,7 +611,7 @@ pub fn compare(
                 .sum();
             let left = d - acc;
             explained &= tolerance.allows(left, record);
-            let t = totals.entry(a).or_default();
+            let t = self.totals.entry(a).or_default();
             t[0] += record;
             t[1] += weir;
             t[2] += acc;
@@ -643,16 +626,17 @@ pub fn compare(
             _ if within => "matched",
             _ => "differing",
         };
-        match verdict {
-            "matched" => {
-                matched += 1;
-                continue;
-            }
-            "differing" => differing += 1,
-            "missing_in_weir" => missing_in_weir += 1,
-            _ => missing_in_export += 1,
+        let counted = ["matched", "differing", "missing_in_weir", "missing_in_export"];
+        self.counts[counted.iter().position(|c| *c == verdict).unwrap_or(1)] += 1;
+        if verdict == "matched" {
+            return;
         }
-        unexplained_windows += u64::from(!explained);
+        self.counts[4] += u64::from(!explained);
+        let place = (explained, at);
+        let listed = crate::backfill::WINDOWS_LISTED;
+        if self.listed.len() >= listed && self.listed.last_key_value().is_some_and(|(last, _)| *last < place) {
+            return;
+        }
         let mut listed_causes = Map::new();
         for (reason, carried) in found.into_iter().flatten() {
             listed_causes.insert(
@@ -660,9 +644,12 @@ pub fn compare(
                 json!({"events": carried.events, "values": carried.values, "accounts": causes_count && ACCOUNTING.contains(reason)}),
             );
         }
-        listed.push(json!({
+        let key_json: Value = Value::Object(
+            self.key_names.iter().zip(&place.1 .0).map(|((n, _), v)| (n.clone(), Value::String(v.clone()))).collect(),
+        );
+        let entry = json!({
             "key": key_json,
-            "window_start": weir_engine::time::format_rfc3339_ms(at.1),
+            "window_start": weir_engine::time::format_rfc3339_ms(place.1 .1),
             "verdict": verdict,
             "export": theirs.map(|r| {
                 let values = aggregates.iter().map(|a| (*a).to_owned()).zip(r.values.iter().copied()).collect();
@@ -674,11 +661,60 @@ pub fn compare(
             "accounted": amounts(&accounted),
             "unexplained": amounts(&unexplained),
             "explained": explained,
-        }));
+        });
+        self.listed.insert(place, entry);
+        if self.listed.len() > listed {
+            self.listed.pop_last();
+        }
     }
-    // The unexplained windows first: what the owner has to look at.
-    listed.sort_by_key(|d| d["explained"].as_bool());
-    let totals: Map<String, Value> = totals
+}
+
+/// Compares the published rows with the export (see the module's comment).
+/// `published` streams the rows in the export's range of window starts
+/// (others are left out); the comparison holds the export, the causes and
+/// the listed windows, never all of the published rows.
+pub fn compare<E>(
+    contract: &Contract,
+    mapping: &Mapping,
+    tolerance: Tolerance,
+    export: &[SourceRow],
+    published: impl Iterator<Item = Result<Published, E>>,
+    causes: &Causes,
+) -> Result<Value, E> {
+    let aggregates: Vec<&str> = mapping.values.iter().map(|(a, _)| a.as_str()).collect();
+    let range = export.iter().map(|r| r.window_start).min().zip(export.iter().map(|r| r.window_start).max());
+    let mut theirs: BTreeMap<At, &SourceRow> = export.iter().map(|r| ((r.key.clone(), r.window_start), r)).collect();
+    let by_key = causes
+        .iter()
+        .filter_map(|((key, start), found)| {
+            let key: Value = serde_json::from_str(key).ok()?;
+            Some(((key_text(&key, &mapping.key), *start), found))
+        })
+        .collect();
+    let mut tally = Tally {
+        totals: aggregates.iter().map(|a| (*a, [Decimal::ZERO; 4])).collect(),
+        aggregates,
+        tolerance,
+        key_names: &mapping.key,
+        causes: by_key,
+        counts: [0; 5],
+        listed: BTreeMap::new(),
+    };
+    for p in published {
+        let p = p?;
+        if p.events == 0 || p.status == "retracted" || !range.is_some_and(|(lo, hi)| (lo..=hi).contains(&p.start)) {
+            continue;
+        }
+        let at = (key_text(&p.key, &mapping.key), p.start);
+        let record = theirs.remove(&at);
+        tally.window(at, Some(&p), record);
+    }
+    for (at, record) in std::mem::take(&mut theirs) {
+        tally.window(at, None, Some(record));
+    }
+    let [matched, differing, missing_in_weir, missing_in_export, unexplained_windows] = tally.counts;
+    let totals: Map<String, Value> = tally
+        .totals
         .into_iter()
         .map(|(a, [record, weir, acc, left])| {
             (
@@ -694,7 +730,8 @@ pub fn compare(
         })
         .collect();
     let t = weir_engine::time::format_rfc3339_ms;
-    json!({
+    let listed: Vec<Value> = tally.listed.into_values().collect();
+    Ok(json!({
         "pipeline": contract.pipeline.name,
         "from": range.map(|(lo, _)| t(lo)),
         "to": range.map(|(_, hi)| t(hi)),
@@ -708,12 +745,13 @@ pub fn compare(
         },
         "totals": totals,
         "verdict": if unexplained_windows == 0 { "pass" } else { "fail" },
-        "differences_listed": listed.len().min(crate::backfill::WINDOWS_LISTED),
-        "differences": listed.into_iter().take(crate::backfill::WINDOWS_LISTED).collect::<Vec<_>>(),
-    })
+        "differences_listed": listed.len(),
+        "differences": listed,
+    }))
 }
 
-/// The report of the published rows in the export's range against it.
+/// The report of the published rows in the export's range against it,
+/// read from the store a page at a time.
 pub fn compared(
     store: &dyn weir_store::Store,
     contract: &weir_contract::Contract,
@@ -723,15 +761,12 @@ pub fn compared(
 ) -> anyhow::Result<Value> {
     let lo = export.iter().map(|r| r.window_start).min().unwrap_or(0);
     let hi = export.iter().map(|r| r.window_start).max().map_or(0, |h| h + 1);
-    let filter = weir_store::ResultFilter { from_ms: Some(lo), to_ms: Some(hi), limit: i64::MAX, ..Default::default() };
-    let published: Vec<crate::backfill::Published> = store
-        .results(pipeline, version, &filter)?
-        .rows
-        .iter()
-        .filter_map(|t| crate::backfill::Published::parse(t))
-        .collect();
+    let filter = weir_store::ResultFilter { from_ms: Some(lo), to_ms: Some(hi), ..Default::default() };
+    // A row that is not one (none is written) counts nowhere.
+    let published = weir_store::ResultRows::new(store, pipeline, version, filter)
+        .filter_map(|r| r.map(|(_, text)| Published::parse(&text)).transpose());
     let causes = crate::backfill::causes_from_ledger(contract, store, (pipeline, version), (lo, hi))?;
-    let mut report = compare(contract, mapping, tolerance, export, &published, &causes);
+    let mut report = compare(contract, mapping, tolerance, export, published, &causes)?;
     report["version"] = version.into();
     Ok(report)
 }
@@ -892,5 +927,67 @@ mod tests {
             rows.iter().map(|r| (r.line, r.key[0].clone(), r.values[0])).collect::<Vec<_>>(),
             vec![(1, "a1".to_owned(), Decimal::new(7, 0)), (3, "a2".to_owned(), Decimal::new(100, 0)),]
         );
+    }
+
+    /// Issue 42, finding 3: the published rows stream through the
+    /// comparison, which keeps the export and at most `WINDOWS_LISTED`
+    /// windows: the unexplained first, then by key and start.
+    #[test]
+    fn review_2_point_3_a_comparison_streams_the_published_rows_and_lists_a_bounded_number() {
+        let contract = Contract::parse(
+            "c.toml",
+            "[pipeline]\nname = \"paid\"\nversion = 1\nowner = \"o\"\nsteward = \"s\"\ndecision = \"d\"\n\n[source]\ntopic = \"payments\"\nevent_time = \"t\"\nkey = [\"account_id\"]\n\n[window]\ntype = \"tumbling\"\nsize = \"1m\"\n\n[[aggregate]]\nname = \"revenue\"\nfn = \"sum\"\nfield = \"amount\"\n",
+        )
+        .unwrap();
+        let mapping = Mapping::parse(
+            "key.account_id=account,window_start=day,revenue=total",
+            &["account_id".into()],
+            &["revenue".into()],
+        )
+        .unwrap();
+        const MINUTE: i64 = 60_000;
+        const ROWS: i64 = 200_000;
+        // The export: the first and the last minute, one account each (one matching, one not).
+        let export = vec![
+            SourceRow { line: 2, key: vec!["a0".into()], window_start: 0, values: vec![Decimal::from(5)] },
+            SourceRow {
+                line: 3,
+                key: vec!["a0".into()],
+                window_start: (ROWS - 1) * MINUTE,
+                values: vec![Decimal::from(7)],
+            },
+            SourceRow { line: 4, key: vec!["b".into()], window_start: 3 * MINUTE, values: vec![Decimal::from(1)] },
+        ];
+        // Every minute between has a window of a0 the export does not have: made as they are read, never held.
+        let published = (0..ROWS).map(|m| {
+            Ok::<_, ()>(Published {
+                key: json!({"account_id": "a0"}),
+                start: m * MINUTE,
+                end: Some((m + 1) * MINUTE),
+                status: "settled".into(),
+                revision: 1,
+                values: json!({"revenue": 5}),
+                events: 1,
+            })
+        });
+        let tolerance = Tolerance::parse("0").unwrap();
+        let report = compare(&contract, &mapping, tolerance, &export, published, &Causes::default()).unwrap();
+        let w = &report["windows"];
+        assert_eq!(w["matched"], 1, "{w}");
+        assert_eq!(w["differing"], 1, "the last minute: 7 against 5");
+        assert_eq!(w["missing_in_export"], ROWS as u64 - 2);
+        assert_eq!(w["missing_in_weir"], 1, "b's window");
+        assert_eq!(w["unexplained"], ROWS as u64);
+        assert_eq!(report["totals"]["revenue"]["weir"], (ROWS * 5).to_string());
+        let listed = report["differences"].as_array().unwrap();
+        assert_eq!(
+            (listed.len(), report["differences_listed"].as_u64()),
+            (crate::backfill::WINDOWS_LISTED, Some(1000))
+        );
+        // By key as the export writes it, then start: a0's first minutes; b is past them.
+        assert_eq!(listed[0]["window_start"], "1970-01-01T00:01:00.000Z", "{}", listed[0]);
+        assert!(listed.iter().all(|d| d["key"]["account_id"] == "a0" && d["explained"] == false));
+        let starts: Vec<&str> = listed.iter().filter_map(|d| d["window_start"].as_str()).collect();
+        assert!(starts.windows(2).all(|p| p[0] < p[1]), "in order");
     }
 }

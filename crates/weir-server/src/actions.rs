@@ -314,7 +314,7 @@ async fn switch(
     })?;
     // This server's readers and reports follow at once; other workers within a checkpoint interval.
     crate::versions::switched(p, switch);
-    crate::versions::notify(&app, &name, action, switch).await;
+    crate::versions::notify(&app, &name, action, switch);
     Ok(json(serde_json::json!({
         "pipeline": name, "from": switch.from, "to": switch.to, "seq": seq, "audit": audit
     })))

@@ -178,6 +178,11 @@ pub async fn run(app: Arc<App>) {
         tick.tick().await;
         let a = Arc::clone(&app);
         let _ = tokio::task::spawn_blocking(move || evaluate(&a)).await;
+        // Notifications about versions carry a diff: written off this loop.
+        let asked = std::mem::take(&mut lock(&app.versions).asked);
+        for (name, event, switch) in asked {
+            crate::versions::notify(&app, &name, event, switch);
+        }
     }
 }
 

@@ -15,11 +15,14 @@ use weir_store::{Act, Acted, Switch, VersionState};
 
 use crate::app::App;
 
-/// What the version loop remembers: the candidates it announced, and
-/// notifications waiting for the alert loop's webhook queue.
+/// What the version loop remembers: the candidates it announced, the
+/// notifications it asked for (each is written with a diff, off the alert
+/// loop, by [`notify`]), and those written, waiting for the alert loop's
+/// webhook queue.
 #[derive(Default)]
 pub struct VersionWatch {
     pub announced: BTreeSet<(String, u32)>,
+    pub asked: Vec<(String, &'static str, Switch)>,
     pub outbox: Vec<(String, Value)>,
 }
 
@@ -55,13 +58,13 @@ pub fn describe(p: &Pipeline, v: &weir_store::Version) -> Value {
     })
 }
 
-/// The rows of two versions compared (see `diff`), read from the store.
+/// The rows of two versions compared (see `diff`), read from the store a
+/// page of each at a time: its memory does not grow with the versions.
 pub fn diff(p: &Pipeline, name: &str, a: u32, b: u32) -> weir_store::Result<Value> {
-    let all = weir_store::ResultFilter { limit: i64::MAX, ..Default::default() };
-    let rows = |v: u32| -> weir_store::Result<Vec<Value>> {
-        Ok(p.store.results(name, v, &all)?.rows.iter().filter_map(|r| serde_json::from_str(r).ok()).collect())
-    };
-    Ok(crate::diff::compare(name, (a, rows(a)?), (b, rows(b)?)))
+    let store = p.store.as_ref();
+    let range = crate::diff::both_cover(store.result_span(name, a)?, store.result_span(name, b)?);
+    let rows = |v: u32| weir_store::ResultRows::new(store, name, v, Default::default());
+    crate::diff::compare(name, range, (a, rows(a)), (b, rows(b)))
 }
 
 /// A notification about versions for the owner's and steward's webhook:
@@ -91,21 +94,24 @@ fn note(p: &Pipeline, name: &str, event: &str, switch: Switch) -> Value {
     })
 }
 
-/// Queues a promote's or rollback's notification (sent by the alert loop).
-pub async fn notify(app: &Arc<App>, name: &str, event: &'static str, switch: Switch) {
+/// Writes a notification about versions with its diff on a blocking
+/// thread of its own, and queues it for the alert loop, which sends it at
+/// its next tick. The caller does not wait: a diff of large versions takes
+/// seconds, and neither a promote's answer nor the alerts wait for it.
+pub fn notify(app: &Arc<App>, name: &str, event: &'static str, switch: Switch) {
     let (a, n) = (Arc::clone(app), name.to_owned());
-    let _ = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         if let Some(p) = a.pipelines.get(&n) {
             let note = note(p, &n, event, switch);
             lock(&a.versions).outbox.push((n, note));
         }
-    })
-    .await;
+    });
 }
 
 /// Every second: candidates whose watermark reached the live version's are
-/// announced once, and promoted when their contract says `promote = "auto"`.
-/// Returns the notifications to send, by pipeline.
+/// announced once, and promoted when their contract says `promote = "auto"`
+/// (their notifications are asked for in [`VersionWatch::asked`]). Returns
+/// the notifications written since, by pipeline.
 pub fn check(app: &App) -> Vec<(String, Value)> {
     for (name, p) in &app.pipelines {
         if p.refused.is_some() {
@@ -128,10 +134,11 @@ pub fn check(app: &App) -> Vec<(String, Value)> {
                 continue;
             }
             let switch = Switch { from: Some(live), to: version };
-            if lock(&app.versions).announced.insert((name.clone(), version)) {
-                let note = note(p, name, "candidate_ready", switch);
-                lock(&app.versions).outbox.push((name.clone(), note));
+            let mut watch = lock(&app.versions);
+            if watch.announced.insert((name.clone(), version)) {
+                watch.asked.push((name.clone(), "candidate_ready", switch));
             }
+            drop(watch);
             if run.contract.pipeline.promote == Promote::Auto {
                 auto_promote(app, name, p, version);
             }
@@ -190,8 +197,7 @@ fn auto_promote(app: &App, name: &str, p: &Pipeline, version: u32) {
             p.bell.ring();
             switched(p, switch);
             eprintln!("weir: {name}: version {version} promoted automatically ({why})");
-            let note = note(p, name, "promote", switch);
-            lock(&app.versions).outbox.push((name.to_owned(), note));
+            lock(&app.versions).asked.push((name.to_owned(), "promote", switch));
         }
         Ok((Acted::Switched(Err(e)), _)) => {
             eprintln!("weir: {name}: version {version} not promoted automatically: {e}")

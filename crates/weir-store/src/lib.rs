@@ -215,12 +215,70 @@ impl StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+/// Where a row sits in the order the store lists a version's rows: its
+/// window start, then its key's bytes.
+pub type Place = (i64, Vec<u8>);
+
+/// A version's rows that pass a filter, read a page at a time in the order
+/// the store lists them (window start, then key bytes): reading all of
+/// them holds one page, whatever the version's size. Each page is its own
+/// store call (with its own statement timeout); rows written meanwhile are
+/// seen where their place falls after the page read last.
+pub struct ResultRows<'s> {
+    store: &'s dyn Store,
+    pipeline: &'s str,
+    version: u32,
+    filter: ResultFilter,
+    page: std::iter::Zip<std::vec::IntoIter<String>, std::vec::IntoIter<Place>>,
+    done: bool,
+}
+
+impl<'s> ResultRows<'s> {
+    /// Rows a page holds.
+    pub const PAGE: i64 = 2_000;
+
+    pub fn new(store: &'s dyn Store, pipeline: &'s str, version: u32, filter: ResultFilter) -> ResultRows<'s> {
+        let page = Vec::new().into_iter().zip(Vec::new());
+        ResultRows { store, pipeline, version, filter: ResultFilter { limit: Self::PAGE, ..filter }, page, done: false }
+    }
+}
+
+impl Iterator for ResultRows<'_> {
+    type Item = Result<(Place, String)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some((row, place)) = self.page.next() {
+                self.filter.after = Some(place.clone());
+                return Some(Ok((place, row)));
+            }
+            if self.done {
+                return None;
+            }
+            match self.store.results(self.pipeline, self.version, &self.filter) {
+                Ok(page) => {
+                    self.done = (page.rows.len() as i64) < Self::PAGE;
+                    self.page = page.rows.into_iter().zip(page.places);
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
 /// What a pipeline's readers and operators ask of the store, the same on
 /// both topologies. Calls block (run them off async threads); each takes a
 /// pooled connection for its duration.
 pub trait Store: Send + Sync {
     /// Latest row per window of a version, filtered (`GET .../results`).
     fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<ResultPage>;
+    /// `[first start, last end)` of a version's timed windows, in ms;
+    /// none when it has no timed window (`GET .../diff` compares the time
+    /// two versions both cover).
+    fn result_span(&self, pipeline: &str, version: u32) -> Result<Option<(i64, i64)>>;
     /// The change stream from `since`, published entries only: every
     /// version's rows and the `version` entries, or one version's rows and
     /// the `version` entries.
@@ -468,6 +526,9 @@ impl Store for SqliteStore {
     }
     fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<ResultPage> {
         self.with(|c| sqlite::results(c, pipeline, version, filter))
+    }
+    fn result_span(&self, pipeline: &str, version: u32) -> Result<Option<(i64, i64)>> {
+        self.with(|c| sqlite::result_span(c, pipeline, version))
     }
     fn changes(&self, pipeline: &str, version: Option<u32>, since: i64, limit: i64) -> Result<Vec<String>> {
         self.with(|c| sqlite::changes(c, pipeline, version, since, limit))
@@ -732,6 +793,9 @@ impl Store for PostgresStore {
     }
     fn results(&self, pipeline: &str, version: u32, filter: &ResultFilter) -> Result<ResultPage> {
         self.with(|c, s| pg::results(c, s, pipeline, version, filter))
+    }
+    fn result_span(&self, pipeline: &str, version: u32) -> Result<Option<(i64, i64)>> {
+        self.with(|c, s| pg::result_span(c, s, pipeline, version))
     }
     fn changes(&self, pipeline: &str, version: Option<u32>, since: i64, limit: i64) -> Result<Vec<String>> {
         self.with(|c, s| pg::changes(c, s, pipeline, version, since, limit))

@@ -1066,6 +1066,24 @@ pub fn results(
     Ok(page)
 }
 
+/// `[first start, last end)` of a version's timed windows (see [`crate::Store::result_span`]).
+pub fn result_span(
+    client: &mut Client,
+    schema: &str,
+    pipeline: &str,
+    version: u32,
+) -> Result<Option<(i64, i64)>, postgres::Error> {
+    let row = client.query_one(
+        &format!(
+            "SELECT min(window_start), max(window_end) FROM {schema}.results
+              WHERE pipeline = $1 AND version = $2 AND window_start != {GLOBAL_START} AND window_end IS NOT NULL"
+        ),
+        &[&pipeline, &(version as i32)],
+    )?;
+    let (first, last): (Option<i64>, Option<i64>) = (row.get(0), row.get(1));
+    Ok(first.zip(last))
+}
+
 /// The change stream from `since`, in commit order: every version's rows
 /// and the `version` entries, or with `version` that version's rows and the
 /// `version` entries (see [`crate::sqlite::changes`]).

@@ -1040,6 +1040,17 @@ pub fn results(conn: &Connection, pipeline: &str, version: u32, f: &ResultFilter
     Ok(page)
 }
 
+/// `[first start, last end)` of a version's timed windows (see [`crate::Store::result_span`]).
+pub fn result_span(conn: &Connection, pipeline: &str, version: u32) -> rusqlite::Result<Option<(i64, i64)>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT min(window_start), max(window_end) FROM results
+          WHERE pipeline = ?1 AND version = ?2 AND window_start != {GLOBAL_START} AND window_end IS NOT NULL"
+    ))?;
+    let (first, last): (Option<i64>, Option<i64>) =
+        stmt.query_row(params![pipeline, version], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(first.zip(last))
+}
+
 /// The published change stream from `since`: every version's rows and the
 /// `version` entries of promotes and rollbacks, or with `version` that
 /// version's rows and the `version` entries. Rows past a pause point stay

@@ -9,8 +9,11 @@
 //! (issue 17) join the attack: bodies on public paths without a token,
 //! lines that are not objects and requests past `max_events_per_request`,
 //! bad `limit`s, and readers asking without pause for the ledger and
-//! provenance. The second review's finding 1 (issue 42) joins too: a
-//! reconcile upload of a 1 MiB column name and one of a million commas.
+//! provenance. The second review (issue 42) joins too: a reconcile upload
+//! of a 1 MiB column name and one of a million commas (finding 1), readers
+//! asking for diffs without pause (finding 3), and an alert webhook that
+//! answers with a redirect to another local port, which is never followed
+//! (finding 5).
 
 mod common;
 
@@ -48,9 +51,13 @@ fn = "count"
 [limits]
 max_depth = 4
 max_keys = 10
+
+[alerts]
+max_watermark_age = "1s"
 "#;
 
 const WEIR_TOML: &str = r#"
+allow_private_webhooks = true
 header_timeout = "1s"
 body_timeout = "2s"
 max_body_bytes = 65536
@@ -149,7 +156,26 @@ fn good_traffic_flows_and_nothing_acknowledged_is_lost_under_hostile_requests() 
     let s = Scratch::new("hostile");
     std::fs::create_dir_all(s.path("contracts")).unwrap();
     s.write("contracts/paid.toml", CONTRACT);
-    s.write("weir.toml", WEIR_TOML);
+    // The alert webhook answers every delivery with a redirect to another local port.
+    let (elsewhere, redirected) = common::listener();
+    let hook = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hook_url = format!("http://{}/hook", hook.local_addr().unwrap());
+    let deliveries = Arc::new(Mutex::new(0u32));
+    let counted = deliveries.clone();
+    std::thread::spawn(move || {
+        for stream in hook.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            if common::request(&mut reader).is_some() {
+                *counted.lock().unwrap() += 1;
+                let answer = format!(
+                    "HTTP/1.1 302 Found\r\nlocation: {elsewhere}/stolen\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+                let _ = stream.write_all(answer.as_bytes());
+            }
+        }
+    });
+    s.write("weir.toml", &format!("alert_webhook = \"{hook_url}\"\n{WEIR_TOML}"));
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let base = format!("http://127.0.0.1:{port}");
     let _server = start(&s.0, port);
@@ -239,20 +265,25 @@ fn good_traffic_flows_and_nothing_acknowledged_is_lost_under_hostile_requests() 
         }));
     }
 
-    // Readers asking for the ledger and a row's provenance without pause,
-    // from four connections: each answered (200, or 404 for a row not
-    // yet published), never an error of the server's.
+    // Readers asking for the ledger, a row's provenance and a diff (of the
+    // one version with itself) without pause, from four connections: each
+    // answered (200, or 404 for a row not yet published), never an error
+    // of the server's.
     let reads_stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = (0..4)
         .map(|r| {
             let (stop, token) = (reads_stop.clone(), t.reader.clone());
-            let paths = ["/v1/pipelines/paid/ledger?limit=1000", "/v1/pipelines/paid/results/1/provenance"];
+            let paths = [
+                "/v1/pipelines/paid/ledger?limit=1000",
+                "/v1/pipelines/paid/results/1/provenance",
+                "/v1/pipelines/paid/diff?a=1&b=1",
+            ];
             std::thread::spawn(move || {
                 let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
                 let (mut answered, mut i) = (Vec::new(), r);
                 while !stop.load(Ordering::SeqCst) {
                     i += 1;
-                    let url = format!("http://127.0.0.1:{port}{}", paths[i % 2]);
+                    let url = format!("http://127.0.0.1:{port}{}", paths[i % paths.len()]);
                     match agent.get(&url).header("authorization", format!("Bearer {token}")).call() {
                         Ok(mut a) => {
                             let _ = a.body_mut().read_to_string();
@@ -411,4 +442,13 @@ fn good_traffic_flows_and_nothing_acknowledged_is_lost_under_hostile_requests() 
         assert!(metrics.contains(line), "{line} not in:\n{metrics}");
     }
     assert!(metrics.contains("reason=\"over_limit\"} 25"), "{metrics}");
+
+    // The alert was delivered to its webhook, whose redirect was never followed.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while *deliveries.lock().unwrap() == 0 {
+        assert!(Instant::now() < deadline, "the alert webhook was never called");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(redirected.try_recv().is_err(), "a redirect of the alert webhook was followed");
 }

@@ -333,3 +333,185 @@ fn versions_side_by_side_candidate_promote_rollback_and_a_refused_change() {
     caught_up(&base, "", total);
     assert!(status(&base, "")["failed"].is_null());
 }
+
+/// A pipeline of its own topic, to show that alerts keep their time.
+const REFUNDS: &str = r#"[pipeline]
+name = "refunds"
+version = 1
+owner = "billing-ops"
+steward = "data-platform"
+decision = "Refunds per account"
+
+[source]
+topic = "refunds"
+event_time = "at"
+key = ["account_id"]
+
+[window]
+type = "tumbling"
+size = "1m"
+
+[[aggregate]]
+name = "refunds"
+fn = "count"
+
+[alerts]
+max_watermark_age = "1h"
+"#;
+
+/// Rows each version is given for the flood.
+const FLOOD_ROWS: i64 = 1_000_000;
+
+/// Fills version 1 and 2 of `paid` with `FLOOD_ROWS` windows each, made
+/// from the row of account `a0` each version published: the same
+/// window for accounts `s1`, `s2`, ..., each of version 2's tenth windows
+/// with another payments count. The rows go in as the store keeps them.
+fn flood(topology: &common::topology::Topology, data: &std::path::Path) {
+    let row = r#"replace(row, '"a0"', '"s' || i || '"')"#;
+    let differ = format!(
+        r#"CASE WHEN version = 2 AND i % 10 = 0 THEN replace({row}, '"payments":1', '"payments":2') ELSE {row} END"#
+    );
+    match topology {
+        common::topology::Topology::Embedded => {
+            let db = rusqlite::Connection::open(data.join("weir.db")).unwrap();
+            let rows: Vec<String> = db
+                .prepare("SELECT row FROM results WHERE pipeline = 'paid' AND row LIKE '%\"a0\"%' ORDER BY version")
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert_eq!(rows.len(), 2, "one window each: {rows:?}");
+            assert!(rows.iter().all(|r| r.contains(r#""a0""#) && r.contains(r#""payments":1"#)), "{rows:?}");
+            db.execute_batch(&format!(
+                "INSERT INTO results (pipeline, version, key, window_start, window_end, status, revision, row)
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {FLOOD_ROWS})
+                 SELECT pipeline, version, CAST(printf('k%08d', i) AS BLOB), window_start, window_end, status, revision, {differ}
+                   FROM n, (SELECT * FROM results WHERE pipeline = 'paid' AND row LIKE '%\"a0\"%')"
+            ))
+            .unwrap();
+        }
+        common::topology::Topology::Kafka(_, schema) => {
+            let mut db = postgres::Client::connect(&common::topology::postgres_url(), postgres::NoTls).unwrap();
+            let s = &schema.0;
+            let rows = db
+                .query(&format!("SELECT row FROM {s}.results WHERE pipeline = 'paid' AND row LIKE '%\"a0\"%'"), &[])
+                .unwrap();
+            assert_eq!(rows.len(), 2, "one window each");
+            db.batch_execute(&format!(
+                "INSERT INTO {s}.results (pipeline, version, key, window_start, window_end, status, revision, row)
+                 SELECT pipeline, version, convert_to('k' || lpad(i::text, 8, '0'), 'UTF8'), window_start, window_end,
+                        status, revision, {differ}
+                   FROM generate_series(1, {FLOOD_ROWS}) AS i,
+                        (SELECT * FROM {s}.results WHERE pipeline = 'paid' AND row LIKE '%\"a0\"%') t"
+            ))
+            .unwrap();
+        }
+    }
+}
+
+/// Issue 42, finding 3: a diff reads both versions a page at a time, and a
+/// notification's diff is written off the alert loop. Two versions of a
+/// million windows each, four diffs at once and a candidate's announcement
+/// beside them: the server stays under 300 MB, every diff is whole, and an
+/// alert of another pipeline is sent on time.
+#[test]
+fn review_2_point_3_four_diffs_of_two_versions_of_a_million_rows_stay_bounded_and_alerts_keep_time() {
+    let dir = Scratch::new("diff-flood");
+    for topology in common::topology::Topology::both("diff_flood") {
+        let (hook, notes) = receiver();
+        let extra = format!(
+            "alert_webhook = \"{hook}\"\nallow_private_webhooks = true\n[topics.refunds]\npartitions = 1\nkey = \"account_id\"\n"
+        );
+        let config = topology.config(("payments", 2, "account_id"), &extra);
+        let root = topology.folder(&dir, topology.name(), &[("paid.toml", V1), ("refunds.toml", REFUNDS)], &config);
+        // One payment, and later ones on every partition that close its window.
+        let (server, base) = topology.serve(&root);
+        let mut first = payments(0, 1);
+        for k in 0..8 {
+            first.push(format!(
+                r#"{{"payment_id":"flush{k}","account_id":"flush{k}","amount":"0","status":"approved","approved_at":"2027-01-01T00:00:00Z"}}"#
+            ));
+        }
+        post(&base, &first);
+        caught_up(&base, "", first.len() as u64);
+        drop(server);
+        // Version 2, built over them: the same windows.
+        let v2 =
+            V1.replace("version = 1", "version = 2").replace("allowed_lateness = \"2m\"", "allowed_lateness = \"3m\"");
+        std::fs::write(root.join("contracts/paid.toml"), &v2).unwrap();
+        let (server, base) = topology.serve(&root);
+        caught_up(&base, "?version=2", first.len() as u64);
+        drop(server);
+        flood(&topology, &root.join("data"));
+
+        // Restarted: the candidate is announced again, with a diff of the flood.
+        let (server, base) = topology.serve(&root);
+        let started = Instant::now();
+        let diffs: Vec<_> = (0..4)
+            .map(|_| {
+                let url = format!("{base}/v1/pipelines/paid/diff?a=1&b=2");
+                std::thread::spawn(move || {
+                    let (code, body) = common::get_within(&url, Duration::from_secs(600));
+                    (code, body, started.elapsed())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let refund = r#"{"account_id":"a1","at":"2026-11-01T00:00:00Z"}"#;
+        let (code, body) = call("POST", &format!("{base}/v1/topics/refunds/events"), Some(refund));
+        assert_eq!(code, 200, "{body}");
+        let posted = Instant::now();
+        let (mut fired, mut ready) = (None, None);
+        while fired.is_none() || ready.is_none() {
+            let note = notes
+                .recv_timeout(Duration::from_secs(120))
+                .unwrap_or_else(|_| panic!("{}: no alert or announcement ({fired:?}, {ready:?})", topology.name()));
+            if note["pipeline"] == "refunds" && note["status"] == "firing" && fired.is_none() {
+                fired = Some(posted.elapsed());
+            }
+            if note["event"] == "candidate_ready" {
+                ready = Some(note);
+            }
+        }
+        let fired = fired.unwrap_or_default();
+        // a0's window matches too (the later ones' are open, so unpublished).
+        let expected = (FLOOD_ROWS as u64 * 9 / 10 + 1, FLOOD_ROWS as u64 / 10);
+        let ready = ready.unwrap_or_default();
+        let w = &ready["diff"]["windows"];
+        assert_eq!((w["matched"].as_u64(), w["differing"].as_u64()), (Some(expected.0), Some(expected.1)), "{ready}");
+        let mut took = Vec::new();
+        for d in diffs {
+            let (code, body, elapsed) = d.join().unwrap();
+            assert_eq!(code, 200, "{}: {body}", topology.name());
+            let diff: Value = serde_json::from_str(&body).unwrap();
+            let w = &diff["windows"];
+            assert_eq!(
+                (w["matched"].as_u64(), w["differing"].as_u64()),
+                (Some(expected.0), Some(expected.1)),
+                "{diff}"
+            );
+            assert_eq!((w["only_in_a"].as_u64(), w["only_in_b"].as_u64()), (Some(0), Some(0)), "{diff}");
+            let payments = &diff["totals"]["payments"];
+            assert_eq!((payments["a"].as_str(), payments["b"].as_str()), (Some("1000001"), Some("1100001")), "{diff}");
+            assert_eq!(diff["largest_differences"].as_array().map(Vec::len), Some(crate::LARGEST), "{diff}");
+            took.push(elapsed);
+        }
+        let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+        let peak: u64 = status
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse().ok())
+            .unwrap();
+        eprintln!(
+            "{}: diffs took {took:?}; the alert fired {fired:?} after its event; peak {peak} KiB",
+            topology.name()
+        );
+        assert!(peak < 300 << 10, "{}: peak resident memory {peak} KiB", topology.name());
+        assert!(fired < Duration::from_secs(5), "{}: the alert took {fired:?}", topology.name());
+    }
+}
+
+/// The largest differences a diff lists.
+const LARGEST: usize = 20;

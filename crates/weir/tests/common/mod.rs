@@ -300,6 +300,14 @@ pub fn call(method: &str, url: &str, body: Option<&str>) -> (u16, String) {
     (r.status().as_u16(), r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap())
 }
 
+/// A GET with the token its path needs that may take up to `limit`; the status and the body.
+pub fn get_within(url: &str, limit: Duration) -> (u16, String) {
+    let agent: ureq::Agent =
+        ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(limit)).build().into();
+    let mut r = authed(agent.get(url), "GET", url).call().unwrap();
+    (r.status().as_u16(), r.body_mut().with_config().limit(1 << 30).read_to_string().unwrap())
+}
+
 /// A GET that must answer 200; the body, every page of it (following
 /// `Weir-Next`, SPEC.md 7).
 pub fn get(url: &str) -> String {
@@ -343,7 +351,7 @@ pub struct Received {
 }
 
 /// One HTTP/1.1 request read from `reader`; `None` if it ends first.
-fn request(reader: &mut impl std::io::BufRead) -> Option<Received> {
+pub fn request(reader: &mut impl std::io::BufRead) -> Option<Received> {
     let mut first = String::new();
     if reader.read_line(&mut first).ok()? == 0 {
         return None;
