@@ -116,94 +116,114 @@ pub(crate) async fn post_events(
     }
     let count = records.len();
     // With an Idempotency-Key: at most once (SPEC.md 7).
-    let mut found_before: Vec<(u32, u64)> = Vec::new();
-    let in_flight = match idempotency_key(&headers) {
+    let key = match idempotency_key(&headers) {
         Err(why) => return error(StatusCode::BAD_REQUEST, why),
-        Ok(None) => None,
-        Ok(Some(key)) => {
-            // A key is the producer's own: another token's same key is another key.
-            let scoped = format!("{}/{key}", caller.grant.id);
-            let Some(guard) = InFlight::claim(&app, &topic, &scoped) else {
-                let mut r = error(
-                    StatusCode::CONFLICT,
-                    format!(
-                        "a request with Idempotency-Key {key:?} is being done now; send it again once it is answered"
-                    ),
-                );
-                r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        Ok(None) => return append(&app, &topic, kafka, (records, keys, count), None, Vec::new()).await,
+        Ok(Some(key)) => key,
+    };
+    // A key is the producer's own: another token's same key is another key.
+    let scoped = format!("{}/{key}", caller.grant.id);
+    let Some(guard) = InFlight::claim(&app, &topic, &scoped) else {
+        let mut r = error(
+            StatusCode::CONFLICT,
+            format!("a request with Idempotency-Key {key:?} is being done now; send it again once it is answered"),
+        );
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return r;
+    };
+    // Done to its end on a task of its own, so a client that goes away
+    // mid-request leaves its key answered (or free), never `pending`.
+    let named = key.clone();
+    let keyed = tokio::spawn(async move {
+        let (mut records, mut keys) = (records, keys);
+        let mut found_before: Vec<(u32, u64)> = Vec::new();
+        // Collision-resistant: another body must never pass for this one.
+        let hash: String = sha2::Sha256::digest(&body).iter().map(|b| format!("{b:02x}")).collect();
+        let starts: Vec<u64> = match kafka {
+            Some(_) => Vec::new(),
+            None => app.log.bounds(&topic).map(|b| b.iter().map(|x| x.1).collect()).unwrap_or_default(),
+        };
+        let (t, k, h) = (topic.clone(), scoped, hash);
+        let st = starts.clone();
+        let found = app.read(move |c| weir_store::idempotency::begin(c, &t, &k, &h, &st, weir_log::now_ms())).await;
+        let other_body = || {
+            error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("Idempotency-Key {key:?} was used for another body in the last 24 hours; nothing was appended; give new events a new key"),
+            )
+        };
+        match found {
+            Err(e) => return e.into_response(),
+            Ok(Found::New) => {}
+            Ok(Found::Done { same_body: true, answer }) => {
+                let mut r = ([(header::CONTENT_TYPE, "application/json")], answer).into_response();
+                r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
                 return r;
-            };
-            // Collision-resistant: another body must never pass for this one.
-            let hash: String = sha2::Sha256::digest(&body).iter().map(|b| format!("{b:02x}")).collect();
-            let starts: Vec<u64> = match kafka {
-                Some(_) => Vec::new(),
-                None => app.log.bounds(&topic).map(|b| b.iter().map(|x| x.1).collect()).unwrap_or_default(),
-            };
-            let (t, k, h) = (topic.clone(), scoped, hash);
-            let st = starts.clone();
-            let found = app.read(move |c| weir_store::idempotency::begin(c, &t, &k, &h, &st, weir_log::now_ms())).await;
-            let other_body = || {
-                error(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    format!("Idempotency-Key {key:?} was used for another body in the last 24 hours; nothing was appended; give new events a new key"),
-                )
-            };
-            match found {
-                Err(e) => return e.into_response(),
-                Ok(Found::New) => {}
-                Ok(Found::Done { same_body: true, answer }) => {
-                    let mut r = ([(header::CONTENT_TYPE, "application/json")], answer).into_response();
-                    r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
-                    return r;
+            }
+            Ok(Found::Done { same_body: false, .. } | Found::Pending { same_body: false, .. }) => return other_body(),
+            Ok(Found::Pending { same_body: true, starts }) => {
+                if kafka.is_some() {
+                    return error(
+                        StatusCode::CONFLICT,
+                        format!("the first request with Idempotency-Key {key:?} was cut short by a restart, and whether its events reached Kafka is not known here; read the topic to see, and send what is missing with a new key"),
+                    );
                 }
-                Ok(Found::Done { same_body: false, .. } | Found::Pending { same_body: false, .. }) => {
-                    return other_body()
-                }
-                Ok(Found::Pending { same_body: true, starts }) => {
-                    if kafka.is_some() {
-                        return error(
-                            StatusCode::CONFLICT,
-                            format!("the first request with Idempotency-Key {key:?} was cut short by a restart, and whether its events reached Kafka is not known here; read the topic to see, and send what is missing with a new key"),
-                        );
-                    }
-                    // A crash cut the first attempt short: what it appended is
-                    // in the log past `starts`; only the rest is appended now.
-                    let log = app.log.clone();
-                    let t = topic.clone();
-                    let wanted: Vec<Vec<u8>> = records.iter().map(|r| r.1.clone()).collect();
-                    let looked =
-                        tokio::task::spawn_blocking(move || already_appended(&log, &t, &starts, &wanted)).await;
-                    let Ok(Ok(at)) = looked else {
-                        return error(StatusCode::SERVICE_UNAVAILABLE, "the log could not be read to finish an earlier attempt with this Idempotency-Key; send it again");
-                    };
-                    let mut left = Vec::new();
-                    let mut left_keys = Vec::new();
-                    for ((record, key), at) in records.into_iter().zip(keys).zip(at) {
-                        match at {
-                            Some(place) => found_before.push(place),
-                            None => {
-                                left.push(record);
-                                left_keys.push(key);
-                            }
+                // A crash cut the first attempt short: what it appended is
+                // in the log past `starts`; only the rest is appended now.
+                let log = app.log.clone();
+                let t = topic.clone();
+                let wanted: Vec<Vec<u8>> = records.iter().map(|r| r.1.clone()).collect();
+                let looked = tokio::task::spawn_blocking(move || already_appended(&log, &t, &starts, &wanted)).await;
+                let Ok(Ok(at)) = looked else {
+                    return error(StatusCode::SERVICE_UNAVAILABLE, "the log could not be read to finish an earlier attempt with this Idempotency-Key; send it again");
+                };
+                let mut left = Vec::new();
+                let mut left_keys = Vec::new();
+                for ((record, key), at) in records.into_iter().zip(keys).zip(at) {
+                    match at {
+                        Some(place) => found_before.push(place),
+                        None => {
+                            left.push(record);
+                            left_keys.push(key);
                         }
                     }
-                    records = left;
-                    keys = left_keys;
                 }
+                records = left;
+                keys = left_keys;
             }
-            Some(guard)
         }
-    };
+        append(&app, &topic, kafka, (records, keys, count), Some(guard), found_before).await
+    });
+    keyed.await.unwrap_or_else(|e| {
+        error(StatusCode::INTERNAL_SERVER_ERROR, format!("the request with Idempotency-Key {named:?} failed: {e}"))
+    })
+}
+
+/// Events as they are appended: each one's partition and bytes.
+type Records = Vec<(u32, Vec<u8>)>;
+
+/// Appends `records` (to Kafka or the log) and answers with where they
+/// went, keeping the answer under the request's Idempotency-Key
+/// (`in_flight`) or freeing the key when nothing was appended; `found_before` are
+/// records an earlier attempt with the key already appended.
+async fn append(
+    app: &Arc<App>,
+    topic: &str,
+    kafka: Option<rdkafka::producer::FutureProducer>,
+    (records, keys, count): (Records, Vec<Option<String>>, usize),
+    in_flight: Option<InFlight>,
+    found_before: Vec<(u32, u64)>,
+) -> Response {
     let arrived = std::time::Instant::now();
     let answer = match (kafka, records.is_empty()) {
         (_, true) => Ok(Vec::new()),
-        (Some(producer), false) => match weir_runtime::kafka::produce(&producer, &topic, &records, &keys).await {
+        (Some(producer), false) => match weir_runtime::kafka::produce(&producer, topic, &records, &keys).await {
             Ok(offsets) => Ok(offsets),
             Err(e) => {
                 if let Some(held) = &in_flight {
                     // Not acknowledged: the key is free for the retry (Kafka may
                     // hold part of the batch, which the retry then adds again).
-                    let (t, k) = (topic.clone(), held.key.1.clone());
+                    let (t, k) = (topic.to_owned(), held.key.1.clone());
                     let _ = app.read(move |c| weir_store::idempotency::forget(c, &t, &k)).await;
                 }
                 let mut r = error(StatusCode::SERVICE_UNAVAILABLE, e);
@@ -211,7 +231,7 @@ pub(crate) async fn post_events(
                 return r;
             }
         },
-        (None, false) => match app.log.append(&topic, records) {
+        (None, false) => match app.log.append(topic, records) {
             Ok(pending) => pending.wait().await,
             Err(e) => Err(e),
         },
@@ -235,7 +255,7 @@ pub(crate) async fn post_events(
                 .collect();
             let answer = serde_json::json!({ "accepted": count, "partitions": parts }).to_string() + "\n";
             if let Some(key) = key {
-                let (t, a) = (topic.clone(), answer.clone());
+                let (t, a) = (topic.to_owned(), answer.clone());
                 if let Err(e) = app.read(move |c| weir_store::idempotency::finish(c, &t, &key, &a)).await {
                     // Durable, but a repeat would not get this answer: say so rather than 200.
                     return e.into_response();
@@ -246,7 +266,7 @@ pub(crate) async fn post_events(
         Err(e) => {
             if let Some(key) = key {
                 // Nothing was appended: the key is free for the retry.
-                let t = topic.clone();
+                let t = topic.to_owned();
                 let _ = app.read(move |c| weir_store::idempotency::forget(c, &t, &key)).await;
             }
             match e {
@@ -348,7 +368,7 @@ pub(crate) async fn read_events(
     let from = param(&q, "from", 0u64)?;
     let limit = page_limit(&q, 1000)?;
     let log = app.log.clone();
-    let t = topic.clone();
+    let t = topic.to_owned();
     let read = tokio::task::spawn_blocking(move || {
         let records = log.read(&t, partition, from, limit, 64 << 20)?;
         let end = log.bounds(&t)?.get(partition as usize).map_or(0, |b| b.1);

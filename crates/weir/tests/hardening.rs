@@ -830,6 +830,77 @@ fn review_2_point_1_a_reconcile_upload_is_read_in_proportion() {
     assert!(peak < 300 << 10, "peak resident memory {peak} KiB for exports of at most 3 MiB");
 }
 
+/// Issue 42, finding 6: a producer that goes away while its request with
+/// an Idempotency-Key is being done does not leave the key `pending`: the
+/// request is done to its end, and the retry gets its answer. On Kafka the
+/// broker is paused so that the producer leaves mid-append; before the fix
+/// the retry got 409 for 24 hours.
+#[test]
+fn review_2_point_6_a_producer_that_goes_away_mid_request_leaves_no_key_pending() {
+    let dir = Scratch::new("idempotency-gone");
+    for topology in common::topology::Topology::both("idempotency_gone") {
+        let config = topology.config(("payments", 2, "account_id"), "");
+        let root = topology.folder(&dir, topology.name(), &[("paid.toml", common::PAID)], &config);
+        let (_server, base) = topology.serve(&root);
+        let producer = common::tokens_of(&root.join("data")).producer;
+        let body = (0..10).map(|i| payment(i, &format!("a{i}"), BASE)).collect::<Vec<_>>().join("\n");
+        let broker = match &topology {
+            common::topology::Topology::Kafka(broker, _) => Some(broker),
+            common::topology::Topology::Embedded => None,
+        };
+        if let Some(b) = broker {
+            b.pause();
+        }
+        let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
+        let mut sock = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let head = format!(
+            "POST /v1/topics/payments/events HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {producer}\r\nidempotency-key: gone-1\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        sock.write_all(head.as_bytes()).unwrap();
+        sock.write_all(body.as_bytes()).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        drop(sock); // gone before the answer
+        std::thread::sleep(Duration::from_millis(500));
+        if let Some(b) = broker {
+            b.resume();
+        }
+        let url = format!("{base}/v1/topics/payments/events");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (code, answer, replayed) = loop {
+            let mut a = agent()
+                .post(&url)
+                .header("authorization", format!("Bearer {producer}"))
+                .header("idempotency-key", "gone-1")
+                .send(&body)
+                .unwrap();
+            let replayed = a.headers().contains_key("idempotent-replayed");
+            let (code, answer) = (a.status().as_u16(), a.body_mut().read_to_string().unwrap());
+            // The first request still being done: its key is held until then.
+            if code == 409 && answer.contains("is being done now") && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+            break (code, answer, replayed);
+        };
+        assert_eq!((code, replayed), (200, true), "{}: the first request's answer: {answer}", topology.name());
+        assert!(answer.contains("\"accepted\":10"), "{answer}");
+        // Every event once.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/status"))).unwrap();
+            if s["events"]["read"] == 10 && s["lag_records"] == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{}: {s}", topology.name());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let s: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/status"))).unwrap();
+        assert_eq!(s["events"]["read"], 10, "{}: appended once: {s}", topology.name());
+    }
+}
+
 /// Issue 42, finding 4: a backfill and a reconciliation are kept with
 /// their audit entry in one transaction. With the audit key gone, each
 /// answers 5xx and nothing is asked, kept or published.

@@ -42,6 +42,23 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// Stops the broker's process where it is (SIGSTOP): requests to it wait.
+    pub fn pause(&self) {
+        signal(self.child.id(), "-STOP");
+    }
+
+    /// Lets a paused broker go on (SIGCONT).
+    pub fn resume(&self) {
+        signal(self.child.id(), "-CONT");
+    }
+}
+
+fn signal(pid: u32, which: &str) {
+    let done = Command::new("kill").args([which, &pid.to_string()]).status().unwrap();
+    assert!(done.success(), "kill {which} {pid}");
+}
+
 impl Drop for Broker {
     fn drop(&mut self) {
         let _ = self.child.kill();
