@@ -18,6 +18,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
+use serde_json::Value;
 use weir_contract::{Contract, ServerConfig, TimeFormat};
 use weir_log::Log;
 
@@ -94,6 +95,75 @@ pub struct Copied {
     pub payload: Vec<u8>,
 }
 
+/// The contract's personal fields as a drill's copy holds them: every
+/// value under a `[privacy] personal` field replaced by a pseudonym, the
+/// SHA-256 of a secret the drill draws and never keeps, and the value. The
+/// same value gets the same pseudonym within a drill, so an event id that
+/// is personal still tells events apart and repeats, and nothing of the
+/// value is in the copy. A line that is not JSON cannot be masked and is
+/// copied as a line that is not JSON either. A `where` rule that reads a
+/// personal field sees the pseudonym.
+pub struct Pseudonyms {
+    personal: Vec<weir_contract::FieldPath>,
+    secret: [u8; 32],
+}
+
+impl Pseudonyms {
+    pub fn new(contract: &Contract) -> Pseudonyms {
+        let mut secret = [0u8; 32];
+        let drawn =
+            std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut secret));
+        if drawn.is_err() {
+            // Without /dev/urandom: the process's random hasher keys, and the time.
+            use std::hash::{BuildHasher, Hasher};
+            for chunk in secret.chunks_mut(8) {
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u128(
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
+                );
+                chunk.copy_from_slice(&h.finish().to_le_bytes());
+            }
+        }
+        Pseudonyms { personal: contract.personal.clone(), secret }
+    }
+
+    /// `payload` as the copy holds it.
+    pub fn apply(&self, payload: Vec<u8>) -> Vec<u8> {
+        if self.personal.is_empty() {
+            return payload;
+        }
+        let Ok(mut event) = serde_json::from_slice::<Value>(&payload) else {
+            return b"(an event that is not JSON, left out of the drill's copy: it may hold personal fields)".to_vec();
+        };
+        for path in &self.personal {
+            let mut at = Some(&mut event);
+            for segment in path.segments() {
+                at = at.and_then(|v| v.as_object_mut()).and_then(|m| m.get_mut(segment));
+            }
+            if let Some(v) = at {
+                self.replace(v);
+            }
+        }
+        event.to_string().into_bytes()
+    }
+
+    fn replace(&self, v: &mut Value) {
+        match v {
+            Value::Null => {}
+            Value::Object(m) => m.values_mut().for_each(|x| self.replace(x)),
+            Value::Array(a) => a.iter_mut().for_each(|x| self.replace(x)),
+            scalar => {
+                use sha2::Digest;
+                let mut h = sha2::Sha256::new();
+                h.update(self.secret);
+                h.update(scalar.to_string().as_bytes());
+                let hex: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
+                *scalar = Value::String(format!("(personal) {hex}"));
+            }
+        }
+    }
+}
+
 /// The log a drill copies the topic in and sends its events to.
 pub enum DrillLog {
     Embedded(Log),
@@ -135,9 +205,10 @@ impl DrillLog {
     }
 
     /// Copies every record `from` holds now into `to` (created with as
-    /// many partitions), partition by partition; the last [`RECENT`] records
-    /// of each partition (where [`pick_templates`] looks) and how many were copied.
-    pub fn copy(&self, from: &str, to: &str) -> anyhow::Result<(Vec<Copied>, u64)> {
+    /// many partitions), partition by partition, its personal fields
+    /// replaced by `pseudonyms`; the last [`RECENT`] records of each
+    /// partition as copied (where [`pick_templates`] looks) and how many were copied.
+    pub fn copy(&self, from: &str, to: &str, pseudonyms: &Pseudonyms) -> anyhow::Result<(Vec<Copied>, u64)> {
         let partitions = self.partitions(from)?;
         let mut last: Vec<Copied> = Vec::new();
         let keep = |c: Copied, last: &mut Vec<Copied>| {
@@ -159,8 +230,11 @@ impl DrillLog {
                         let records = log.read(from, p as u32, next, 4096, 4 << 20)?;
                         let Some(r) = records.last() else { break };
                         next = r.offset + 1;
-                        let batch: Vec<(u32, Vec<u8>)> =
-                            records.iter().filter(|r| r.offset < end).map(|r| (p as u32, r.payload.clone())).collect();
+                        let batch: Vec<(u32, Vec<u8>)> = records
+                            .into_iter()
+                            .filter(|r| r.offset < end)
+                            .map(|r| (p as u32, pseudonyms.apply(r.payload)))
+                            .collect();
                         copied += batch.len() as u64;
                         for (_, payload) in batch.iter().rev().take(RECENT).rev() {
                             let c =
@@ -205,7 +279,7 @@ impl DrillLog {
                                     partition: p as u32,
                                     key: m.key().map(<[u8]>::to_vec),
                                     timestamp_ms: m.timestamp().to_millis(),
-                                    payload: m.payload().unwrap_or_default().to_vec(),
+                                    payload: pseudonyms.apply(m.payload().unwrap_or_default().to_vec()),
                                 };
                                 keep(c.clone(), &mut last);
                                 batch.push(c);
@@ -497,5 +571,51 @@ fn = "count"
         let text = contract("").text.replace("event_time = \"at.when\"", "event_time = \"$kafka.timestamp\"");
         let c = Contract::parse("test", &text).unwrap();
         assert!(cannot_make_events(&c).unwrap().contains("$kafka.timestamp"));
+    }
+
+    /// Issue 42, finding 7: a drill's copy holds no personal value. Each is
+    /// a pseudonym, the same for the same value, so a personal event id
+    /// still tells events apart and a resend is still a duplicate.
+    #[test]
+    fn review_2_point_7_a_drills_copy_holds_pseudonyms_not_personal_fields() {
+        let c = contract("[privacy]\npersonal = [\"id\", \"customer\"]");
+        let dir = std::env::temp_dir().join(format!("weir-drill-copy-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (log, _) = Log::open(&dir, weir_log::LogOptions::default()).unwrap();
+        log.ensure_topic("t", 1, None).unwrap();
+        let event = |id: &str, name: &str| {
+            format!(
+                r#"{{"id":"{id}","account":"a1","amount":5,"at":{{"when":"2026-12-03T10:00:00Z"}},"customer":{{"name":"{name}","tags":["vip"],"born":1990}}}}"#
+            )
+            .into_bytes()
+        };
+        let records =
+            vec![(0, event("e1", "Ann Example")), (0, event("e1", "Ann Example")), (0, event("e2", "Ann Example"))];
+        log.append("t", records).unwrap().wait_blocking().unwrap();
+        log.append("t", vec![(0, b"not json: Ann Example".to_vec())]).unwrap().wait_blocking().unwrap();
+        let dlog = DrillLog::Embedded(log.clone());
+        let (recent, copied) = dlog.copy("t", "t.drill-1", &Pseudonyms::new(&c)).unwrap();
+        assert_eq!(copied, 4);
+        let read: Vec<Vec<u8>> =
+            log.read("t.drill-1", 0, 0, 100, 1 << 20).unwrap().into_iter().map(|r| r.payload).collect();
+        assert_eq!(read.len(), 4);
+        assert_eq!(recent.iter().map(|r| r.payload.clone()).collect::<Vec<_>>(), read, "templates come from the copy");
+        for line in &read {
+            let text = String::from_utf8_lossy(line);
+            for secret in ["Ann", "vip", "1990", "\"e1\"", "\"e2\""] {
+                assert!(!text.contains(secret), "{secret} in the copy: {text}");
+            }
+        }
+        let events: Vec<Value> = read[..3].iter().map(|l| serde_json::from_slice(l).unwrap()).collect();
+        assert_eq!(events[0], events[1], "a resend stays a resend");
+        assert_ne!(events[0]["id"], events[2]["id"], "ids still tell events apart");
+        assert_eq!(events[0]["customer"]["name"], events[2]["customer"]["name"], "one value, one pseudonym");
+        assert!(events[0]["id"].as_str().is_some_and(|id| id.starts_with("(personal) ")), "{}", events[0]);
+        assert_eq!((events[0]["amount"].clone(), events[0]["account"].clone()), (5.into(), "a1".into()));
+        assert_eq!(events[0]["at"]["when"], "2026-12-03T10:00:00Z");
+        // Another drill, another secret.
+        let again = Pseudonyms::new(&c).apply(event("e1", "Ann Example"));
+        assert_ne!(serde_json::from_slice::<Value>(&again).unwrap()["id"], events[0]["id"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

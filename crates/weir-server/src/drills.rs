@@ -9,8 +9,9 @@
 //! version's; each alert that fires or resolves goes to the alerts' webhook
 //! marked `"drill"`, and opens no incident. Its phases:
 //!
-//! 1. **copy**: every record the topic holds is copied, and the shadow
-//!    catches up with it;
+//! 1. **copy**: every record the topic holds is copied, its personal
+//!    fields replaced by pseudonyms (`weir_runtime::drill::Pseudonyms`),
+//!    and the shadow catches up with it;
 //! 2. **steady**: 3 s of one fresh event per partition every 200 ms (the
 //!    topic's last records with the time now and a new id); the alerts
 //!    firing at its end were firing before the fault (a `destination-down`
@@ -787,7 +788,8 @@ fn drill(app: &App, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handl
     let copy = copy_topic(&plan.contract.source.topic, plan.id);
     let live_ends_before = dlog.ends(&plan.contract.source.topic)?;
     let before = published(p, &plan.pipeline, plan.version)?;
-    let (recent, copied) = dlog.copy(&plan.contract.source.topic, &copy)?;
+    let pseudonyms = weir_runtime::drill::Pseudonyms::new(&plan.contract);
+    let (recent, copied) = dlog.copy(&plan.contract.source.topic, &copy, &pseudonyms)?;
     let templates = weir_runtime::drill::pick_templates(&plan.contract, &recent, live_ends_before.len() as u32);
     if templates.is_empty() {
         let _ = dlog.remove(&copy);
