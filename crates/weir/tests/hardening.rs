@@ -293,36 +293,12 @@ fn point_5_a_producer_cannot_send_its_own_kafka_member() {
     assert_eq!(r.post(&nested).0, 200);
 }
 
-const OTHER: &str = r#"[pipeline]
-name = "other"
-version = 1
-owner = "refunds-ops"
-steward = "data-platform"
-decision = "Refunds per account"
-
-[source]
-topic = "refunds"
-event_time = "at"
-key = ["account_id"]
-
-[window]
-type = "tumbling"
-size = "1m"
-
-[[aggregate]]
-name = "refunds"
-fn = "count"
-
-[alerts]
-max_watermark_age = "1s"
-"#;
-
 #[test]
 fn point_6_a_token_sees_only_the_pipelines_it_may_read() {
     let dir = Scratch::new("leaks");
     std::fs::create_dir_all(dir.path("contracts")).unwrap();
     dir.write("contracts/paid.toml", PAID);
-    dir.write("contracts/other.toml", OTHER);
+    dir.write("contracts/other.toml", &common::refunds("other", "1s"));
     dir.write("weir.toml", "[topics.payments]\npartitions = 2\nkey = \"account_id\"\n");
     let data = dir.path("data");
     let paid_reader = common::make_token(&data, &["--role", "reader", "--pipeline", "paid"]);
@@ -372,7 +348,7 @@ fn point_6_a_token_sees_only_the_pipelines_it_may_read() {
 
     // /readyz with a pipeline that does not run (its contract changed
     // without a version bump): 503 for everyone, the reasons for an admin only.
-    dir.write("contracts/other.toml", &OTHER.replace("size = \"1m\"", "size = \"2m\""));
+    dir.write("contracts/other.toml", &common::refunds("other", "1s").replace("size = \"1m\"", "size = \"2m\""));
     let _server = start(&dir.0, port);
     let mut anyone = agent().get(format!("{base}/readyz")).call().unwrap();
     let said = anyone.body_mut().read_to_string().unwrap();

@@ -334,31 +334,6 @@ fn versions_side_by_side_candidate_promote_rollback_and_a_refused_change() {
     assert!(status(&base, "")["failed"].is_null());
 }
 
-/// A pipeline of its own topic, to show that alerts keep their time.
-const REFUNDS: &str = r#"[pipeline]
-name = "refunds"
-version = 1
-owner = "billing-ops"
-steward = "data-platform"
-decision = "Refunds per account"
-
-[source]
-topic = "refunds"
-event_time = "at"
-key = ["account_id"]
-
-[window]
-type = "tumbling"
-size = "1m"
-
-[[aggregate]]
-name = "refunds"
-fn = "count"
-
-[alerts]
-max_watermark_age = "1h"
-"#;
-
 /// Rows each version is given for the flood.
 const FLOOD_ROWS: i64 = 1_000_000;
 
@@ -424,7 +399,12 @@ fn review_2_point_3_four_diffs_of_two_versions_of_a_million_rows_stay_bounded_an
             "alert_webhook = \"{hook}\"\nallow_private_webhooks = true\n[topics.refunds]\npartitions = 1\nkey = \"account_id\"\n"
         );
         let config = topology.config(("payments", 2, "account_id"), &extra);
-        let root = topology.folder(&dir, topology.name(), &[("paid.toml", V1), ("refunds.toml", REFUNDS)], &config);
+        let root = topology.folder(
+            &dir,
+            topology.name(),
+            &[("paid.toml", V1), ("refunds.toml", &common::refunds("refunds", "1h"))],
+            &config,
+        );
         // One payment, and later ones on every partition that close its window.
         let (server, base) = topology.serve(&root);
         let mut first = payments(0, 1);

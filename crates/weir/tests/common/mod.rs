@@ -49,6 +49,37 @@ name = "payments"
 fn = "count"
 "#;
 
+/// A pipeline `name` of refunds per account per minute on the topic
+/// `refunds`, owned by refunds-ops, alerting when its watermark is older
+/// than `max_watermark_age`.
+pub fn refunds(name: &str, max_watermark_age: &str) -> String {
+    format!(
+        r#"[pipeline]
+name = "{name}"
+version = 1
+owner = "refunds-ops"
+steward = "data-platform"
+decision = "Refunds per account"
+
+[source]
+topic = "refunds"
+event_time = "at"
+key = ["account_id"]
+
+[window]
+type = "tumbling"
+size = "1m"
+
+[[aggregate]]
+name = "refunds"
+fn = "count"
+
+[alerts]
+max_watermark_age = "{max_watermark_age}"
+"#
+    )
+}
+
 pub struct Scratch(pub PathBuf);
 
 impl Scratch {
