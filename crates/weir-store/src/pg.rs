@@ -111,6 +111,8 @@ CREATE TABLE IF NOT EXISTS {schema}.ledger (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, reason TEXT NOT NULL, entry TEXT NOT NULL,
     at_ms BIGINT NOT NULL DEFAULT 0, erased BOOLEAN NOT NULL DEFAULT false, version INTEGER NOT NULL DEFAULT 0,
     place BIGINT, PRIMARY KEY (pipeline, seq));
+CREATE TABLE IF NOT EXISTS {schema}.ledger_masked (
+    pipeline TEXT PRIMARY KEY, personal TEXT NOT NULL, through_seq BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS {schema}.ledger_raw (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, version INTEGER NOT NULL, entry TEXT NOT NULL,
     PRIMARY KEY (pipeline, seq));
@@ -382,12 +384,19 @@ pub fn mask_ledger(
         return Ok(0);
     }
     let mut tx = client.transaction()?;
+    let fields = privacy.fields_text();
+    let after: i64 = tx
+        .query_opt(
+            &format!("SELECT through_seq FROM {schema}.ledger_masked WHERE pipeline = $1 AND personal = $2"),
+            &[&pipeline, &fields],
+        )?
+        .map_or(i64::MIN, |r| r.get(0));
     let whole = tx.query(
         &format!(
-            "SELECT seq, version, entry FROM {schema}.ledger l WHERE pipeline = $1 AND NOT erased
+            "SELECT seq, version, entry FROM {schema}.ledger l WHERE pipeline = $1 AND seq > $2 AND NOT erased
                AND NOT EXISTS (SELECT 1 FROM {schema}.ledger_raw r WHERE r.pipeline = l.pipeline AND r.seq = l.seq)"
         ),
-        &[&pipeline],
+        &[&pipeline, &after],
     )?;
     for row in &whole {
         let (seq, version, entry): (i64, i32, String) = (row.get(0), row.get(1), row.get(2));
@@ -400,6 +409,14 @@ pub fn mask_ledger(
             &[&pipeline, &seq, &privacy.masked_entry(&entry)],
         )?;
     }
+    tx.execute(
+        &format!(
+            "INSERT INTO {schema}.ledger_masked (pipeline, personal, through_seq)
+             VALUES ($1, $2, coalesce((SELECT max(seq) FROM {schema}.ledger WHERE pipeline = $1), -1))
+             ON CONFLICT (pipeline) DO UPDATE SET personal = excluded.personal, through_seq = excluded.through_seq"
+        ),
+        &[&pipeline, &fields],
+    )?;
     tx.commit()?;
     Ok(whole.len())
 }

@@ -30,6 +30,11 @@ impl Privacy {
         Privacy { personal: contract.personal.clone(), event_id }
     }
 
+    /// The personal fields as text, to tell whether a ledger was masked for these.
+    pub fn fields_text(&self) -> String {
+        self.personal.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+    }
+
     /// Whether entries are stored masked, with the raw entry beside them.
     pub fn masks(&self) -> bool {
         !self.personal.is_empty()

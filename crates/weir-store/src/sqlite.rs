@@ -117,6 +117,8 @@ CREATE TABLE IF NOT EXISTS backfills (
     from_ms INTEGER NOT NULL, to_ms INTEGER NOT NULL, who TEXT NOT NULL, why TEXT NOT NULL, origin TEXT NOT NULL,
     asked_ms INTEGER NOT NULL, state TEXT NOT NULL, claimed_by TEXT, lease_until INTEGER, finished_ms INTEGER,
     run INTEGER, report TEXT, error TEXT);
+CREATE TABLE IF NOT EXISTS ledger_masked (
+    pipeline TEXT PRIMARY KEY, personal TEXT NOT NULL, through_seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger_raw (
     pipeline TEXT NOT NULL, seq INTEGER NOT NULL, version INTEGER NOT NULL, entry TEXT NOT NULL,
     PRIMARY KEY (pipeline, seq));
@@ -505,6 +507,8 @@ fn migrate_9_to_10(conn: &Connection) -> rusqlite::Result<()> {
 /// contract named personal fields, or by a weir that did not mask): each
 /// raw entry moves to `ledger_raw` and `ledger` keeps it masked; the old
 /// text is overwritten (`secure_delete`) and the write-ahead log truncated.
+/// `ledger_masked` remembers the fields and the last entry masked for, so
+/// a start with the same fields reads only the entries written since.
 /// Returns how many entries were masked.
 pub fn mask_ledger(conn: &Connection, pipeline: &str, privacy: &crate::privacy::Privacy) -> rusqlite::Result<usize> {
     if !privacy.masks() {
@@ -512,12 +516,21 @@ pub fn mask_ledger(conn: &Connection, pipeline: &str, privacy: &crate::privacy::
     }
     conn.pragma_update(None, "secure_delete", "ON")?;
     let tx = own_transaction(conn)?;
+    let fields = privacy.fields_text();
+    let after: i64 = conn
+        .query_row(
+            "SELECT through_seq FROM ledger_masked WHERE pipeline = ?1 AND personal = ?2",
+            params![pipeline, fields],
+            |r| r.get(0),
+        )
+        .optional()?
+        .unwrap_or(i64::MIN);
     let whole: Vec<(i64, i64, String)> = {
         let mut stmt = conn.prepare(
-            "SELECT seq, version, entry FROM ledger l WHERE pipeline = ?1 AND erased = 0
+            "SELECT seq, version, entry FROM ledger l WHERE pipeline = ?1 AND seq > ?2 AND erased = 0
                AND NOT EXISTS (SELECT 1 FROM ledger_raw r WHERE r.pipeline = l.pipeline AND r.seq = l.seq)",
         )?;
-        let rows = stmt.query_map([pipeline], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        let rows = stmt.query_map(params![pipeline, after], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
         rows.collect::<rusqlite::Result<_>>()?
     };
     for (seq, version, entry) in &whole {
@@ -530,6 +543,12 @@ pub fn mask_ledger(conn: &Connection, pipeline: &str, privacy: &crate::privacy::
             params![pipeline, seq, privacy.masked_entry(entry)],
         )?;
     }
+    conn.execute(
+        "INSERT INTO ledger_masked (pipeline, personal, through_seq)
+         VALUES (?1, ?2, coalesce((SELECT max(seq) FROM ledger WHERE pipeline = ?1), -1))
+         ON CONFLICT (pipeline) DO UPDATE SET personal = excluded.personal, through_seq = excluded.through_seq",
+        params![pipeline, fields],
+    )?;
     commit(tx)?;
     if !whole.is_empty() {
         truncate_wal(conn);

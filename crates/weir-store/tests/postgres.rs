@@ -504,6 +504,9 @@ fn point_7_personal_fields_are_stored_masked_and_the_raw_entry_only_for_its_role
     let privacy = weir_store::privacy::Privacy::of(&c);
     assert_eq!(pg::mask_ledger(&mut s.client, &s.name, "paid", &privacy).unwrap(), 1);
     assert_eq!(pg::mask_ledger(&mut s.client, &s.name, "paid", &privacy).unwrap(), 0, "masked once");
+    // The next start reads only the entries written since the last one masked.
+    let q = format!("SELECT through_seq FROM {}.ledger_masked WHERE pipeline = 'paid'", s.name);
+    assert_eq!(s.client.query_one(&q, &[]).unwrap().get::<_, i64>(0), 99);
     let everyone = pg::ledger(&mut s.client, &s.name, "paid", Some(1), None, (1, 10), false).unwrap();
     assert!(everyone.len() == 3 && everyone.iter().all(|e| !e.contains(secret)), "{everyone:?}");
 

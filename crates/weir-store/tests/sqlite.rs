@@ -226,6 +226,22 @@ fn point_7_entries_stored_whole_are_masked_and_forgetting_a_version_overwrites_i
     };
     assert_eq!(weir_store::sqlite::mask_ledger(&conn, "paid", &privacy).unwrap(), 400);
     assert_eq!(weir_store::sqlite::mask_ledger(&conn, "paid", &privacy).unwrap(), 0, "masked once");
+    // The next start reads only the entries written since the last one masked.
+    let through = |conn: &rusqlite::Connection| -> i64 {
+        conn.query_row("SELECT through_seq FROM ledger_masked WHERE pipeline = 'paid'", [], |r| r.get(0)).unwrap()
+    };
+    assert_eq!(through(&conn), 400);
+    let later =
+        serde_json::json!({ "seq": 401, "reason": "duplicate", "payload": format!(r#"{{"email":"{marker}"}}"#) });
+    conn.execute(
+        "INSERT INTO ledger (pipeline, seq, reason, entry, at_ms, version) VALUES ('paid', 401, 'duplicate', ?1, 0, 2)",
+        [later.to_string()],
+    )
+    .unwrap();
+    assert_eq!(weir_store::sqlite::mask_ledger(&conn, "paid", &privacy).unwrap(), 1, "the one written since");
+    assert_eq!(through(&conn), 401);
+    conn.execute("DELETE FROM ledger WHERE pipeline = 'paid' AND seq = 401", []).unwrap();
+    conn.execute("DELETE FROM ledger_raw WHERE pipeline = 'paid' AND seq = 401", []).unwrap();
     let everyone = weir_store::sqlite::ledger(&conn, "paid", None, None, (1, 1000), false).unwrap();
     assert!(everyone.len() == 400 && everyone.iter().all(|e| !e.contains(marker) && e.contains("(personal)")));
     let raw = weir_store::sqlite::ledger(&conn, "paid", Some(2), None, (1, 1000), true).unwrap();
