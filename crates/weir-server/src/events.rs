@@ -13,12 +13,63 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use sha2::Digest;
+use weir_engine::intake::BodyError;
 use weir_engine::time::format_rfc3339_ms;
 use weir_log::LogError;
 use weir_runtime::lock;
 use weir_store::idempotency::Found;
 
 use crate::app::*;
+
+/// A body refused before anything was appended, with what a refusal names:
+/// the topic and its `max_event_bytes`.
+pub(crate) struct RefusedBody<'a> {
+    pub error: BodyError,
+    pub topic: &'a str,
+    pub max_event_bytes: usize,
+}
+
+impl From<RefusedBody<'_>> for ApiError {
+    fn from(refused: RefusedBody<'_>) -> ApiError {
+        let RefusedBody { error, topic, max_event_bytes } = refused;
+        match error {
+            BodyError::TooLong { line, bytes } => ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "line {line} is {bytes} bytes, over max_event_bytes = {max_event_bytes} for topic {topic:?}; nothing was appended; split the event or raise [topics.{topic}] max_event_bytes in weir.toml"
+                ),
+            ),
+            BodyError::NotUtf8 { line } => ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("line {line} is not UTF-8 text; nothing was appended; send JSON lines encoded as UTF-8"),
+            ),
+            BodyError::NotJson { line, why } => ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("line {line} is not JSON ({why}); nothing was appended; send one JSON object per line"),
+            ),
+            BodyError::NotObject { line, what } => ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("line {line} is {what}, not a JSON object; nothing was appended; an event is a JSON object, one per line"),
+            ),
+            BodyError::Reserved { line } => ApiError(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("line {line} is refused: {}; nothing was appended", weir_engine::intake::reserved_why()),
+            ),
+            BodyError::TooMany { max } => ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the body has more than max_events_per_request = {max} events in weir.toml; nothing was appended; send them in smaller requests"
+                ),
+            ),
+            BodyError::OverLimit { line, why } => ApiError(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!(
+                    "line {line} is refused: {why}; nothing was appended; simplify the event or raise the limit in [topics.{topic}] in weir.toml"
+                ),
+            ),
+        }
+    }
+}
 
 pub(crate) async fn post_events(
     State(app): State<Arc<App>>,
@@ -51,54 +102,9 @@ pub(crate) async fn post_events(
     };
     let events = match weir_engine::intake::parse_body(&body, tc.key.as_deref(), &limits) {
         Ok(events) => events,
-        Err(weir_engine::intake::BodyError::TooLong { line, bytes }) => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "line {line} is {bytes} bytes, over max_event_bytes = {} for topic {topic:?}; nothing was appended; split the event or raise [topics.{topic}] max_event_bytes in weir.toml",
-                    tc.max_event_bytes
-                ),
-            )
-        }
-        Err(weir_engine::intake::BodyError::NotUtf8 { line }) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("line {line} is not UTF-8 text; nothing was appended; send JSON lines encoded as UTF-8"),
-            )
-        }
-        Err(weir_engine::intake::BodyError::NotJson { line, why }) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("line {line} is not JSON ({why}); nothing was appended; send one JSON object per line"),
-            )
-        }
-        Err(weir_engine::intake::BodyError::NotObject { line, what }) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("line {line} is {what}, not a JSON object; nothing was appended; an event is a JSON object, one per line"),
-            )
-        }
-        Err(weir_engine::intake::BodyError::Reserved { line }) => {
-            return error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("line {line} is refused: {}; nothing was appended", weir_engine::intake::reserved_why()),
-            )
-        }
-        Err(weir_engine::intake::BodyError::TooMany { max }) => {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "the body has more than max_events_per_request = {max} events in weir.toml; nothing was appended; send them in smaller requests"
-                ),
-            )
-        }
-        Err(weir_engine::intake::BodyError::OverLimit { line, why }) => {
-            return error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!(
-                    "line {line} is refused: {why}; nothing was appended; simplify the event or raise the limit in [topics.{topic}] in weir.toml"
-                ),
-            )
+        Err(error) => {
+            return ApiError::from(RefusedBody { error, topic: &topic, max_event_bytes: tc.max_event_bytes })
+                .into_response()
         }
     };
     let mut keys = Vec::with_capacity(events.len());
