@@ -770,6 +770,45 @@ impl Run {
     pub fn step(&mut self, r: &Runner, clock: &dyn Clock, stopping: bool, wait: Duration) -> anyhow::Result<Step> {
         let now = clock.monotonic_ms();
         lock(&self.held).now = now;
+        self.read_commands(r, now)?;
+        // A version superseded since the last read checkpoints what it has, as at a stop.
+        let stopping = stopping || !self.reading;
+        let next = self.note_ends(now)?;
+        self.batch.clear();
+        // A read that stopped short of its limit found no more waiting.
+        let short_read = !self.source.read(&next, r.read_records.max(1), wait, &mut self.batch)?;
+        let read_any = !self.batch.is_empty();
+        let now = clock.monotonic_ms();
+        self.process_batch(r, now, clock.wall_ms())?;
+        self.mark_idle(now);
+        self.take_failures(r)?;
+        let any_checkpoint = self.checkpoint(r, clock, now, stopping, short_read)?;
+        let replayed = self.apply_replay(clock)?;
+        self.take_failures(r)?;
+        let now = clock.monotonic_ms();
+        if any_checkpoint || replayed || now.saturating_sub(self.status_published) >= 1_000 {
+            self.publish_status(r, any_checkpoint.then(|| clock.wall_ms()), now);
+            self.status_published = now;
+        }
+        if replayed {
+            // The status shows where the replay starts before it counts the replay.
+            lock(&r.status).replays += 1;
+        }
+        let dirty = lock(&self.held).units.values().any(|u| u.dirty);
+        let next_due =
+            if dirty { self.interval.saturating_sub(now.saturating_sub(self.last_checkpoint)) } else { self.interval };
+        Ok(Step {
+            read_any,
+            checkpointed: any_checkpoint,
+            replayed,
+            next_due: Duration::from_millis(next_due),
+            runs: self.reading,
+        })
+    }
+
+    /// The operator's commands, read from the store every interval: pause,
+    /// the version's state, and a replay asked since the last.
+    fn read_commands(&mut self, r: &Runner, now: u64) -> anyhow::Result<()> {
         // Checkpoints committing behind that have ended are taken now; while they commit,
         // the store is theirs, and the commands wait for a step after them.
         let committing = {
@@ -777,143 +816,163 @@ impl Run {
             held.settle(false);
             held.behind.is_some()
         };
-        if !committing && self.commands_read.is_none_or(|at| now.saturating_sub(at) >= self.interval) {
-            let mut held = lock(&self.held);
-            r.paused.store(held.store()?.is_paused()?, Ordering::SeqCst);
-            let state = held.store()?.version_state()?;
-            lock(&r.status).version_state = state;
-            self.reading = state.is_some_and(VersionState::runs);
-            self.candidate = state == Some(VersionState::Candidate);
-            let oldest = held.units.values().map(|u| u.replayed).min();
-            self.replay = match oldest {
-                Some(oldest) => held.store()?.last_replay()?.filter(|(id, _)| *id > oldest),
-                None => None,
-            };
-            self.commands_read = Some(now);
+        if committing || self.commands_read.is_some_and(|at| now.saturating_sub(at) < self.interval) {
+            return Ok(());
         }
-        // A version superseded since the last read checkpoints what it has, as at a stop.
-        let stopping = stopping || !self.reading;
-        // A partition with unread records is active before any record of this step is processed,
-        // so a burst after a silence holds the watermark back from the first record on.
+        let mut held = lock(&self.held);
+        r.paused.store(held.store()?.is_paused()?, Ordering::SeqCst);
+        let state = held.store()?.version_state()?;
+        lock(&r.status).version_state = state;
+        self.reading = state.is_some_and(VersionState::runs);
+        self.candidate = state == Some(VersionState::Candidate);
+        let oldest = held.units.values().map(|u| u.replayed).min();
+        self.replay = match oldest {
+            Some(oldest) => held.store()?.last_replay()?.filter(|(id, _)| *id > oldest),
+            None => None,
+        };
+        self.commands_read = Some(now);
+        Ok(())
+    }
+
+    /// Where each held partition ends now, and the offsets to read next. A
+    /// partition with unread records is active before any record of this
+    /// step is processed, so a burst after a silence holds the watermark
+    /// back from the first record on.
+    fn note_ends(&mut self, now: u64) -> anyhow::Result<Vec<(u32, u64)>> {
         let (held_partitions, next) = {
             let held = lock(&self.held);
             let next: Vec<(u32, u64)> = held.units.values().flat_map(Unit::offsets).collect();
             (next.iter().map(|(p, _)| *p).collect::<Vec<u32>>(), next)
         };
         let ends = self.source.ends(&held_partitions)?;
-        {
-            let mut held = lock(&self.held);
-            for (p, end) in ends {
-                let scope = held.scope_of(p);
-                let Some(unit) = held.units.get_mut(&scope) else { continue };
-                let Some(part) = unit.parts.get_mut(&p) else { continue };
-                part.end = end;
-                if part.idle && end > part.next {
-                    part.idle = false;
-                    part.heard = now;
-                    unit.engine.set_partition_idle(p, false, &mut unit.out);
-                }
-            }
-        }
-        self.batch.clear();
-        // A read that stopped short of its limit found no more waiting.
-        let short_read = !self.source.read(&next, r.read_records.max(1), wait, &mut self.batch)?;
-        let read_any = !self.batch.is_empty();
-        let (now, wall) = (clock.monotonic_ms(), clock.wall_ms());
-        let mut not_delivered = 0;
-        {
-            let mut held = lock(&self.held);
-            let held = &mut *held;
-            let name = &held.contract.pipeline.name;
-            let mut latencies = Vec::with_capacity(self.batch.len());
-            let mut producer_lags = Vec::with_capacity(self.batch.len());
-            // Partitions sent back to their next offset in this read: their later records wait.
-            let mut sent_back: Vec<u32> = Vec::new();
-            for (rec, bytes) in self.batch.iter() {
-                let scope = if held.per_partition { Scope::Partition(rec.partition) } else { Scope::Topic };
-                // A record of a partition handed over (read before the hand-over) is not this worker's.
-                let Some(unit) = held.units.get_mut(&scope) else { continue };
-                let Some(part) = unit.parts.get_mut(&rec.partition) else { continue };
-                if rec.offset < part.next || sent_back.contains(&rec.partition) {
-                    continue; // counted before the last checkpoint, or read again from `next`
-                }
-                if rec.offset > part.next && part.reread != Some(part.next) {
-                    // Records past `next`: before calling anything missing, read once
-                    // more from `next` (a client may have dropped what it had queued).
-                    eprintln!(
-                        "weir: {name}: partition {}: offset {} arrived where {} was next; reading again from {}",
-                        rec.partition, rec.offset, part.next, part.next
-                    );
-                    self.source.seek(rec.partition, part.next)?;
-                    part.reread = Some(part.next);
-                    sent_back.push(rec.partition);
-                    continue;
-                }
-                part.reread = None;
-                if rec.offset > part.next {
-                    // Offsets the source did not deliver when asked again: removed by retention
-                    // or compaction, transaction markers, or a broker fault (tansu answers a
-                    // fetch from inside a record batch with the batch after it). Never silent.
-                    eprintln!(
-                        "weir: {name}: partition {}: offset {} was delivered after {}; offsets {}..{} were not delivered",
-                        rec.partition,
-                        rec.offset,
-                        part.next,
-                        part.next,
-                        rec.offset - 1
-                    );
-                    not_delivered += rec.offset - part.next;
-                }
-                part.next = rec.offset + 1;
-                part.end = part.end.max(part.next);
+        let mut held = lock(&self.held);
+        for (p, end) in ends {
+            let scope = held.scope_of(p);
+            let Some(unit) = held.units.get_mut(&scope) else { continue };
+            let Some(part) = unit.parts.get_mut(&p) else { continue };
+            part.end = end;
+            if part.idle && end > part.next {
+                part.idle = false;
                 part.heard = now;
-                part.last_time_ms = rec.time_ms.or(part.last_time_ms);
-                if part.from_time.is_some_and(|from| rec.time_ms.is_some_and(|t| t < from)) {
-                    continue; // before this version's start
-                }
-                part.from_time = None;
-                if part.idle {
-                    part.idle = false;
-                    unit.engine.set_partition_idle(rec.partition, false, &mut unit.out);
-                }
-                latencies.extend(rec.time_ms.map(|t| wall.saturating_sub(t).max(0) as f64 / 1e3));
-                let event = EventIn { partition: rec.partition, offset: rec.offset, bytes };
-                unit.engine.set_clock(wall);
-                if rec.forged {
-                    unit.engine.refuse(event, Reason::BadType, weir_engine::intake::reserved_why(), &mut unit.out);
-                } else {
-                    unit.engine.process(event, &mut unit.out);
-                    if let (Some(append), Some(t)) = (rec.time_ms, unit.engine.last_event_time()) {
-                        producer_lags.push(append.saturating_sub(t).max(0) as f64 / 1e3);
-                    }
-                }
-                unit.since += 1;
-                unit.dirty = true;
+                unit.engine.set_partition_idle(p, false, &mut unit.out);
             }
-            if !latencies.is_empty() || not_delivered > 0 {
-                let mut s = lock(&r.status);
-                s.offsets_not_delivered += not_delivered;
-                for l in latencies {
-                    s.processing.observe(l);
-                }
-                for l in producer_lags.drain(..) {
-                    s.producer_lag.observe(l);
+        }
+        Ok(next)
+    }
+
+    /// The records read, each through its scope's engine in offset order
+    /// (a gap is read once more before it is called missing).
+    fn process_batch(&mut self, r: &Runner, now: u64, wall: i64) -> anyhow::Result<()> {
+        let mut not_delivered = 0;
+        let mut held = lock(&self.held);
+        let held = &mut *held;
+        let name = &held.contract.pipeline.name;
+        let mut latencies = Vec::with_capacity(self.batch.len());
+        let mut producer_lags = Vec::with_capacity(self.batch.len());
+        // Partitions sent back to their next offset in this read: their later records wait.
+        let mut sent_back: Vec<u32> = Vec::new();
+        for (rec, bytes) in self.batch.iter() {
+            let scope = if held.per_partition { Scope::Partition(rec.partition) } else { Scope::Topic };
+            // A record of a partition handed over (read before the hand-over) is not this worker's.
+            let Some(unit) = held.units.get_mut(&scope) else { continue };
+            let Some(part) = unit.parts.get_mut(&rec.partition) else { continue };
+            if rec.offset < part.next || sent_back.contains(&rec.partition) {
+                continue; // counted before the last checkpoint, or read again from `next`
+            }
+            if rec.offset > part.next && part.reread != Some(part.next) {
+                // Records past `next`: before calling anything missing, read once
+                // more from `next` (a client may have dropped what it had queued).
+                eprintln!(
+                    "weir: {name}: partition {}: offset {} arrived where {} was next; reading again from {}",
+                    rec.partition, rec.offset, part.next, part.next
+                );
+                self.source.seek(rec.partition, part.next)?;
+                part.reread = Some(part.next);
+                sent_back.push(rec.partition);
+                continue;
+            }
+            part.reread = None;
+            if rec.offset > part.next {
+                // Offsets the source did not deliver when asked again: removed by retention
+                // or compaction, transaction markers, or a broker fault (tansu answers a
+                // fetch from inside a record batch with the batch after it). Never silent.
+                eprintln!(
+                    "weir: {name}: partition {}: offset {} was delivered after {}; offsets {}..{} were not delivered",
+                    rec.partition,
+                    rec.offset,
+                    part.next,
+                    part.next,
+                    rec.offset - 1
+                );
+                not_delivered += rec.offset - part.next;
+            }
+            part.next = rec.offset + 1;
+            part.end = part.end.max(part.next);
+            part.heard = now;
+            part.last_time_ms = rec.time_ms.or(part.last_time_ms);
+            if part.from_time.is_some_and(|from| rec.time_ms.is_some_and(|t| t < from)) {
+                continue; // before this version's start
+            }
+            part.from_time = None;
+            if part.idle {
+                part.idle = false;
+                unit.engine.set_partition_idle(rec.partition, false, &mut unit.out);
+            }
+            latencies.extend(rec.time_ms.map(|t| wall.saturating_sub(t).max(0) as f64 / 1e3));
+            let event = EventIn { partition: rec.partition, offset: rec.offset, bytes };
+            unit.engine.set_clock(wall);
+            if rec.forged {
+                unit.engine.refuse(event, Reason::BadType, weir_engine::intake::reserved_why(), &mut unit.out);
+            } else {
+                unit.engine.process(event, &mut unit.out);
+                if let (Some(append), Some(t)) = (rec.time_ms, unit.engine.last_event_time()) {
+                    producer_lags.push(append.saturating_sub(t).max(0) as f64 / 1e3);
                 }
             }
-            if !held.per_partition {
-                // Idleness only matters where an engine reads several partitions.
-                for unit in held.units.values_mut() {
-                    for (p, part) in unit.parts.iter_mut() {
-                        if !part.idle && now.saturating_sub(part.heard) >= self.idle_after {
-                            part.idle = true;
-                            unit.engine.set_partition_idle(*p, true, &mut unit.out);
-                            unit.dirty = true;
-                        }
-                    }
+            unit.since += 1;
+            unit.dirty = true;
+        }
+        if !latencies.is_empty() || not_delivered > 0 {
+            let mut s = lock(&r.status);
+            s.offsets_not_delivered += not_delivered;
+            for l in latencies {
+                s.processing.observe(l);
+            }
+            for l in producer_lags.drain(..) {
+                s.producer_lag.observe(l);
+            }
+        }
+        Ok(())
+    }
+
+    /// Partitions silent for `idle_timeout` are idle: the watermark stops
+    /// waiting for them. Only where an engine reads several partitions.
+    fn mark_idle(&mut self, now: u64) {
+        let mut held = lock(&self.held);
+        if held.per_partition {
+            return;
+        }
+        for unit in held.units.values_mut() {
+            for (p, part) in unit.parts.iter_mut() {
+                if !part.idle && now.saturating_sub(part.heard) >= self.idle_after {
+                    part.idle = true;
+                    unit.engine.set_partition_idle(*p, true, &mut unit.out);
+                    unit.dirty = true;
                 }
             }
         }
-        self.take_failures(r)?;
+    }
+
+    /// Takes the checkpoints that are due and commits them, here or behind;
+    /// tells the source which offsets are now checkpointed. Whether any was.
+    fn checkpoint(
+        &mut self,
+        r: &Runner,
+        clock: &dyn Clock,
+        now: u64,
+        stopping: bool,
+        short_read: bool,
+    ) -> anyhow::Result<bool> {
         // A candidate building from the retained input is read by no one by default: it
         // checkpoints for its own safety, not for readers, so every 5 s or CANDIDATE_EVENTS
         // events while it is behind; once caught up, as a live version.
@@ -977,6 +1036,11 @@ impl Run {
         if any_checkpoint {
             self.source.checkpointed(&checkpointed);
         }
+        Ok(any_checkpoint)
+    }
+
+    /// A replay the operator asked for, applied to every scope not yet replayed.
+    fn apply_replay(&mut self, clock: &dyn Clock) -> anyhow::Result<bool> {
         let mut replayed = false;
         if let Some((id, replay)) = self.replay.take() {
             let mut held = lock(&self.held);
@@ -989,26 +1053,7 @@ impl Run {
                 replayed = true;
             }
         }
-        self.take_failures(r)?;
-        let now = clock.monotonic_ms();
-        if any_checkpoint || replayed || now.saturating_sub(self.status_published) >= 1_000 {
-            self.publish_status(r, any_checkpoint.then(|| clock.wall_ms()), now);
-            self.status_published = now;
-        }
-        if replayed {
-            // The status shows where the replay starts before it counts the replay.
-            lock(&r.status).replays += 1;
-        }
-        let dirty = lock(&self.held).units.values().any(|u| u.dirty);
-        let next_due =
-            if dirty { self.interval.saturating_sub(now.saturating_sub(self.last_checkpoint)) } else { self.interval };
-        Ok(Step {
-            read_any,
-            checkpointed: any_checkpoint,
-            replayed,
-            next_due: Duration::from_millis(next_due),
-            runs: self.reading,
-        })
+        Ok(replayed)
     }
 
     /// A failure in a [`Holder`] call, and the checkpoints fenced there.
