@@ -14,7 +14,7 @@
 //!   `retracted`**: a window that emits either is removed in the same step.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use hashbrown::HashMap;
@@ -210,7 +210,7 @@ pub(crate) struct State {
     pub part_idle: Vec<bool>,
     pub wm: i64,
     pub windows: HashedTable<Window>,
-    pub timers: BTreeSet<(i64, WinId)>,
+    pub timers: crate::timers::Timers,
     pub sessions: HashMap<Box<[u8]>, BTreeMap<i64, i64>>,
     /// With [`Plan::count_keys`]: open windows by a 128-bit hash of their
     /// key (see `key_id`). Not in snapshots: rebuilt from the windows.
@@ -270,6 +270,9 @@ pub struct Engine {
     /// Per batch: the watermark before the batch's first event, while the
     /// batch has rows to emit ([`Engine::end_batch`]).
     batch_from: Option<i64>,
+    /// The start of the last window [`Engine::fixed_span`] found, and where
+    /// that start's slide ends.
+    span_at: std::cell::Cell<(i64, i64)>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -316,6 +319,7 @@ impl Engine {
             last_time: None,
             per_batch: false,
             batch_from: None,
+            span_at: std::cell::Cell::new((0, 0)),
         }
     }
 
@@ -377,8 +381,8 @@ impl Engine {
         self.batch_from.get_or_insert(wm_before);
         if self.st.wm > wm_before {
             let settle_to = self.st.wm.saturating_sub(self.plan.lateness_ms);
-            let due: Vec<(i64, WinId)> =
-                self.st.timers.iter().take_while(|(end, _)| *end <= settle_to).copied().collect();
+            let mut due = Vec::new();
+            self.st.timers.take_due(settle_to, &mut due);
             for (end, id) in due {
                 if let Some(row) = self.decide(id) {
                     self.pending.push((end, row));
@@ -710,7 +714,7 @@ impl Engine {
         }
         if !matches!(plan.kind, WindowKind::Session { .. }) {
             // Steps 5 and 6 run while the first window's slot comes into the cache.
-            let first = fixed_span(&plan.kind, time).first;
+            let first = self.fixed_span(time).first;
             self.st.windows.prefetch(self.win_id(first, &self.key_buf));
         }
         let mut id_key = None;
@@ -850,7 +854,7 @@ impl Engine {
     fn remember_counted(&mut self, id_key: u128, fresh: Seen, time: i64, key: &[u8], wm: i64, keep_until: i64) {
         self.st.seen.insert(id_key, fresh);
         let given = self.contribs.iter().map(Contrib::kept).collect();
-        let first = self.first_counted(time, wm).unwrap_or(fixed_span(&self.plan.kind, time).first);
+        let first = self.first_counted(time, wm).unwrap_or(self.fixed_span(time).first);
         let window = self.win_id(first, key);
         self.st.counted.insert(id_key, Counted { time, window, wm_at: wm, given, keep_until });
     }
@@ -867,7 +871,7 @@ impl Engine {
     /// (`end + L <= wm_at`) start first, so it counts in the rest, or in
     /// none (`None`). A global window always counts.
     fn first_counted(&self, time: i64, wm_at: i64) -> Option<i64> {
-        let FixedSpan { size, slide, first, last } = fixed_span(&self.plan.kind, time);
+        let FixedSpan { size, slide, first, last } = self.fixed_span(time);
         if size == 0 {
             return Some(first);
         }
@@ -884,7 +888,7 @@ impl Engine {
     /// The earliest-starting window a counted version counts in that has
     /// expired since (`end + L <= W`), if any.
     fn counted_expired(&self, old: &Counted, wm: i64) -> Option<(i64, i64)> {
-        let size = fixed_span(&self.plan.kind, old.time).size;
+        let size = self.fixed_span(old.time).size;
         let start = self.first_counted(old.time, old.wm_at)?;
         let end = start.checked_add(size).filter(|_| size > 0)?;
         (end.saturating_add(self.plan.lateness_ms) <= wm).then_some((start, end))
@@ -956,7 +960,7 @@ impl Engine {
     /// expired (`end + L <= W`), if any: windows end in order of start, so
     /// it is the first one or none.
     fn earliest_expired(&self, time: i64, wm: i64) -> Option<(i64, i64)> {
-        let span = fixed_span(&self.plan.kind, time);
+        let span = self.fixed_span(time);
         if span.size == 0 {
             return None;
         }
@@ -988,7 +992,7 @@ impl Engine {
     /// Takes a counted version's contribution out of each window it counts
     /// in, the first starting at `from`.
     fn take_out(&mut self, old: &Counted, from: i64, key: &[u8], seen: Seen) {
-        let FixedSpan { size, slide, last, .. } = fixed_span(&self.plan.kind, old.time);
+        let FixedSpan { size, slide, last, .. } = self.fixed_span(old.time);
         let global = size == 0;
         let mut start = from;
         loop {
@@ -1050,7 +1054,7 @@ impl Engine {
 
     /// Tumbling, hopping and global windows.
     fn assign_fixed(&mut self, ctx: &Ctx<'_>, time: i64, key_bytes: &[u8], wm: i64, out: &mut Output) -> bool {
-        let FixedSpan { size, slide, first, last } = fixed_span(&self.plan.kind, time);
+        let FixedSpan { size, slide, first, last } = self.fixed_span(time);
         let global = size == 0;
         let mut counted = false;
         let mut late_any = false;
@@ -1079,7 +1083,7 @@ impl Engine {
                 let (w, made) =
                     self.st.windows.get_or_insert_with(id, || new_window(&self.plan, key_bytes, start, end));
                 if made && !global {
-                    self.st.timers.insert((end, id));
+                    self.st.timers.insert(end, id);
                     if self.plan.count_keys {
                         *self.st.keys.get_or_insert_with(key_id(key_bytes), || 0).0 += 1;
                     }
@@ -1128,7 +1132,7 @@ impl Engine {
                 (usize::from(new), new, open)
             }
             _ => {
-                let span = fixed_span(&plan.kind, time);
+                let span = self.fixed_span(time);
                 let most = ((span.last - span.first) / span.slide.max(1)) as usize + 1;
                 if open + most <= plan.max_open_windows && (!plan.count_keys || st.keys.len() < plan.max_keys) {
                     return None;
@@ -1205,7 +1209,7 @@ impl Engine {
                 debug_assert!(false, "session index names a missing window");
                 continue;
             };
-            self.st.timers.remove(&(e, id));
+            self.st.timers.remove(e, id);
             if let Some(sessions) = self.st.sessions.get_mut(key_bytes) {
                 sessions.remove(&s);
             }
@@ -1250,7 +1254,7 @@ impl Engine {
         if self.st.windows.get(id).is_some_and(|w| w.dirty) {
             self.dirty.push(id);
         }
-        self.st.timers.insert((end, id));
+        self.st.timers.insert(end, id);
         self.st.sessions.entry(key_bytes.into()).or_default().insert(start, end);
         let late = end <= wm;
         if late {
@@ -1295,13 +1299,16 @@ impl Engine {
             }
         }
         if everything {
+            // Every window settles (the watermark is at its end): none is timed any more.
+            self.st.timers.clear();
             candidates.extend(self.st.windows.iter().map(|(id, w)| (w.end, id)));
         } else if wm > wm_before {
+            // The windows whose time to settle came are taken off the timers first,
+            // so settling each does not look for its timer.
             let settle_to = wm.saturating_sub(self.plan.lateness_ms);
-            candidates.extend(self.st.timers.iter().take_while(|(end, _)| *end <= settle_to).copied());
+            self.st.timers.take_due(settle_to, &mut candidates);
             if self.plan.late == LatePolicy::Revise {
-                let from = (wm_before.saturating_add(1), 0);
-                candidates.extend(self.st.timers.range(from..).take_while(|(end, _)| *end <= wm).copied());
+                self.st.timers.between(wm_before.max(settle_to), wm, &mut candidates);
             }
         }
         if candidates.is_empty() && self.pending.is_empty() {
@@ -1318,16 +1325,26 @@ impl Engine {
     }
 
     /// The rows of this step, in order of window end, window start and key.
+    /// The order is found over the rows' positions (ties, which one window
+    /// per row rules out, in the order decided), so a close of thousands of
+    /// windows moves positions, not rows.
     fn send_pending(&mut self, out: &mut Output) {
-        self.pending.sort_by(|a, b| (a.0, a.1.window_start, &a.1.key).cmp(&(b.0, b.1.window_start, &b.1.key)));
-        for (_, row) in self.pending.drain(..) {
-            match row.status {
-                Status::Provisional => self.st.counters.rows_provisional += 1,
-                Status::Settled => self.st.counters.rows_settled += 1,
-                Status::Retracted => self.st.counters.rows_retracted += 1,
-                Status::Corrected => {} // a backfill's, never the engine's
+        let counters = &mut self.st.counters;
+        if self.pending.len() < 2 {
+            self.pending.drain(..).for_each(|(_, row)| send(counters, row, out));
+            return;
+        }
+        let pending = &self.pending;
+        let mut order: Vec<u32> = (0..pending.len() as u32).collect();
+        order.sort_unstable_by(|&i, &j| {
+            let (a, b) = (&pending[i as usize], &pending[j as usize]);
+            (a.0, a.1.window_start, &a.1.key, i).cmp(&(b.0, b.1.window_start, &b.1.key, j))
+        });
+        let mut rows: Vec<Option<Row>> = self.pending.drain(..).map(|(_, row)| Some(row)).collect();
+        for at in order {
+            if let Some(row) = rows[at as usize].take() {
+                send(counters, row, out);
             }
-            out.rows.push(row);
         }
     }
 
@@ -1382,7 +1399,7 @@ impl Engine {
 
     fn forget_window(&mut self, id: WinId) {
         let Some(w) = self.st.windows.remove(id) else { return };
-        self.st.timers.remove(&(w.end, id));
+        self.st.timers.remove(w.end, id);
         if self.plan.count_keys {
             let k = key_id(&w.key);
             if let Some(n) = self.st.keys.get_mut(k) {
@@ -1578,14 +1595,38 @@ struct FixedSpan {
     last: i64,
 }
 
-fn fixed_span(kind: &WindowKind, time: i64) -> FixedSpan {
-    let (size, slide) = match *kind {
-        WindowKind::Tumbling { size_ms } => (size_ms, size_ms),
-        WindowKind::Hopping { size_ms, slide_ms } => (size_ms, slide_ms),
-        _ => return FixedSpan { size: 0, slide: 0, first: WM_MIN, last: WM_MIN },
-    };
-    let first = (time - size).div_euclid(slide) * slide + slide;
-    FixedSpan { size, slide, first, last: time.div_euclid(slide) * slide }
+impl Engine {
+    /// The tumbling or hopping windows `time` falls in. The slide divides
+    /// the size (the contract says so), so the last window's start gives the
+    /// first's. Events come mostly in order, so the last start found is
+    /// kept with the slide it covers, and a time inside it needs no division.
+    fn fixed_span(&self, time: i64) -> FixedSpan {
+        let (size, slide) = match self.plan.kind {
+            WindowKind::Tumbling { size_ms } => (size_ms, size_ms),
+            WindowKind::Hopping { size_ms, slide_ms } => (size_ms, slide_ms),
+            _ => return FixedSpan { size: 0, slide: 0, first: WM_MIN, last: WM_MIN },
+        };
+        let (from, to) = self.span_at.get();
+        let last = if from <= time && time < to {
+            from
+        } else {
+            let last = time - time.rem_euclid(slide);
+            self.span_at.set((last, last.saturating_add(slide)));
+            last
+        };
+        FixedSpan { size, slide, first: last - (size - slide), last }
+    }
+}
+
+/// One row out, counted by its status.
+fn send(counters: &mut Counters, row: Row, out: &mut Output) {
+    match row.status {
+        Status::Provisional => counters.rows_provisional += 1,
+        Status::Settled => counters.rows_settled += 1,
+        Status::Retracted => counters.rows_retracted += 1,
+        Status::Corrected => {} // a backfill's, never the engine's
+    }
+    out.rows.push(row);
 }
 
 /// The live entry for `id` (one whose `expires` is past `wm`), left as it

@@ -511,11 +511,37 @@ impl Names {
         for &id in ids {
             let name = self.names[id].as_bytes();
             // First and last bytes decide most misses before the whole compare.
-            if name.len() == key.len() && name.first() == key.first() && name.last() == key.last() && name == key {
+            if name.len() == key.len() && name.first() == key.first() && name.last() == key.last() && same(name, key) {
                 return Some(id);
             }
         }
         None
+    }
+}
+
+/// Whether two slices of the same length are equal, in word loads: a field
+/// name is a few bytes, and a call to `memcmp` for each was 1.7% of an
+/// event's time.
+#[inline]
+fn same(a: &[u8], b: &[u8]) -> bool {
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len();
+    let word = |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().unwrap_or([0; 8]));
+    let half = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().unwrap_or([0; 4]));
+    if n >= 8 {
+        let mut at = 0;
+        while at + 8 < n {
+            if word(a, at) != word(b, at) {
+                return false;
+            }
+            at += 8;
+        }
+        // The last word, overlapping the one before when n is not a multiple of 8.
+        word(a, n - 8) == word(b, n - 8)
+    } else if n >= 4 {
+        half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4)
+    } else {
+        a.iter().zip(b).all(|(x, y)| x == y)
     }
 }
 
@@ -875,6 +901,20 @@ impl<'d> Val<'d> {}
 
 #[cfg(test)]
 mod tests {
+    /// `same` against `==` for every length up to 40 and a difference at each place.
+    #[test]
+    fn word_compare_agrees_with_slice_equality() {
+        for n in 0..40usize {
+            let a: Vec<u8> = (0..n as u8).map(|i| b'a' + i % 26).collect();
+            assert!(super::same(&a, &a.clone()));
+            for at in 0..n {
+                let mut b = a.clone();
+                b[at] ^= 0x20;
+                assert!(!super::same(&a, &b), "length {n}, differing at {at}");
+            }
+        }
+    }
+
     use super::*;
 
     fn parses(text: &str) -> bool {

@@ -20,6 +20,7 @@ mod snapshot;
 mod table;
 mod text;
 pub mod time;
+mod timers;
 
 pub use agg::OutValue;
 pub use engine::{Counters, Engine, EventIn, EventReader, Mode, PlanError, ReadEvent, WM_MAX, WM_MIN};

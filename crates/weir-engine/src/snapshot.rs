@@ -631,7 +631,7 @@ fn build(
             return Err(SnapshotError::Corrupt("a window does not match the contract".into()));
         }
         if !global {
-            st.timers.insert((w.end, id));
+            st.timers.insert(w.end, id);
         }
         if session {
             st.sessions.entry(w.key.clone()).or_default().insert(w.start, w.end);
