@@ -52,8 +52,8 @@ use weir_runtime::{Clock, Status};
 use weir_store::checkpoint::{self, Checkpoints, Claimed, Scope, Write};
 use weir_store::sqlite as store;
 use weir_store::{
-    pg, FileContract, PgCheckpoints, PostgresStore, Replay, SqliteCheckpoints, SqliteStore, Store, StoreError,
-    VersionState,
+    pg, Act, Acted, FileContract, PgCheckpoints, PostgresStore, Replay, SqliteCheckpoints, SqliteStore, Store,
+    StoreError, VersionState,
 };
 
 const CONTRACT: &str = r#"
@@ -707,9 +707,9 @@ impl World {
             }
             940..=969 => {
                 if self.paused {
-                    assert!(self.store.resume("sim").unwrap(), "seed {seed}: a pause to resume");
+                    assert!(self.was_paused(Act::Resume), "seed {seed}: a pause to resume");
                 } else {
-                    assert!(!self.store.pause("sim").unwrap(), "seed {seed}: not paused yet");
+                    assert!(!self.was_paused(Act::Pause), "seed {seed}: not paused yet");
                     self.tally.pauses += 1;
                 }
                 self.paused = !self.paused;
@@ -720,7 +720,8 @@ impl World {
                 } else {
                     None
                 };
-                self.store.ask_replay("sim", 1, Replay { from_offset: None, from_time }).unwrap();
+                let replay = Act::Replay { version: 1, replay: Replay { from_offset: None, from_time } };
+                self.store.act("sim", &replay, None).unwrap();
                 self.tally.replays += 1;
             }
             985..=989 if self.backend.per_partition() => self.zombie(),
@@ -734,6 +735,15 @@ impl World {
         self.check_paused_reads(seed);
     }
 
+    /// A pause or a resume, as an operator asks for it: whether the
+    /// pipeline was paused before.
+    fn was_paused(&self, act: Act) -> bool {
+        match self.store.act("sim", &act, None).unwrap().0 {
+            Acted::Paused { was } => was,
+            other => panic!("a pause or resume did {other:?}"),
+        }
+    }
+
     /// Lets everything through: stalls released, a pause resumed, one
     /// event an hour later on every partition (filtered by the contract's
     /// rule, but moving the watermark past every window), and the runner
@@ -745,7 +755,7 @@ impl World {
         }
         self.release(true);
         if self.paused {
-            self.store.resume("sim").unwrap();
+            self.was_paused(Act::Resume);
             self.paused = false;
         }
         let t = self.clock.wall_ms() + 3_600_000;

@@ -311,13 +311,7 @@ pub trait Store: Send + Sync {
     /// action did, is appended in the same transaction: both happen or
     /// neither does. Returns what was done and the entry's `seq`.
     fn act(&self, pipeline: &str, act: &Act, audit: Option<&audit::Entry<'_>>) -> Result<(Acted, Option<i64>)>;
-    /// Holds publishing from the next checkpoint on; whether it was paused already.
-    fn pause(&self, pipeline: &str) -> Result<bool>;
-    /// Publishes what was held and stops holding; whether it was paused.
-    fn resume(&self, pipeline: &str) -> Result<bool>;
     fn is_paused(&self, pipeline: &str) -> Result<bool>;
-    /// Asks every runner of a version of the pipeline to replay; the replay's id.
-    fn ask_replay(&self, pipeline: &str, version: u32, replay: Replay) -> Result<i64>;
     /// Every stored version, oldest first.
     fn versions(&self, pipeline: &str) -> Result<Vec<Version>>;
     /// The live version (what readers get by default).
@@ -335,8 +329,6 @@ pub trait Store: Send + Sync {
     ) -> Result<std::result::Result<(Switch, i64), SwitchError>>;
     /// Removes a version and everything it published (retention).
     fn forget_version(&self, pipeline: &str, version: u32) -> Result<()>;
-    /// A note on an event-time range; its id.
-    fn add_annotation(&self, pipeline: &str, range: (i64, i64), note: &str, who: &str) -> Result<i64>;
     fn annotations(&self, pipeline: &str) -> Result<Vec<Annotation>>;
     /// Keeps an alert notification (firing or resolved), so incidents outlive a restart; its id.
     fn record_incident(&self, pipeline: &str, at_ms: i64, notification: &str) -> Result<i64>;
@@ -555,17 +547,8 @@ impl Store for SqliteStore {
     fn row_origin(&self, pipeline: &str, seq: i64) -> Result<Option<RowOrigin>> {
         self.with(|c| sqlite::row_origin(c, pipeline, seq))
     }
-    fn pause(&self, pipeline: &str) -> Result<bool> {
-        self.with(|c| sqlite::pause(c, pipeline))
-    }
-    fn resume(&self, pipeline: &str) -> Result<bool> {
-        self.with(|c| sqlite::resume(c, pipeline))
-    }
     fn is_paused(&self, pipeline: &str) -> Result<bool> {
         self.with(|c| sqlite::is_paused(c, pipeline))
-    }
-    fn ask_replay(&self, pipeline: &str, version: u32, replay: Replay) -> Result<i64> {
-        self.with(|c| sqlite::ask_replay(c, pipeline, version, replay))
     }
     fn versions(&self, pipeline: &str) -> Result<Vec<Version>> {
         self.with(|c| sqlite::versions(c, pipeline))
@@ -587,9 +570,6 @@ impl Store for SqliteStore {
     }
     fn forget_version(&self, pipeline: &str, version: u32) -> Result<()> {
         self.with(|c| sqlite::forget_version(c, pipeline, version))
-    }
-    fn add_annotation(&self, pipeline: &str, range: (i64, i64), note: &str, who: &str) -> Result<i64> {
-        self.with(|c| sqlite::add_annotation(c, pipeline, range, note, who))
     }
     fn annotations(&self, pipeline: &str) -> Result<Vec<Annotation>> {
         self.with(|c| sqlite::annotations(c, pipeline))
@@ -765,11 +745,13 @@ impl Store for PostgresStore {
     }
     fn act(&self, pipeline: &str, act: &Act, _audit: Option<&audit::Entry<'_>>) -> Result<(Acted, Option<i64>)> {
         let acted = match act {
-            Act::Pause => Acted::Paused { was: self.pause(pipeline)? },
-            Act::Resume => Acted::Paused { was: self.resume(pipeline)? },
-            Act::Replay { version, replay } => Acted::Replay { id: self.ask_replay(pipeline, *version, *replay)? },
+            Act::Pause => Acted::Paused { was: self.with(|c, s| pg::pause(c, s, pipeline))? },
+            Act::Resume => Acted::Paused { was: self.with(|c, s| pg::resume(c, s, pipeline))? },
+            Act::Replay { version, replay } => {
+                Acted::Replay { id: self.with(|c, s| pg::ask_replay(c, s, pipeline, *version, *replay))? }
+            }
             Act::Annotate { range, note, who } => {
-                Acted::Annotation { id: self.add_annotation(pipeline, *range, note, who)? }
+                Acted::Annotation { id: self.with(|c, s| pg::add_annotation(c, s, pipeline, *range, note, who))? }
             }
             Act::Switch { promote, who, why } => Acted::Switched(self.switch_version(pipeline, *promote, who, why)?),
             Act::Incident(step) => {
@@ -822,17 +804,8 @@ impl Store for PostgresStore {
     fn row_origin(&self, pipeline: &str, seq: i64) -> Result<Option<RowOrigin>> {
         self.with(|c, s| pg::row_origin(c, s, pipeline, seq))
     }
-    fn pause(&self, pipeline: &str) -> Result<bool> {
-        self.with(|c, s| pg::pause(c, s, pipeline))
-    }
-    fn resume(&self, pipeline: &str) -> Result<bool> {
-        self.with(|c, s| pg::resume(c, s, pipeline))
-    }
     fn is_paused(&self, pipeline: &str) -> Result<bool> {
         self.with(|c, s| pg::is_paused(c, s, pipeline))
-    }
-    fn ask_replay(&self, pipeline: &str, version: u32, replay: Replay) -> Result<i64> {
-        self.with(|c, s| pg::ask_replay(c, s, pipeline, version, replay))
     }
     fn versions(&self, pipeline: &str) -> Result<Vec<Version>> {
         self.with(|c, s| pg::versions(c, s, pipeline))
@@ -854,9 +827,6 @@ impl Store for PostgresStore {
     }
     fn forget_version(&self, pipeline: &str, version: u32) -> Result<()> {
         self.with(|c, s| pg::forget_version(c, s, pipeline, version))
-    }
-    fn add_annotation(&self, pipeline: &str, range: (i64, i64), note: &str, who: &str) -> Result<i64> {
-        self.with(|c, s| pg::add_annotation(c, s, pipeline, range, note, who))
     }
     fn annotations(&self, pipeline: &str) -> Result<Vec<Annotation>> {
         self.with(|c, s| pg::annotations(c, s, pipeline))
