@@ -44,7 +44,9 @@
 
 use std::path::Path;
 
-use rusqlite::{params, Connection, OptionalExtension};
+/// A connection to `weir.db`, as [`open`] and [`open_read_only`] give it.
+pub use rusqlite::Connection;
+use rusqlite::{params, OptionalExtension};
 use weir_engine::{Delta, LedgerEntry, Output, Row, RowFormat};
 
 use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError, Version, VersionState};

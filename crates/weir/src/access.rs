@@ -11,7 +11,7 @@ use crate::Failure;
 
 /// `data`'s database; `create` makes the folder and the database when
 /// missing (a first admin token before the first start).
-fn open_or_create(data: &Path, create: bool) -> Result<rusqlite::Connection, Failure> {
+fn open_or_create(data: &Path, create: bool) -> Result<store::Connection, Failure> {
     let db = data.join("weir.db");
     if !db.exists() {
         if !create {
@@ -29,7 +29,7 @@ fn open_or_create(data: &Path, create: bool) -> Result<rusqlite::Connection, Fai
 }
 
 /// `data`'s database, read-only: listing and verifying change nothing.
-fn open_read_only(data: &Path) -> Result<rusqlite::Connection, Failure> {
+fn open_read_only(data: &Path) -> Result<store::Connection, Failure> {
     let db = data.join("weir.db");
     if !db.exists() {
         return Err(Failure::usage(format!(
