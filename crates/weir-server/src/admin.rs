@@ -20,7 +20,7 @@ pub(crate) async fn list_tokens(
     if !caller.grant.is_admin() {
         return Err(forbidden(&app, &caller, "list tokens"));
     }
-    let tokens = app.read(auth::list).await?;
+    let tokens = app.on_weir_db(auth::list).await?;
     Ok(joined(tokens.iter().map(|g| g.json().to_string()).collect()))
 }
 
@@ -57,7 +57,7 @@ pub(crate) async fn create_token(
     let (who, origin) = (caller.grant.who(), caller.origin.clone());
     let why = b.why.unwrap_or_default();
     short_text("why", &why)?;
-    let made = app.read(move |c| Ok(auth::create_audited(c, &new, &who, &origin, &why))).await?;
+    let made = app.on_weir_db(move |c| Ok(auth::create_audited(c, &new, &who, &origin, &why))).await?;
     let (token, grant) = made.map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?;
     let mut v = grant.json();
     v["token"] = token.into();
@@ -76,7 +76,7 @@ pub(crate) async fn revoke_token(
     let (who, origin) = (caller.grant.who(), caller.origin.clone());
     let why = q.get("why").cloned().unwrap_or_default();
     let i = id.clone();
-    let revoked = app.read(move |c| Ok(auth::revoke_audited(c, &i, &who, &origin, &why))).await?;
+    let revoked = app.on_weir_db(move |c| Ok(auth::revoke_audited(c, &i, &who, &origin, &why))).await?;
     match revoked.map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))? {
         Some(g) => Ok(json(g.json())),
         None => Err(ApiError(StatusCode::NOT_FOUND, format!("no token {id:?}; GET /v1/tokens lists them"))),

@@ -1,6 +1,6 @@
 //! What every handler shares: the server's state ([`App`]), the caller of a
 //! request ([`Caller`]), refusals ([`ApiError`], [`forbidden`]), the store
-//! calls run off the async threads ([`stored`], [`App::read`]), the audit
+//! calls run off the async threads ([`stored`], [`App::on_weir_db`]), the audit
 //! log, and the small response helpers.
 
 use std::collections::BTreeMap;
@@ -115,8 +115,9 @@ impl App {
         }
     }
 
-    /// Runs `query` on a pooled connection to `weir.db`, off the async threads.
-    pub(crate) async fn read<T: Send + 'static>(
+    /// Runs `query` (a read or a write: tokens, idempotency keys, the audit
+    /// log) on a pooled connection to `weir.db`, off the async threads.
+    pub(crate) async fn on_weir_db<T: Send + 'static>(
         self: &Arc<Self>,
         query: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, ApiError> {
@@ -124,7 +125,7 @@ impl App {
         blocking(move || sqlite.with(|c| query(c))).await
     }
 
-    /// [`App::read`] for a reader's call, on the readers' threads.
+    /// [`App::on_weir_db`] for a reader's call, on the readers' threads.
     pub(crate) async fn read_as_reader<T: Send + 'static>(
         self: &Arc<Self>,
         query: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
@@ -133,7 +134,7 @@ impl App {
         reading(move || sqlite.with(|c| query(c))).await
     }
 
-    /// [`App::read`] on the token checks' own pool.
+    /// [`App::on_weir_db`] on the token checks' own pool.
     pub(crate) async fn read_tokens<T: Send + 'static>(
         self: &Arc<Self>,
         query: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
@@ -225,7 +226,7 @@ pub(crate) async fn audited(
     why: String,
 ) -> Result<i64, ApiError> {
     let (who, origin) = (caller.grant.who(), caller.origin.clone());
-    app.read(move |c| {
+    app.on_weir_db(move |c| {
         let entry = weir_store::audit::Entry {
             who: &who,
             action,

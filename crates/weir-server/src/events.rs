@@ -151,7 +151,8 @@ pub(crate) async fn post_events(
         };
         let (t, k, h) = (topic.clone(), scoped, hash);
         let st = starts.clone();
-        let found = app.read(move |c| weir_store::idempotency::begin(c, &t, &k, &h, &st, weir_log::now_ms())).await;
+        let found =
+            app.on_weir_db(move |c| weir_store::idempotency::begin(c, &t, &k, &h, &st, weir_log::now_ms())).await;
         let other_body = || {
             error(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -230,7 +231,7 @@ async fn append(
                     // Not acknowledged: the key is free for the retry (Kafka may
                     // hold part of the batch, which the retry then adds again).
                     let (t, k) = (topic.to_owned(), held.key.1.clone());
-                    let _ = app.read(move |c| weir_store::idempotency::forget(c, &t, &k)).await;
+                    let _ = app.on_weir_db(move |c| weir_store::idempotency::forget(c, &t, &k)).await;
                 }
                 let mut r = error(StatusCode::SERVICE_UNAVAILABLE, e);
                 r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -262,7 +263,7 @@ async fn append(
             let answer = serde_json::json!({ "accepted": count, "partitions": parts }).to_string() + "\n";
             if let Some(key) = key {
                 let (t, a) = (topic.to_owned(), answer.clone());
-                if let Err(e) = app.read(move |c| weir_store::idempotency::finish(c, &t, &key, &a)).await {
+                if let Err(e) = app.on_weir_db(move |c| weir_store::idempotency::finish(c, &t, &key, &a)).await {
                     // Durable, but a repeat would not get this answer: say so rather than 200.
                     return e.into_response();
                 }
@@ -273,7 +274,7 @@ async fn append(
             if let Some(key) = key {
                 // Nothing was appended: the key is free for the retry.
                 let t = topic.to_owned();
-                let _ = app.read(move |c| weir_store::idempotency::forget(c, &t, &key)).await;
+                let _ = app.on_weir_db(move |c| weir_store::idempotency::forget(c, &t, &key)).await;
             }
             match e {
                 LogError::Unavailable(why) => {
