@@ -19,6 +19,7 @@ mod backfills;
 mod checks;
 mod dashboard;
 mod diff;
+mod drill_run;
 mod drills;
 mod events;
 mod feed;

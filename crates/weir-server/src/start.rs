@@ -19,7 +19,7 @@ use weir_runtime::{kafka, lock, Pipeline, PipelineVersion, Status};
 use weir_store::{audit, pg, sqlite as store};
 use weir_store::{FileContract, Registration, VersionState};
 
-use crate::{alerts, app, drills, http, listen, otel, readers, webhooks, ServeOptions};
+use crate::{alerts, app, drill_run, http, listen, otel, readers, webhooks, ServeOptions};
 
 /// Runs the server until `shutdown` completes, then stops every pipeline
 /// after a last checkpoint. `on_listen` is told the bound address.
@@ -106,7 +106,7 @@ pub async fn serve(
     let app = Arc::new(app);
     {
         let (a, runtime) = (Arc::clone(&app), tokio::runtime::Handle::current());
-        tokio::task::spawn_blocking(move || drills::remove_leftovers(&a, &runtime)).await?;
+        tokio::task::spawn_blocking(move || drill_run::remove_leftovers(&a, &runtime)).await?;
     }
     let background = start_background(&app, otel, &log, &db)?;
     let listener = tokio::net::TcpListener::bind(&address)
