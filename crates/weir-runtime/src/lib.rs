@@ -15,6 +15,7 @@
 
 pub mod backfill;
 pub mod bell;
+pub mod causes;
 pub mod destination;
 pub mod drill;
 pub mod embedded;

@@ -25,7 +25,7 @@ use rust_decimal::Decimal;
 use serde_json::{json, Map, Value};
 use weir_contract::Contract;
 
-use crate::backfill::{decimal, Causes, Published};
+use crate::causes::{decimal, Causes, Published};
 pub use weir_contract::reconcile::{Mapping, Tolerance};
 
 /// How an export is written.
@@ -569,13 +569,13 @@ type At = (Vec<String>, i64);
 
 /// What a comparison has seen so far: counts, totals, and the windows to
 /// list (the unexplained first, then by key and start; at most
-/// [`crate::backfill::WINDOWS_LISTED`] are kept).
+/// [`crate::causes::WINDOWS_LISTED`] are kept).
 struct Tally<'c> {
     aggregates: Vec<&'c str>,
     tolerance: Tolerance,
     key_names: &'c [(String, String)],
     /// The causes by the key as the export writes it (a window weir has no row for has causes too).
-    causes: BTreeMap<At, &'c BTreeMap<&'static str, crate::backfill::Carried>>,
+    causes: BTreeMap<At, &'c BTreeMap<&'static str, crate::causes::Carried>>,
     counts: [u64; 5],
     totals: BTreeMap<&'c str, [Decimal; 4]>,
     listed: BTreeMap<(bool, At), Value>,
@@ -633,7 +633,7 @@ impl Tally<'_> {
         }
         self.counts[4] += u64::from(!explained);
         let place = (explained, at);
-        let listed = crate::backfill::WINDOWS_LISTED;
+        let listed = crate::causes::WINDOWS_LISTED;
         if self.listed.len() >= listed && self.listed.last_key_value().is_some_and(|(last, _)| *last < place) {
             return;
         }
@@ -765,7 +765,7 @@ pub fn compared(
     // A row that is not one (none is written) counts nowhere.
     let published = weir_store::ResultRows::new(store, pipeline, version, filter)
         .filter_map(|r| r.map(|(_, text)| Published::parse(&text)).transpose());
-    let causes = crate::backfill::causes_from_ledger(contract, store, (pipeline, version), (lo, hi))?;
+    let causes = crate::causes::causes_from_ledger(contract, store, (pipeline, version), (lo, hi))?;
     let mut report = compare(contract, mapping, tolerance, export, published, &causes)?;
     report["version"] = version.into();
     Ok(report)
@@ -980,10 +980,7 @@ mod tests {
         assert_eq!(w["unexplained"], ROWS as u64);
         assert_eq!(report["totals"]["revenue"]["weir"], (ROWS * 5).to_string());
         let listed = report["differences"].as_array().unwrap();
-        assert_eq!(
-            (listed.len(), report["differences_listed"].as_u64()),
-            (crate::backfill::WINDOWS_LISTED, Some(1000))
-        );
+        assert_eq!((listed.len(), report["differences_listed"].as_u64()), (crate::causes::WINDOWS_LISTED, Some(1000)));
         // By key as the export writes it, then start: a0's first minutes; b is past them.
         assert_eq!(listed[0]["window_start"], "1970-01-01T00:01:00.000Z", "{}", listed[0]);
         assert!(listed.iter().all(|d| d["key"]["account_id"] == "a0" && d["explained"] == false));
