@@ -6,7 +6,7 @@
 
 use toml_edit::{Item, Table};
 
-use crate::contract::{Aggregate, Reader, Source};
+use crate::reader::Reader;
 use crate::rule::{parse_rule, Expr, FieldPath};
 
 /// What a failing check does.
@@ -101,11 +101,18 @@ pub struct Check {
     pub kind: CheckKind,
 }
 
+/// What a row carries, for checking a row expression against it: the
+/// contract's key fields and its aggregates' names.
+pub(crate) struct RowShape<'a> {
+    pub key: &'a [FieldPath],
+    pub aggregates: Vec<&'a str>,
+}
+
 const CHECK_KEYS: &[&str] = &["name", "severity", "question", "row", "freshness", "volume", "band", "reconcile"];
 const KINDS: &[&str] = &["row", "freshness", "volume", "reconcile"];
 
 impl Reader<'_> {
-    pub(crate) fn checks(&mut self, root: &Table, source: &Source, aggregates: &[Aggregate]) -> Option<Vec<Check>> {
+    pub(crate) fn checks(&mut self, root: &Table, row: &RowShape<'_>) -> Option<Vec<Check>> {
         let tables: Vec<&Table> = match root.get("check") {
             None => return Some(Vec::new()),
             Some(Item::ArrayOfTables(array)) => array.iter().collect(),
@@ -118,7 +125,7 @@ impl Reader<'_> {
         let mut ok = true;
         for (i, t) in tables.into_iter().enumerate() {
             let section = format!("check[{}]", i + 1);
-            match self.check(t, &section, source, aggregates) {
+            match self.check(t, &section, row) {
                 Some(check) => {
                     if out.iter().any(|c| c.name == check.name) {
                         self.error(
@@ -136,7 +143,7 @@ impl Reader<'_> {
         ok.then_some(out)
     }
 
-    fn check(&mut self, t: &Table, section: &str, source: &Source, aggregates: &[Aggregate]) -> Option<Check> {
+    fn check(&mut self, t: &Table, section: &str, row: &RowShape<'_>) -> Option<Check> {
         self.item_keys(t, section, "check", CHECK_KEYS);
         let name = self.item_name(t, section, "a check");
         let severity = match self.string(t, section, "severity", true).as_deref() {
@@ -162,7 +169,7 @@ impl Reader<'_> {
         }
         let given: Vec<&str> = KINDS.iter().copied().filter(|k| t.contains_key(k)).collect();
         let kind = match given.as_slice() {
-            [one] => self.kind(t, section, one, source, aggregates),
+            [one] => self.kind(t, section, one, row),
             [] => {
                 self.error(
                     t.span(),
@@ -194,14 +201,7 @@ impl Reader<'_> {
         Some(Check { name: name?, severity: severity?, question: question?, kind: kind? })
     }
 
-    fn kind(
-        &mut self,
-        t: &Table,
-        section: &str,
-        kind: &str,
-        source: &Source,
-        aggregates: &[Aggregate],
-    ) -> Option<CheckKind> {
+    fn kind(&mut self, t: &Table, section: &str, kind: &str, row: &RowShape<'_>) -> Option<CheckKind> {
         let key = format!("{section}.{kind}");
         let span = t.get(kind).and_then(Item::span);
         match kind {
@@ -217,7 +217,7 @@ impl Reader<'_> {
                 let mut fields = Vec::new();
                 fields_of(&expr, &mut fields);
                 for field in fields {
-                    if let Err(message) = row_field(field, source, aggregates) {
+                    if let Err(message) = row_field(field, row) {
                         self.error(span.clone(), &key, message);
                         return None;
                     }
@@ -283,13 +283,14 @@ pub fn fields_of<'e>(expr: &'e Expr, out: &mut Vec<&'e FieldPath>) {
 
 /// A row expression reads `values.AGGREGATE`, `events`, `late_events` or
 /// `key.FIELD`, and nothing else a row does not carry.
-fn row_field(field: &FieldPath, source: &Source, aggregates: &[Aggregate]) -> Result<(), String> {
+fn row_field(field: &FieldPath, row: &RowShape<'_>) -> Result<(), String> {
+    let (key, aggregates) = (row.key, &row.aggregates);
     let segments = field.segments();
     let rest = segments[1..].join(".");
-    let aggregates_named = || aggregates.iter().map(|a| a.name.as_str()).collect::<Vec<_>>().join(", ");
+    let aggregates_named = || aggregates.join(", ");
     match segments[0].as_str() {
         "events" | "late_events" if segments.len() == 1 => Ok(()),
-        "values" if segments.len() == 2 && aggregates.iter().any(|a| a.name == segments[1]) => Ok(()),
+        "values" if segments.len() == 2 && aggregates.iter().any(|a| *a == segments[1]) => Ok(()),
         "values" => Err(format!(
             "`{field}` is not an aggregate of this contract; a row's values are {}",
             match aggregates_named() {
@@ -297,10 +298,10 @@ fn row_field(field: &FieldPath, source: &Source, aggregates: &[Aggregate]) -> Re
                 names => format!("values.{}", names.replace(", ", ", values.")),
             }
         )),
-        "key" if source.key.iter().any(|k| k.to_string() == rest) => Ok(()),
+        "key" if key.iter().any(|k| k.to_string() == rest) => Ok(()),
         "key" => Err(format!(
             "`{field}` is not a key field of this contract; its key is {}",
-            source.key.iter().map(|k| format!("key.{k}")).collect::<Vec<_>>().join(", ")
+            key.iter().map(|k| format!("key.{k}")).collect::<Vec<_>>().join(", ")
         )),
         _ => Err(format!(
             "`{field}` is not part of a row; a row expression reads values.<aggregate>, events, late_events and key.<field>"

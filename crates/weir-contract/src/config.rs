@@ -67,7 +67,8 @@ use std::collections::BTreeMap;
 
 use toml_edit::{Document, Item, Table};
 
-use crate::contract::{line_of, Limits, Reader, MAX_DEPTH, MAX_EVENT_BYTES_DEFAULT};
+use crate::contract::{Limits, MAX_DEPTH, MAX_EVENT_BYTES_DEFAULT};
+use crate::reader::{line_of, Reader};
 use crate::{ContractError, ContractErrors};
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,8 +7,10 @@ use std::ops::Range;
 
 use toml_edit::{Document, Item, Table, Value};
 
-use crate::checks::Check;
-use crate::duration::{format_duration_ms, parse_duration_ms};
+use crate::checks::{Check, RowShape};
+use crate::duration::format_duration_ms;
+pub use crate::reader::ContractError;
+use crate::reader::{line_of, Reader};
 use crate::rule::{parse_rule, Expr, FieldPath};
 use crate::time_format::{TimeFormat, Zone};
 
@@ -294,24 +296,6 @@ impl WindowSpec {
     }
 }
 
-/// One reason a contract cannot run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContractError {
-    pub file: String,
-    pub line: Option<usize>,
-    pub key: String,
-    pub message: String,
-}
-
-impl fmt::Display for ContractError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(line) => write!(f, "{}:{}: `{}`: {}", self.file, line, self.key, self.message),
-            None => write!(f, "{}: `{}`: {}", self.file, self.key, self.message),
-        }
-    }
-}
-
 /// Every reason a contract cannot run, in file order.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct ContractErrors(pub Vec<ContractError>);
@@ -515,10 +499,6 @@ impl Contract {
     }
 }
 
-pub(crate) fn line_of(text: &str, byte: usize) -> usize {
-    text.as_bytes()[..byte.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
-}
-
 fn fnv1a(text: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in text.bytes() {
@@ -591,22 +571,7 @@ fn canonical_value(value: &Value, out: &mut String) {
     }
 }
 
-pub(crate) struct Reader<'a> {
-    pub file: &'a str,
-    pub text: &'a str,
-    pub errors: Vec<ContractError>,
-}
-
 impl Reader<'_> {
-    pub(crate) fn error(&mut self, span: Option<Range<usize>>, key: &str, message: impl Into<String>) {
-        self.errors.push(ContractError {
-            file: self.file.into(),
-            line: span.map(|s| line_of(self.text, s.start)),
-            key: key.into(),
-            message: message.into(),
-        });
-    }
-
     fn contract(&mut self, root: &Table) -> Option<Contract> {
         for (name, item) in root.iter() {
             if !SECTIONS.contains(&name) {
@@ -651,7 +616,8 @@ impl Reader<'_> {
             Some(t) => Some(self.reconcile(t, &source, &aggregates)?),
             None => None,
         };
-        let checks = self.checks(root, &source, &aggregates)?;
+        let row = RowShape { key: &source.key, aggregates: aggregates.iter().map(|a| a.name.as_str()).collect() };
+        let checks = self.checks(root, &row)?;
         let mut destinations = self.destinations(root, &pipeline.name, &source, &aggregates)?;
         if let Some((span, sink)) = sink.map(|s| (root.get("sink").and_then(Item::span), s)) {
             for d in sink {
@@ -818,44 +784,6 @@ impl Reader<'_> {
         }
     }
 
-    pub(crate) fn value<'t>(
-        &mut self,
-        table: &'t Table,
-        section: &str,
-        key: &str,
-        required: bool,
-    ) -> Option<&'t Value> {
-        match table.get(key) {
-            Some(Item::Value(value)) => Some(value),
-            Some(other) => {
-                self.error(other.span(), &format!("{section}.{key}"), "must be a plain value, not a table");
-                None
-            }
-            None => {
-                if required {
-                    let line_span = table.span();
-                    self.error(
-                        line_span,
-                        &format!("{section}.{key}"),
-                        format!("missing required key; add {key} = ... to [{section}]"),
-                    );
-                }
-                None
-            }
-        }
-    }
-
-    pub(crate) fn string(&mut self, table: &Table, section: &str, key: &str, required: bool) -> Option<String> {
-        let value = self.value(table, section, key, required)?;
-        match value.as_str() {
-            Some(text) => Some(text.to_owned()),
-            None => {
-                self.error(value.span(), &format!("{section}.{key}"), "must be a string in quotes");
-                None
-            }
-        }
-    }
-
     /// A true-or-false setting, false when absent; `None` (an error noted)
     /// when it is something else. `name` is how the error names it, and
     /// `when_true` what true means.
@@ -876,20 +804,6 @@ impl Reader<'_> {
             return None;
         }
         Some(text)
-    }
-
-    pub(crate) fn duration(&mut self, table: &Table, section: &str, key: &str) -> Option<Option<i64>> {
-        let Some(text) = self.string(table, section, key, false) else {
-            return if table.contains_key(key) { None } else { Some(None) };
-        };
-        match parse_duration_ms(&text) {
-            Ok(ms) => Some(Some(ms)),
-            Err(message) => {
-                let span = table.get(key).and_then(Item::span);
-                self.error(span, &format!("{section}.{key}"), message);
-                None
-            }
-        }
     }
 
     fn path(&mut self, table: &Table, section: &str, key: &str, required: bool) -> Option<Option<FieldPath>> {
@@ -1437,38 +1351,6 @@ impl Reader<'_> {
             }
         }
         ok.then_some(out)
-    }
-
-    /// An `[[aggregate]]` or `[[check]]` table's keys: one not in `allowed` is refused.
-    pub(crate) fn item_keys(&mut self, t: &Table, section: &str, what: &str, allowed: &[&str]) {
-        for (name, item) in t.iter() {
-            if !allowed.contains(&name) {
-                let span = t.key(name).and_then(|k| k.span()).or_else(|| item.span());
-                self.error(
-                    span,
-                    &format!("{section}.{name}"),
-                    format!("unknown key; [[{what}]] takes {}", allowed.join(", ")),
-                );
-            }
-        }
-    }
-
-    /// The `name` of an `[[aggregate]]` or `[[check]]` (`what`): 1 to 64 of a-z, 0-9 and _.
-    pub(crate) fn item_name(&mut self, t: &Table, section: &str, what: &str) -> Option<String> {
-        let name = self.string(t, section, "name", true);
-        if let Some(name) = &name {
-            if name.is_empty()
-                || name.len() > 64
-                || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-            {
-                self.error(
-                    t.get("name").and_then(Item::span),
-                    &format!("{section}.name"),
-                    format!("`{name}` is not {what} name: use 1 to 64 of a-z, 0-9 and _"),
-                );
-            }
-        }
-        name
     }
 
     fn aggregate(&mut self, t: &Table, section: &str) -> Option<Aggregate> {

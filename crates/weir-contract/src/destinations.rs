@@ -33,7 +33,8 @@
 
 use toml_edit::{Item, Table};
 
-use crate::contract::{AggFn, Aggregate, Reader, Source};
+use crate::contract::{AggFn, Aggregate, Source};
+use crate::reader::Reader;
 
 /// One `[[destination]]`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,6 +9,7 @@ mod config;
 mod contract;
 mod destinations;
 mod duration;
+mod reader;
 pub mod reconcile;
 mod rule;
 mod time_format;
