@@ -772,16 +772,7 @@ impl Reader<'_> {
     }
 
     pub(crate) fn unknown_keys(&mut self, table: &Table, section: &str, allowed: &[&str]) {
-        for (name, item) in table.iter() {
-            if !allowed.contains(&name) {
-                let span = table.key(name).and_then(|k| k.span()).or_else(|| item.span());
-                self.error(
-                    span,
-                    &format!("{section}.{name}"),
-                    format!("unknown key; [{section}] takes {}", allowed.join(", ")),
-                );
-            }
-        }
+        self.keys_in(table, section, &format!("[{section}]"), allowed);
     }
 
     /// A true-or-false setting, false when absent; `None` (an error noted)

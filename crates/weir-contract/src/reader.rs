@@ -43,6 +43,7 @@ impl Reader<'_> {
             message: message.into(),
         });
     }
+
     pub(crate) fn value<'t>(
         &mut self,
         table: &'t Table,
@@ -69,6 +70,7 @@ impl Reader<'_> {
             }
         }
     }
+
     pub(crate) fn string(&mut self, table: &Table, section: &str, key: &str, required: bool) -> Option<String> {
         let value = self.value(table, section, key, required)?;
         match value.as_str() {
@@ -79,6 +81,7 @@ impl Reader<'_> {
             }
         }
     }
+
     pub(crate) fn duration(&mut self, table: &Table, section: &str, key: &str) -> Option<Option<i64>> {
         let Some(text) = self.string(table, section, key, false) else {
             return if table.contains_key(key) { None } else { Some(None) };
@@ -92,19 +95,27 @@ impl Reader<'_> {
             }
         }
     }
+
     /// An `[[aggregate]]` or `[[check]]` table's keys: one not in `allowed` is refused.
     pub(crate) fn item_keys(&mut self, t: &Table, section: &str, what: &str, allowed: &[&str]) {
+        self.keys_in(t, section, &format!("[[{what}]]"), allowed);
+    }
+
+    /// A table's keys: one not in `allowed` is refused, naming what the
+    /// table (`shown`, such as `[source]`) takes.
+    pub(crate) fn keys_in(&mut self, t: &Table, section: &str, shown: &str, allowed: &[&str]) {
         for (name, item) in t.iter() {
             if !allowed.contains(&name) {
                 let span = t.key(name).and_then(|k| k.span()).or_else(|| item.span());
                 self.error(
                     span,
                     &format!("{section}.{name}"),
-                    format!("unknown key; [[{what}]] takes {}", allowed.join(", ")),
+                    format!("unknown key; {shown} takes {}", allowed.join(", ")),
                 );
             }
         }
     }
+
     /// The `name` of an `[[aggregate]]` or `[[check]]` (`what`): 1 to 64 of a-z, 0-9 and _.
     pub(crate) fn item_name(&mut self, t: &Table, section: &str, what: &str) -> Option<String> {
         let name = self.string(t, section, "name", true);
