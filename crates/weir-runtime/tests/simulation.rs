@@ -825,7 +825,7 @@ fn batch(world: &World) -> BTreeMap<String, (String, u64, String)> {
 
 fn check(world: &World, seed: u64) {
     let fail = |what: String| panic!("seed {seed}: {what}\n{:?}\nreplay with WEIR_SIM_SEED={seed}", world.tally);
-    let filter = store::ResultFilter { limit: i64::MAX, ..Default::default() };
+    let filter = weir_store::ResultFilter { limit: i64::MAX, ..Default::default() };
     let results: Vec<serde_json::Value> =
         world.store.results("sim", 1, &filter).unwrap().rows.iter().map(|r| serde_json::from_str(r).unwrap()).collect();
     let changes = world.backend.changes();

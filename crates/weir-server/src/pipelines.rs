@@ -11,7 +11,6 @@ use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use weir_engine::Reason;
-use weir_store::sqlite as store;
 use weir_store::tokens::{self as auth};
 
 use crate::app::*;
@@ -83,7 +82,7 @@ pub(crate) async fn results(
             None => Err(bad(format!("{k}={v:?} is not an RFC 3339 time such as 2026-11-29T14:00:00Z"))),
         }
     };
-    let filter = store::ResultFilter {
+    let filter = weir_store::ResultFilter {
         status: q.get("status").cloned(),
         from_ms: time("from")?,
         to_ms: time("to")?,

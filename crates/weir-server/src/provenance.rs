@@ -27,7 +27,7 @@ use serde_json::{json, Map, Value};
 use weir_contract::Contract;
 use weir_engine::time::format_rfc3339_ms;
 
-use weir_store::sqlite::RowOrigin;
+use weir_store::rows::RowOrigin;
 
 fn time(ms: i64) -> Value {
     json!({ "$": format_rfc3339_ms(ms), "type": "xsd:dateTime" })

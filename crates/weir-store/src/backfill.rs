@@ -17,7 +17,8 @@ use postgres::Client;
 use rusqlite::{params, Connection, OptionalExtension};
 use weir_engine::{Row, RowFormat};
 
-use crate::sqlite::{RowsWrite, GLOBAL_START};
+use crate::rows::GLOBAL_START;
+use crate::sqlite::RowsWrite;
 
 /// How long a claim holds without being renewed.
 pub const LEASE_MS: i64 = 15_000;

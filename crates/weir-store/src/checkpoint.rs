@@ -12,12 +12,11 @@
 //! A commit either writes everything (rows, ledger, state, offsets) or
 //! nothing; [`CheckpointError::Fenced`] says another worker took the scope.
 
-use rusqlite::Connection;
 use weir_contract::Contract;
 use weir_engine::{Delta, Output, RowFormat};
 
 use crate::versions::VersionState;
-use crate::{pg, sqlite, Replay, StoreError};
+use crate::{Replay, StoreError};
 
 /// The partitions that share one engine and one checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -132,205 +131,20 @@ pub trait Checkpoints: Send {
 
 /// The contract's identity as stored: name, version and text hash.
 #[derive(Debug, Clone)]
-struct Identity {
-    pipeline: String,
-    version: u32,
-    text_hash: u64,
-    privacy: crate::privacy::Privacy,
+pub(crate) struct Identity {
+    pub pipeline: String,
+    pub version: u32,
+    pub text_hash: u64,
+    pub privacy: crate::privacy::Privacy,
 }
 
 impl Identity {
-    fn of(contract: &Contract) -> Identity {
+    pub(crate) fn of(contract: &Contract) -> Identity {
         Identity {
             pipeline: contract.pipeline.name.clone(),
             version: contract.pipeline.version,
             text_hash: contract.text_hash,
             privacy: crate::privacy::Privacy::of(contract),
         }
-    }
-}
-
-/// Checkpoints in `weir.db`: one per pipeline version, of the whole topic.
-pub struct SqliteCheckpoints {
-    conn: Connection,
-    id: Identity,
-    /// Copies the write-ahead log that `conn`'s commits leave ([`sqlite::open_writer`]).
-    _wal: Option<sqlite::WalCopier>,
-}
-
-impl SqliteCheckpoints {
-    pub fn new(conn: Connection, contract: &Contract) -> SqliteCheckpoints {
-        let wal = conn.path().filter(|p| !p.is_empty()).map(|p| sqlite::WalCopier::start(std::path::Path::new(p)));
-        SqliteCheckpoints { conn, id: Identity::of(contract), _wal: wal }
-    }
-
-    /// The connection, for what is not a checkpoint (tests look into it).
-    pub fn connection(&mut self) -> &mut Connection {
-        &mut self.conn
-    }
-
-    fn topic_only(scope: Scope) -> Result<()> {
-        match scope {
-            Scope::Topic => Ok(()),
-            asked => Err(CheckpointError::Scope { store: "SQLite", keeps: "the whole topic", asked }),
-        }
-    }
-}
-
-impl Checkpoints for SqliteCheckpoints {
-    fn claim(&mut self, scope: Scope, why: &str) -> Result<Claimed> {
-        Self::topic_only(scope)?;
-        let id = &self.id;
-        let loaded = sqlite::load(&mut self.conn, &id.pipeline, id.version)?;
-        let run = sqlite::start_run(&self.conn, &id.pipeline, id.version, id.text_hash, why)?;
-        Ok(match loaded {
-            Some(cp) => {
-                let state = State { header: cp.header, windows: cp.windows, id_batches: cp.id_batches };
-                Claimed { generation: 0, offsets: cp.offsets, state: Some(state), run, replayed: cp.replayed }
-            }
-            None => Claimed { generation: 0, offsets: Vec::new(), state: None, run, replayed: 0 },
-        })
-    }
-
-    fn commit(&mut self, w: Write<'_>) -> Result<()> {
-        Self::topic_only(w.scope)?;
-        let mut offsets = Vec::new();
-        for &(p, o) in w.offsets {
-            let i = p as usize;
-            if offsets.len() <= i {
-                offsets.resize(i + 1, 0);
-            }
-            offsets[i] = o;
-        }
-        let id = &self.id;
-        let write = sqlite::CheckpointWrite {
-            pipeline: &id.pipeline,
-            version: id.version,
-            text_hash: id.text_hash,
-            format: w.format,
-            out: w.out,
-            delta: w.delta,
-            offsets: &offsets,
-            now_ms: w.now_ms,
-            replay: w.replay,
-            run: w.run,
-            privacy: &id.privacy,
-        };
-        Ok(sqlite::checkpoint(&mut self.conn, write)?)
-    }
-
-    fn start_run(&mut self, scope: Scope, why: &str) -> Result<i64> {
-        Self::topic_only(scope)?;
-        let id = &self.id;
-        Ok(sqlite::start_run(&self.conn, &id.pipeline, id.version, id.text_hash, why)?)
-    }
-
-    fn is_paused(&mut self) -> Result<bool> {
-        Ok(sqlite::is_paused(&self.conn, &self.id.pipeline)?)
-    }
-
-    fn last_replay(&mut self) -> Result<Option<(i64, Replay)>> {
-        Ok(sqlite::last_replay(&self.conn, &self.id.pipeline, self.id.version)?)
-    }
-
-    fn max_revision(&mut self) -> Result<u32> {
-        Ok(sqlite::max_revision(&self.conn, &self.id.pipeline, self.id.version)?)
-    }
-
-    fn version_state(&mut self) -> Result<Option<VersionState>> {
-        Ok(sqlite::version_state(&self.conn, &self.id.pipeline, self.id.version)?)
-    }
-}
-
-/// Checkpoints in the `[postgres]` schema: one per partition, fenced.
-pub struct PgCheckpoints {
-    client: postgres::Client,
-    schema: String,
-    worker: String,
-    id: Identity,
-}
-
-impl PgCheckpoints {
-    /// Checkpoints of `contract`'s version as `worker` (the version is
-    /// registered by the server at its start, [`pg::register_version`]).
-    pub fn open(
-        client: postgres::Client,
-        schema: &str,
-        worker: &str,
-        contract: &Contract,
-    ) -> anyhow::Result<PgCheckpoints> {
-        let id = Identity::of(contract);
-        Ok(PgCheckpoints { client, schema: schema.to_owned(), worker: worker.to_owned(), id })
-    }
-
-    fn partition_only(scope: Scope) -> Result<u32> {
-        match scope {
-            Scope::Partition(p) => Ok(p),
-            asked => Err(CheckpointError::Scope { store: "Postgres", keeps: "one partition each", asked }),
-        }
-    }
-}
-
-impl Checkpoints for PgCheckpoints {
-    fn claim(&mut self, scope: Scope, _why: &str) -> Result<Claimed> {
-        let p = Self::partition_only(scope)?;
-        let id = &self.id;
-        let claim =
-            pg::claim(&mut self.client, &self.schema, &id.pipeline, p, &self.worker, (id.version, id.text_hash))
-                .map_err(|e| match e.downcast::<postgres::Error>() {
-                    Ok(db) => CheckpointError::from(db),
-                    Err(other) => CheckpointError::Contract(format!("{other:#}")),
-                })?;
-        Ok(Claimed {
-            generation: claim.generation,
-            offsets: vec![(p, claim.next_offset)],
-            state: claim.checkpoint,
-            run: claim.run,
-            replayed: claim.replayed,
-        })
-    }
-
-    fn commit(&mut self, w: Write<'_>) -> Result<()> {
-        let partition = Self::partition_only(w.scope)?;
-        let next_offset = w.offsets.iter().find(|(p, _)| *p == partition).map_or(0, |(_, o)| *o);
-        let id = &self.id;
-        let write = pg::PartitionWrite {
-            pipeline: &id.pipeline,
-            partition,
-            generation: w.generation,
-            version: id.version,
-            text_hash: id.text_hash,
-            format: w.format,
-            out: w.out,
-            delta: w.delta,
-            next_offset,
-            now_ms: w.now_ms,
-            run: w.run,
-            replay: w.replay,
-            privacy: &id.privacy,
-        };
-        pg::checkpoint(&mut self.client, &self.schema, write)
-    }
-
-    fn start_run(&mut self, scope: Scope, _why: &str) -> Result<i64> {
-        let p = Self::partition_only(scope)?;
-        let id = &self.id;
-        Ok(pg::start_run(&mut self.client, &self.schema, &id.pipeline, p, &self.worker, (id.version, id.text_hash))?)
-    }
-
-    fn is_paused(&mut self) -> Result<bool> {
-        Ok(pg::is_paused(&mut self.client, &self.schema, &self.id.pipeline)?)
-    }
-
-    fn last_replay(&mut self) -> Result<Option<(i64, Replay)>> {
-        Ok(pg::last_replay(&mut self.client, &self.schema, &self.id.pipeline, self.id.version)?)
-    }
-
-    fn max_revision(&mut self) -> Result<u32> {
-        Ok(pg::max_revision(&mut self.client, &self.schema, &self.id.pipeline, self.id.version)?)
-    }
-
-    fn version_state(&mut self) -> Result<Option<VersionState>> {
-        Ok(pg::version_state(&mut self.client, &self.schema, &self.id.pipeline, self.id.version)?)
     }
 }

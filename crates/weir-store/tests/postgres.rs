@@ -158,7 +158,7 @@ fn a_worker_that_lost_its_partition_cannot_commit_and_the_new_holder_restores() 
         &s.name,
         "paid",
         1,
-        &weir_store::sqlite::ResultFilter { limit: 10, ..Default::default() },
+        &weir_store::rows::ResultFilter { limit: 10, ..Default::default() },
     )
     .unwrap()
     .rows;
@@ -190,7 +190,7 @@ fn a_row_never_goes_back_to_a_lower_revision() {
         &s.name,
         "paid",
         1,
-        &weir_store::sqlite::ResultFilter { limit: 10, ..Default::default() },
+        &weir_store::rows::ResultFilter { limit: 10, ..Default::default() },
     )
     .unwrap()
     .rows;
@@ -298,7 +298,7 @@ fn a_version_1_ledger_is_dated_and_its_payloads_erased_in_order() {
         .starts_with(r#"{"seq":1,"offset":7,"partition":0,"reason":"bad_type","event_id":"x,\"detail\":1","detail":"#));
     let parsed: serde_json::Value = serde_json::from_str(&erased).unwrap();
     assert!(parsed.get("payload").is_none() && !erased.contains("4242"), "{erased}");
-    assert_eq!(parsed["detail"], weir_store::sqlite::ERASED_DETAIL);
+    assert_eq!(parsed["detail"], weir_store::rows::ERASED_DETAIL);
     client.batch_execute(&format!("DROP SCHEMA {name} CASCADE")).unwrap();
 }
 
@@ -350,7 +350,7 @@ fn two_versions_hold_a_partition_side_by_side_each_fenced_and_seq_shared() {
     assert!(all[2].contains(r#""type":"version""#) && all[2].contains(r#""from":1"#), "{}", all[2]);
     let only_v1 = pg::changes(&mut s.client, &s.name, "paid", Some(1), 1, 100).unwrap();
     assert_eq!(only_v1.len(), 2, "version 1's row and the promote: {only_v1:?}");
-    let filter = weir_store::sqlite::ResultFilter { limit: 10, ..Default::default() };
+    let filter = weir_store::rows::ResultFilter { limit: 10, ..Default::default() };
     assert_eq!(pg::results(&mut s.client, &s.name, "paid", 1, &filter).unwrap().rows.len(), 1);
     assert_eq!(pg::results(&mut s.client, &s.name, "paid", 2, &filter).unwrap().rows.len(), 1);
     // A rollback makes version 1 live again.
@@ -375,7 +375,7 @@ fn a_pause_holds_the_rows_of_every_worker_and_a_resume_publishes_them() {
     let out = feed(&mut ea, 0, 0, &[event(1, 1, 0, "1.00")]);
     commit_as(&mut s.client, &s.name, &mut ea, &out, (0, a.generation, a.run), 1, &c).unwrap();
     let published = |client: &mut postgres::Client| {
-        let f = weir_store::sqlite::ResultFilter { limit: 100, ..Default::default() };
+        let f = weir_store::rows::ResultFilter { limit: 100, ..Default::default() };
         let results = pg::results(client, &s.name, "paid", 1, &f).unwrap().rows;
         (pg::changes(client, &s.name, "paid", None, 1, 100).unwrap().len(), results)
     };
@@ -517,7 +517,7 @@ fn point_7_personal_fields_are_stored_masked_and_the_raw_entry_only_for_its_role
     let erased = pg::ledger(&mut s.client, &s.name, "paid", Some(1), None, (1, 10), true).unwrap();
     for e in &erased {
         let v: serde_json::Value = serde_json::from_str(e).unwrap();
-        assert!(v.get("payload").is_none() && v["detail"] == weir_store::sqlite::ERASED_DETAIL, "{e}");
+        assert!(v.get("payload").is_none() && v["detail"] == weir_store::rows::ERASED_DETAIL, "{e}");
     }
     for role in [reader, raw_reader] {
         s.client
@@ -561,8 +561,8 @@ fn point_4_provenance_reads_each_rows_previous_as_written_and_older_rows_are_nam
         let sql = format!("SELECT {column} FROM {}.{table} WHERE pipeline = 'paid' ORDER BY seq", s.name);
         client.query(&sql, &[]).unwrap().iter().map(|r| r.get(0)).collect()
     };
-    let a1 = weir_store::sqlite::place(&weir_engine::encode_key([weir_engine::KeyValue::Str("a1")]));
-    let a2 = weir_store::sqlite::place(&weir_engine::encode_key([weir_engine::KeyValue::Str("a2")]));
+    let a1 = weir_store::rows::place(&weir_engine::encode_key([weir_engine::KeyValue::Str("a1")]));
+    let a2 = weir_store::rows::place(&weir_engine::encode_key([weir_engine::KeyValue::Str("a2")]));
     let rows = read(&mut s.client, "changes", "place");
     let entries = read(&mut s.client, "ledger", "place");
     let previous = read(&mut s.client, "changes", "previous");
@@ -586,7 +586,7 @@ fn point_4_provenance_reads_each_rows_previous_as_written_and_older_rows_are_nam
             s.name
         ))
         .unwrap();
-    let all = weir_store::sqlite::ResultFilter { limit: 100, ..Default::default() };
+    let all = weir_store::rows::ResultFilter { limit: 100, ..Default::default() };
     let results_before = pg::results(&mut s.client, &s.name, "paid", 1, &all).unwrap().rows;
     assert_eq!(results_before.len(), 3, "a1's two windows and a2's: {results_before:?}");
     pg::migrate(&mut s.client, &s.name).unwrap();

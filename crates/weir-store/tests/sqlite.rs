@@ -127,7 +127,7 @@ fn a_version_3_ledger_is_dated_and_its_payloads_can_be_erased_from_disk() {
     let entry: serde_json::Value = serde_json::from_str(&entry).unwrap();
     assert_eq!(entry["reason"], "bad_type", "the entry stays: {entry}");
     assert!(entry.get("payload").is_none(), "{entry}");
-    assert_eq!(entry["detail"], weir_store::sqlite::ERASED_DETAIL);
+    assert_eq!(entry["detail"], weir_store::rows::ERASED_DETAIL);
     let other: String = conn.query_row("SELECT entry FROM ledger WHERE pipeline = 'other'", [], |r| r.get(0)).unwrap();
     assert!(other.contains("payload"), "another pipeline's entries are its own retention's");
     drop(conn);
@@ -351,9 +351,9 @@ fn point_4_provenance_reads_its_keys_entries_by_place_and_older_rows_are_placed_
     // Each row's place is the one the write path gives its key's bytes.
     use weir_engine::KeyValue::{Bool, Int, Str};
     let places = [
-        weir_store::sqlite::place(&weir_engine::encode_key([Str("a-0"), Int("7")])),
-        weir_store::sqlite::place(&weir_engine::encode_key([Str("a \"1\""), Int("-3")])),
-        weir_store::sqlite::place(&weir_engine::encode_key([Str("a-2"), Bool(true)])),
+        weir_store::rows::place(&weir_engine::encode_key([Str("a-0"), Int("7")])),
+        weir_store::rows::place(&weir_engine::encode_key([Str("a \"1\""), Int("-3")])),
+        weir_store::rows::place(&weir_engine::encode_key([Str("a-2"), Bool(true)])),
     ];
     let stored: Vec<Option<i64>> = conn
         .prepare("SELECT place FROM changes WHERE pipeline = 'paid' ORDER BY seq")

@@ -48,11 +48,14 @@
 //!   the lock of its `pipelines` row, held to the commit, so a reader paging
 //!   `changes` by `seq` never skips a row another worker commits later.
 
+pub mod checkpoints;
+pub mod store;
+
 use postgres::{Client, Transaction};
 use weir_engine::{Delta, Output, Row, RowFormat};
 
 use crate::checkpoint::{CheckpointError, Scope, State};
-use crate::sqlite::{id_bytes, id_from, sources_json, write_ledger, write_row, GLOBAL_START};
+use crate::rows::{id_bytes, id_from, sources_json, write_ledger, write_row, GLOBAL_START};
 use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError, Version, VersionState};
 
 /// Version 2 dates ledger entries (`at_ms`) and marks erased payloads;
@@ -60,7 +63,7 @@ use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError
 /// partition, pauses, held rows, replays and annotations.
 /// version 4 keys a pipeline's tables by contract version too and adds
 /// `versions` (SPEC.md 8); version 5 gives rows and ledger entries their
-/// key's `place` (see `sqlite::place`), indexed for provenance; version 6
+/// key's `place` (see `rows::place`), indexed for provenance; version 6
 /// has each row name its window's previous row (`previous`, see
 /// `sqlite::migrate_8_to_9`) in place of the index of rows by place, and
 /// keys `results` and `held_results` by window start before key.
@@ -194,7 +197,7 @@ fn place_stored(tx: &mut Transaction<'_>, schema: &str) -> Result<(), postgres::
                 let each = one.iter().map(|f| (f.2.as_deref().unwrap_or(""), f.3.as_deref().unwrap_or("")));
                 pipelines.push(one[0].0.clone());
                 seqs.push(one[0].1);
-                places.push(crate::sqlite::place_of_fields(each));
+                places.push(crate::rows::place_of_fields(each));
             }
             tx.execute(&set, &[&pipelines, &seqs, &places])?;
         }
@@ -279,7 +282,7 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
         version = 4;
     }
     if version == 4 {
-        // Rows and ledger entries name their key's place (see `sqlite::place`).
+        // Rows and ledger entries name their key's place (see `rows::place`).
         tx.batch_execute(&format!(
             "ALTER TABLE {schema}.changes ADD COLUMN IF NOT EXISTS place BIGINT;
              ALTER TABLE {schema}.ledger ADD COLUMN IF NOT EXISTS place BIGINT;"
@@ -346,7 +349,7 @@ pub fn erase_ledger_payloads(
     before_ms: i64,
 ) -> Result<u64, postgres::Error> {
     let mut detail = String::new();
-    weir_engine::write_str(crate::sqlite::ERASED_DETAIL, &mut detail);
+    weir_engine::write_str(crate::rows::ERASED_DETAIL, &mut detail);
     let mut tx = client.transaction()?;
     tx.execute(
         &format!(
@@ -365,7 +368,7 @@ pub fn erase_ledger_payloads(
                  erased = true
              WHERE pipeline = $1 AND NOT erased AND at_ms < $2"
         ),
-        &[&pipeline, &before_ms, &detail, &crate::sqlite::ERASED_DETAIL],
+        &[&pipeline, &before_ms, &detail, &crate::rows::ERASED_DETAIL],
     )?;
     tx.commit()?;
     Ok(erased)
@@ -603,7 +606,7 @@ pub fn switch_version(
         &[&pipeline, &(switch.to as i32), &now, &who, &replaced],
     )?;
     let mut entry = String::new();
-    crate::sqlite::with_seq(&crate::versions::marker(pipeline, switch, now, why, who), seq, &mut entry);
+    crate::rows::with_seq(&crate::versions::marker(pipeline, switch, now, why, who), seq, &mut entry);
     tx.execute(
         &format!(
             "INSERT INTO {schema}.changes (pipeline, seq, partition, row, at_ms, run, sources, version, kind)
@@ -847,7 +850,7 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
             let mut text = String::new();
             write_ledger(w.format, entry, lseq, w.version, &mut text);
             seqs.push(lseq);
-            places.push(entry.key.as_deref().map(crate::sqlite::place));
+            places.push(entry.key.as_deref().map(crate::rows::place));
             reasons.push(entry.reason.as_str());
             if w.privacy.masks() {
                 texts.push(w.privacy.masked_entry(&text));
@@ -930,7 +933,7 @@ pub(crate) fn write_rows(
         write_row(w.format, row, seq, &mut text);
         sources_json(row, &mut one);
         seqs.push(seq);
-        places.push(crate::sqlite::place(&row.key));
+        places.push(crate::rows::place(&row.key));
         texts.push(text);
         sources.push(one.clone());
         let start = row.window_start.unwrap_or(GLOBAL_START);
@@ -1037,14 +1040,14 @@ fn write_state(tx: &mut Transaction<'_>, schema: &str, w: &PartitionWrite<'_>) -
     Ok(())
 }
 
-/// Filters for `GET .../results`, as [`crate::sqlite::ResultFilter`].
+/// Filters for `GET .../results`, as [`crate::rows::ResultFilter`].
 pub fn results(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
     version: u32,
-    f: &crate::sqlite::ResultFilter,
-) -> Result<crate::sqlite::ResultPage, postgres::Error> {
+    f: &crate::rows::ResultFilter,
+) -> Result<crate::rows::ResultPage, postgres::Error> {
     let mut sql = format!("SELECT row, window_start, key FROM {schema}.results WHERE pipeline = $1 AND version = $2");
     let mut args: Vec<Box<dyn postgres::types::ToSql + Sync>> =
         vec![Box::new(pipeline.to_owned()), Box::new(version as i32)];
@@ -1074,7 +1077,7 @@ pub fn results(
     args.push(Box::new(f.limit));
     sql.push_str(&format!(" ORDER BY window_start, key LIMIT ${}", args.len()));
     let params: Vec<&(dyn postgres::types::ToSql + Sync)> = args.iter().map(|a| a.as_ref()).collect();
-    let mut page = crate::sqlite::ResultPage::default();
+    let mut page = crate::rows::ResultPage::default();
     for r in client.query(&sql, &params)? {
         page.rows.push(r.get(0));
         page.places.push((r.get(1), r.get(2)));
@@ -1208,7 +1211,7 @@ pub fn row_origin(
     schema: &str,
     pipeline: &str,
     seq: i64,
-) -> Result<Option<crate::sqlite::RowOrigin>, postgres::Error> {
+) -> Result<Option<crate::rows::RowOrigin>, postgres::Error> {
     let Some(found) = client.query_opt(
         &format!(
             "SELECT c.row, c.at_ms, c.sources, r.id, r.version, r.text_hash, r.weir_version, r.started_ms, r.worker, r.partition,
@@ -1225,7 +1228,7 @@ pub fn row_origin(
     let text: String = found.get(0);
     let row: serde_json::Value = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
     let sources: String = found.get(2);
-    let run = found.get::<_, Option<i64>>(3).map(|id| crate::sqlite::Run {
+    let run = found.get::<_, Option<i64>>(3).map(|id| crate::rows::Run {
         id,
         version: i64::from(found.get::<_, i32>(4)),
         text_hash: found.get(5),
@@ -1268,7 +1271,7 @@ pub fn row_origin(
         .into_iter()
         .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
         .collect();
-    Ok(Some(crate::sqlite::RowOrigin {
+    Ok(Some(crate::rows::RowOrigin {
         row,
         at_ms: Some(found.get(1)),
         sources: serde_json::from_str(&sources).unwrap_or_default(),
@@ -1449,7 +1452,7 @@ pub fn annotations(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
-) -> Result<Vec<crate::sqlite::Annotation>, postgres::Error> {
+) -> Result<Vec<crate::rows::Annotation>, postgres::Error> {
     let rows = client.query(
         &format!(
             "SELECT id, from_ms, to_ms, note, who, at_ms FROM {schema}.annotations WHERE pipeline = $1 ORDER BY id"
@@ -1458,7 +1461,7 @@ pub fn annotations(
     )?;
     Ok(rows
         .into_iter()
-        .map(|r| crate::sqlite::Annotation {
+        .map(|r| crate::rows::Annotation {
             id: r.get(0),
             from_ms: r.get(1),
             to_ms: r.get(2),
@@ -1490,12 +1493,12 @@ pub fn incidents(
     schema: &str,
     pipeline: &str,
     limit: i64,
-) -> Result<Vec<crate::sqlite::Incident>, postgres::Error> {
+) -> Result<Vec<crate::rows::Incident>, postgres::Error> {
     let rows = client.query(
         &format!("SELECT at_ms, notification FROM {schema}.incidents WHERE pipeline = $1 ORDER BY id DESC LIMIT $2"),
         &[&pipeline, &limit],
     )?;
-    Ok(rows.into_iter().map(|r| crate::sqlite::Incident { at_ms: r.get(0), notification: r.get(1) }).collect())
+    Ok(rows.into_iter().map(|r| crate::rows::Incident { at_ms: r.get(0), notification: r.get(1) }).collect())
 }
 
 /// `rows` with the ids of the annotations their windows overlap.
@@ -1509,5 +1512,5 @@ fn annotate(
         return Ok(rows);
     }
     let notes = annotations(client, schema, pipeline)?;
-    Ok(crate::sqlite::with_annotations(&notes, rows))
+    Ok(crate::rows::with_annotations(&notes, rows))
 }

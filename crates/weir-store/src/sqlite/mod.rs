@@ -42,13 +42,21 @@
 //! | `audit` | token changes, operator actions, contract changes, replays and raw reads: who, when, what, why, from where; each entry's `hash` chains it to the one before, with the key `key_id` names if any (append-only: triggers refuse updates and deletes; see `audit.rs`) |
 //! | `tokens` | bearer tokens: id, role, what they name, expiry, revocation, and the SHA-256 of the secret (see `tokens.rs`) |
 
+pub mod checkpoints;
+pub mod store;
+
 use std::path::Path;
 
 /// A connection to `weir.db`, as [`open`] and [`open_read_only`] give it.
 pub use rusqlite::Connection;
 use rusqlite::{params, OptionalExtension};
-use weir_engine::{Delta, LedgerEntry, Output, Row, RowFormat};
+use weir_engine::{Delta, Output, Row, RowFormat};
 
+use crate::rows::{
+    id_bytes, id_from, place_of_fields, seq_of, sources_json, with_annotations, with_seq, write_ledger, write_row,
+    GLOBAL_START,
+};
+use crate::rows::{place, Annotation, Incident, ResultFilter, ResultPage, RowOrigin, Run, ERASED_DETAIL};
 use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError, Version, VersionState};
 
 pub const SCHEMA_VERSION: i64 = 10;
@@ -203,9 +211,6 @@ fn migrate_5_to_6(conn: &Connection) -> rusqlite::Result<()> {
     }
     conn.execute_batch("UPDATE meta SET value = '6' WHERE key = 'schema_version'; COMMIT;")
 }
-
-/// A global window's start in the `results` key (it has none).
-pub(crate) const GLOBAL_START: i64 = i64::MIN;
 
 /// Opens (or creates, owner-only: 0600, which SQLite gives its `-wal` and
 /// `-shm` files too) the results database.
@@ -558,9 +563,6 @@ pub fn mask_ledger(conn: &Connection, pipeline: &str, privacy: &crate::privacy::
     Ok(whole.len())
 }
 
-/// What an erased entry's `detail` says (the detail may quote the payload).
-pub const ERASED_DETAIL: &str = "payload and detail erased: older than the ledger's payload retention";
-
 /// Erases the payload and detail of `pipeline`'s ledger entries written
 /// before `before_ms`, for retention; the entries themselves (reason,
 /// offset, key, times) stay. Deleted text is overwritten in the database
@@ -596,17 +598,6 @@ pub struct Checkpoint {
     pub offsets: Vec<(u32, u64)>,
     /// The last replay (`replays.id`) applied, 0 for none.
     pub replayed: i64,
-}
-
-pub(crate) fn id_bytes(id: u128) -> [u8; 16] {
-    id.to_be_bytes()
-}
-
-pub(crate) fn id_from(bytes: &[u8]) -> u128 {
-    let mut b = [0u8; 16];
-    let n = bytes.len().min(16);
-    b[..n].copy_from_slice(&bytes[..n]);
-    u128::from_be_bytes(b)
 }
 
 /// The last checkpoint of `pipeline`'s `version`; `Ok(None)` when there
@@ -698,18 +689,6 @@ pub fn start_run(conn: &Connection, pipeline: &str, version: u32, text_hash: u64
         params![pipeline, version, format!("{text_hash:016x}"), env!("CARGO_PKG_VERSION"), weir_log::now_ms(), why],
     )?;
     Ok(conn.last_insert_rowid())
-}
-
-/// `[[partition, first offset, last offset, events], ...]`.
-pub(crate) fn sources_json(row: &Row, out: &mut String) {
-    use std::fmt::Write;
-    out.clear();
-    out.push('[');
-    for (i, s) in row.sources.iter().enumerate() {
-        let comma = if i > 0 { "," } else { "" };
-        let _ = write!(out, "{comma}[{},{},{},{}]", s.partition, s.first_offset, s.last_offset, s.events);
-    }
-    out.push(']');
 }
 
 /// The pipeline's next change and ledger `seq`, shared by its versions.
@@ -902,35 +881,6 @@ pub(crate) fn write_rows(
     Ok(seq)
 }
 
-/// Where a group key's rows and ledger entries are found: a 64-bit FNV-1a
-/// hash of the key's bytes, stored beside each and indexed, so that a
-/// row's provenance reads its key's rows and entries, not every one.
-/// Stable across releases (it is stored); equal keys have equal places,
-/// and readers still compare the keys themselves.
-pub fn place(key: &[u8]) -> i64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h as i64
-}
-
-/// [`place`] of a key read back from a stored row or entry: its fields in
-/// the order written, each a JSON type (`string`, `number`, `boolean`, as
-/// Postgres's `json_typeof` names them; SQLite's `text`, `integer`, `true`
-/// and `false` too) and its text.
-pub(crate) fn place_of_fields<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> i64 {
-    let values = fields.into_iter().map(|(kind, text)| match kind {
-        "string" | "text" => weir_engine::KeyValue::Str(text),
-        "true" => weir_engine::KeyValue::Bool(true),
-        "false" => weir_engine::KeyValue::Bool(false),
-        "boolean" => weir_engine::KeyValue::Bool(text == "true"),
-        _ => weir_engine::KeyValue::Int(text),
-    });
-    place(&weir_engine::encode_key(values))
-}
-
 /// Gives the rows and ledger entries stored before places were theirs
 /// (the schema's migration to version 8, inside its transaction).
 fn place_stored(conn: &Connection) -> rusqlite::Result<()> {
@@ -963,60 +913,6 @@ fn place_stored(conn: &Connection) -> rusqlite::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The `seq` a stored row's text starts with (see [`with_seq`]).
-pub(crate) fn seq_of(text: &str) -> Option<i64> {
-    let rest = text.strip_prefix("{\"seq\":")?;
-    let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
-    rest[..end].parse().ok()
-}
-
-/// A row as served: the engine's JSON with its sequence number first.
-pub(crate) fn write_row(format: &RowFormat, row: &Row, seq: i64, out: &mut String) {
-    let mut line = String::new();
-    format.write_row(row, &mut line);
-    with_seq(&line, seq, out);
-}
-
-/// A ledger entry as served: its sequence number and version first.
-pub(crate) fn write_ledger(format: &RowFormat, entry: &LedgerEntry, seq: i64, version: u32, out: &mut String) {
-    let mut line = String::new();
-    format.write_ledger(entry, &mut line);
-    let body = line.trim_end().strip_prefix('{').unwrap_or(&line);
-    out.push_str(&format!("{{\"seq\":{seq},\"version\":{version},"));
-    out.push_str(body);
-}
-
-/// `line` (one JSON object) with `"seq"` as its first member.
-pub(crate) fn with_seq(line: &str, seq: i64, out: &mut String) {
-    let body = line.trim_end().strip_prefix('{').unwrap_or(line);
-    out.push_str("{\"seq\":");
-    out.push_str(&seq.to_string());
-    out.push(',');
-    out.push_str(body);
-}
-
-/// Filters for `GET .../results`.
-#[derive(Debug, Default)]
-pub struct ResultFilter {
-    pub status: Option<String>,
-    pub from_ms: Option<i64>,
-    pub to_ms: Option<i64>,
-    /// `key.FIELD=value`: the key field's value as text.
-    pub key: Vec<(String, String)>,
-    pub limit: i64,
-    /// Only rows after this one in the order rows are listed (window
-    /// start, then key bytes): the place the previous page ended.
-    pub after: Option<(i64, Vec<u8>)>,
-}
-
-/// Rows of `GET .../results`, and where the last one sits in their order.
-#[derive(Debug, Default)]
-pub struct ResultPage {
-    pub rows: Vec<String>,
-    /// Each row's window start and key bytes, for [`ResultFilter::after`].
-    pub places: Vec<(i64, Vec<u8>)>,
 }
 
 pub fn results(conn: &Connection, pipeline: &str, version: u32, f: &ResultFilter) -> rusqlite::Result<ResultPage> {
@@ -1202,16 +1098,6 @@ pub fn is_paused(conn: &Connection, pipeline: &str) -> rusqlite::Result<bool> {
     conn.query_row("SELECT count(*) FROM pauses WHERE pipeline = ?1", [pipeline], |r| r.get::<_, i64>(0)).map(|n| n > 0)
 }
 
-/// An annotation: a note on an event-time range of a pipeline.
-pub struct Annotation {
-    pub id: i64,
-    pub from_ms: i64,
-    pub to_ms: i64,
-    pub note: String,
-    pub who: String,
-    pub at_ms: i64,
-}
-
 pub fn add_annotation(
     conn: &Connection,
     pipeline: &str,
@@ -1243,13 +1129,6 @@ pub fn annotations(conn: &Connection, pipeline: &str) -> rusqlite::Result<Vec<An
     rows.collect()
 }
 
-/// The time of a row's `"window_start"` or `"window_end"`, `None` when null.
-fn row_time(row: &str, field: &str) -> Option<i64> {
-    let at = row.find(&format!("\"{field}\":\""))? + field.len() + 4;
-    let end = row[at..].find('"')? + at;
-    weir_engine::time::parse_rfc3339_ms(&row[at..end])
-}
-
 /// Adds `"annotations":[ids]` to each row whose window overlaps an
 /// annotation's range (a global window overlaps every range).
 fn annotate_rows(conn: &Connection, pipeline: &str, rows: Vec<String>) -> rusqlite::Result<Vec<String>> {
@@ -1257,30 +1136,6 @@ fn annotate_rows(conn: &Connection, pipeline: &str, rows: Vec<String>) -> rusqli
         return Ok(rows);
     }
     Ok(with_annotations(&annotations(conn, pipeline)?, rows))
-}
-
-/// `rows` with the ids of the `notes` their windows overlap.
-pub(crate) fn with_annotations(notes: &[Annotation], rows: Vec<String>) -> Vec<String> {
-    if notes.is_empty() {
-        return rows;
-    }
-    rows.into_iter()
-        .map(|row| {
-            let (start, end) = (row_time(&row, "window_start"), row_time(&row, "window_end"));
-            let ids: Vec<String> = notes
-                .iter()
-                .filter(|a| match (start, end) {
-                    (Some(s), Some(e)) => s < a.to_ms && a.from_ms < e,
-                    _ => true,
-                })
-                .map(|a| a.id.to_string())
-                .collect();
-            match row.strip_suffix('}') {
-                Some(body) if !ids.is_empty() => format!("{body},\"annotations\":[{}]}}", ids.join(",")),
-                _ => row,
-            }
-        })
-        .collect()
 }
 
 /// The highest revision a version has published (or holds while paused).
@@ -1292,29 +1147,6 @@ pub fn max_revision(conn: &Connection, pipeline: &str, version: u32) -> rusqlite
         |r| r.get::<_, i64>(0),
     )
     .map(|v| v.clamp(0, i64::from(u32::MAX)) as u32)
-}
-
-/// What the store knows of one published row, for its provenance.
-pub struct RowOrigin {
-    pub row: serde_json::Value,
-    pub at_ms: Option<i64>,
-    /// `[[partition, first offset, last offset, events], ...]`.
-    pub sources: Vec<[u64; 4]>,
-    pub run: Option<Run>,
-    /// The `seq` of the same window's previous row, if any.
-    pub previous: Option<(i64, serde_json::Value)>,
-    /// Ledger entries of the window's key whose window or event time is in
-    /// the window, by reason (as the ledger holds them now).
-    pub ledgered: Vec<(String, i64)>,
-}
-
-pub struct Run {
-    pub id: i64,
-    pub version: i64,
-    pub text_hash: String,
-    pub weir_version: String,
-    pub started_ms: i64,
-    pub why: String,
 }
 
 /// The published row `seq` of `pipeline` with where it came from; `None`
@@ -1417,13 +1249,6 @@ pub fn incidents(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite::Res
     let rows =
         stmt.query_map(params![pipeline, limit], |r| Ok(Incident { at_ms: r.get(0)?, notification: r.get(1)? }))?;
     rows.collect()
-}
-
-/// An alert notification as kept: when, and its JSON.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Incident {
-    pub at_ms: i64,
-    pub notification: String,
 }
 
 /// The next `seq` the older `[sink]` publisher recorded for `topic` (1 if none): a `kafka` destination on that topic goes on from it.
