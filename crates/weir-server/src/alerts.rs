@@ -207,7 +207,7 @@ fn evaluate(app: &App) {
     let waiting = std::mem::take(&mut *lock(&app.notes));
     for (name, note) in crate::versions::check(app).into_iter().chain(waiting) {
         let Some(p) = app.pipelines.get(&name) else { continue };
-        if let Err(e) = p.store.record_incident(&name, now, &note.to_string()) {
+        if let Err(e) = p.store.record_notification(&name, now, &note.to_string()) {
             eprintln!("weir: version notification not kept in the store ({e}): {note}");
         }
         let webhook = p.contract().alerts.as_ref().and_then(|a| a.webhook.clone());
@@ -301,7 +301,7 @@ fn evaluate(app: &App) {
         notes.extend(checked);
         for note in notes {
             // Kept in the pipeline's store, so the incident list outlives a restart.
-            if let Err(e) = p.store.record_incident(name, now, &note.to_string()) {
+            if let Err(e) = p.store.record_notification(name, now, &note.to_string()) {
                 eprintln!("weir: alert notification not kept in the store ({e}): {note}");
             }
         }

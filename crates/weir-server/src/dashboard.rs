@@ -114,7 +114,7 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
             let rows = parsed(s.latest_changes(&n, live, LATEST_ROWS)?);
             let ledger = parsed(s.latest_ledger(&n, live, LATEST_LEDGER)?);
             let checks = (s.backfills(&n, LATEST_RUNS)?, s.reconciliations(&n, None, LATEST_RUNS)?);
-            let kept = (s.incidents(&n, LATEST_INCIDENTS)?, s.incident_cases(&n, LATEST_INCIDENTS)?);
+            let kept = (s.notifications(&n, LATEST_INCIDENTS)?, s.incidents(&n, LATEST_INCIDENTS)?);
             Ok((rows, ledger, s.annotations(&n)?, kept, s.versions(&n)?, checks, named))
         })
         .await?;
@@ -181,7 +181,8 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
     }
     incidents.sort_by_key(|i| std::cmp::Reverse(i.at_ms));
     // Not resolved first, then the newest.
-    cases.sort_by_key(|c| (c.status == weir_store::cases::CaseStatus::Resolved, std::cmp::Reverse(c.opened_ms)));
+    cases
+        .sort_by_key(|c| (c.status == weir_store::incidents::IncidentStatus::Resolved, std::cmp::Reverse(c.opened_ms)));
     let cases: Vec<Value> = cases.iter().take(LATEST_INCIDENTS as usize).map(crate::incidents::describe).collect();
     let alerts: Vec<Value> = incidents
         .iter()

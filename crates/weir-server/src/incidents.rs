@@ -12,13 +12,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde_json::{json, Value};
 use weir_engine::time::format_rfc3339_ms;
-use weir_store::cases::{Case, CaseAct, CaseEntry, CaseError};
+use weir_store::incidents::{CaseAct, CaseError, Incident, IncidentEntry};
 use weir_store::{Act, Acted};
 
 use crate::app::*;
 
 /// An incident as served.
-pub(crate) fn describe(c: &Case) -> Value {
+pub(crate) fn describe(c: &Incident) -> Value {
     json!({
         "id": c.id,
         "pipeline": c.pipeline,
@@ -36,7 +36,7 @@ pub(crate) fn describe(c: &Case) -> Value {
     })
 }
 
-fn entry(e: &CaseEntry) -> Value {
+fn entry(e: &IncidentEntry) -> Value {
     json!({ "at": format_rfc3339_ms(e.at_ms), "kind": e.kind, "who": e.who, "text": e.text })
 }
 
@@ -50,7 +50,7 @@ pub(crate) async fn list(
     let p = may_read(&app, &caller, &name)?;
     let limit = page_limit(&q, 100)? as i64;
     let n = name.clone();
-    let cases = read_stored(p, move |s| s.incident_cases(&n, limit)).await?;
+    let cases = read_stored(p, move |s| s.incidents(&n, limit)).await?;
     Ok(lines(cases.iter().map(|c| describe(c).to_string() + "\n").collect()))
 }
 
@@ -62,7 +62,7 @@ pub(crate) async fn one(
 ) -> Result<Response, ApiError> {
     let p = may_read(&app, &caller, &name)?;
     let n = name.clone();
-    match read_stored(p, move |s| s.incident_case(&n, id)).await? {
+    match read_stored(p, move |s| s.incident(&n, id)).await? {
         None => Err(ApiError(StatusCode::NOT_FOUND, CaseError::NotFound(id).to_string())),
         Some((c, entries)) => {
             let mut v = describe(&c);

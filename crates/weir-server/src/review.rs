@@ -128,9 +128,9 @@ fn pipeline_review(
     }
     exceptions.sort_by_key(|e| std::cmp::Reverse(e["count"].as_u64().unwrap_or(0)));
     let incidents: Vec<Value> = s
-        .incident_cases(name, INCIDENTS)?
+        .incidents(name, INCIDENTS)?
         .into_iter()
-        .filter(|c| c.opened_ms >= since_ms || c.status != weir_store::cases::CaseStatus::Resolved)
+        .filter(|c| c.opened_ms >= since_ms || c.status != weir_store::incidents::IncidentStatus::Resolved)
         .map(|c| {
             let to_mitigation = c.mitigated_ms.or(c.resolved_ms).map(|t| t - c.opened_ms);
             json!({

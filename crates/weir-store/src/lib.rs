@@ -20,13 +20,13 @@
 
 pub mod audit;
 pub mod backfill;
-pub mod cases;
 pub mod checkpoint;
 pub mod checks;
 pub mod destinations;
 mod digest;
 pub mod drills;
 pub mod idempotency;
+pub mod incidents;
 pub mod pg;
 pub mod pg_tls;
 pub mod pool;
@@ -41,7 +41,7 @@ pub use backfill::{Backfill, BackfillAsk, BackfillState, Correction, Finish, Rec
 pub use checkpoint::{CheckpointError, Checkpoints, Claimed, Scope};
 pub use pg::checkpoints::PgCheckpoints;
 pub use pg::store::PostgresStore;
-pub use rows::{Annotation, Incident, ResultFilter, ResultPage, RowOrigin, Run};
+pub use rows::{Annotation, Notification, ResultFilter, ResultPage, RowOrigin, Run};
 pub use sqlite::checkpoints::SqliteCheckpoints;
 pub use sqlite::store::SqliteStore;
 pub use versions::{FileContract, Registration, Switch, SwitchError, Version, VersionState};
@@ -71,7 +71,7 @@ pub enum Act {
     /// its change stream entry.
     Switch { promote: Option<u32>, who: String, why: String },
     /// A step on an incident: open, note, mitigate, resolve.
-    Incident(cases::CaseAct),
+    Incident(incidents::CaseAct),
     /// A failure drill asked: kept as running until its verdict.
     Drill(DrillAsk),
     /// A destination stopped by its receiver's refusal delivers again,
@@ -133,7 +133,7 @@ pub enum Acted {
     /// (then nothing was done, and nothing audited).
     Switched(std::result::Result<(Switch, i64), SwitchError>),
     /// The incident as the step left it, or why nothing was done.
-    Incident(std::result::Result<cases::Case, cases::CaseError>),
+    Incident(std::result::Result<incidents::Incident, incidents::CaseError>),
     Drill {
         id: i64,
     },
@@ -334,9 +334,9 @@ pub trait Store: Send + Sync {
     fn forget_version(&self, pipeline: &str, version: u32) -> Result<()>;
     fn annotations(&self, pipeline: &str) -> Result<Vec<Annotation>>;
     /// Keeps an alert notification (firing or resolved), so incidents outlive a restart; its id.
-    fn record_incident(&self, pipeline: &str, at_ms: i64, notification: &str) -> Result<i64>;
+    fn record_notification(&self, pipeline: &str, at_ms: i64, notification: &str) -> Result<i64>;
     /// The newest alert notifications, newest first.
-    fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<Incident>>;
+    fn notifications(&self, pipeline: &str, limit: i64) -> Result<Vec<Notification>>;
     /// An alert or check (`cause`, `alert:NAME` or `check:NAME`) fired: a
     /// new incident (`title`, `owner`) unless one of the same cause is not
     /// resolved, which gets `text` in its timeline instead; its id.
@@ -352,9 +352,10 @@ pub trait Store: Send + Sync {
         mitigate: bool,
     ) -> Result<usize>;
     /// The newest incidents first.
-    fn incident_cases(&self, pipeline: &str, limit: i64) -> Result<Vec<cases::Case>>;
+    fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<incidents::Incident>>;
     /// One incident and its timeline.
-    fn incident_case(&self, pipeline: &str, id: i64) -> Result<Option<(cases::Case, Vec<cases::CaseEntry>)>>;
+    fn incident(&self, pipeline: &str, id: i64)
+        -> Result<Option<(incidents::Incident, Vec<incidents::IncidentEntry>)>>;
     /// Stores a backfill to do; its id.
     /// Keeps each check result not kept before (by pipeline, version, check
     /// and subject); which ones were new.

@@ -150,7 +150,7 @@ pub struct Run {
 
 /// An alert notification as kept: when, and its JSON.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Incident {
+pub struct Notification {
     pub at_ms: i64,
     pub notification: String,
 }

@@ -14,15 +14,15 @@ fn kept_newest_first(write: &dyn Store, read: &dyn Store) {
     let firing = r#"{"status":"firing","alert":"max_lag","pipeline":"paid"}"#;
     let resolved = r#"{"status":"resolved","alert":"max_lag","pipeline":"paid"}"#;
     let other = r#"{"status":"firing","alert":"max_lag","pipeline":"other"}"#;
-    let first = write.record_incident("paid", 1_000, firing).unwrap();
-    write.record_incident("other", 1_500, other).unwrap();
-    let second = write.record_incident("paid", 2_000, resolved).unwrap();
+    let first = write.record_notification("paid", 1_000, firing).unwrap();
+    write.record_notification("other", 1_500, other).unwrap();
+    let second = write.record_notification("paid", 2_000, resolved).unwrap();
     assert!(second > first, "ids grow: {first} then {second}");
-    let kept = read.incidents("paid", 10).unwrap();
+    let kept = read.notifications("paid", 10).unwrap();
     let texts: Vec<(i64, &str)> = kept.iter().map(|i| (i.at_ms, i.notification.as_str())).collect();
     assert_eq!(texts, vec![(2_000, resolved), (1_000, firing)], "newest first, the pipeline's only");
-    assert_eq!(read.incidents("paid", 1).unwrap().len(), 1, "the limit holds");
-    assert!(read.incidents("nobody", 10).unwrap().is_empty());
+    assert_eq!(read.notifications("paid", 1).unwrap().len(), 1, "the limit holds");
+    assert!(read.notifications("nobody", 10).unwrap().is_empty());
 }
 
 /// Incidents with a lifecycle: an alert raised twice keeps one incident, a
@@ -30,7 +30,7 @@ fn kept_newest_first(write: &dyn Store, read: &dyn Store) {
 /// operator resolves it with a proof and it takes nothing more; another
 /// pipeline's stay apart.
 fn cases_follow_their_lifecycle(write: &dyn Store, read: &dyn Store) {
-    use weir_store::cases::{CaseAct, CaseError, CaseStatus};
+    use weir_store::incidents::{CaseAct, CaseError, IncidentStatus};
     use weir_store::{Act, Acted};
     let cause = "alert:max_lag";
     let first = write.raise_incident("paid", cause, ("max_lag firing", "billing-ops"), "firing 1").unwrap();
@@ -41,8 +41,8 @@ fn cases_follow_their_lifecycle(write: &dyn Store, read: &dyn Store) {
     let (acted, _) = write.act("paid", &Act::Pause, None).unwrap();
     assert_eq!(acted, Acted::Paused { was: false });
     assert_eq!(write.mark_incidents("paid", Some(cause), ("alert", "weir", "resolved"), true).unwrap(), 1);
-    let (c, entries) = read.incident_case("paid", first).unwrap().unwrap();
-    assert_eq!((c.status, c.owner.as_str(), c.cause.as_str()), (CaseStatus::Mitigated, "billing-ops", cause));
+    let (c, entries) = read.incident("paid", first).unwrap().unwrap();
+    assert_eq!((c.status, c.owner.as_str(), c.cause.as_str()), (IncidentStatus::Mitigated, "billing-ops", cause));
     let kinds: Vec<(&str, &str)> = entries.iter().map(|e| (e.kind.as_str(), e.text.as_str())).collect();
     assert_eq!(
         kinds,
@@ -61,17 +61,17 @@ fn cases_follow_their_lifecycle(write: &dyn Store, read: &dyn Store) {
     let Acted::Incident(Ok(done)) = write.act("paid", &resolve("reconciliation 3 passed"), None).unwrap().0 else {
         panic!("not resolved")
     };
-    assert_eq!((done.status, done.proof.as_deref()), (CaseStatus::Resolved, Some("reconciliation 3 passed")));
+    assert_eq!((done.status, done.proof.as_deref()), (IncidentStatus::Resolved, Some("reconciliation 3 passed")));
     let note = Act::Incident(CaseAct::Note { id: first, who: "ops".into(), text: "late".into() });
     assert_eq!(write.act("paid", &note, None).unwrap().0, Acted::Incident(Err(CaseError::Resolved(first))));
     // Resolved: the same alert opens a new one.
     let next = write.raise_incident("paid", cause, ("max_lag firing", "billing-ops"), "firing 3").unwrap();
     assert!(next > first);
-    let listed: Vec<(i64, CaseStatus)> =
-        read.incident_cases("paid", 10).unwrap().iter().map(|c| (c.id, c.status)).collect();
-    assert_eq!(listed, [(next, CaseStatus::Open), (first, CaseStatus::Resolved)]);
-    assert_eq!(read.incident_cases("other", 10).unwrap().len(), 1);
-    assert!(read.incident_case("other", first).unwrap().is_none(), "another pipeline's incident is not found");
+    let listed: Vec<(i64, IncidentStatus)> =
+        read.incidents("paid", 10).unwrap().iter().map(|c| (c.id, c.status)).collect();
+    assert_eq!(listed, [(next, IncidentStatus::Open), (first, IncidentStatus::Resolved)]);
+    assert_eq!(read.incidents("other", 10).unwrap().len(), 1);
+    assert!(read.incident("other", first).unwrap().is_none(), "another pipeline's incident is not found");
 }
 
 #[test]
@@ -117,9 +117,9 @@ fn an_incident_raised_during_another_write_waits_and_is_kept_on_sqlite() {
         assert_eq!(marked, 1);
         commit.join().unwrap();
     }
-    let cases = store.incident_cases("paid", 10).unwrap();
+    let cases = store.incidents("paid", 10).unwrap();
     assert_eq!(cases.len(), 1, "one incident for the one cause");
-    let (_, entries) = store.incident_case("paid", cases[0].id).unwrap().unwrap();
+    let (_, entries) = store.incident("paid", cases[0].id).unwrap().unwrap();
     for round in 0..5 {
         let text = format!("during write {round}");
         assert!(entries.iter().any(|e| e.text == text), "{text} kept");

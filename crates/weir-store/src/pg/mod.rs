@@ -212,7 +212,7 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
     let mut tx = client.transaction()?;
     tx.execute("SELECT pg_advisory_xact_lock(hashtext('weir schema ' || $1))", &[&schema])?;
     tx.batch_execute(&schema_sql(schema))?;
-    tx.batch_execute(&crate::cases::pg::schema(schema))?;
+    tx.batch_execute(&crate::incidents::pg::schema(schema))?;
     tx.batch_execute(&crate::checks::pg::schema(schema))?;
     tx.batch_execute(&crate::drills::pg::schema(schema))?;
     tx.batch_execute(&crate::destinations::pg::schema(schema))?;
@@ -1473,7 +1473,7 @@ pub fn annotations(
 }
 
 /// Keeps an alert notification of `pipeline`, as [`crate::sqlite::record_incident`].
-pub fn record_incident(
+pub fn record_notification(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
@@ -1488,17 +1488,17 @@ pub fn record_incident(
 }
 
 /// The newest alert notifications of `pipeline`, newest first.
-pub fn incidents(
+pub fn notifications(
     client: &mut Client,
     schema: &str,
     pipeline: &str,
     limit: i64,
-) -> Result<Vec<crate::rows::Incident>, postgres::Error> {
+) -> Result<Vec<crate::rows::Notification>, postgres::Error> {
     let rows = client.query(
         &format!("SELECT at_ms, notification FROM {schema}.incidents WHERE pipeline = $1 ORDER BY id DESC LIMIT $2"),
         &[&pipeline, &limit],
     )?;
-    Ok(rows.into_iter().map(|r| crate::rows::Incident { at_ms: r.get(0), notification: r.get(1) }).collect())
+    Ok(rows.into_iter().map(|r| crate::rows::Notification { at_ms: r.get(0), notification: r.get(1) }).collect())
 }
 
 /// `rows` with the ids of the annotations their windows overlap.

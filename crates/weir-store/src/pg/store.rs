@@ -63,7 +63,7 @@ impl Store for PostgresStore {
             }
             Act::Switch { promote, who, why } => Acted::Switched(self.switch_version(pipeline, *promote, who, why)?),
             Act::Incident(step) => {
-                Acted::Incident(self.with(|c, s| cases::pg::act(c, s, pipeline, step, weir_log::now_ms()))?)
+                Acted::Incident(self.with(|c, s| incidents::pg::act(c, s, pipeline, step, weir_log::now_ms()))?)
             }
             Act::Drill(ask) => Acted::Drill { id: self.with(|c, s| drills::pg::start(c, s, pipeline, ask))? },
             Act::ResumeDestination { name } => Acted::DestinationResumed {
@@ -139,14 +139,14 @@ impl Store for PostgresStore {
     fn annotations(&self, pipeline: &str) -> Result<Vec<Annotation>> {
         self.with(|c, s| pg::annotations(c, s, pipeline))
     }
-    fn record_incident(&self, pipeline: &str, at_ms: i64, notification: &str) -> Result<i64> {
-        self.with(|c, s| pg::record_incident(c, s, pipeline, at_ms, notification))
+    fn record_notification(&self, pipeline: &str, at_ms: i64, notification: &str) -> Result<i64> {
+        self.with(|c, s| pg::record_notification(c, s, pipeline, at_ms, notification))
     }
-    fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<Incident>> {
-        self.with(|c, s| pg::incidents(c, s, pipeline, limit))
+    fn notifications(&self, pipeline: &str, limit: i64) -> Result<Vec<Notification>> {
+        self.with(|c, s| pg::notifications(c, s, pipeline, limit))
     }
     fn raise_incident(&self, pipeline: &str, cause: &str, title_owner: (&str, &str), text: &str) -> Result<i64> {
-        self.with(|c, s| cases::pg::raise(c, s, pipeline, cause, title_owner, text, weir_log::now_ms()))
+        self.with(|c, s| incidents::pg::raise(c, s, pipeline, cause, title_owner, text, weir_log::now_ms()))
     }
     fn mark_incidents(
         &self,
@@ -155,13 +155,17 @@ impl Store for PostgresStore {
         entry: (&str, &str, &str),
         mitigate: bool,
     ) -> Result<usize> {
-        self.with(|c, s| cases::pg::mark(c, s, pipeline, cause, entry, mitigate, weir_log::now_ms()))
+        self.with(|c, s| incidents::pg::mark(c, s, pipeline, cause, entry, mitigate, weir_log::now_ms()))
     }
-    fn incident_cases(&self, pipeline: &str, limit: i64) -> Result<Vec<cases::Case>> {
-        self.with(|c, s| cases::pg::list(c, s, pipeline, limit))
+    fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<incidents::Incident>> {
+        self.with(|c, s| incidents::pg::list(c, s, pipeline, limit))
     }
-    fn incident_case(&self, pipeline: &str, id: i64) -> Result<Option<(cases::Case, Vec<cases::CaseEntry>)>> {
-        self.with(|c, s| cases::pg::get(c, s, pipeline, id))
+    fn incident(
+        &self,
+        pipeline: &str,
+        id: i64,
+    ) -> Result<Option<(incidents::Incident, Vec<incidents::IncidentEntry>)>> {
+        self.with(|c, s| incidents::pg::get(c, s, pipeline, id))
     }
     fn record_checks(&self, pipeline: &str, results: &[checks::CheckResult]) -> Result<Vec<bool>> {
         self.with(|c, s| checks::pg::record(c, s, pipeline, results))

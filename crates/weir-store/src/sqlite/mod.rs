@@ -56,7 +56,7 @@ use crate::rows::{
     id_bytes, id_from, place_of_fields, seq_of, sources_json, with_annotations, with_seq, write_ledger, write_row,
     GLOBAL_START,
 };
-use crate::rows::{place, Annotation, Incident, ResultFilter, ResultPage, RowOrigin, Run, ERASED_DETAIL};
+use crate::rows::{place, Annotation, Notification, ResultFilter, ResultPage, RowOrigin, Run, ERASED_DETAIL};
 use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError, Version, VersionState};
 
 pub const SCHEMA_VERSION: i64 = 10;
@@ -324,7 +324,7 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
     conn.execute_batch(SCHEMA)?;
     conn.execute_batch(crate::tokens::SCHEMA)?;
     conn.execute_batch(crate::idempotency::SCHEMA)?;
-    conn.execute_batch(crate::cases::sqlite::SCHEMA)?;
+    conn.execute_batch(crate::incidents::sqlite::SCHEMA)?;
     conn.execute_batch(crate::checks::sqlite::SCHEMA)?;
     conn.execute_batch(crate::drills::sqlite::SCHEMA)?;
     conn.execute_batch(crate::destinations::sqlite::SCHEMA)?;
@@ -1236,18 +1236,18 @@ pub fn latest_ledger(conn: &Connection, pipeline: &str, version: u32, limit: i64
 }
 
 /// Keeps an alert notification (firing or resolved) of `pipeline`.
-pub fn record_incident(conn: &Connection, pipeline: &str, at_ms: i64, notification: &str) -> rusqlite::Result<i64> {
+pub fn record_notification(conn: &Connection, pipeline: &str, at_ms: i64, notification: &str) -> rusqlite::Result<i64> {
     conn.prepare_cached("INSERT INTO incidents (pipeline, at_ms, notification) VALUES (?1, ?2, ?3)")?
         .execute(params![pipeline, at_ms, notification])?;
     Ok(conn.last_insert_rowid())
 }
 
 /// The newest alert notifications of `pipeline`, newest first.
-pub fn incidents(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite::Result<Vec<Incident>> {
+pub fn notifications(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite::Result<Vec<Notification>> {
     let mut stmt =
         conn.prepare_cached("SELECT at_ms, notification FROM incidents WHERE pipeline = ?1 ORDER BY id DESC LIMIT ?2")?;
     let rows =
-        stmt.query_map(params![pipeline, limit], |r| Ok(Incident { at_ms: r.get(0)?, notification: r.get(1)? }))?;
+        stmt.query_map(params![pipeline, limit], |r| Ok(Notification { at_ms: r.get(0)?, notification: r.get(1)? }))?;
     rows.collect()
 }
 

@@ -63,7 +63,9 @@ impl Store for SqliteStore {
                 Act::Switch { promote, who, why } => {
                     Acted::Switched(sqlite::switch_version(&tx, pipeline, *promote, who, why)?)
                 }
-                Act::Incident(step) => Acted::Incident(cases::sqlite::act(&tx, pipeline, step, weir_log::now_ms())?),
+                Act::Incident(step) => {
+                    Acted::Incident(incidents::sqlite::act(&tx, pipeline, step, weir_log::now_ms())?)
+                }
                 Act::Drill(ask) => Acted::Drill { id: drills::sqlite::start(&tx, pipeline, ask)? },
                 Act::ResumeDestination { name } => {
                     Acted::DestinationResumed { was_stopped: destinations::sqlite::resume(&tx, pipeline, name)? }
@@ -83,7 +85,7 @@ impl Store for SqliteStore {
             };
             if let (Some(text), Some(_)) = (act.timeline(), acted.detail()) {
                 let entry = ("action", act.who(), text.as_str());
-                cases::sqlite::mark(&tx, pipeline, None, entry, false, weir_log::now_ms())?;
+                incidents::sqlite::mark(&tx, pipeline, None, entry, false, weir_log::now_ms())?;
             }
             let seq = match (audit, acted.detail()) {
                 (Some(e), Some(_)) => {
@@ -154,14 +156,14 @@ impl Store for SqliteStore {
     fn annotations(&self, pipeline: &str) -> Result<Vec<Annotation>> {
         self.with(|c| sqlite::annotations(c, pipeline))
     }
-    fn record_incident(&self, pipeline: &str, at_ms: i64, notification: &str) -> Result<i64> {
-        self.with(|c| sqlite::record_incident(c, pipeline, at_ms, notification))
+    fn record_notification(&self, pipeline: &str, at_ms: i64, notification: &str) -> Result<i64> {
+        self.with(|c| sqlite::record_notification(c, pipeline, at_ms, notification))
     }
-    fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<Incident>> {
-        self.with(|c| sqlite::incidents(c, pipeline, limit))
+    fn notifications(&self, pipeline: &str, limit: i64) -> Result<Vec<Notification>> {
+        self.with(|c| sqlite::notifications(c, pipeline, limit))
     }
     fn raise_incident(&self, pipeline: &str, cause: &str, title_owner: (&str, &str), text: &str) -> Result<i64> {
-        self.with(|c| cases::sqlite::raise(c, pipeline, cause, title_owner, text, weir_log::now_ms()))
+        self.with(|c| incidents::sqlite::raise(c, pipeline, cause, title_owner, text, weir_log::now_ms()))
     }
     fn mark_incidents(
         &self,
@@ -171,18 +173,22 @@ impl Store for SqliteStore {
         mitigate: bool,
     ) -> Result<usize> {
         self.with(|c| {
-            // Immediate, as `cases::sqlite::raise`: it reads, then writes.
+            // Immediate, as `incidents::sqlite::raise`: it reads, then writes.
             let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let n = cases::sqlite::mark(&tx, pipeline, cause, entry, mitigate, weir_log::now_ms())?;
+            let n = incidents::sqlite::mark(&tx, pipeline, cause, entry, mitigate, weir_log::now_ms())?;
             tx.commit()?;
             Ok(n)
         })
     }
-    fn incident_cases(&self, pipeline: &str, limit: i64) -> Result<Vec<cases::Case>> {
-        self.with(|c| cases::sqlite::list(c, pipeline, limit))
+    fn incidents(&self, pipeline: &str, limit: i64) -> Result<Vec<incidents::Incident>> {
+        self.with(|c| incidents::sqlite::list(c, pipeline, limit))
     }
-    fn incident_case(&self, pipeline: &str, id: i64) -> Result<Option<(cases::Case, Vec<cases::CaseEntry>)>> {
-        self.with(|c| cases::sqlite::get(c, pipeline, id))
+    fn incident(
+        &self,
+        pipeline: &str,
+        id: i64,
+    ) -> Result<Option<(incidents::Incident, Vec<incidents::IncidentEntry>)>> {
+        self.with(|c| incidents::sqlite::get(c, pipeline, id))
     }
     fn record_checks(&self, pipeline: &str, results: &[checks::CheckResult]) -> Result<Vec<bool>> {
         self.with(|c| checks::sqlite::record(c, pipeline, results))

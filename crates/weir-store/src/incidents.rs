@@ -2,9 +2,10 @@
 //! or an error check; `open`, then `mitigated`, then `resolved` with the
 //! proof that closed it; each with a timeline of what happened while it was
 //! not resolved (alerts, operator actions, annotations, backfills, notes).
-//! Kept in the pipeline's store (`cases` and `case_entries`), so they
-//! outlive a restart and every worker of a pipeline on Kafka sees the same.
-//! (The `incidents` table keeps every alert notification, as before.)
+//! Kept in the pipeline's store (the tables keep their first names, `cases`
+//! and `case_entries`), so they outlive a restart and every worker of a
+//! pipeline on Kafka sees the same. The alert notifications are another
+//! thing: `Store::notifications`, in the table named `incidents`.
 //!
 //! What a step does is decided here ([`decide`]); `sqlite` and `pg` below
 //! write it.
@@ -14,29 +15,31 @@ use serde::Serialize;
 /// Where an incident stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum CaseStatus {
+pub enum IncidentStatus {
     Open,
     Mitigated,
     Resolved,
 }
 
-impl CaseStatus {
+impl IncidentStatus {
     pub fn as_str(self) -> &'static str {
         match self {
-            CaseStatus::Open => "open",
-            CaseStatus::Mitigated => "mitigated",
-            CaseStatus::Resolved => "resolved",
+            IncidentStatus::Open => "open",
+            IncidentStatus::Mitigated => "mitigated",
+            IncidentStatus::Resolved => "resolved",
         }
     }
 
-    pub fn parse(s: &str) -> Option<CaseStatus> {
-        [CaseStatus::Open, CaseStatus::Mitigated, CaseStatus::Resolved].into_iter().find(|c| c.as_str() == s)
+    pub fn parse(s: &str) -> Option<IncidentStatus> {
+        [IncidentStatus::Open, IncidentStatus::Mitigated, IncidentStatus::Resolved]
+            .into_iter()
+            .find(|c| c.as_str() == s)
     }
 }
 
 /// One incident as kept.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Case {
+pub struct Incident {
     pub id: i64,
     pub pipeline: String,
     pub title: String,
@@ -44,7 +47,7 @@ pub struct Case {
     /// `operator`, `alert:NAME` or `check:NAME`.
     pub cause: String,
     pub opened_by: String,
-    pub status: CaseStatus,
+    pub status: IncidentStatus,
     pub opened_ms: i64,
     pub mitigated_ms: Option<i64>,
     pub resolved_ms: Option<i64>,
@@ -54,7 +57,7 @@ pub struct Case {
 
 /// One line of an incident's timeline.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CaseEntry {
+pub struct IncidentEntry {
     pub at_ms: i64,
     /// `opened`, `note`, `mitigated`, `resolved`, `alert`, `action`, `backfill`, `reconciliation`.
     pub kind: String,
@@ -88,18 +91,22 @@ pub enum CaseError {
 
 /// What a step on an incident in `status` does: the status it leaves and
 /// the timeline entry's kind, or why not.
-pub fn decide(id: i64, status: Option<CaseStatus>, act: &CaseAct) -> Result<(CaseStatus, &'static str), CaseError> {
+pub fn decide(
+    id: i64,
+    status: Option<IncidentStatus>,
+    act: &CaseAct,
+) -> Result<(IncidentStatus, &'static str), CaseError> {
     let status = status.ok_or(CaseError::NotFound(id))?;
-    if status == CaseStatus::Resolved {
+    if status == IncidentStatus::Resolved {
         return Err(CaseError::Resolved(id));
     }
     match act {
-        CaseAct::Open { .. } => Ok((CaseStatus::Open, "opened")),
+        CaseAct::Open { .. } => Ok((IncidentStatus::Open, "opened")),
         CaseAct::Note { .. } => Ok((status, "note")),
-        CaseAct::Mitigate { .. } if status == CaseStatus::Mitigated => Err(CaseError::Mitigated(id)),
-        CaseAct::Mitigate { .. } => Ok((CaseStatus::Mitigated, "mitigated")),
+        CaseAct::Mitigate { .. } if status == IncidentStatus::Mitigated => Err(CaseError::Mitigated(id)),
+        CaseAct::Mitigate { .. } => Ok((IncidentStatus::Mitigated, "mitigated")),
         CaseAct::Resolve { proof, .. } if proof.trim().is_empty() => Err(CaseError::NoProof(id)),
-        CaseAct::Resolve { .. } => Ok((CaseStatus::Resolved, "resolved")),
+        CaseAct::Resolve { .. } => Ok((IncidentStatus::Resolved, "resolved")),
     }
 }
 
@@ -133,16 +140,16 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
     const COLUMNS: &str =
         "id, pipeline, title, owner, cause, opened_by, status, opened_ms, mitigated_ms, resolved_ms, proof";
 
-    fn case(r: &rusqlite::Row<'_>) -> rusqlite::Result<Case> {
+    fn case(r: &rusqlite::Row<'_>) -> rusqlite::Result<Incident> {
         let status: String = r.get(6)?;
-        Ok(Case {
+        Ok(Incident {
             id: r.get(0)?,
             pipeline: r.get(1)?,
             title: r.get(2)?,
             owner: r.get(3)?,
             cause: r.get(4)?,
             opened_by: r.get(5)?,
-            status: CaseStatus::parse(&status).unwrap_or(CaseStatus::Open),
+            status: IncidentStatus::parse(&status).unwrap_or(IncidentStatus::Open),
             opened_ms: r.get(7)?,
             mitigated_ms: r.get(8)?,
             resolved_ms: r.get(9)?,
@@ -177,7 +184,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
         pipeline: &str,
         act: &CaseAct,
         at_ms: i64,
-    ) -> rusqlite::Result<Result<Case, CaseError>> {
+    ) -> rusqlite::Result<Result<Incident, CaseError>> {
         let id = match act {
             CaseAct::Open { title, owner, who } => open(conn, pipeline, (title, owner, "operator", who), at_ms)?,
             CaseAct::Note { id, .. } | CaseAct::Mitigate { id, .. } | CaseAct::Resolve { id, .. } => {
@@ -186,7 +193,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
                         r.get(0)
                     })
                     .optional()?;
-                let (to, kind) = match decide(*id, status.as_deref().and_then(CaseStatus::parse), act) {
+                let (to, kind) = match decide(*id, status.as_deref().and_then(IncidentStatus::parse), act) {
                     Ok(d) => d,
                     Err(e) => return Ok(Err(e)),
                 };
@@ -269,7 +276,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
     }
 
     /// The newest incidents first.
-    pub fn list(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite::Result<Vec<Case>> {
+    pub fn list(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite::Result<Vec<Incident>> {
         let mut stmt =
             conn.prepare_cached(&format!("SELECT {COLUMNS} FROM cases WHERE pipeline = ?1 ORDER BY id DESC LIMIT ?2"))?;
         let rows = stmt.query_map(params![pipeline, limit], case)?;
@@ -277,7 +284,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
     }
 
     /// One incident and its timeline, oldest entry first.
-    pub fn get(conn: &Connection, pipeline: &str, id: i64) -> rusqlite::Result<Option<(Case, Vec<CaseEntry>)>> {
+    pub fn get(conn: &Connection, pipeline: &str, id: i64) -> rusqlite::Result<Option<(Incident, Vec<IncidentEntry>)>> {
         let Some(c) = conn
             .query_row(
                 &format!("SELECT {COLUMNS} FROM cases WHERE pipeline = ?1 AND id = ?2"),
@@ -291,7 +298,9 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
         let mut stmt =
             conn.prepare_cached("SELECT at_ms, kind, who, text FROM case_entries WHERE case_id = ?1 ORDER BY id")?;
         let entries = stmt
-            .query_map([id], |r| Ok(CaseEntry { at_ms: r.get(0)?, kind: r.get(1)?, who: r.get(2)?, text: r.get(3)? }))?
+            .query_map([id], |r| {
+                Ok(IncidentEntry { at_ms: r.get(0)?, kind: r.get(1)?, who: r.get(2)?, text: r.get(3)? })
+            })?
             .collect::<rusqlite::Result<_>>()?;
         Ok(Some((c, entries)))
     }
@@ -329,16 +338,16 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
     const COLUMNS: &str =
         "id, pipeline, title, owner, cause, opened_by, status, opened_ms, mitigated_ms, resolved_ms, proof";
 
-    fn case(r: &postgres::Row) -> Case {
+    fn case(r: &postgres::Row) -> Incident {
         let status: String = r.get(6);
-        Case {
+        Incident {
             id: r.get(0),
             pipeline: r.get(1),
             title: r.get(2),
             owner: r.get(3),
             cause: r.get(4),
             opened_by: r.get(5),
-            status: CaseStatus::parse(&status).unwrap_or(CaseStatus::Open),
+            status: IncidentStatus::parse(&status).unwrap_or(IncidentStatus::Open),
             opened_ms: r.get(7),
             mitigated_ms: r.get(8),
             resolved_ms: r.get(9),
@@ -387,7 +396,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
         pipeline: &str,
         act: &CaseAct,
         at_ms: i64,
-    ) -> Result<Result<Case, CaseError>, postgres::Error> {
+    ) -> Result<Result<Incident, CaseError>, postgres::Error> {
         let mut tx = client.transaction()?;
         let id = match act {
             CaseAct::Open { title, owner, who } => open(&mut tx, s, pipeline, (title, owner, "operator", who), at_ms)?,
@@ -398,7 +407,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
                         &[&pipeline, id],
                     )?
                     .map(|r| r.get(0));
-                let (to, kind) = match decide(*id, status.as_deref().and_then(CaseStatus::parse), act) {
+                let (to, kind) = match decide(*id, status.as_deref().and_then(IncidentStatus::parse), act) {
                     Ok(d) => d,
                     Err(e) => return Ok(Err(e)),
                 };
@@ -487,7 +496,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
         Ok(ids.len())
     }
 
-    pub fn list(client: &mut Client, s: &str, pipeline: &str, limit: i64) -> Result<Vec<Case>, postgres::Error> {
+    pub fn list(client: &mut Client, s: &str, pipeline: &str, limit: i64) -> Result<Vec<Incident>, postgres::Error> {
         let rows = client.query(
             &format!("SELECT {COLUMNS} FROM {s}.cases WHERE pipeline = $1 ORDER BY id DESC LIMIT $2"),
             &[&pipeline, &limit],
@@ -500,7 +509,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
         s: &str,
         pipeline: &str,
         id: i64,
-    ) -> Result<Option<(Case, Vec<CaseEntry>)>, postgres::Error> {
+    ) -> Result<Option<(Incident, Vec<IncidentEntry>)>, postgres::Error> {
         let Some(row) = client.query_opt(
             &format!("SELECT {COLUMNS} FROM {s}.cases WHERE pipeline = $1 AND id = $2"),
             &[&pipeline, &id],
@@ -514,7 +523,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
                 &[&id],
             )?
             .iter()
-            .map(|r| CaseEntry { at_ms: r.get(0), kind: r.get(1), who: r.get(2), text: r.get(3) })
+            .map(|r| IncidentEntry { at_ms: r.get(0), kind: r.get(1), who: r.get(2), text: r.get(3) })
             .collect();
         Ok(Some((case(&row), entries)))
     }
@@ -533,14 +542,14 @@ mod tests {
         let mitigate = CaseAct::Mitigate { id: 1, who: "o".into(), why: "w".into() };
         let resolve = |proof: &str| CaseAct::Resolve { id: 1, who: "o".into(), why: "w".into(), proof: proof.into() };
         assert_eq!(decide(1, None, &note(1)), Err(CaseError::NotFound(1)));
-        assert_eq!(decide(1, Some(CaseStatus::Open), &note(1)), Ok((CaseStatus::Open, "note")));
-        assert_eq!(decide(1, Some(CaseStatus::Open), &mitigate), Ok((CaseStatus::Mitigated, "mitigated")));
-        assert_eq!(decide(1, Some(CaseStatus::Mitigated), &mitigate), Err(CaseError::Mitigated(1)));
-        assert_eq!(decide(1, Some(CaseStatus::Mitigated), &resolve(" ")), Err(CaseError::NoProof(1)));
+        assert_eq!(decide(1, Some(IncidentStatus::Open), &note(1)), Ok((IncidentStatus::Open, "note")));
+        assert_eq!(decide(1, Some(IncidentStatus::Open), &mitigate), Ok((IncidentStatus::Mitigated, "mitigated")));
+        assert_eq!(decide(1, Some(IncidentStatus::Mitigated), &mitigate), Err(CaseError::Mitigated(1)));
+        assert_eq!(decide(1, Some(IncidentStatus::Mitigated), &resolve(" ")), Err(CaseError::NoProof(1)));
         assert_eq!(
-            decide(1, Some(CaseStatus::Open), &resolve("reconciliation 4 passed")),
-            Ok((CaseStatus::Resolved, "resolved"))
+            decide(1, Some(IncidentStatus::Open), &resolve("reconciliation 4 passed")),
+            Ok((IncidentStatus::Resolved, "resolved"))
         );
-        assert_eq!(decide(1, Some(CaseStatus::Resolved), &note(1)), Err(CaseError::Resolved(1)));
+        assert_eq!(decide(1, Some(IncidentStatus::Resolved), &note(1)), Err(CaseError::Resolved(1)));
     }
 }
