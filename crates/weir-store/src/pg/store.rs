@@ -2,7 +2,12 @@
 //! `[postgres]` schema through a pool, each statement stopped past the
 //! statement timeout.
 
-use crate::*;
+use crate::{audit, backfill, checks, destinations, drills, incidents, pg, pool, views};
+use crate::{
+    Act, Acted, Annotation, Backfill, BackfillAsk, Correction, FileContract, Finish, Notification, Reconciliation,
+    Registration, Result, ResultFilter, ResultPage, RowOrigin, Schedule, Store, StoreError, Switch, SwitchError,
+    Version, STATEMENT_TIMEOUT,
+};
 
 /// The Kafka topology's store: the `[postgres]` schema, through a pool.
 pub struct PostgresStore {

@@ -3,7 +3,12 @@
 
 use std::path::PathBuf;
 
-use crate::*;
+use crate::{audit, backfill, checks, destinations, detail_with, drills, incidents, pool, sqlite, views};
+use crate::{
+    Act, Acted, Annotation, Backfill, BackfillAsk, Correction, FileContract, Finish, Notification, Reconciliation,
+    Registration, Result, ResultFilter, ResultPage, RowOrigin, Schedule, Store, StoreError, Switch, SwitchError,
+    Version, STATEMENT_TIMEOUT,
+};
 
 /// The embedded topology's store: `weir.db`, through a pool.
 pub struct SqliteStore {
