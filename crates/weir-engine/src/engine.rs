@@ -273,6 +273,9 @@ pub struct Engine {
     /// The start of the last window [`Engine::fixed_span`] found, and where
     /// that start's slide ends.
     span_at: std::cell::Cell<(i64, i64)>,
+    /// A batch reads only events whose time is in this range
+    /// ([`Engine::read_times`]).
+    times: Option<std::ops::Range<i64>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -320,6 +323,7 @@ impl Engine {
             per_batch: false,
             batch_from: None,
             span_at: std::cell::Cell::new((0, 0)),
+            times: None,
         }
     }
 
@@ -329,6 +333,16 @@ impl Engine {
     /// told one, no event is `future`. Not kept in snapshots.
     pub fn set_clock(&mut self, now_ms: i64) {
         self.clock_ms = Some(now_ms);
+    }
+
+    /// A batch from now on passes over every event whose time is readable
+    /// and outside `times`: it is neither counted, remembered nor ledgered.
+    /// A backfill gives the range its windows need, with the dedup horizon
+    /// on both sides, so that it holds the range and not the whole input.
+    /// An event with no readable time goes on as usual. Not kept in
+    /// snapshots; a stream engine ignores it.
+    pub fn read_times(&mut self, times: std::ops::Range<i64>) {
+        self.times = (self.mode == Mode::Batch).then_some(times);
     }
 
     /// The event time of the last event [`Engine::process`] read, if it had
@@ -640,6 +654,11 @@ impl Engine {
         // Read first, refused only at step 4: any readable time moves the
         // watermark (step 8), whatever else happens to the event.
         let time = read_time(root.get(&plan.time_path), &plan);
+        if let (Ok(t), Some(times)) = (&time, &self.times) {
+            if !times.contains(t) {
+                return None;
+            }
+        }
         // A time too far ahead of the processing clock moves no watermark (step 8).
         let ahead = match (&time, plan.max_future_ms, self.clock_ms) {
             (Ok(t), Some(max), Some(now)) if *t > now.saturating_add(max) => Some((*t, now, max)),

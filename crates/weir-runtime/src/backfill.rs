@@ -349,6 +349,8 @@ fn differences(contract: &Contract, pairs: &[Pair<'_>], absolute: bool) -> Map<S
 pub struct Computed {
     pub corrections: Vec<Correction>,
     pub report: Value,
+    /// The windows the batch computed, in the range and its margins.
+    pub batch_windows: usize,
 }
 
 /// Steps 1-4 of a run (see the module's comment). `tick` is called every
@@ -369,6 +371,9 @@ pub fn compute(
     let partitions = input.partitions()?;
     let mut batch = Engine::new(contract, Mode::Batch, partitions)?;
     batch.set_clock(weir_log::now_ms()); // what is `future` now stays out
+    if let Some(times) = read_times(contract, (run.from_ms, run.to_ms)) {
+        batch.read_times(times);
+    }
     let mut cause_engines: BTreeMap<&'static str, Engine> = BTreeMap::new();
     for reason in CAUSES {
         cause_engines.insert(reason.as_str(), Engine::new(contract, Mode::Batch, partitions)?);
@@ -409,10 +414,27 @@ pub fn compute(
         ResultFilter { from_ms: Some(run.from_ms), to_ms: Some(run.to_ms), limit: i64::MAX, ..Default::default() };
     let published: Vec<Published> =
         store.results(&run.pipeline, run.version, &filter)?.rows.iter().filter_map(|t| Published::parse(t)).collect();
+    let batch_windows = rows.len();
     let decided = decide(contract, &format, rows, published, (run.from_ms, run.to_ms), settled);
     let causes = carried(&format, &wanted, cause_engines);
     let report = report(contract, &format, run, settled, read, &decided, &causes);
-    Ok(Computed { corrections: decided.corrections, report })
+    Ok(Computed { corrections: decided.corrections, report, batch_windows })
+}
+
+/// The event times whose events can change a fixed window starting in
+/// `[from, to)`: those of its windows, and the dedup horizon on both sides,
+/// within which another version of one of their ids is compared with it
+/// (SPEC.md 3.3: an id is remembered for `horizon` of event time). A
+/// version further away is not read, as a stream would have forgotten the
+/// id by then. Sessions have no such bound: a session starting in the range
+/// may be joined by any later event, so a backfill of sessions reads all.
+fn read_times(contract: &Contract, (from_ms, to_ms): (i64, i64)) -> Option<std::ops::Range<i64>> {
+    let size_ms = match contract.window.kind {
+        WindowKind::Tumbling { size_ms } | WindowKind::Hopping { size_ms, .. } => size_ms,
+        WindowKind::Session { .. } | WindowKind::Global => return None,
+    };
+    let horizon_ms = contract.dedup.as_ref().map_or(0, |d| d.horizon_ms);
+    Some(from_ms.saturating_sub(horizon_ms)..to_ms.saturating_add(size_ms).saturating_add(horizon_ms))
 }
 
 /// The run's report: what it checked and changed, the difference per
@@ -753,6 +775,62 @@ fn = "count"
             values,
             events,
         }
+    }
+
+    #[test]
+    fn review_2_point_8_a_backfill_holds_its_range_and_horizon_not_the_whole_input() {
+        // Corrections with dedup: ids repeat within the horizon, some with
+        // another amount (a correction) and some moved to another minute.
+        let text = CONTRACT.replace("key = [\"acct\"]", "key = [\"acct\"]\nevent_id = \"id\"")
+            + "\n[dedup]\nhorizon = \"10m\"\non_conflict = \"correct\"\n";
+        let contract = Contract::parse("c.toml", &text).unwrap();
+        let minutes = 5_000i64;
+        let mut lines = Vec::new();
+        for m in 0..minutes {
+            for a in 0..3 {
+                let t = weir_engine::time::format_rfc3339_ms(m * MINUTE + a * 1_000);
+                lines.push(format!(r#"{{"id":"{m}-{a}","acct":"a{a}","t":"{t}","amount":{}}}"#, m % 7));
+            }
+            if m >= 4 {
+                // A correction of an earlier minute's payment, moved by a minute.
+                let t = weir_engine::time::format_rfc3339_ms((m - 3) * MINUTE + 5_000);
+                lines.push(format!(r#"{{"id":"{}-1","acct":"a1","t":"{t}","amount":100}}"#, m - 4));
+            }
+        }
+        let run = |times: Option<std::ops::Range<i64>>| {
+            let mut engine = Engine::new(&contract, Mode::Batch, 1).unwrap();
+            if let Some(times) = times {
+                engine.read_times(times);
+            }
+            let mut out = Output::default();
+            for (i, line) in lines.iter().enumerate() {
+                engine.process(EventIn { partition: 0, offset: i as u64, bytes: line.as_bytes() }, &mut out);
+            }
+            engine.finish(&mut out);
+            let format = engine.format().clone();
+            let written = |r: &Row| {
+                let mut line = String::new();
+                format.write_row(r, &mut line);
+                line
+            };
+            (out.rows.len(), out.rows.iter().map(|r| (r.window_start, written(r))).collect::<Vec<_>>())
+        };
+        let (from, to) = (2_000 * MINUTE, 2_030 * MINUTE);
+        let (whole, all_rows) = run(None);
+        let (held, rows) = run(read_times(&contract, (from, to)));
+        // Every minute of every account but a1's first, whose payment moved.
+        assert_eq!(whole, minutes as usize * 3 - 1);
+        // 30 minutes, a minute of window, 10 of horizon each side: 51 minutes.
+        assert!(held <= 51 * 3, "the backfill held {held} windows for a 30-minute range");
+        let in_range = |rows: Vec<(Option<i64>, String)>| {
+            rows.into_iter().filter(|(s, _)| s.is_some_and(|s| (from..to).contains(&s))).collect::<Vec<_>>()
+        };
+        let (expected, got) = (in_range(all_rows), in_range(rows));
+        assert_eq!(expected.len(), 30 * 3);
+        assert_eq!(got, expected, "the range's windows are those of the whole batch");
+        // Sessions are read whole.
+        let sessions = CONTRACT.replace("type = \"tumbling\"\nsize = \"1m\"", "type = \"session\"\ngap = \"1m\"");
+        assert_eq!(read_times(&Contract::parse("s.toml", &sessions).unwrap(), (from, to)), None);
     }
 
     #[test]
