@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use partition::Partition;
 pub use partition::Recovered;
-pub use record::{Record, RECORD_MAX};
+pub use record::{Record, RECORD_MAX, TAG};
 
 /// Creates `dir` and any missing parent owner-only (0700): the log and the
 /// results database hold raw events. A folder already there keeps its mode.
@@ -148,6 +148,8 @@ type Appended = Result<Vec<(u32, u64)>, LogError>;
 struct Request {
     topic: Arc<Topic>,
     records: Batch,
+    /// The tag every record of the request carries ([`Log::append_tagged`]).
+    tag: Option<[u8; TAG]>,
     /// What it counts against the queue's bound.
     bytes: usize,
     reply: tokio::sync::oneshot::Sender<Appended>,
@@ -310,6 +312,27 @@ impl Log {
 
     /// Queues records `(partition, payload)` for the next group commit.
     pub fn append(&self, topic: &str, records: Vec<(u32, Vec<u8>)>) -> Result<Pending, LogError> {
+        self.append_with(topic, records, None)
+    }
+
+    /// As [`Log::append`], each record carrying `tag` (read back as
+    /// [`Record::tag`]): the records of one request can be told from any
+    /// other's with the same bytes.
+    pub fn append_tagged(
+        &self,
+        topic: &str,
+        records: Vec<(u32, Vec<u8>)>,
+        tag: [u8; TAG],
+    ) -> Result<Pending, LogError> {
+        self.append_with(topic, records, Some(tag))
+    }
+
+    fn append_with(
+        &self,
+        topic: &str,
+        records: Vec<(u32, Vec<u8>)>,
+        tag: Option<[u8; TAG]>,
+    ) -> Result<Pending, LogError> {
         let t = self.topic(topic)?;
         let partitions = t.partitions.len() as u32;
         if let Some(&(partition, _)) = records.iter().find(|(p, _)| *p >= partitions) {
@@ -330,7 +353,7 @@ impl Log {
             return Err(LogError::Busy { queued, limit });
         }
         let (reply, rx) = tokio::sync::oneshot::channel();
-        if self.requests.send(Request { topic: t, records, bytes, reply }).is_err() {
+        if self.requests.send(Request { topic: t, records, tag, bytes, reply }).is_err() {
             self.shared.queued.fetch_sub(bytes, Ordering::SeqCst);
             return Err(LogError::Unavailable("the log's writer stopped".into()));
         }
@@ -498,7 +521,7 @@ fn commit(shared: &Shared, group: Vec<Request>) -> Vec<Answer> {
             if !p.has_pending() {
                 touched.push((Arc::clone(&req.topic), *partition));
             }
-            offsets.push((*partition, p.push(payload, now)));
+            offsets.push((*partition, p.push(payload, req.tag.as_ref(), now)));
         }
         answers.push(offsets);
     }

@@ -133,10 +133,10 @@ impl Partition {
     }
 
     /// Encodes a record into the pending write; returns its offset.
-    pub(crate) fn push(&mut self, payload: &[u8], append_ms: i64) -> u64 {
+    pub(crate) fn push(&mut self, payload: &[u8], tag: Option<&[u8; record::TAG]>, append_ms: i64) -> u64 {
         let offset = self.next_offset;
         let at = self.pending.len() as u64;
-        record::encode(offset, append_ms, payload, &mut self.pending);
+        record::encode(offset, append_ms, payload, tag, &mut self.pending);
         self.pending_meta.push((offset, append_ms, at));
         self.next_offset += 1;
         offset
@@ -292,10 +292,10 @@ pub(crate) fn read_segment(
         let mut at = 0;
         loop {
             match record::parse(&buf[at..want]) {
-                Parsed::Record { offset, append_ms, payload, size } => {
+                Parsed::Record { offset, append_ms, payload, tag, size } => {
                     if offset >= from {
                         bytes_out += payload.len();
-                        out.push(Record { partition, offset, append_ms, payload: payload.to_vec() });
+                        out.push(Record { partition, offset, append_ms, payload: payload.to_vec(), tag: tag.copied() });
                     }
                     at += size;
                     if out.len() >= max_records || bytes_out >= max_bytes {
@@ -305,7 +305,7 @@ pub(crate) fn read_segment(
                 Parsed::Short if at > 0 => break,
                 Parsed::Short => {
                     // One record larger than the buffer: read it whole.
-                    let size = HEADER + u32::from_le_bytes(buf[0..4].try_into().unwrap_or_default()) as usize;
+                    let size = HEADER + record::body_len(buf[0..4].try_into().unwrap_or_default());
                     if size as u64 > len - pos || size > record::RECORD_MAX + HEADER {
                         let detail = "a record cut short inside the durable bytes".into();
                         return Err(LogError::Corrupt { file: path.to_owned(), position: pos, detail });

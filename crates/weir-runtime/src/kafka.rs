@@ -32,6 +32,9 @@
 //! event as a `"$kafka"` member, so they are also in ledger payloads and
 //! in duplicate comparison (a record resent by a producer has another
 //! timestamp, so with `$kafka.timestamp` it is a `duplicate_conflict`).
+//! The `weir-request` header, which the HTTP API sets on the records of a
+//! request with an `Idempotency-Key`, is not among them: a retry with
+//! another key reads the same.
 //! A record whose payload has its own top-level `$kafka` member (however
 //! its name is escaped) would forge them: it is ledgered `bad_type` and
 //! counts nowhere, whatever the contract reads.
@@ -47,7 +50,7 @@ use std::time::{Duration, Instant};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
+use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use weir_contract::{Contract, KafkaConfig, PostgresConfig, ServerConfig};
@@ -461,8 +464,13 @@ pub fn record_key(json: &str) -> String {
     serde_json::from_str::<String>(json).unwrap_or_else(|_| json.to_owned())
 }
 
+/// The header that says which request with an `Idempotency-Key` produced
+/// a record: its value is the request's tag, in hex.
+pub const REQUEST_HEADER: &str = "weir-request";
+
 /// Produces `records` (payload with their partitioning field's JSON text)
 /// and waits for every acknowledgement; the partitions and offsets written.
+/// `tag` (hex) goes in each record's [`REQUEST_HEADER`].
 /// Kafka has no all-or-nothing append without transactions: after an error
 /// some records may be written; sending again is safe with `[dedup]`.
 pub async fn produce(
@@ -470,6 +478,7 @@ pub async fn produce(
     topic: &str,
     records: &[(u32, Vec<u8>)],
     keys: &[Option<String>],
+    tag: Option<&str>,
 ) -> Result<Vec<(u32, u64)>, String> {
     let mut pending = Vec::with_capacity(records.len());
     for ((_, payload), key) in records.iter().zip(keys) {
@@ -477,6 +486,10 @@ pub async fn produce(
         let mut record = FutureRecord::<String, Vec<u8>>::to(topic).payload(payload);
         if let Some(k) = &key {
             record = record.key(k);
+        }
+        if let Some(tag) = tag {
+            let header = rdkafka::message::Header { key: REQUEST_HEADER, value: Some(tag) };
+            record = record.headers(rdkafka::message::OwnedHeaders::new().insert(header));
         }
         match producer.send_result(record) {
             Ok(delivery) => pending.push(delivery),
@@ -496,6 +509,65 @@ pub async fn produce(
         }
     }
     Ok(offsets)
+}
+
+/// The records of `topic` whose [`REQUEST_HEADER`] is `tag`, produced at
+/// or after `since_ms` (by their timestamps, as the broker finds them):
+/// `(partition, offset, payload)`, in offset order per partition. Blocks:
+/// it reads each partition from that time to its end. A request cut short
+/// by a crash is finished with it.
+pub fn tagged_since(
+    brokers: &str,
+    kafka: Option<&KafkaConfig>,
+    topic: &str,
+    since_ms: i64,
+    tag: &str,
+) -> anyhow::Result<Vec<(u32, u64, Vec<u8>)>> {
+    let consumer: BaseConsumer = consumer_config(brokers, kafka)
+        .set("group.id", "weir-tagged-since")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions = metadata.topics().first().map_or(0, |t| t.partitions().len()) as i32;
+    let mut times = TopicPartitionList::new();
+    for p in 0..partitions {
+        times.add_partition_offset(topic, p, Offset::Offset(since_ms))?;
+    }
+    let starts = consumer.offsets_for_times(times, Duration::from_secs(10))?;
+    let mut found = Vec::new();
+    for p in 0..partitions {
+        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+        let start = match starts.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) if o < high => o,
+            _ => continue, // nothing at or after that time
+        };
+        let mut one = TopicPartitionList::new();
+        one.add_partition_offset(topic, p, Offset::Offset(start))?;
+        consumer.assign(&one)?;
+        let mut next = start;
+        let mut silent = Instant::now();
+        while next < high {
+            match consumer.poll(Duration::from_millis(200)) {
+                None if silent.elapsed() > Duration::from_secs(30) => anyhow::bail!(
+                    "reading {topic} partition {p}: nothing arrived for 30 s at offset {next} (the high watermark was {high})"
+                ),
+                None | Some(Err(KafkaError::PartitionEOF(_))) => {}
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(m)) => {
+                    silent = Instant::now();
+                    next = m.offset() + 1;
+                    let ours = m.headers().is_some_and(|hs| {
+                        hs.iter().any(|h| h.key == REQUEST_HEADER && h.value == Some(tag.as_bytes()))
+                    });
+                    if ours {
+                        found.push((p as u32, m.offset().max(0) as u64, m.payload().unwrap_or_default().to_vec()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(found)
 }
 
 /// Creates `topic` with `partitions` partitions (replication factor 1 on a
@@ -592,7 +664,6 @@ impl KafkaFields {
         payload: &'a [u8],
         buf: &'a mut Vec<u8>,
     ) -> &'a [u8] {
-        use rdkafka::message::Headers;
         let trimmed = payload.trim_ascii_start();
         if !self.any() || !trimmed.starts_with(b"{") {
             return payload;
@@ -614,7 +685,7 @@ impl KafkaFields {
         if self.headers {
             let mut headers = serde_json::Map::new();
             if let Some(hs) = m.headers() {
-                for h in hs.iter() {
+                for h in hs.iter().filter(|h| h.key != REQUEST_HEADER) {
                     if let Some(v) = h.value.and_then(|v| std::str::from_utf8(v).ok()) {
                         headers.insert(h.key.to_owned(), v.into());
                     }

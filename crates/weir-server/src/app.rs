@@ -36,6 +36,8 @@ pub struct App {
     pub(crate) in_flight: Mutex<std::collections::HashSet<(String, String)>>,
     /// Producers for the topics Kafka pipelines read.
     pub producers: BTreeMap<String, rdkafka::producer::FutureProducer>,
+    /// The brokers of each topic in `producers`.
+    pub brokers: BTreeMap<String, String>,
     /// Refused requests by their metric labels (status and reason or role).
     pub denied: Mutex<BTreeMap<String, u64>>,
     /// Alert notifications dropped because `alert_queue` were waiting.
@@ -101,6 +103,7 @@ impl App {
             gates: Gates::new(),
             in_flight: Mutex::default(),
             producers: BTreeMap::new(),
+            brokers: BTreeMap::new(),
             denied: Mutex::default(),
             webhooks: crate::webhooks::Webhooks::default(),
             versions: Mutex::new(crate::versions::VersionWatch::default()),

@@ -168,21 +168,42 @@ pub(crate) async fn post_events(
                 return r;
             }
             Ok(Found::Done { same_body: false, .. } | Found::Pending { same_body: false, .. }) => return other_body(),
-            Ok(Found::Pending { same_body: true, starts }) => {
-                if kafka.is_some() {
-                    return error(
-                        StatusCode::CONFLICT,
-                        format!("the first request with Idempotency-Key {key:?} was cut short by a restart, and whether its events reached Kafka is not known here; read the topic to see, and send what is missing with a new key"),
-                    );
-                }
-                // A crash cut the first attempt short: what it appended is
-                // in the log past `starts`; only the rest is appended now.
-                let log = app.log.clone();
-                let t = topic.clone();
+            Ok(Found::Pending { same_body: true, starts, at_ms }) => {
+                // A crash cut the first attempt short: what it appended
+                // carries its tag, past `starts` on the log, and on Kafka
+                // stamped after it began (a minute's margin for the clock);
+                // only the rest is appended now.
+                let tag = request_tag(&guard.key.1);
                 let wanted: Vec<Vec<u8>> = records.iter().map(|r| r.1.clone()).collect();
-                let looked = tokio::task::spawn_blocking(move || already_appended(&log, &t, &starts, &wanted)).await;
-                let Ok(Ok(at)) = looked else {
-                    return error(StatusCode::SERVICE_UNAVAILABLE, "the log could not be read to finish an earlier attempt with this Idempotency-Key; send it again");
+                let (log, t, app2) = (app.log.clone(), topic.clone(), Arc::clone(&app));
+                let looked = tokio::task::spawn_blocking(move || match app2.brokers.get(&t) {
+                    Some(brokers) => {
+                        let since = at_ms.saturating_sub(60_000);
+                        let kafka = app2.config.kafka.as_ref();
+                        match weir_runtime::kafka::tagged_since(brokers, kafka, &t, since, &hex(&tag)) {
+                            Ok(found) => Ok(matched(found, &wanted)),
+                            Err(e) => Err(e.to_string()),
+                        }
+                    }
+                    None => already_appended(&log, &t, &starts, tag, &wanted).map_err(|e| e.to_string()),
+                })
+                .await;
+                let at = match looked {
+                    Ok(Ok(at)) => at,
+                    Ok(Err(why)) => {
+                        let mut r = error(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("an earlier attempt with Idempotency-Key {key:?} was cut short by a restart, and what it appended could not be read ({why}); nothing was appended now; send it again"),
+                        );
+                        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                        return r;
+                    }
+                    Err(e) => {
+                        return error(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            format!("finishing Idempotency-Key {key:?}: {e}"),
+                        )
+                    }
                 };
                 let mut left = Vec::new();
                 let mut left_keys = Vec::new();
@@ -224,24 +245,33 @@ async fn append(
     let arrived = std::time::Instant::now();
     let answer = match (kafka, records.is_empty()) {
         (_, true) => Ok(Vec::new()),
-        (Some(producer), false) => match weir_runtime::kafka::produce(&producer, topic, &records, &keys).await {
-            Ok(offsets) => Ok(offsets),
-            Err(e) => {
-                if let Some(held) = &in_flight {
-                    // Not acknowledged: the key is free for the retry (Kafka may
-                    // hold part of the batch, which the retry then adds again).
-                    let (t, k) = (topic.to_owned(), held.key.1.clone());
-                    let _ = app.on_weir_db(move |c| weir_store::idempotency::forget(c, &t, &k)).await;
+        (Some(producer), false) => {
+            let tag = in_flight.as_ref().map(|held| hex(&request_tag(&held.key.1)));
+            match weir_runtime::kafka::produce(&producer, topic, &records, &keys, tag.as_deref()).await {
+                Ok(offsets) => Ok(offsets),
+                Err(e) => {
+                    if let Some(held) = &in_flight {
+                        // Not acknowledged: the key is free for the retry (Kafka may
+                        // hold part of the batch, which the retry then adds again).
+                        let (t, k) = (topic.to_owned(), held.key.1.clone());
+                        let _ = app.on_weir_db(move |c| weir_store::idempotency::forget(c, &t, &k)).await;
+                    }
+                    let mut r = error(StatusCode::SERVICE_UNAVAILABLE, e);
+                    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    return r;
                 }
-                let mut r = error(StatusCode::SERVICE_UNAVAILABLE, e);
-                r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return r;
             }
-        },
-        (None, false) => match app.log.append(topic, records) {
-            Ok(pending) => pending.wait().await,
-            Err(e) => Err(e),
-        },
+        }
+        (None, false) => {
+            let appended = match &in_flight {
+                Some(held) => app.log.append_tagged(topic, records, request_tag(&held.key.1)),
+                None => app.log.append(topic, records),
+            };
+            match appended {
+                Ok(pending) => pending.wait().await,
+                Err(e) => Err(e),
+            }
+        }
     };
     if answer.is_ok() {
         lock(&app.durable).observe(arrived.elapsed().as_secs_f64());
@@ -325,31 +355,54 @@ impl Drop for InFlight {
     }
 }
 
+/// The tag every record of a request with an Idempotency-Key carries (on
+/// the log as the record's tag, on Kafka as the `weir-request` header): the
+/// first 16 bytes of the SHA-256 of the key as stored (`TOKEN_ID/KEY`).
+pub(crate) fn request_tag(scoped_key: &str) -> [u8; weir_log::TAG] {
+    let digest = sha2::Sha256::digest(scoped_key.as_bytes());
+    let mut tag = [0u8; weir_log::TAG];
+    tag.copy_from_slice(&digest[..weir_log::TAG]);
+    tag
+}
+
 /// Where each of `wanted` already is in the log past `starts` (its
-/// partition's end before an attempt a crash cut short), each record
-/// matched once, in order; `None` for those not there.
+/// partition's end before an attempt a crash cut short), among the records
+/// that attempt appended (those carrying its `tag`: another producer's
+/// record with the same bytes is not one of them).
 fn already_appended(
     log: &weir_log::Log,
     topic: &str,
     starts: &[u64],
+    tag: [u8; weir_log::TAG],
     wanted: &[Vec<u8>],
 ) -> Result<Vec<Option<(u32, u64)>>, LogError> {
-    let mut there: std::collections::HashMap<&[u8], std::collections::VecDeque<(u32, u64)>> =
-        std::collections::HashMap::new();
-    let mut records = Vec::new();
+    let mut found = Vec::new();
     for (p, &(_, end)) in log.bounds(topic)?.iter().enumerate() {
         let mut from = starts.get(p).copied().unwrap_or(end);
         while from < end {
             let got = log.read(topic, p as u32, from, 10_000, 16 << 20)?;
             let Some(last) = got.last() else { break };
             from = last.offset + 1;
-            records.extend(got.into_iter().map(|r| (p as u32, r)));
+            found.extend(got.into_iter().filter(|r| r.tag == Some(tag)).map(|r| (p as u32, r.offset, r.payload)));
         }
     }
-    for (p, r) in &records {
-        there.entry(&r.payload[..]).or_default().push_back((*p, r.offset));
+    Ok(matched(found, wanted))
+}
+
+/// Each of `wanted` matched to one of the records `found` with its bytes,
+/// in order; `None` for those not there.
+fn matched(found: Vec<(u32, u64, Vec<u8>)>, wanted: &[Vec<u8>]) -> Vec<Option<(u32, u64)>> {
+    let mut there: std::collections::HashMap<Vec<u8>, std::collections::VecDeque<(u32, u64)>> =
+        std::collections::HashMap::new();
+    for (p, offset, payload) in found {
+        there.entry(payload).or_default().push_back((p, offset));
     }
-    Ok(wanted.iter().map(|w| there.get_mut(&w[..]).and_then(|q| q.pop_front())).collect())
+    wanted.iter().map(|w| there.get_mut(&w[..]).and_then(|q| q.pop_front())).collect()
+}
+
+/// A tag as the `weir-request` header carries it.
+fn hex(tag: &[u8]) -> String {
+    tag.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Raw events: raw-reader tokens only, and every read is in the audit log

@@ -53,7 +53,7 @@ pub async fn serve(
     let (kafka_contracts, embedded): (Vec<Contract>, Vec<Contract>) = contracts.iter().cloned().partition(on_kafka);
     mask_embedded_ledgers(&embedded, &db)?;
     // Pipelines over Kafka publish to Postgres, shared by the workers.
-    let producers = prepare_kafka(kafka_contracts, &config).await?;
+    let (producers, brokers) = prepare_kafka(kafka_contracts, &config).await?;
 
     // One store per topology, each behind the same interface for readers and operators.
     let timeout = Duration::from_millis(config.store_statement_timeout_ms as u64);
@@ -99,6 +99,7 @@ pub async fn serve(
     }
     app.auth = Arc::new(weir_store::SqliteStore::new(db.clone(), 4));
     app.producers = producers;
+    app.brokers = brokers;
     app.backfill_inputs = backfill_inputs;
     app.notes = Arc::clone(&starting.notes);
     app.otel_exports = otel_exports;
@@ -213,14 +214,14 @@ fn mask_embedded_ledgers(embedded: &[Contract], db: &Path) -> anyhow::Result<()>
 
 /// For the pipelines on Kafka: Postgres at its current schema (its roles,
 /// and their ledgers masked as above), each source topic made, and a
-/// producer for each, by topic.
+/// producer for each, by topic, with the topic's brokers.
 async fn prepare_kafka(
     contracts: Vec<Contract>,
     config: &Arc<ServerConfig>,
-) -> anyhow::Result<BTreeMap<String, rdkafka::producer::FutureProducer>> {
-    let mut producers = BTreeMap::new();
+) -> anyhow::Result<(BTreeMap<String, rdkafka::producer::FutureProducer>, BTreeMap<String, String>)> {
+    let (mut producers, mut by_topic) = (BTreeMap::new(), BTreeMap::new());
     if contracts.is_empty() {
-        return Ok(producers);
+        return Ok((producers, by_topic));
     }
     let Some(pg) = config.postgres.clone() else {
         let names: Vec<&str> = contracts.iter().map(|c| &*c.pipeline.name).collect();
@@ -264,9 +265,10 @@ async fn prepare_kafka(
             let producer = kafka::producer(&brokers, config.kafka.as_ref())
                 .with_context(|| format!("cannot make a Kafka producer for {brokers}"))?;
             producers.insert(topic.clone(), producer);
+            by_topic.insert(topic.clone(), brokers);
         }
     }
-    Ok(producers)
+    Ok((producers, by_topic))
 }
 
 /// What every pipeline's start shares.

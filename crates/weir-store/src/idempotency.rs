@@ -5,10 +5,12 @@
 //! same body gets that answer again, with another body a 422.
 //!
 //! A key is stored as `pending`, with where each partition of the topic
-//! ended, before its events are appended, and as `done` with the answer
-//! after. A key found `pending` belongs to an attempt a crash cut short:
-//! the caller looks in the log past those ends for what that attempt
-//! appended, and appends only the rest.
+//! ended (on the embedded log) and the time, before its events are
+//! appended, and as `done` with the answer after. The records appended
+//! carry the request's tag (a hash of the stored key: the log's record tag,
+//! Kafka's `weir-request` header). A key found `pending` belongs to an
+//! attempt a crash cut short: the caller looks past those ends (on Kafka,
+//! from that time) for the records with its tag, and appends only the rest.
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -35,8 +37,9 @@ pub enum Found {
     New,
     /// Done before: the answer given then (when the body is the same).
     Done { same_body: bool, answer: String },
-    /// An attempt a crash cut short: where each partition ended before it.
-    Pending { same_body: bool, starts: Vec<u64> },
+    /// An attempt a crash cut short: where each partition ended before it
+    /// (on the embedded log), and when it began.
+    Pending { same_body: bool, starts: Vec<u64>, at_ms: i64 },
 }
 
 /// Looks `key` up for a request whose body hashes to `body_hash`, storing
@@ -55,19 +58,22 @@ pub fn begin(
              (SELECT topic, key FROM idempotency WHERE at_ms < ?1 ORDER BY at_ms LIMIT ?2)",
         params![now_ms - KEEP_MS, PURGED_AT_ONCE],
     )?;
-    let found: Option<(String, String, String, Option<String>)> = tx
+    let found: Option<(String, String, String, Option<String>, i64)> = tx
         .query_row(
-            "SELECT body_hash, state, starts, answer FROM idempotency WHERE topic = ?1 AND key = ?2",
+            "SELECT body_hash, state, starts, answer, at_ms FROM idempotency WHERE topic = ?1 AND key = ?2",
             params![topic, key],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
         )
         .optional()?;
     let result = match found {
-        Some((hash, state, stored_starts, answer)) => {
+        Some((hash, state, stored_starts, answer, at_ms)) => {
             let same_body = hash == body_hash;
             match (state.as_str(), answer) {
                 ("done", Some(answer)) => Found::Done { same_body, answer },
-                _ => Found::Pending { same_body, starts: serde_json::from_str(&stored_starts).unwrap_or_default() },
+                _ => {
+                    let starts = serde_json::from_str(&stored_starts).unwrap_or_default();
+                    Found::Pending { same_body, starts, at_ms }
+                }
             }
         }
         None => {
@@ -109,7 +115,7 @@ mod tests {
         assert_eq!(begin(&conn, "t", "k1", "h1", &[3, 4], 1_000).unwrap(), Found::New);
         assert_eq!(
             begin(&conn, "t", "k1", "h1", &[9, 9], 2_000).unwrap(),
-            Found::Pending { same_body: true, starts: vec![3, 4] }
+            Found::Pending { same_body: true, starts: vec![3, 4], at_ms: 1_000 }
         );
         finish(&conn, "t", "k1", "{\"accepted\":2}").unwrap();
         assert_eq!(

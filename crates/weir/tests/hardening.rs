@@ -877,6 +877,87 @@ fn review_2_point_6_a_producer_that_goes_away_mid_request_leaves_no_key_pending(
     }
 }
 
+/// Issue 42, finding 6, the crash case: a request with an Idempotency-Key
+/// that a crash of the server cut short (its key left `pending`) is
+/// finished by its retry from the records that carry its tag. Two crashes
+/// are made by hand in weir.db, the server stopped: one after the first
+/// attempt's events were appended (the retry appends nothing and answers
+/// where they went), one before (the retry appends them, although another
+/// producer appended the same bytes meanwhile: before the fix, the log
+/// counted those as this request's and the events were lost; on Kafka the
+/// retry got 409 for 24 hours).
+#[test]
+fn review_2_point_6_a_key_left_pending_by_a_crash_is_finished_from_its_own_records() {
+    use sha2::Digest;
+    let dir = Scratch::new("idempotency-crash");
+    for topology in common::topology::Topology::both("idempotency_crash") {
+        let config = topology.config(("payments", 2, "account_id"), "");
+        let root = topology.folder(&dir, topology.name(), &[("paid.toml", common::PAID)], &config);
+        let data = root.join("data");
+        let (server, base) = topology.serve(&root);
+        let producer = common::tokens_of(&data).producer;
+        let other = common::make_token(&data, &["--role", "producer", "--topic", "payments", "--why", "other"]);
+        let post = |base: &str, token: &str, key: Option<&str>, body: &str| -> (u16, String) {
+            let mut r = agent()
+                .post(&format!("{base}/v1/topics/payments/events"))
+                .header("authorization", format!("Bearer {token}"));
+            if let Some(key) = key {
+                r = r.header("idempotency-key", key);
+            }
+            let mut a = r.send(body).unwrap();
+            (a.status().as_u16(), a.body_mut().read_to_string().unwrap())
+        };
+        let read = |base: &str, events: u64| {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let s: Value = serde_json::from_str(&get(&format!("{base}/v1/pipelines/paid/status"))).unwrap();
+                if s["events"]["read"] == events && s["lag_records"] == 0 {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{}: waiting for {events} events read: {s}", topology.name());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        };
+        let x = (0..10).map(|i| payment(i, &format!("a{i}"), BASE)).collect::<Vec<_>>().join("\n");
+        let z = (100..110).map(|i| payment(i, &format!("a{i}"), BASE)).collect::<Vec<_>>().join("\n");
+        let (code, first) = post(&base, &producer, Some("crash-1"), &x);
+        assert_eq!(code, 200, "{first}");
+        assert_eq!(post(&base, &other, None, &z).0, 200);
+        read(&base, 20);
+        drop(server);
+        // The crashes, as weir.db would hold them.
+        let db = rusqlite::Connection::open(data.join("weir.db")).unwrap();
+        let (stored, starts, at_ms): (String, String, i64) = db
+            .query_row("SELECT key, starts, at_ms FROM idempotency WHERE key LIKE '%/crash-1'", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .unwrap();
+        db.execute("UPDATE idempotency SET state = 'pending', answer = NULL WHERE key = ?1", [&stored]).unwrap();
+        let hash: String = sha2::Sha256::digest(z.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+        let cut_short = stored.replace("/crash-1", "/crash-2");
+        db.execute(
+            "INSERT INTO idempotency (topic, key, body_hash, state, starts, at_ms) VALUES ('payments', ?1, ?2, 'pending', ?3, ?4)",
+            rusqlite::params![cut_short, hash, starts, at_ms],
+        )
+        .unwrap();
+        drop(db);
+        let (_server, base) = topology.serve(&root);
+        // Appended before the crash: the retry finds them and appends nothing.
+        let (code, again) = post(&base, &producer, Some("crash-1"), &x);
+        assert_eq!((code, again.as_str()), (200, first.as_str()), "{}: where they went", topology.name());
+        // Not appended before the crash: another producer's same bytes are not this request's.
+        let (code, answer) = post(&base, &producer, Some("crash-2"), &z);
+        assert_eq!(code, 200, "{}: {answer}", topology.name());
+        assert!(answer.contains("\"accepted\":10"), "{answer}");
+        read(&base, 30);
+        std::thread::sleep(Duration::from_millis(500));
+        read(&base, 30);
+        // Each answered now: a third try is a replay.
+        let (code, replay) = post(&base, &producer, Some("crash-2"), &z);
+        assert_eq!((code, replay.as_str()), (200, answer.as_str()));
+    }
+}
+
 /// Issue 42, finding 4: a backfill and a reconciliation are kept with
 /// their audit entry in one transaction. With the audit key gone, each
 /// answers 5xx and nothing is asked, kept or published.
