@@ -19,7 +19,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
-use weir_contract::{Contract, ServerConfig, TimeFormat};
+use weir_contract::{Contract, ServerConfig, TimeFormat, WindowKind};
 use weir_log::Log;
 
 use crate::runner::{Connected, Run, Runner};
@@ -170,6 +170,45 @@ pub enum DrillLog {
     Kafka { brokers: String, config: Arc<ServerConfig>, producer: FutureProducer, runtime: tokio::runtime::Handle },
 }
 
+/// The first offset in `[first, end)` of `topic`'s partition `p` whose
+/// record was appended at or after `since_ms` (`end` when none was),
+/// found by halving: append times rise with offsets, as one writer stamps
+/// each group commit with its clock.
+fn first_appended_since(
+    log: &Log,
+    topic: &str,
+    p: u32,
+    (first, end): (u64, u64),
+    since_ms: i64,
+) -> anyhow::Result<u64> {
+    let (mut lo, mut hi) = (first, end);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match log.read(topic, p, mid, 1, 1)?.first() {
+            Some(r) if r.append_ms < since_ms => lo = r.offset + 1,
+            Some(_) => hi = mid,
+            None => hi = mid,
+        }
+    }
+    Ok(lo)
+}
+
+/// How far back a drill copies a pipeline's topic: the event time that can
+/// still change a window now (the window's length and allowed lateness)
+/// or meet a duplicate (the dedup horizon), whichever is longer, measured
+/// back from `now_ms` in append time. A global window never closes, so its
+/// drill copies everything (`None`).
+pub fn copy_since(contract: &Contract, now_ms: i64) -> Option<i64> {
+    let window = match contract.window.kind {
+        WindowKind::Tumbling { size_ms } | WindowKind::Hopping { size_ms, .. } => size_ms,
+        WindowKind::Session { gap_ms } => gap_ms,
+        WindowKind::Global => return None,
+    };
+    let span = window.saturating_add(contract.window.allowed_lateness_ms);
+    let span = span.max(contract.dedup.as_ref().map_or(0, |d| d.horizon_ms));
+    Some(now_ms.saturating_sub(span))
+}
+
 /// The name of drill `id`'s copy of `topic`.
 pub fn copy_topic(topic: &str, id: i64) -> String {
     format!("{topic}.drill-{id}")
@@ -204,11 +243,19 @@ impl DrillLog {
         }
     }
 
-    /// Copies every record `from` holds now into `to` (created with as
-    /// many partitions), partition by partition, its personal fields
-    /// replaced by `pseudonyms`; the last [`RECENT`] records of each
-    /// partition as copied (where [`pick_templates`] looks) and how many were copied.
-    pub fn copy(&self, from: &str, to: &str, pseudonyms: &Pseudonyms) -> anyhow::Result<(Vec<Copied>, u64)> {
+    /// Copies the records `from` holds now that were appended at or after
+    /// `since_ms` (all, when `None`), and at least the last [`RECENT`] of
+    /// each partition, into `to` (created with as many partitions),
+    /// partition by partition, their personal fields replaced by
+    /// `pseudonyms`; the last [`RECENT`] records of each partition as
+    /// copied (where [`pick_templates`] looks) and how many were copied.
+    pub fn copy(
+        &self,
+        from: &str,
+        to: &str,
+        pseudonyms: &Pseudonyms,
+        since_ms: Option<i64>,
+    ) -> anyhow::Result<(Vec<Copied>, u64)> {
         let partitions = self.partitions(from)?;
         let mut last: Vec<Copied> = Vec::new();
         let keep = |c: Copied, last: &mut Vec<Copied>| {
@@ -225,7 +272,12 @@ impl DrillLog {
             DrillLog::Embedded(log) => {
                 log.ensure_topic(to, partitions, None)?;
                 for (p, (first, end)) in log.bounds(from)?.into_iter().enumerate() {
-                    let mut next = first;
+                    let mut next = match since_ms {
+                        Some(since) => first_appended_since(log, from, p as u32, (first, end), since)?
+                            .min(end.saturating_sub(RECENT as u64))
+                            .max(first),
+                        None => first,
+                    };
                     while next < end {
                         let records = log.read(from, p as u32, next, 4096, 4 << 20)?;
                         let Some(r) = records.last() else { break };
@@ -252,15 +304,30 @@ impl DrillLog {
                     .set("enable.auto.commit", "false")
                     .set("enable.partition.eof", "true")
                     .create()?;
+                let mut since = TopicPartitionList::new();
+                for p in 0..partitions as i32 {
+                    since.add_partition_offset(from, p, Offset::Offset(since_ms.unwrap_or(0)))?;
+                }
+                let starts = match since_ms {
+                    Some(_) => Some(consumer.offsets_for_times(since, Duration::from_secs(10))?),
+                    None => None,
+                };
                 for p in 0..partitions as i32 {
                     let (low, high) = consumer.fetch_watermarks(from, p, Duration::from_secs(10))?;
                     if low >= high {
                         continue;
                     }
+                    // The first record at or after `since_ms` (the end when
+                    // there is none), or the last RECENT, whichever is first.
+                    let start = match starts.as_ref().and_then(|s| s.find_partition(from, p)).map(|e| e.offset()) {
+                        None => low,
+                        Some(Offset::Offset(o)) => o.min(high - RECENT as i64).max(low),
+                        Some(_) => (high - RECENT as i64).max(low),
+                    };
                     let mut one = TopicPartitionList::new();
-                    one.add_partition_offset(from, p, Offset::Offset(low))?;
+                    one.add_partition_offset(from, p, Offset::Offset(start))?;
                     consumer.assign(&one)?;
-                    let (mut next, mut batch, mut silent) = (low, Vec::new(), std::time::Instant::now());
+                    let (mut next, mut batch, mut silent) = (start, Vec::new(), std::time::Instant::now());
                     // Until the end of the partition as the fetches report it, once
                     // past the end read before (as `KafkaInput` reads).
                     loop {
@@ -573,6 +640,47 @@ fn = "count"
         assert!(cannot_make_events(&c).unwrap().contains("$kafka.timestamp"));
     }
 
+    /// Issue 42, finding 7: a drill copies what its scenario needs, the
+    /// records appended since the contract's window and lateness (or dedup
+    /// horizon) began, and at least the last 64 of each partition; not the
+    /// whole topic. A global window copies everything.
+    #[test]
+    fn review_2_point_7_a_drill_copies_the_recent_records_not_the_whole_topic() {
+        let c = contract("");
+        let dir = std::env::temp_dir().join(format!("weir-drill-since-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (log, _) = Log::open(&dir, weir_log::LogOptions::default()).unwrap();
+        log.ensure_topic("t", 2, None).unwrap();
+        let event = |i: usize| format!(r#"{{"id":"e{i}","account":"a{}","amount":1}}"#, i % 7).into_bytes();
+        let old: Vec<(u32, Vec<u8>)> = (0..1_000).map(|i| ((i % 2) as u32, event(i))).collect();
+        log.append("t", old).unwrap().wait_blocking().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let since = weir_log::now_ms();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let new: Vec<(u32, Vec<u8>)> = (1_000..1_300).map(|i| (0, event(i))).collect();
+        log.append("t", new).unwrap().wait_blocking().unwrap();
+        let dlog = DrillLog::Embedded(log.clone());
+        let pseudonyms = Pseudonyms::new(&c);
+        // Partition 0: its 300 new records; partition 1, with none new: its last 64.
+        let (_, copied) = dlog.copy("t", "t.drill-1", &pseudonyms, Some(since)).unwrap();
+        assert_eq!(copied, 300 + RECENT as u64);
+        let bounds = log.bounds("t.drill-1").unwrap();
+        assert_eq!(bounds, vec![(0, 300), (0, RECENT as u64)]);
+        let first = &log.read("t.drill-1", 0, 0, 1, 1 << 20).unwrap()[0].payload;
+        assert!(String::from_utf8_lossy(first).contains("e1000"), "{}", String::from_utf8_lossy(first));
+        // From a time before everything, or with none: all of it.
+        let (_, all) = dlog.copy("t", "t.drill-2", &pseudonyms, Some(0)).unwrap();
+        assert_eq!(all, 1_300);
+        assert_eq!(dlog.copy("t", "t.drill-3", &pseudonyms, None).unwrap().1, 1_300);
+        // What reaches back how far: the window and its lateness, or the horizon.
+        let now = 10_000_000_000;
+        assert_eq!(copy_since(&c, now), Some(now - 60_000 - c.window.allowed_lateness_ms));
+        let mut global = c.clone();
+        global.window.kind = WindowKind::Global;
+        assert_eq!(copy_since(&global, now), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Issue 42, finding 7: a drill's copy holds no personal value. Each is
     /// a pseudonym, the same for the same value, so a personal event id
     /// still tells events apart and a resend is still a duplicate.
@@ -594,7 +702,7 @@ fn = "count"
         log.append("t", records).unwrap().wait_blocking().unwrap();
         log.append("t", vec![(0, b"not json: Ann Example".to_vec())]).unwrap().wait_blocking().unwrap();
         let dlog = DrillLog::Embedded(log.clone());
-        let (recent, copied) = dlog.copy("t", "t.drill-1", &Pseudonyms::new(&c)).unwrap();
+        let (recent, copied) = dlog.copy("t", "t.drill-1", &Pseudonyms::new(&c), None).unwrap();
         assert_eq!(copied, 4);
         let read: Vec<Vec<u8>> =
             log.read("t.drill-1", 0, 0, 100, 1 << 20).unwrap().into_iter().map(|r| r.payload).collect();

@@ -8,9 +8,14 @@
 //! version's; each alert that fires or resolves goes to the alerts' webhook
 //! marked `"drill"`, and opens no incident. Its phases:
 //!
-//! 1. **copy**: every record the topic holds is copied, its personal
-//!    fields replaced by pseudonyms (`weir_runtime::drill::Pseudonyms`),
-//!    and the shadow catches up with it;
+//! 1. **copy**: the records the topic holds that can still change a
+//!    window or meet a duplicate (appended within the window's length and
+//!    allowed lateness, or the dedup horizon if longer; everything for a
+//!    global window; at least the last 64 of each partition, which the
+//!    drill's events are made from; `weir_runtime::drill::copy_since`) are
+//!    copied, their personal fields replaced by pseudonyms
+//!    (`weir_runtime::drill::Pseudonyms`), and the shadow catches up with
+//!    them;
 //! 2. **steady**: 3 s of one fresh event per partition every 200 ms (the
 //!    topic's last records with the time now and a new id); the alerts
 //!    firing at its end were firing before the fault (a `destination-down`
@@ -511,7 +516,8 @@ pub(crate) fn drill(app: &App, plan: &Plan, dlog: &DrillLog, runtime: tokio::run
     let live_ends_before = dlog.ends(&plan.contract.source.topic)?;
     let before = published(p, &plan.pipeline, plan.version)?;
     let pseudonyms = weir_runtime::drill::Pseudonyms::new(&plan.contract);
-    let (recent, copied) = dlog.copy(&plan.contract.source.topic, &copy, &pseudonyms)?;
+    let since = weir_runtime::drill::copy_since(&plan.contract, weir_log::now_ms());
+    let (recent, copied) = dlog.copy(&plan.contract.source.topic, &copy, &pseudonyms, since)?;
     let templates = weir_runtime::drill::pick_templates(&plan.contract, &recent, live_ends_before.len() as u32);
     if templates.is_empty() {
         let _ = dlog.remove(&copy);
