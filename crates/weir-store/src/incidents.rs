@@ -2,10 +2,12 @@
 //! or an error check; `open`, then `mitigated`, then `resolved` with the
 //! proof that closed it; each with a timeline of what happened while it was
 //! not resolved (alerts, operator actions, annotations, backfills, notes).
-//! Kept in the pipeline's store (the tables keep their first names, `cases`
-//! and `case_entries`), so they outlive a restart and every worker of a
-//! pipeline on Kafka sees the same. The alert notifications are another
-//! thing: `Store::notifications`, in the table named `incidents`.
+//! Kept in the pipeline's store (tables `incidents` and `incident_entries`;
+//! before schema version 11 in SQLite and 8 in Postgres they were `cases`
+//! and `incident_entries`, renamed in place at the first start), so they
+//! outlive a restart and every worker of a pipeline on Kafka sees the same.
+//! The alert notifications are another thing: `Store::notifications`, in
+//! the table `notifications`.
 //!
 //! What a step does is decided here ([`decide`]); `sqlite` and `pg` below
 //! write it.
@@ -126,15 +128,15 @@ pub mod sqlite {
     use super::*;
 
     pub const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS cases (
+CREATE TABLE IF NOT EXISTS incidents (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, title TEXT NOT NULL, owner TEXT NOT NULL,
     cause TEXT NOT NULL, opened_by TEXT NOT NULL, status TEXT NOT NULL, opened_ms INTEGER NOT NULL,
     mitigated_ms INTEGER, resolved_ms INTEGER, proof TEXT);
-CREATE INDEX IF NOT EXISTS cases_by_pipeline ON cases (pipeline, id);
-CREATE TABLE IF NOT EXISTS case_entries (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, case_id INTEGER NOT NULL, at_ms INTEGER NOT NULL, kind TEXT NOT NULL,
+CREATE INDEX IF NOT EXISTS incidents_by_pipeline ON incidents (pipeline, id);
+CREATE TABLE IF NOT EXISTS incident_entries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, incident_id INTEGER NOT NULL, at_ms INTEGER NOT NULL, kind TEXT NOT NULL,
     who TEXT NOT NULL, text TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
+CREATE INDEX IF NOT EXISTS incident_entries_by_incident ON incident_entries (incident_id, id);
 ";
 
     const COLUMNS: &str =
@@ -158,8 +160,10 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
     }
 
     fn entry(conn: &Connection, id: i64, at_ms: i64, kind: &str, who: &str, text: &str) -> rusqlite::Result<()> {
-        conn.prepare_cached("INSERT INTO case_entries (case_id, at_ms, kind, who, text) VALUES (?1, ?2, ?3, ?4, ?5)")?
-            .execute(params![id, at_ms, kind, who, text])?;
+        conn.prepare_cached(
+            "INSERT INTO incident_entries (incident_id, at_ms, kind, who, text) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?
+        .execute(params![id, at_ms, kind, who, text])?;
         Ok(())
     }
 
@@ -170,7 +174,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
         at_ms: i64,
     ) -> rusqlite::Result<i64> {
         conn.execute(
-            "INSERT INTO cases (pipeline, title, owner, cause, opened_by, status, opened_ms) VALUES (?1, ?2, ?3, ?4, ?5, 'open', ?6)",
+            "INSERT INTO incidents (pipeline, title, owner, cause, opened_by, status, opened_ms) VALUES (?1, ?2, ?3, ?4, ?5, 'open', ?6)",
             params![pipeline, title, owner, cause, who, at_ms],
         )?;
         let id = conn.last_insert_rowid();
@@ -189,9 +193,11 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
             CaseAct::Open { title, owner, who } => open(conn, pipeline, (title, owner, "operator", who), at_ms)?,
             CaseAct::Note { id, .. } | CaseAct::Mitigate { id, .. } | CaseAct::Resolve { id, .. } => {
                 let status: Option<String> = conn
-                    .query_row("SELECT status FROM cases WHERE pipeline = ?1 AND id = ?2", params![pipeline, id], |r| {
-                        r.get(0)
-                    })
+                    .query_row(
+                        "SELECT status FROM incidents WHERE pipeline = ?1 AND id = ?2",
+                        params![pipeline, id],
+                        |r| r.get(0),
+                    )
                     .optional()?;
                 let (to, kind) = match decide(*id, status.as_deref().and_then(IncidentStatus::parse), act) {
                     Ok(d) => d,
@@ -203,7 +209,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
                     _ => None,
                 };
                 conn.execute(
-                    "UPDATE cases SET status = ?2,
+                    "UPDATE incidents SET status = ?2,
                          mitigated_ms = CASE WHEN ?2 = 'mitigated' THEN ?3 ELSE mitigated_ms END,
                          resolved_ms = CASE WHEN ?2 = 'resolved' THEN ?3 ELSE resolved_ms END,
                          proof = COALESCE(?4, proof)
@@ -233,7 +239,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
         let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)?;
         let found: Option<i64> = tx
             .query_row(
-                "SELECT id FROM cases WHERE pipeline = ?1 AND cause = ?2 AND status != 'resolved' ORDER BY id DESC LIMIT 1",
+                "SELECT id FROM incidents WHERE pipeline = ?1 AND cause = ?2 AND status != 'resolved' ORDER BY id DESC LIMIT 1",
                 params![pipeline, cause],
                 |r| r.get(0),
             )
@@ -259,7 +265,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
     ) -> rusqlite::Result<usize> {
         let ids: Vec<i64> = conn
             .prepare_cached(
-                "SELECT id FROM cases WHERE pipeline = ?1 AND status != 'resolved' AND (?2 IS NULL OR cause = ?2)",
+                "SELECT id FROM incidents WHERE pipeline = ?1 AND status != 'resolved' AND (?2 IS NULL OR cause = ?2)",
             )?
             .query_map(params![pipeline, cause], |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()?;
@@ -267,7 +273,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
             entry(conn, id, at_ms, kind, who, text)?;
             if mitigate {
                 conn.execute(
-                    "UPDATE cases SET status = 'mitigated', mitigated_ms = ?2 WHERE id = ?1 AND status = 'open'",
+                    "UPDATE incidents SET status = 'mitigated', mitigated_ms = ?2 WHERE id = ?1 AND status = 'open'",
                     params![id, at_ms],
                 )?;
             }
@@ -277,8 +283,9 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
 
     /// The newest incidents first.
     pub fn list(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite::Result<Vec<Incident>> {
-        let mut stmt =
-            conn.prepare_cached(&format!("SELECT {COLUMNS} FROM cases WHERE pipeline = ?1 ORDER BY id DESC LIMIT ?2"))?;
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM incidents WHERE pipeline = ?1 ORDER BY id DESC LIMIT ?2"
+        ))?;
         let rows = stmt.query_map(params![pipeline, limit], case)?;
         rows.collect()
     }
@@ -287,7 +294,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
     pub fn get(conn: &Connection, pipeline: &str, id: i64) -> rusqlite::Result<Option<(Incident, Vec<IncidentEntry>)>> {
         let Some(c) = conn
             .query_row(
-                &format!("SELECT {COLUMNS} FROM cases WHERE pipeline = ?1 AND id = ?2"),
+                &format!("SELECT {COLUMNS} FROM incidents WHERE pipeline = ?1 AND id = ?2"),
                 params![pipeline, id],
                 case,
             )
@@ -295,8 +302,8 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON case_entries (case_id, id);
         else {
             return Ok(None);
         };
-        let mut stmt =
-            conn.prepare_cached("SELECT at_ms, kind, who, text FROM case_entries WHERE case_id = ?1 ORDER BY id")?;
+        let mut stmt = conn
+            .prepare_cached("SELECT at_ms, kind, who, text FROM incident_entries WHERE incident_id = ?1 ORDER BY id")?;
         let entries = stmt
             .query_map([id], |r| {
                 Ok(IncidentEntry { at_ms: r.get(0)?, kind: r.get(1)?, who: r.get(2)?, text: r.get(3)? })
@@ -322,15 +329,15 @@ pub mod pg {
 
     pub fn schema(schema: &str) -> String {
         format!(
-            "CREATE TABLE IF NOT EXISTS {schema}.cases (
+            "CREATE TABLE IF NOT EXISTS {schema}.incidents (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, title TEXT NOT NULL, owner TEXT NOT NULL,
     cause TEXT NOT NULL, opened_by TEXT NOT NULL, status TEXT NOT NULL, opened_ms BIGINT NOT NULL,
     mitigated_ms BIGINT, resolved_ms BIGINT, proof TEXT);
-CREATE INDEX IF NOT EXISTS cases_by_pipeline ON {schema}.cases (pipeline, id);
-CREATE TABLE IF NOT EXISTS {schema}.case_entries (
-    id BIGSERIAL PRIMARY KEY, case_id BIGINT NOT NULL, at_ms BIGINT NOT NULL, kind TEXT NOT NULL,
+CREATE INDEX IF NOT EXISTS incidents_by_pipeline ON {schema}.incidents (pipeline, id);
+CREATE TABLE IF NOT EXISTS {schema}.incident_entries (
+    id BIGSERIAL PRIMARY KEY, incident_id BIGINT NOT NULL, at_ms BIGINT NOT NULL, kind TEXT NOT NULL,
     who TEXT NOT NULL, text TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_id, id);
+CREATE INDEX IF NOT EXISTS incident_entries_by_incident ON {schema}.incident_entries (incident_id, id);
 "
         )
     }
@@ -364,7 +371,9 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
         text: &str,
     ) -> Result<(), postgres::Error> {
         c.execute(
-            &format!("INSERT INTO {s}.case_entries (case_id, at_ms, kind, who, text) VALUES ($1, $2, $3, $4, $5)"),
+            &format!(
+                "INSERT INTO {s}.incident_entries (incident_id, at_ms, kind, who, text) VALUES ($1, $2, $3, $4, $5)"
+            ),
             &[&id, &at_ms, &kind, &who, &text],
         )?;
         Ok(())
@@ -380,7 +389,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
         let id: i64 = c
             .query_one(
                 &format!(
-                    "INSERT INTO {s}.cases (pipeline, title, owner, cause, opened_by, status, opened_ms)
+                    "INSERT INTO {s}.incidents (pipeline, title, owner, cause, opened_by, status, opened_ms)
                      VALUES ($1, $2, $3, $4, $5, 'open', $6) RETURNING id"
                 ),
                 &[&pipeline, &title, &owner, &cause, &who, &at_ms],
@@ -403,7 +412,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
             CaseAct::Note { id, .. } | CaseAct::Mitigate { id, .. } | CaseAct::Resolve { id, .. } => {
                 let status: Option<String> = tx
                     .query_opt(
-                        &format!("SELECT status FROM {s}.cases WHERE pipeline = $1 AND id = $2 FOR UPDATE"),
+                        &format!("SELECT status FROM {s}.incidents WHERE pipeline = $1 AND id = $2 FOR UPDATE"),
                         &[&pipeline, id],
                     )?
                     .map(|r| r.get(0));
@@ -418,7 +427,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
                 };
                 tx.execute(
                     &format!(
-                        "UPDATE {s}.cases SET status = $2,
+                        "UPDATE {s}.incidents SET status = $2,
                              mitigated_ms = CASE WHEN $2 = 'mitigated' THEN $3 ELSE mitigated_ms END,
                              resolved_ms = CASE WHEN $2 = 'resolved' THEN $3 ELSE resolved_ms END,
                              proof = COALESCE($4, proof)
@@ -445,11 +454,11 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
     ) -> Result<i64, postgres::Error> {
         let mut tx = client.transaction()?;
         // One worker at a time opens an incident for a cause.
-        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&format!("{s}.cases.{pipeline}.{cause}")])?;
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&format!("{s}.incidents.{pipeline}.{cause}")])?;
         let found: Option<i64> = tx
             .query_opt(
                 &format!(
-                    "SELECT id FROM {s}.cases WHERE pipeline = $1 AND cause = $2 AND status != 'resolved' ORDER BY id DESC LIMIT 1"
+                    "SELECT id FROM {s}.incidents WHERE pipeline = $1 AND cause = $2 AND status != 'resolved' ORDER BY id DESC LIMIT 1"
                 ),
                 &[&pipeline, &cause],
             )?
@@ -476,7 +485,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
         let ids: Vec<i64> = tx
             .query(
                 &format!(
-                    "SELECT id FROM {s}.cases WHERE pipeline = $1 AND status != 'resolved' AND ($2::TEXT IS NULL OR cause = $2)"
+                    "SELECT id FROM {s}.incidents WHERE pipeline = $1 AND status != 'resolved' AND ($2::TEXT IS NULL OR cause = $2)"
                 ),
                 &[&pipeline, &cause],
             )?
@@ -487,7 +496,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
             entry(&mut tx, s, (id, at_ms), kind, who, text)?;
             if mitigate {
                 tx.execute(
-                    &format!("UPDATE {s}.cases SET status = 'mitigated', mitigated_ms = $2 WHERE id = $1 AND status = 'open'"),
+                    &format!("UPDATE {s}.incidents SET status = 'mitigated', mitigated_ms = $2 WHERE id = $1 AND status = 'open'"),
                     &[&id, &at_ms],
                 )?;
             }
@@ -498,7 +507,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
 
     pub fn list(client: &mut Client, s: &str, pipeline: &str, limit: i64) -> Result<Vec<Incident>, postgres::Error> {
         let rows = client.query(
-            &format!("SELECT {COLUMNS} FROM {s}.cases WHERE pipeline = $1 ORDER BY id DESC LIMIT $2"),
+            &format!("SELECT {COLUMNS} FROM {s}.incidents WHERE pipeline = $1 ORDER BY id DESC LIMIT $2"),
             &[&pipeline, &limit],
         )?;
         Ok(rows.iter().map(case).collect())
@@ -511,7 +520,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
         id: i64,
     ) -> Result<Option<(Incident, Vec<IncidentEntry>)>, postgres::Error> {
         let Some(row) = client.query_opt(
-            &format!("SELECT {COLUMNS} FROM {s}.cases WHERE pipeline = $1 AND id = $2"),
+            &format!("SELECT {COLUMNS} FROM {s}.incidents WHERE pipeline = $1 AND id = $2"),
             &[&pipeline, &id],
         )?
         else {
@@ -519,7 +528,7 @@ CREATE INDEX IF NOT EXISTS case_entries_by_case ON {schema}.case_entries (case_i
         };
         let entries = client
             .query(
-                &format!("SELECT at_ms, kind, who, text FROM {s}.case_entries WHERE case_id = $1 ORDER BY id"),
+                &format!("SELECT at_ms, kind, who, text FROM {s}.incident_entries WHERE incident_id = $1 ORDER BY id"),
                 &[&id],
             )?
             .iter()

@@ -106,7 +106,9 @@ fn an_incident_raised_during_another_write_waits_and_is_kept_on_sqlite() {
     for round in 0..5 {
         let writer = weir_store::sqlite::open(&db).unwrap();
         writer.execute_batch("BEGIN IMMEDIATE").unwrap();
-        writer.execute("INSERT INTO incidents (pipeline, at_ms, notification) VALUES ('paid', 1, '{}')", []).unwrap();
+        writer
+            .execute("INSERT INTO notifications (pipeline, at_ms, notification) VALUES ('paid', 1, '{}')", [])
+            .unwrap();
         let commit = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(200));
             writer.execute_batch("COMMIT").unwrap();
@@ -140,5 +142,102 @@ fn incidents_outlive_the_store_value_on_postgres() {
         kept_newest_first(&write, &read);
         cases_follow_their_lifecycle(&write, &read);
     }
+    pg::drop_schema(&mut client, &schema).unwrap();
+}
+
+/// Writes an incident with an entry and a notification, then puts the
+/// tables back under the names they had before (`cases`, `case_entries`
+/// with `case_id`, and the notifications' `incidents`) with the schema
+/// version that had them, as a store written by an older weir holds them.
+fn stored_under_the_old_names(store: &dyn Store) -> i64 {
+    let id = store.raise_incident("paid", "alert:max_lag", ("max_lag firing", "billing-ops"), "firing").unwrap();
+    store.record_notification("paid", 1_000, r#"{"status":"firing","alert":"max_lag"}"#).unwrap();
+    id
+}
+
+const BACK_TO_THE_OLD_NAMES: &str = "
+ALTER TABLE notifications RENAME TO incidents_was_notifications;
+ALTER TABLE incidents RENAME TO cases;
+ALTER TABLE incidents_was_notifications RENAME TO incidents;
+ALTER TABLE incident_entries RENAME TO case_entries;
+ALTER TABLE case_entries RENAME COLUMN incident_id TO case_id;";
+
+/// The old names are the new ones after the migration, and what they held
+/// reads back through the store: the incident with its timeline, and the
+/// notification.
+fn kept_under_the_new_names(store: &dyn Store, id: i64) {
+    let (incident, entries) = store.incident("paid", id).unwrap().expect("the incident is kept");
+    assert_eq!(incident.title, "max_lag firing");
+    assert!(entries.iter().any(|e| e.text == "firing"), "its timeline is kept");
+    let kept = store.notifications("paid", 10).unwrap();
+    assert_eq!(kept.len(), 1, "the notification is kept, and nothing else is one");
+    assert!(kept[0].notification.contains("max_lag"));
+    let next = store.raise_incident("paid", "alert:max_lag", ("max_lag firing", "billing-ops"), "again").unwrap();
+    assert_eq!(next, id, "the incident not resolved takes the entry");
+}
+
+#[test]
+fn incidents_and_notifications_under_the_old_table_names_are_renamed_in_place_on_sqlite() {
+    let dir = std::env::temp_dir().join(format!("weir-store-incidents-renamed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("weir.db");
+    weir_store::sqlite::migrate(&weir_store::sqlite::open(&db).unwrap()).unwrap();
+    let id = stored_under_the_old_names(&SqliteStore::new(db.clone(), 2));
+    let conn = weir_store::sqlite::open(&db).unwrap();
+    conn.execute_batch(&format!(
+        "DROP INDEX incidents_by_pipeline; DROP INDEX notifications_by_pipeline; DROP INDEX incident_entries_by_incident;
+         {BACK_TO_THE_OLD_NAMES}
+         CREATE INDEX cases_by_pipeline ON cases (pipeline, id);
+         CREATE INDEX incidents_by_pipeline ON incidents (pipeline, id);
+         CREATE INDEX case_entries_by_case ON case_entries (case_id, id);
+         UPDATE meta SET value = '10' WHERE key = 'schema_version';"
+    ))
+    .unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('cases', 'case_entries') ")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(tables.is_empty(), "{tables:?} are left");
+    let version: String =
+        conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, weir_store::sqlite::SCHEMA_VERSION.to_string());
+    kept_under_the_new_names(&SqliteStore::new(db.clone(), 2), id);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn incidents_and_notifications_under_the_old_table_names_are_renamed_in_place_on_postgres() {
+    let schema = format!("weir_test_incidents_renamed_{}", std::process::id());
+    let mut client = pg::connect(&url()).unwrap();
+    pg::drop_schema(&mut client, &schema).unwrap();
+    pg::migrate(&mut client, &schema).unwrap();
+    let id = stored_under_the_old_names(&PostgresStore::new(url(), schema.clone(), 2));
+    let old = BACK_TO_THE_OLD_NAMES.replace("ALTER TABLE ", &format!("ALTER TABLE {schema}."));
+    client
+        .batch_execute(&format!(
+            "SET search_path TO {schema};
+             ALTER INDEX incidents_by_pipeline RENAME TO cases_by_pipeline;
+             ALTER INDEX notifications_by_pipeline RENAME TO incidents_by_pipeline;
+             ALTER INDEX incident_entries_by_incident RENAME TO case_entries_by_case;
+             {old}
+             UPDATE meta SET value = '7' WHERE key = 'schema_version';
+             RESET search_path;"
+        ))
+        .unwrap();
+    pg::migrate(&mut client, &schema).unwrap();
+    let left: i64 = client
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name IN ('cases', 'case_entries')",
+            &[&schema],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+    kept_under_the_new_names(&PostgresStore::new(url(), schema.clone(), 2), id);
     pg::drop_schema(&mut client, &schema).unwrap();
 }

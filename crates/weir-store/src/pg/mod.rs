@@ -23,7 +23,8 @@
 //! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
 //! | `replays` | replays an operator asked for; each partition's holder applies those above its `replayed` |
 //! | `annotations` | notes on a pipeline and an event-time range; rows whose window overlaps one carry its id |
-//! | `incidents` | every alert notification (firing, resolved) of a pipeline, with its time |
+//! | `notifications` | every alert notification (firing, resolved) of a pipeline, with its time |
+//! | `incidents`, `incident_entries` | incidents and their timelines (`crate::incidents`) |
 //!
 //! Invariants:
 //!
@@ -67,7 +68,7 @@ use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError
 /// has each row name its window's previous row (`previous`, see
 /// `sqlite::migrate_8_to_9`) in place of the index of rows by place, and
 /// keys `results` and `held_results` by window start before key.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Connects to `url` (`postgresql://user@host:port/db` or `host=... user=...`),
 /// with TLS as its libpq settings say (see [`crate::pg_tls`]).
@@ -132,9 +133,9 @@ CREATE TABLE IF NOT EXISTS {schema}.held_results (
 CREATE TABLE IF NOT EXISTS {schema}.replays (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, from_offset BIGINT, from_time BIGINT, asked_ms BIGINT NOT NULL,
     version INTEGER NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS {schema}.incidents (
+CREATE TABLE IF NOT EXISTS {schema}.notifications (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, at_ms BIGINT NOT NULL, notification TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS incidents_by_pipeline ON {schema}.incidents (pipeline, id);
+CREATE INDEX IF NOT EXISTS notifications_by_pipeline ON {schema}.notifications (pipeline, id);
 CREATE TABLE IF NOT EXISTS {schema}.reconciliations (
     id BIGSERIAL PRIMARY KEY, pipeline TEXT NOT NULL, version INTEGER NOT NULL, who TEXT NOT NULL,
     why TEXT NOT NULL, source TEXT NOT NULL, at_ms BIGINT NOT NULL, verdict TEXT NOT NULL, report TEXT NOT NULL);
@@ -205,12 +206,35 @@ fn place_stored(tx: &mut Transaction<'_>, schema: &str) -> Result<(), postgres::
     Ok(())
 }
 
+/// Version 7 to 8, done first of all, before the schema's tables are made:
+/// the tables are named for what they hold. The incidents (`cases`,
+/// `case_entries` and its `case_id`) take the name `incidents`
+/// (`incident_entries`, `incident_id`), and the alert notifications, which
+/// had it, are `notifications`; their indexes are renamed with them, and
+/// the roles' grants go with the tables. Nothing is done once `cases` is gone.
+fn rename_incidents(tx: &mut postgres::Transaction<'_>, schema: &str) -> Result<(), postgres::Error> {
+    let old: Option<String> = tx.query_one(&format!("SELECT to_regclass('{schema}.cases')::text"), &[])?.get(0);
+    if old.is_none() {
+        return Ok(());
+    }
+    tx.batch_execute(&format!(
+        "ALTER TABLE IF EXISTS {schema}.incidents RENAME TO notifications;
+         ALTER INDEX IF EXISTS {schema}.incidents_by_pipeline RENAME TO notifications_by_pipeline;
+         ALTER TABLE {schema}.cases RENAME TO incidents;
+         ALTER INDEX IF EXISTS {schema}.cases_by_pipeline RENAME TO incidents_by_pipeline;
+         ALTER TABLE IF EXISTS {schema}.case_entries RENAME TO incident_entries;
+         ALTER INDEX IF EXISTS {schema}.case_entries_by_case RENAME TO incident_entries_by_incident;
+         ALTER TABLE IF EXISTS {schema}.incident_entries RENAME COLUMN case_id TO incident_id;"
+    ))
+}
+
 /// Creates the schema, or checks that the database's is this build's. Two
 /// workers starting together serialize on an advisory lock.
 pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
     check_schema_name(schema).map_err(anyhow::Error::msg)?;
     let mut tx = client.transaction()?;
     tx.execute("SELECT pg_advisory_xact_lock(hashtext('weir schema ' || $1))", &[&schema])?;
+    rename_incidents(&mut tx, schema)?;
     tx.batch_execute(&schema_sql(schema))?;
     tx.batch_execute(&crate::incidents::pg::schema(schema))?;
     tx.batch_execute(&crate::checks::pg::schema(schema))?;
@@ -314,6 +338,10 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
         // TABLE says it only from Postgres 16 on.
         tx.batch_execute(&format!("ALTER TABLE {schema}.state_ids ALTER COLUMN data SET STORAGE EXTERNAL;"))?;
         version = version.max(7);
+    }
+    if version == 7 {
+        // The tables were renamed before the schema was made (`rename_incidents`).
+        version = 8;
     }
     if version != SCHEMA_VERSION {
         anyhow::bail!(
@@ -1481,7 +1509,7 @@ pub fn record_notification(
     notification: &str,
 ) -> Result<i64, postgres::Error> {
     let row = client.query_one(
-        &format!("INSERT INTO {schema}.incidents (pipeline, at_ms, notification) VALUES ($1, $2, $3) RETURNING id"),
+        &format!("INSERT INTO {schema}.notifications (pipeline, at_ms, notification) VALUES ($1, $2, $3) RETURNING id"),
         &[&pipeline, &at_ms, &notification],
     )?;
     Ok(row.get(0))
@@ -1495,7 +1523,9 @@ pub fn notifications(
     limit: i64,
 ) -> Result<Vec<crate::rows::Notification>, postgres::Error> {
     let rows = client.query(
-        &format!("SELECT at_ms, notification FROM {schema}.incidents WHERE pipeline = $1 ORDER BY id DESC LIMIT $2"),
+        &format!(
+            "SELECT at_ms, notification FROM {schema}.notifications WHERE pipeline = $1 ORDER BY id DESC LIMIT $2"
+        ),
         &[&pipeline, &limit],
     )?;
     Ok(rows.into_iter().map(|r| crate::rows::Notification { at_ms: r.get(0), notification: r.get(1) }).collect())

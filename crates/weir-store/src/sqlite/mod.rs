@@ -59,7 +59,7 @@ use crate::rows::{
 use crate::rows::{place, Annotation, Notification, ResultFilter, ResultPage, RowOrigin, Run, ERASED_DETAIL};
 use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError, Version, VersionState};
 
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -115,10 +115,10 @@ CREATE TABLE IF NOT EXISTS replays (
     asked_ms INTEGER NOT NULL, version INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS sinks (pipeline TEXT NOT NULL, topic TEXT NOT NULL, next_seq INTEGER NOT NULL,
     PRIMARY KEY (pipeline, topic));
-CREATE TABLE IF NOT EXISTS incidents (
+CREATE TABLE IF NOT EXISTS notifications (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, at_ms INTEGER NOT NULL,
     notification TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS incidents_by_pipeline ON incidents (pipeline, id);
+CREATE INDEX IF NOT EXISTS notifications_by_pipeline ON notifications (pipeline, id);
 CREATE TABLE IF NOT EXISTS reconciliations (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, version INTEGER NOT NULL, who TEXT NOT NULL,
     why TEXT NOT NULL, source TEXT NOT NULL, at_ms INTEGER NOT NULL, verdict TEXT NOT NULL, report TEXT NOT NULL);
@@ -321,6 +321,10 @@ impl Drop for WalCopier {
 
 /// Creates the schema, or checks that the database's is this build's.
 pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
+    if let Err(e) = rename_incidents(conn) {
+        let _ = conn.execute_batch("ROLLBACK");
+        return Err(e.into());
+    }
     conn.execute_batch(SCHEMA)?;
     conn.execute_batch(crate::tokens::SCHEMA)?;
     conn.execute_batch(crate::idempotency::SCHEMA)?;
@@ -430,6 +434,11 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
         }
         version = 10;
     }
+    if version == 10 {
+        // The tables were renamed before the schema was made (`rename_incidents`).
+        conn.execute("UPDATE meta SET value = '11' WHERE key = 'schema_version'", [])?;
+        version = 11;
+    }
     if version != SCHEMA_VERSION {
         anyhow::bail!(
             "the results database has schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or move weir.db aside to rebuild results from the log"
@@ -437,6 +446,34 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
     }
     conn.execute_batch(INDEXES)?;
     Ok(())
+}
+
+/// Version 10 to 11, done first of all, before the schema's tables are
+/// made: the tables are named for what they hold. The incidents
+/// (`cases`, `case_entries` and its `case_id`) take the name `incidents`
+/// (`incident_entries`, `incident_id`), and the alert notifications, which
+/// had it, are `notifications`. Their indexes are made again under the new
+/// names by the schema. Nothing is done once `cases` is gone.
+fn rename_incidents(conn: &Connection) -> rusqlite::Result<()> {
+    let exists = |table: &str| -> rusqlite::Result<bool> {
+        conn.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1")?.exists([table])
+    };
+    if !exists("cases")? {
+        return Ok(());
+    }
+    let mut sql = String::from("BEGIN IMMEDIATE;");
+    if exists("incidents")? {
+        sql.push_str("DROP INDEX IF EXISTS incidents_by_pipeline; ALTER TABLE incidents RENAME TO notifications;");
+    }
+    sql.push_str("DROP INDEX IF EXISTS cases_by_pipeline; ALTER TABLE cases RENAME TO incidents;");
+    if exists("case_entries")? {
+        sql.push_str(
+            "DROP INDEX IF EXISTS case_entries_by_case; ALTER TABLE case_entries RENAME TO incident_entries;
+             ALTER TABLE incident_entries RENAME COLUMN case_id TO incident_id;",
+        );
+    }
+    sql.push_str("COMMIT;");
+    conn.execute_batch(&sql)
 }
 
 /// Version 8 to 9: each row names the `seq` of the row its key and window
@@ -1237,15 +1274,16 @@ pub fn latest_ledger(conn: &Connection, pipeline: &str, version: u32, limit: i64
 
 /// Keeps an alert notification (firing or resolved) of `pipeline`.
 pub fn record_notification(conn: &Connection, pipeline: &str, at_ms: i64, notification: &str) -> rusqlite::Result<i64> {
-    conn.prepare_cached("INSERT INTO incidents (pipeline, at_ms, notification) VALUES (?1, ?2, ?3)")?
+    conn.prepare_cached("INSERT INTO notifications (pipeline, at_ms, notification) VALUES (?1, ?2, ?3)")?
         .execute(params![pipeline, at_ms, notification])?;
     Ok(conn.last_insert_rowid())
 }
 
 /// The newest alert notifications of `pipeline`, newest first.
 pub fn notifications(conn: &Connection, pipeline: &str, limit: i64) -> rusqlite::Result<Vec<Notification>> {
-    let mut stmt =
-        conn.prepare_cached("SELECT at_ms, notification FROM incidents WHERE pipeline = ?1 ORDER BY id DESC LIMIT ?2")?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT at_ms, notification FROM notifications WHERE pipeline = ?1 ORDER BY id DESC LIMIT ?2",
+    )?;
     let rows =
         stmt.query_map(params![pipeline, limit], |r| Ok(Notification { at_ms: r.get(0)?, notification: r.get(1)? }))?;
     rows.collect()
