@@ -3,6 +3,13 @@
 //! This crate owns parsing and validation. A [`Contract`] that exists is one
 //! that can run: every refusal happens here, before anything runs, and names
 //! the file, the line, the key and what to do.
+//!
+//! In more detail: the TOML contract: parsing (toml_edit, for line numbers),
+//! validation (including `[limits]`, `[privacy] personal`, refused on the key,
+//! event time or an aggregated field, and `on_conflict = "correct"`, refused
+//! with aggregates other than count, sum and avg or with session windows),
+//! durations, the CEL subset parser. A `Contract` value always satisfies
+//! SPEC.md section 2.
 
 mod checks;
 mod config;

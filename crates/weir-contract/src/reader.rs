@@ -2,6 +2,13 @@
 //! every error with its file, line and key ([`ContractError`]), and the
 //! typed reads every section shares (a value, a string, a duration, the
 //! keys and name of an `[[aggregate]]` or `[[check]]`).
+//!
+//! In more detail: the `Reader` every section of a contract and of `weir.toml`
+//! is read through: each error kept with its file, line and key
+//! (`ContractError`), and the typed reads the sections share (a value, a
+//! string, a duration, an `[[aggregate]]`'s or `[[check]]`'s keys and name).
+//! `checks` reads through it and is given the row's shape (`RowShape`: key
+//! fields, aggregate names), so it does not import `contract`.
 
 use std::fmt;
 use std::ops::Range;

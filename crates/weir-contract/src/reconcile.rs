@@ -1,6 +1,13 @@
 //! What a contract or a command says about reconciling against a system
 //! of record: which columns are the key fields, the window start and the
 //! aggregates ([`Mapping`]), and how far amounts may be apart ([`Tolerance`]).
+//!
+//! In more detail: what a contract or a command says about reconciling:
+//! `Mapping` (key fields, window start, aggregates to columns; each key field,
+//! the window start and one aggregate required) and `Tolerance` (an amount, or
+//! a percentage of the system of record's), parsed for
+//! `[reconcile.system_of_record]` (refused with line and key) and for `weir
+//! reconcile --map --tolerance`.
 
 use std::collections::BTreeMap;
 

@@ -12,6 +12,24 @@
 //!   could refuse it before any window changes.
 //! - **Revisions per window are 1..n and nothing follows `settled` or
 //!   `retracted`**: a window that emits either is removed in the same step.
+//!
+//! In more detail: SPEC.md section 3: intake steps 1-7, per-partition
+//! watermarks, dedup memory, corrections (SPEC.md 3.3: `correct`,
+//! `delete_version`, and `withdraw`, which takes a version out of the windows
+//! it counts in (`first_counted`: those not expired when it arrived) and
+//! ledgers it `superseded`), window assignment (tumbling, hopping, session,
+//! global), emission rules 1-3 per event (`weir run`, the conformance cases) or
+//! per batch (`Engine::emit_per_batch`, every server engine: the changed and
+//! due windows emit at `Engine::end_batch`, which the runner calls before each
+//! checkpoint's delta; a window whose time to settle comes settles and is
+//! forgotten at that event, so intake sees what it would per event),
+//! forgetting; `max_future` against the processing clock the caller tells it
+//! (`Engine::set_clock`: the runner's wall clock at each record, the start of
+//! `weir run`, a backfill's own time; none told, nothing is `future`). Steps 1
+//! and 2 (size, UTF-8, the parse with the canonical hash) need the contract and
+//! no state: an `EventReader` (`Engine::reader`) does them into a `ReadEvent`
+//! on any thread, and `Engine::process_read` goes on from there exactly as
+//! `Engine::process` would.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

@@ -3,6 +3,14 @@
 //! nesting, number of values, key length), with the partitioning field's
 //! value found in the same pass. Used by the HTTP API and `weir produce
 //! --kafka`; fuzzed by `fuzz/`.
+//!
+//! In more detail: the body of a POST of events checked whole (`parse_body`:
+//! one JSON object a line without a top-level `$kafka` member, within the
+//! topic's `max_event_bytes`, `max_depth`, `max_fields` and `max_key_bytes`,
+//! the partitioning field's value found in the same pass, refused at the event
+//! past `max_events_per_request` before the rest is read);
+//! `has_reserved_member`, which the Kafka source asks of each record; used by
+//! the HTTP API and `weir produce --kafka`, fuzzed by `fuzz/`.
 
 use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 

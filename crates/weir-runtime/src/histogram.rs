@@ -1,4 +1,9 @@
 //! Latency histograms for `/metrics`, in Prometheus' cumulative form.
+//!
+//! In more detail: latency histograms (processing, POST to durable, checkpoint
+//! duration, producer lag: an event's time to its append, from the log's append
+//! time or Kafka's timestamp less `Engine::last_event_time`) in Prometheus'
+//! cumulative form.
 
 /// Upper bounds of the buckets, in seconds.
 pub const BOUNDS: [f64; 14] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0];

@@ -5,6 +5,16 @@
 //! setting: events that would count instead of being ledgered `too_late`
 //! (with `late = "revise"` each may revise a published row) and the state
 //! held, which grows with how long a window stays open.
+//!
+//! In more detail: `GET .../advice` and `weir advise`: the lateness histograms
+//! of a version's last checkpoints (every partition, so every worker's on
+//! Kafka) merged, and for too-late rates of 1%, 0.1% and 0.01% the smallest
+//! `allowed_lateness` (a bucket's top, rounded up to a second) that at most
+//! that share of the observed events exceeded, each with the events it would
+//! count instead of ledgering `too_late` (revisions, with `late = "revise"`)
+//! and the state it would hold (today's state scaled by the window's length
+//! plus lateness); a global window gets a note and no suggestion, since nothing
+//! is too late there; `advise` is pure.
 
 use std::sync::Arc;
 

@@ -2,6 +2,40 @@
 //! (an operator's, audited as `drill`: the ask checked, the pipeline's one
 //! drill slot taken, the drill's thread started), `GET .../drills` and
 //! `GET .../drills/{id}`. `drill_run` runs the drill.
+//!
+//! In more detail: `POST/GET /v1/pipelines/{p}/drills`, `GET .../drills/{id}`
+//! (issue 18): an operator's drill checked (scenario, why, a running pipeline,
+//! event times in the payload, events to copy, two partitions to delay one, one
+//! drill at a time), kept as `running` with its audit entry (`Act::Drill`),
+//! then run on a thread of its own by `weir-server::drill_run`: the live
+//! contract over a copy of what the scenario needs (the records appended within
+//! the window's length and allowed lateness, or the dedup horizon if longer,
+//! and at least each partition's last 64; everything for a global window:
+//! `weir_runtime::drill::copy_since`; found by halving on the log's append
+//! times, by `offsets_for_times` on Kafka) (each value under a `[privacy]
+//! personal` field a pseudonym, `weir_runtime::drill::Pseudonyms`)
+//! (`[reconcile]` dropped; its own consumer group on Kafka) with a store of its
+//! own (a SQLite file under `DATA/drills/`, or the Postgres schema
+//! `{schema}_drill_{id}`, its version registered live there); in a
+//! `destination-down` drill a `DestinationRunner` per `[[destination]]` of the
+//! contract, as an `http` destination to `weir-server::stand_in` (a receiver on
+//! 127.0.0.1 inside the server that answers 503 while the fault lasts and
+//! applies each `Idempotency-Key` once), its position in the shadow's store,
+//! its state in the shadow's `Report`, so no drill row reaches a real
+//! destination; caught up, 3 s of steady traffic, the fault, then recovery; the
+//! contract's `[alerts]` evaluated on the shadow's `Report` every half second
+//! with the alert loop's own `alerts::checks`, each change sent to the webhook
+//! marked `"drill"`; the live version's published rows digested before and
+//! after; the verdict and report kept (`Store::finish_drill`); the copy and the
+//! shadow's store removed. A shutdown stops drills (each sees `closing`,
+//! removes its copy and store, and is joined); what a killed server's drill
+//! left is removed at start (`remove_leftovers`: on the embedded log every
+//! `TOPIC.drill-ID` topic and every file under `drills/`) and before each new
+//! drill (`remove_ended`: the copies and stores of the pipeline's drills that
+//! ended or whose lease ran out, on Kafka their topics and schemas, since other
+//! workers may be drilling). A request dropped mid-way frees the pipeline's
+//! drill slot (`Slot`); the steady phase's events are kept during that phase
+//! only.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

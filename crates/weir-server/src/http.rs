@@ -18,6 +18,39 @@
 //! skipped. It answers after the log has fsynced the events, with the
 //! offsets written per partition; a log that cannot write answers 503 with
 //! `Retry-After` and appended nothing.
+//!
+//! In more detail: axum: the router and what wraps every route: `authenticate`
+//! answers a body on a public path 413 unread; `whole_body` reads every request
+//! body within `body_timeout` and `max_body_bytes` (408, 413) before its
+//! handler; `/healthz`, `/readyz` (the reasons for an admin token only). Lists
+//! page by `?limit=` (1 to 100,000) and `Weir-Next` (`app::page_limit`,
+//! `paged`): `results` by the last row's window start and key bytes (`after=`),
+//! `changes`, `ledger` and the audit log by `since=`, a topic's events by
+//! `from=`. The routes live by concern: `events` (POST and raw GET of a topic),
+//! `pipelines` (list, contract, results, changes, ledger, provenance, status,
+//! versions, diff), `actions` (pause, resume, replay, annotations, promote,
+//! rollback), `backfills` (backfill: ask, list, one; reconcile against an
+//! export: compare, keep, alert the owner on a failed verdict; list, one),
+//! `incidents` (list, one with its timeline; open, note, mitigate, resolve:
+//! operators', each an `Act::Incident` audited like any action; a backfill
+//! asked or a reconciliation kept goes in the timeline of every incident not
+//! resolved), `admin` (tokens, audit log), `dashboard`, `metrics`; `app` holds
+//! what they share (`App`, `Caller`, `ApiError`, `short_text`, which refuses an
+//! operator's text over 4 KiB, `stored`, which runs a `Store` call off the
+//! async threads and answers 503 when trying again may help, else 500;
+//! `read_stored` and `reading` run readers' calls on `weir-server::readers`,
+//! threads at nice +10, so producers, token checks and pipelines run first).
+//! `gate` wraps every route: each GET waits for one of twice-the-cores places
+//! (POSTs and DELETEs, producers' and operators', pass at once; a GET or HEAD
+//! with a body is refused unread, 413) (public paths have a gate of their own),
+//! so a flood of reads keeps only a few tasks ready and a producer's request is
+//! not queued behind them (BENCHMARKS.md, issue 17). The `authenticate`
+//! middleware wraps every route (and the 404 fallback): all but `/`,
+//! `/healthz`, `/readyz` (and `/metrics` with `[auth] public_metrics`) need a
+//! known, live bearer token, and hand the handler a `Caller` (the token's
+//! `Grant` and the client's address); each handler then checks the role
+//! (`may_read`, `may_operate`, `may_produce`, `may_read_raw`, `is_admin`) and
+//! answers 403 through `forbidden`, which counts it.
 
 use std::sync::Arc;
 

@@ -8,6 +8,19 @@
 //! that sends its head slowly, or keeps a connection open and idle, is
 //! disconnected. A head over 32 KiB gets 431. Bodies have their own
 //! deadline (`http::whole_body`).
+//!
+//! In more detail: the listener and `serve`, weir's own accept loop: plain TCP,
+//! or TLS with rustls (`--tls-cert`/`--tls-key`, PEM); at most
+//! `max_connections` open (a semaphore place taken before each accept and held
+//! by the connection's task, so the next clients wait in the kernel's backlog);
+//! connections are accepted on a task of their own and each TLS handshake runs
+//! on its own task with a 10 s deadline; each connection is served by hyper's
+//! HTTP/1.1 with `header_timeout` for every request head (slow heads and idle
+//! kept-alive connections are closed) and a 32 KiB head limit (431); a write
+//! that makes no progress for `write_timeout` (a client that stopped reading)
+//! ends its connection (`Stalling`); on shutdown, accepting stops and each
+//! connection finishes its request within `write_timeout`. Token checks use a
+//! pool of `weir.db` connections of their own (`App::read_tokens`).
 
 use std::net::SocketAddr;
 use std::path::Path;

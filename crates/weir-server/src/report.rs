@@ -2,6 +2,13 @@
 //! its runner shows ([`weir_runtime::Status`]), the log and the alert loop:
 //! rendered as JSON by `GET .../status` and the dashboard, as Prometheus
 //! metrics by `/metrics`, and read by the alert checks.
+//!
+//! In more detail: a pipeline version's status as one typed value (`Report`:
+//! version and its state, watermarks, lag, partitions, counters, ledger by
+//! reason, rows, checkpoint, failure, pause, alerts firing), built from the
+//! runner's `Status`, the log and the alert loop; serialized by `GET
+//! .../status` and the dashboard, encoded by `/metrics`, read by the alert
+//! checks.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;

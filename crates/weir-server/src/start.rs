@@ -2,6 +2,14 @@
 //! `weir.db` opened, ledgers masked, Kafka and Postgres prepared, each
 //! pipeline started with its destinations and backfill worker, the loops
 //! beside the listener), and its shutdown.
+//!
+//! In more detail: `serve` in its start-up steps, each a function:
+//! `check_webhooks`, `open_log`, `open_weir_db` (the audit key),
+//! `mask_embedded_ledgers`, `prepare_kafka` (Postgres migrated and masked,
+//! topics, producers), `start_pipeline` for each contract file (its versions
+//! registered, a runner thread per version, its destinations and backfill
+//! worker), `start_background` (exporter, alert loop, retention), and
+//! `shut_down` in the order a last checkpoint needs.
 
 use std::collections::BTreeMap;
 use std::future::Future;

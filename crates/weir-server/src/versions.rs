@@ -4,6 +4,23 @@
 //! reached the live version's), tells the owner's and steward's webhook
 //! with the diff's summary, and promotes those whose contract says
 //! `promote = "auto"`. The decisions and the writes are the store's.
+//!
+//! In more detail: a pipeline's versions as the server follows them: after a
+//! promote or rollback this server's readers and reports switch at once (other
+//! workers within a checkpoint interval, when their runners read the store);
+//! every second the alert loop finds candidates whose watermark reached the
+//! live version's (announced once, with the diff's summary, to the alerts'
+//! webhook and the incidents) and promotes those whose contract says `promote =
+//! "auto"` (audited); the notification and its diff are written on a blocking
+//! thread of their own and sent at a later tick, so a diff never holds up the
+//! alerts, and a promote's answer does not wait for it. `weir-server::diff`:
+//! two versions' rows compared on the time both cover (matched, differing,
+//! missing windows; each aggregate's total per version in exact decimals; the
+//! 20 largest differences), pure, by a merge of both versions' rows in the
+//! store's order (window start, key bytes), read a page of 2,000 of each at a
+//! time (`weir_store::ResultRows`) and parsed only for the fields compared, so
+//! a diff's memory is two pages and 20 differences whatever the versions' sizes
+//! (`Store::result_span` gives each version's first start and last end).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

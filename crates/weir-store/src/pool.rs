@@ -3,6 +3,14 @@
 //! `pool_connections`; a request that finds them all busy waits up to
 //! [`WAIT`], then is answered 503. A connection idle for [`IDLE`] is closed,
 //! so a burst does not keep its connections open.
+//!
+//! In more detail: the HTTP side's connection pools (`r2d2`): readers of
+//! `weir.db` and clients of the Postgres destination, each at most
+//! `pool_connections` (weir.toml, 16), opened when needed, closed after a
+//! minute idle; a request that waits 10 s for one gets 503. Every call on them
+//! is stopped after `store_statement_timeout` (60 s): SQLite's progress handler
+//! checks a deadline set for the call, and each Postgres connection is opened
+//! with `SET statement_timeout`; either is `StoreError::TimedOut` (503).
 
 use std::path::PathBuf;
 use std::time::Duration;
