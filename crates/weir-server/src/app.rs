@@ -3,16 +3,18 @@
 //! calls run off the async threads ([`stored`], [`App::on_weir_db`]), the audit
 //! log, and the small response helpers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use serde_json::Value;
 use weir_contract::ServerConfig;
 use weir_log::Log;
 use weir_runtime::{lock, Pipeline};
 use weir_store::tokens::Grant;
+use weir_store::Switch;
 
 use crate::watch::Watch;
 
@@ -44,13 +46,13 @@ pub struct App {
     /// The webhooks' queues and delivery counts.
     pub webhooks: crate::webhooks::Webhooks,
     /// Candidates announced, and version notifications waiting to be sent.
-    pub versions: Mutex<crate::versions::VersionWatch>,
+    pub versions: Mutex<VersionWatch>,
     /// Per pipeline: a reader of its input for backfills (the log or Kafka).
     pub backfill_inputs: BTreeMap<String, weir_runtime::backfill::InputFor>,
     /// Notifications for the owners (a failed reconciliation), sent by the alert loop.
     pub notes: weir_runtime::backfill::Notes,
     /// Requests to the OpenTelemetry collector, by signal and outcome.
-    pub otel_exports: Arc<crate::otel::Exports>,
+    pub otel_exports: Arc<Exports>,
     /// The data folder (drills keep their shadows' stores under `drills/`).
     pub data: std::path::PathBuf,
     /// The drill running on each pipeline (one at a time), by id.
@@ -62,6 +64,50 @@ pub struct App {
     pub(crate) followers: Arc<tokio::sync::Semaphore>,
     /// Set once the server stops: change feeds end.
     pub closing: tokio::sync::watch::Sender<bool>,
+}
+
+/// What the version loop remembers: the candidates it announced, the
+/// notifications it asked for (each is written with a diff, off the alert
+/// loop, by `versions::notify`), and those written, waiting for the alert loop's
+/// webhook queue.
+#[derive(Default)]
+pub struct VersionWatch {
+    pub announced: BTreeSet<(String, u32)>,
+    pub asked: Vec<(String, &'static str, Switch)>,
+    pub outbox: Vec<(String, Value)>,
+}
+
+/// Export requests by signal (`metrics`, `traces`) and outcome (`ok`,
+/// `failed`), and which signals are failing now (to log a change once).
+#[derive(Debug, Default)]
+pub struct Exports {
+    counts: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    failing: Mutex<Vec<&'static str>>,
+}
+
+impl Exports {
+    pub(crate) fn done(&self, signal: &'static str, url: &str, result: &Result<(), String>) {
+        let outcome = if result.is_ok() { "ok" } else { "failed" };
+        *lock(&self.counts).entry((signal, outcome)).or_insert(0) += 1;
+        let mut failing = lock(&self.failing);
+        let was = failing.contains(&signal);
+        match result {
+            Err(why) if !was => {
+                failing.push(signal);
+                eprintln!("weir: OpenTelemetry {signal} export to {url} failed: {why}; trying again, counted in weir_otel_exports_total");
+            }
+            Ok(()) if was => {
+                failing.retain(|s| *s != signal);
+                eprintln!("weir: OpenTelemetry {signal} export to {url} works again");
+            }
+            _ => {}
+        }
+    }
+
+    /// Every count, for `/metrics`.
+    pub(crate) fn totals(&self) -> Vec<((&'static str, &'static str), u64)> {
+        lock(&self.counts).iter().map(|(k, n)| (*k, *n)).collect()
+    }
 }
 
 /// The places of the request gates (see `http::gate`).
@@ -106,7 +152,7 @@ impl App {
             brokers: BTreeMap::new(),
             denied: Mutex::default(),
             webhooks: crate::webhooks::Webhooks::default(),
-            versions: Mutex::new(crate::versions::VersionWatch::default()),
+            versions: Mutex::new(VersionWatch::default()),
             backfill_inputs: BTreeMap::new(),
             notes: weir_runtime::backfill::Notes::default(),
             otel_exports: Arc::default(),

@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{MatchedPath, Request};
@@ -43,44 +43,10 @@ use opentelemetry_sdk::Resource;
 use prost::Message;
 use weir_contract::{OtelConfig, OtelProtocol};
 use weir_runtime::histogram::BOUNDS;
-use weir_runtime::lock;
 use weir_runtime::telemetry::SCOPE;
 
-use crate::app::{App, Caller};
+use crate::app::{App, Caller, Exports};
 use crate::metrics::{clamp, scrape, Scrape, Value};
-
-/// Export requests by signal (`metrics`, `traces`) and outcome (`ok`,
-/// `failed`), and which signals are failing now (to log a change once).
-#[derive(Debug, Default)]
-pub struct Exports {
-    counts: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
-    failing: Mutex<Vec<&'static str>>,
-}
-
-impl Exports {
-    fn done(&self, signal: &'static str, url: &str, result: &Result<(), String>) {
-        let outcome = if result.is_ok() { "ok" } else { "failed" };
-        *lock(&self.counts).entry((signal, outcome)).or_insert(0) += 1;
-        let mut failing = lock(&self.failing);
-        let was = failing.contains(&signal);
-        match result {
-            Err(why) if !was => {
-                failing.push(signal);
-                eprintln!("weir: OpenTelemetry {signal} export to {url} failed: {why}; trying again, counted in weir_otel_exports_total");
-            }
-            Ok(()) if was => {
-                failing.retain(|s| *s != signal);
-                eprintln!("weir: OpenTelemetry {signal} export to {url} works again");
-            }
-            _ => {}
-        }
-    }
-
-    /// Every count, for `/metrics`.
-    pub(crate) fn totals(&self) -> Vec<((&'static str, &'static str), u64)> {
-        lock(&self.counts).iter().map(|(k, n)| (*k, *n)).collect()
-    }
-}
 
 /// OTLP over HTTP with `ureq`, for the span exporter and the metrics.
 #[derive(Clone)]

@@ -48,7 +48,7 @@ pub async fn serve(
     let config = Arc::new(config);
     let log = open_log(&data, log_options, &config, &contracts)?;
     // Before any pipeline starts, so their checkpoint spans reach the collector.
-    let otel_exports = Arc::new(otel::Exports::default());
+    let otel_exports = Arc::new(app::Exports::default());
     let otel = config.otel.as_ref().map(|o| otel::install(o, &otel_exports)).transpose()?;
     let db = data.join("weir.db");
     let origin = format!("weir serve (process {}) reading its contracts folder", std::process::id());

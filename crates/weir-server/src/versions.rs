@@ -22,7 +22,6 @@
 //! a diff's memory is two pages and 20 differences whatever the versions' sizes
 //! (`Store::result_span` gives each version's first start and last end).
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -31,17 +30,6 @@ use weir_runtime::{lock, Pipeline};
 use weir_store::{Act, Acted, Switch, VersionState};
 
 use crate::app::App;
-
-/// What the version loop remembers: the candidates it announced, the
-/// notifications it asked for (each is written with a diff, off the alert
-/// loop, by [`notify`]), and those written, waiting for the alert loop's
-/// webhook queue.
-#[derive(Default)]
-pub struct VersionWatch {
-    pub announced: BTreeSet<(String, u32)>,
-    pub asked: Vec<(String, &'static str, Switch)>,
-    pub outbox: Vec<(String, Value)>,
-}
 
 /// After a switch: this server's runners' states, until they read the store again.
 pub fn switched(p: &Pipeline, switch: Switch) {
