@@ -4,7 +4,7 @@
 //! when the value comes back; each change is a notification POSTed as JSON
 //! to the contract's `webhook` (else weir.toml's `alert_webhook`), retried
 //! with backoff on that webhook's own queue and thread
-//! ([`crate::webhooks`]), so delivery never blocks processing, and a dead
+//! ([`weir_ops::webhooks`]), so delivery never blocks processing, and a dead
 //! hook delays no other.
 //! Firing alerts are shown by `status`.
 //!
@@ -28,8 +28,8 @@ use weir_contract::Alerts;
 use weir_engine::time::format_rfc3339_ms;
 
 use crate::app::App;
-use crate::report::{report, Report};
-use crate::watch::Firing;
+use weir_ops::report::{report, Report};
+use weir_ops::watch::Firing;
 use weir_runtime::lock;
 
 pub(crate) struct Check {
@@ -186,7 +186,7 @@ pub async fn run(app: Arc<App>) {
     }
 }
 
-/// Queues `note` on its webhook's own queue (see [`crate::webhooks`]); a
+/// Queues `note` on its webhook's own queue (see [`weir_ops::webhooks`]); a
 /// full queue drops its oldest, which is logged and counted.
 pub(crate) fn notify(app: &App, url: &str, note: serde_json::Value) {
     let capacity = app.config.alert_queue;
@@ -217,8 +217,8 @@ fn evaluate(app: &App) {
     }
     for (name, p) in &app.pipelines {
         let status = report(&app.log, &app.watch, name, p);
-        crate::watch::record(&app.watch, name, status.events.read, status.lag_records, status.watermark_age_ms);
-        crate::watch::refresh_reconcile(&app.watch, name, p.store.as_ref());
+        weir_ops::watch::record(&app.watch, name, status.events.read, status.lag_records, status.watermark_age_ms);
+        weir_ops::watch::refresh_reconcile(&app.watch, name, p.store.as_ref());
         let no_alerts = Alerts::default();
         let alerts = p.contract().alerts.as_ref().unwrap_or(&no_alerts);
         let corrected_last_hour = lock(&app.watch.reconcile).get(name).map(|t| t.corrected_last_hour);
@@ -347,7 +347,7 @@ mod tests {
     #[test]
     fn point_12_skipped_offsets_are_counted_for_an_hour_and_survive_a_count_going_back() {
         let t0 = Instant::now();
-        let mut s = crate::watch::Skipped::default();
+        let mut s = weir_ops::watch::Skipped::default();
         assert_eq!(s.observe(0, t0), 0);
         assert_eq!(s.observe(40, t0 + Duration::from_secs(1)), 40);
         assert_eq!(s.observe(40, t0 + Duration::from_secs(60)), 40, "still within the hour");

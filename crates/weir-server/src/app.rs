@@ -16,7 +16,7 @@ use weir_runtime::{lock, Pipeline};
 use weir_store::tokens::Grant;
 use weir_store::Switch;
 
-use crate::watch::Watch;
+use weir_ops::watch::Watch;
 
 pub struct App {
     pub log: Log,
@@ -44,7 +44,7 @@ pub struct App {
     pub denied: Mutex<BTreeMap<String, u64>>,
     /// Alert notifications dropped because `alert_queue` were waiting.
     /// The webhooks' queues and delivery counts.
-    pub webhooks: crate::webhooks::Webhooks,
+    pub webhooks: weir_ops::webhooks::Webhooks,
     /// Candidates announced, and version notifications waiting to be sent.
     pub versions: Mutex<VersionWatch>,
     /// Per pipeline: a reader of its input for backfills (the log or Kafka).
@@ -151,7 +151,7 @@ impl App {
             producers: BTreeMap::new(),
             brokers: BTreeMap::new(),
             denied: Mutex::default(),
-            webhooks: crate::webhooks::Webhooks::default(),
+            webhooks: weir_ops::webhooks::Webhooks::default(),
             versions: Mutex::new(VersionWatch::default()),
             backfill_inputs: BTreeMap::new(),
             notes: weir_runtime::backfill::Notes::default(),

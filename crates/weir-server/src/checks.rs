@@ -36,8 +36,8 @@ use weir_store::checks::{CheckFilter, CheckResult};
 use weir_store::{ResultFilter, Store};
 
 use crate::app::{bad, may_read, page_limit, read_stored, read_version, ApiError, App, Caller};
-use crate::report::Report;
-use crate::watch::CheckState;
+use weir_ops::report::Report;
+use weir_ops::watch::CheckState;
 
 /// Rows read from the change stream in one pass.
 const ROWS_A_PASS: i64 = 2_000;

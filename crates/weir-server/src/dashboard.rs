@@ -21,7 +21,7 @@ use axum::Extension;
 use serde_json::{json, Value};
 
 use crate::app::{forbidden, read_stored, ApiError, App, Caller};
-use crate::report::report;
+use weir_ops::report::report;
 
 /// How long the charts look back.
 const LATEST_ROWS: i64 = 20;
@@ -170,7 +170,7 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
             "decision": c.decision,
             "topic": p.contract().source.topic,
             "status": report(&app.log, &app.watch, name, p),
-            "chart": crate::watch::chart(&app.watch, name),
+            "chart": weir_ops::watch::chart(&app.watch, name),
             "rows": rows,
             "ledger_latest": ledger,
             "annotations": notes,

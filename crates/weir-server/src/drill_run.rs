@@ -278,7 +278,7 @@ struct Alerting {
 }
 
 impl Alerting {
-    fn sample(&mut self, app: &App, plan: &Plan, status: &crate::report::Report, now: i64) {
+    fn sample(&mut self, app: &App, plan: &Plan, status: &weir_ops::report::Report, now: i64) {
         let (read, ledger) = (status.events.read, status.ledgered());
         self.history.push_back((Instant::now(), read, ledger));
         while self.history.len() > 2
@@ -421,9 +421,15 @@ impl Delivering {
 }
 
 impl Drilling<'_> {
-    fn report(&self) -> crate::report::Report {
+    fn report(&self) -> weir_ops::report::Report {
         let (version, v) = self.pipeline.live();
-        crate::report::report_version(&self.app.log, &self.app.watch, &self.plan.pipeline, &self.pipeline, (version, v))
+        weir_ops::report::report_version(
+            &self.app.log,
+            &self.app.watch,
+            &self.plan.pipeline,
+            &self.pipeline,
+            (version, v),
+        )
     }
 
     fn event(&mut self, template: &Copied, time_ms: i64) -> anyhow::Result<Copied> {

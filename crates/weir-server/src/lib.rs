@@ -18,7 +18,6 @@ mod app;
 mod backfills;
 mod checks;
 mod dashboard;
-mod diff;
 mod drill_run;
 mod drills;
 mod events;
@@ -31,13 +30,10 @@ mod otel;
 mod pipelines;
 mod provenance;
 mod readers;
-mod report;
 mod review;
 mod stand_in;
 mod start;
 mod versions;
-mod watch;
-pub mod webhooks;
 
 use std::path::{Path, PathBuf};
 

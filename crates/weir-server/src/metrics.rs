@@ -21,7 +21,7 @@ use weir_runtime::lock;
 use weir_store::tokens::Role;
 
 use crate::app::{forbidden, App, Caller};
-use crate::report::report;
+use weir_ops::report::report;
 
 pub(crate) type Labels = Vec<(String, String)>;
 

@@ -240,7 +240,7 @@ pub(crate) async fn status(
         ));
     };
     Ok(json(
-        serde_json::to_value(crate::report::report_version(&app.log, &app.watch, &name, p, v))
+        serde_json::to_value(weir_ops::report::report_version(&app.log, &app.watch, &name, p, v))
             .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
     ))
 }

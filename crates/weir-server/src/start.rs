@@ -27,7 +27,8 @@ use weir_runtime::{kafka, lock, Pipeline, PipelineVersion, Status};
 use weir_store::{audit, pg, sqlite as store};
 use weir_store::{FileContract, Registration, VersionState};
 
-use crate::{alerts, app, drill_run, http, listen, otel, readers, webhooks, ServeOptions};
+use crate::{alerts, app, drill_run, http, listen, otel, readers, ServeOptions};
+use weir_ops::webhooks;
 
 /// Runs the server until `shutdown` completes, then stops every pipeline
 /// after a last checkpoint. `on_listen` is told the bound address.

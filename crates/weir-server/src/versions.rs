@@ -13,7 +13,7 @@
 //! webhook and the incidents) and promotes those whose contract says `promote =
 //! "auto"` (audited); the notification and its diff are written on a blocking
 //! thread of their own and sent at a later tick, so a diff never holds up the
-//! alerts, and a promote's answer does not wait for it. `weir-server::diff`:
+//! alerts, and a promote's answer does not wait for it. `weir_ops::diff`:
 //! two versions' rows compared on the time both cover (matched, differing,
 //! missing windows; each aggregate's total per version in exact decimals; the
 //! 20 largest differences), pure, by a merge of both versions' rows in the
@@ -67,9 +67,9 @@ pub fn describe(p: &Pipeline, v: &weir_store::Version) -> Value {
 /// page of each at a time: its memory does not grow with the versions.
 pub fn diff(p: &Pipeline, name: &str, a: u32, b: u32) -> weir_store::Result<Value> {
     let store = p.store.as_ref();
-    let range = crate::diff::both_cover(store.result_span(name, a)?, store.result_span(name, b)?);
+    let range = weir_ops::diff::both_cover(store.result_span(name, a)?, store.result_span(name, b)?);
     let rows = |v: u32| weir_store::ResultRows::new(store, name, v, Default::default());
-    crate::diff::compare(name, range, (a, rows(a)), (b, rows(b)))
+    weir_ops::diff::compare(name, range, (a, rows(a)), (b, rows(b)))
 }
 
 /// A notification about versions for the owner's and steward's webhook:

@@ -113,16 +113,16 @@ pub fn refresh_reconcile(watch: &Watch, name: &str, store: &dyn weir_store::Stor
 pub struct CheckState {
     pub version: u32,
     /// The highest row `seq` judged (row and volume checks); `None` until read from the store.
-    pub(crate) cursor: Option<i64>,
+    pub cursor: Option<i64>,
     /// The last result failed.
     pub failing: bool,
     /// Results this server evaluated since it started.
     pub passed: u64,
     pub failed: u64,
     pub last: Option<weir_store::checks::CheckResult>,
-    pub(crate) last_kept_ms: i64,
+    pub last_kept_ms: i64,
     /// The newest reconciliation judged.
-    pub(crate) reconciliation: Option<i64>,
+    pub reconciliation: Option<i64>,
 }
 
 /// Per pipeline, per check name.
@@ -141,15 +141,15 @@ pub struct Firing {
 pub struct AlertState {
     /// Firing alerts by pipeline.
     pub firing: BTreeMap<String, Vec<Firing>>,
-    pub(crate) history: BTreeMap<String, VecDeque<(Instant, u64, u64)>>,
+    pub history: BTreeMap<String, VecDeque<(Instant, u64, u64)>>,
     /// Offsets skipped, per pipeline: the count last seen, and those
     /// skipped in the last hour with when the last of them was.
-    pub(crate) skipped: BTreeMap<String, Skipped>,
+    pub skipped: BTreeMap<String, Skipped>,
 }
 
 /// Offsets a pipeline's source did not deliver, as the alert loop saw them.
 #[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Skipped {
+pub struct Skipped {
     pub seen: u64,
     pub recent: u64,
     pub last_at: Option<Instant>,
@@ -158,7 +158,7 @@ pub(crate) struct Skipped {
 impl Skipped {
     /// Takes the count now (it goes back when a partition is handed over or
     /// the server restarts); the offsets skipped within the last hour.
-    pub(crate) fn observe(&mut self, count: u64, now: Instant) -> u64 {
+    pub fn observe(&mut self, count: u64, now: Instant) -> u64 {
         if count > self.seen {
             self.recent += count - self.seen;
             self.last_at = Some(now);
