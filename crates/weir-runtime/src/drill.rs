@@ -165,6 +165,7 @@ impl Pseudonyms {
 }
 
 /// The log a drill copies the topic in and sends its events to.
+#[derive(Clone)]
 pub enum DrillLog {
     Embedded(Log),
     Kafka { brokers: String, config: Arc<ServerConfig>, producer: FutureProducer, runtime: tokio::runtime::Handle },

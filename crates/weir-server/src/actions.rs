@@ -313,8 +313,8 @@ async fn switch(
         ApiError(code, e.to_string())
     })?;
     // This server's readers and reports follow at once; other workers within a checkpoint interval.
-    crate::versions::switched(p, switch);
-    crate::versions::notify(&app, &name, action, switch);
+    weir_ops::versions::switched(p, switch);
+    weir_ops::versions::notify(&app.ops, &name, action, switch);
     Ok(json(serde_json::json!({
         "pipeline": name, "from": switch.from, "to": switch.to, "seq": seq, "audit": audit
     })))

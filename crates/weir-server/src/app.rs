@@ -3,31 +3,25 @@
 //! calls run off the async threads ([`stored`], [`App::on_weir_db`]), the audit
 //! log, and the small response helpers.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::Value;
-use weir_contract::ServerConfig;
-use weir_log::Log;
 use weir_runtime::{lock, Pipeline};
 use weir_store::tokens::Grant;
-use weir_store::Switch;
 
-use weir_ops::watch::Watch;
+use weir_ops::Ops;
 
+/// The server's state. The operations' part ([`Ops`]: the log, the
+/// config, the pipelines, `weir.db`, what the alert loop watches, the
+/// webhooks, versions, owners' notes, the data folder, `closing`) is shared
+/// with `weir-ops` and read through `App` as if it were its own (`Deref`).
 pub struct App {
-    pub log: Log,
-    pub config: Arc<ServerConfig>,
-    pub pipelines: BTreeMap<String, Pipeline>,
-    /// What the alert loop observed: chart samples, firing alerts, notifications.
-    pub watch: Watch,
+    pub ops: Arc<Ops>,
     /// From a POST's arrival to its events being durable.
     pub durable: Mutex<weir_runtime::histogram::Histogram>,
-    /// `weir.db` through a pool: tokens, the audit log, and the embedded pipelines' rows.
-    pub sqlite: Arc<weir_store::SqliteStore>,
     /// `weir.db` through a pool of its own for token checks, so readers
     /// that hold every connection of `sqlite` never stall producers' tokens.
     pub auth: Arc<weir_store::SqliteStore>,
@@ -42,19 +36,10 @@ pub struct App {
     pub brokers: BTreeMap<String, String>,
     /// Refused requests by their metric labels (status and reason or role).
     pub denied: Mutex<BTreeMap<String, u64>>,
-    /// Alert notifications dropped because `alert_queue` were waiting.
-    /// The webhooks' queues and delivery counts.
-    pub webhooks: weir_ops::webhooks::Webhooks,
-    /// Candidates announced, and version notifications waiting to be sent.
-    pub versions: Mutex<VersionWatch>,
     /// Per pipeline: a reader of its input for backfills (the log or Kafka).
     pub backfill_inputs: BTreeMap<String, weir_runtime::backfill::InputFor>,
-    /// Notifications for the owners (a failed reconciliation), sent by the alert loop.
-    pub notes: weir_runtime::backfill::Notes,
     /// Requests to the OpenTelemetry collector, by signal and outcome.
     pub otel_exports: Arc<Exports>,
-    /// The data folder (drills keep their shadows' stores under `drills/`).
-    pub data: std::path::PathBuf,
     /// The drill running on each pipeline (one at a time), by id.
     pub(crate) drills: Mutex<BTreeMap<String, i64>>,
     /// The drills' threads: a shutdown stops them (they remove their copy
@@ -62,19 +47,14 @@ pub struct App {
     pub(crate) drill_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Places for open change feeds (`max_followers`).
     pub(crate) followers: Arc<tokio::sync::Semaphore>,
-    /// Set once the server stops: change feeds end.
-    pub closing: tokio::sync::watch::Sender<bool>,
 }
 
-/// What the version loop remembers: the candidates it announced, the
-/// notifications it asked for (each is written with a diff, off the alert
-/// loop, by `versions::notify`), and those written, waiting for the alert loop's
-/// webhook queue.
-#[derive(Default)]
-pub struct VersionWatch {
-    pub announced: BTreeSet<(String, u32)>,
-    pub asked: Vec<(String, &'static str, Switch)>,
-    pub outbox: Vec<(String, Value)>,
+impl std::ops::Deref for App {
+    type Target = Ops;
+
+    fn deref(&self) -> &Ops {
+        &self.ops
+    }
 }
 
 /// Export requests by signal (`metrics`, `traces`) and outcome (`ok`,
@@ -130,37 +110,23 @@ impl Gates {
 }
 
 impl App {
-    pub fn new(
-        log: Log,
-        config: Arc<ServerConfig>,
-        pipelines: BTreeMap<String, Pipeline>,
-        sqlite: Arc<weir_store::SqliteStore>,
-    ) -> App {
-        let config_followers = config.max_followers;
+    pub fn new(ops: Arc<Ops>) -> App {
+        let followers = ops.config.max_followers;
         App {
-            log,
-            config,
-            pipelines,
-            watch: Watch::default(),
             durable: Mutex::default(),
-            auth: Arc::clone(&sqlite),
-            sqlite,
+            auth: Arc::clone(&ops.sqlite),
+            ops,
             round_robin: AtomicU64::new(0),
             gates: Gates::new(),
             in_flight: Mutex::default(),
             producers: BTreeMap::new(),
             brokers: BTreeMap::new(),
             denied: Mutex::default(),
-            webhooks: weir_ops::webhooks::Webhooks::default(),
-            versions: Mutex::new(VersionWatch::default()),
             backfill_inputs: BTreeMap::new(),
-            notes: weir_runtime::backfill::Notes::default(),
             otel_exports: Arc::default(),
-            data: std::path::PathBuf::new(),
             drills: Mutex::default(),
             drill_threads: Mutex::default(),
-            followers: Arc::new(tokio::sync::Semaphore::new(config_followers)),
-            closing: tokio::sync::watch::Sender::new(false),
+            followers: Arc::new(tokio::sync::Semaphore::new(followers)),
         }
     }
 

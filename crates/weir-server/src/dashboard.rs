@@ -110,7 +110,7 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
         let (live, _) = p.live();
         let defined = p.contract().checks.clone();
         let (rows, ledger, notes, kept, versions, checks, named) = read_stored(p, move |s| {
-            let named = crate::checks::summary(s, &n, live, &defined)?;
+            let named = weir_ops::checks::summary(s, &n, live, &defined)?;
             let rows = parsed(s.latest_changes(&n, live, LATEST_ROWS)?);
             let ledger = parsed(s.latest_ledger(&n, live, LATEST_LEDGER)?);
             let checks = (s.backfills(&n, LATEST_RUNS)?, s.reconciliations(&n, None, LATEST_RUNS)?);
@@ -145,7 +145,7 @@ pub async fn data(State(app): State<Arc<App>>, Extension(caller): Extension<Call
                 })
             })
             .collect();
-        let versions: Vec<Value> = versions.iter().map(|v| crate::versions::describe(p, v)).collect();
+        let versions: Vec<Value> = versions.iter().map(|v| weir_ops::versions::describe(p, v)).collect();
         let (kept, kept_cases) = kept;
         incidents.extend(kept);
         cases.extend(kept_cases);

@@ -7,7 +7,7 @@
 //! (issue 18): an operator's drill checked (scenario, why, a running pipeline,
 //! event times in the payload, events to copy, two partitions to delay one, one
 //! drill at a time), kept as `running` with its audit entry (`Act::Drill`),
-//! then run on a thread of its own by `weir-server::drill_run`: the live
+//! then run on a thread of its own by `weir_ops::drill_run`: the live
 //! contract over a copy of what the scenario needs (the records appended within
 //! the window's length and allowed lateness, or the dedup horizon if longer,
 //! and at least each partition's last 64; everything for a global window:
@@ -18,7 +18,7 @@
 //! own (a SQLite file under `DATA/drills/`, or the Postgres schema
 //! `{schema}_drill_{id}`, its version registered live there); in a
 //! `destination-down` drill a `DestinationRunner` per `[[destination]]` of the
-//! contract, as an `http` destination to `weir-server::stand_in` (a receiver on
+//! contract, as an `http` destination to `weir_ops::stand_in` (a receiver on
 //! 127.0.0.1 inside the server that answers 503 while the fault lasts and
 //! applies each `Idempotency-Key` once), its position in the shadow's store,
 //! its state in the shadow's `Report`, so no drill row reaches a real
@@ -49,12 +49,13 @@ use axum::Extension;
 use serde_json::{json, Value};
 use weir_contract::Contract;
 use weir_engine::time::format_rfc3339_ms;
-use weir_runtime::drill::Scenario;
+use weir_runtime::drill::{DrillLog, Scenario};
 use weir_runtime::lock;
+use weir_runtime::Pipeline;
 use weir_store::{Act, Acted, DrillAsk};
 
 use crate::app::*;
-use crate::drill_run::{drill, drill_log, remove_ended, renew_lease, Plan};
+use weir_ops::drill_run::{drill, remove_ended, renew_lease, Plan};
 
 #[derive(serde::Deserialize)]
 struct Ask {
@@ -143,10 +144,10 @@ pub(crate) async fn ask(
     // A client that goes away mid-request drops this handler: the slot is freed then.
     let mut slot = Slot { app: Arc::clone(&app), pipeline: name.clone(), held: true };
     // What earlier drills left (a worker of this pipeline killed mid-drill) goes first.
-    let (a2, n2, runtime) = (Arc::clone(&app), name.clone(), tokio::runtime::Handle::current());
+    let (a2, n2, d2) = (Arc::clone(&app), name.clone(), dlog.clone());
     let _ = tokio::task::spawn_blocking(move || {
         if let Some(p) = a2.pipelines.get(&n2) {
-            if let Err(e) = remove_ended(&a2, &n2, p, &runtime) {
+            if let Err(e) = remove_ended(&a2, &n2, p, &d2) {
                 eprintln!("weir: {n2}: drills' leftovers were not removed: {e:#}");
             }
         }
@@ -310,4 +311,22 @@ fn default_fault(scenario: Scenario, contract: &Contract) -> Duration {
         (Scenario::Restart, _, _) => Duration::from_secs(2),
         _ => Duration::from_secs(10),
     }
+}
+
+/// Where a drill copies the topic to: the embedded log, or the pipeline's Kafka.
+pub(crate) fn drill_log(app: &App, p: &Pipeline, contract: &Contract) -> Result<DrillLog, ApiError> {
+    if !p.on_kafka {
+        return Ok(DrillLog::Embedded(app.log.clone()));
+    }
+    let no =
+        |what: &str| ApiError(StatusCode::CONFLICT, format!("no drill can run: the pipeline reads Kafka but {what}"));
+    let (brokers, _) = weir_runtime::kafka::source_of(contract, &app.config).ok_or_else(|| no("names no brokers"))?;
+    let producer =
+        app.producers.get(&contract.source.topic).cloned().ok_or_else(|| no("this server has no producer for it"))?;
+    Ok(DrillLog::Kafka {
+        brokers,
+        config: Arc::clone(&app.config),
+        producer,
+        runtime: tokio::runtime::Handle::current(),
+    })
 }

@@ -13,12 +13,10 @@
 mod actions;
 mod admin;
 mod advice;
-mod alerts;
 mod app;
 mod backfills;
 mod checks;
 mod dashboard;
-mod drill_run;
 mod drills;
 mod events;
 mod feed;
@@ -31,9 +29,7 @@ mod pipelines;
 mod provenance;
 mod readers;
 mod review;
-mod stand_in;
 mod start;
-mod versions;
 
 use std::path::{Path, PathBuf};
 

@@ -258,7 +258,7 @@ pub(crate) async fn versions(
     let body: Vec<String> = stored_versions
         .iter()
         .map(|v| {
-            let mut shown = crate::versions::describe(p, v);
+            let mut shown = weir_ops::versions::describe(p, v);
             shown["pipeline"] = name.clone().into();
             shown.to_string()
         })
@@ -297,7 +297,7 @@ pub(crate) async fn diff(
     let app2 = Arc::clone(&app);
     let n = name.clone();
     let report = reading(move || match app2.pipelines.get(&n) {
-        Some(p) => crate::versions::diff(p, &n, a, b),
+        Some(p) => weir_ops::versions::diff(p, &n, a, b),
         None => Ok(serde_json::Value::Null),
     })
     .await?;

@@ -178,8 +178,8 @@ fn pipeline_review(
         })
         .collect();
     let headers = s.checkpoint_headers(name, live)?;
-    let lateness = match crate::advice::observed(contract, &headers) {
-        Ok(seen) => crate::advice::advise(contract, &seen, state_bytes),
+    let lateness = match weir_ops::advice::observed(contract, &headers) {
+        Ok(seen) => weir_ops::advice::advise(contract, &seen, state_bytes),
         Err(e) => json!({"error": e}),
     };
     let c = &contract.pipeline;

@@ -27,7 +27,9 @@ use weir_runtime::{kafka, lock, Pipeline, PipelineVersion, Status};
 use weir_store::{audit, pg, sqlite as store};
 use weir_store::{FileContract, Registration, VersionState};
 
-use crate::{alerts, app, drill_run, http, listen, otel, readers, ServeOptions};
+use crate::{app, http, listen, otel, readers, ServeOptions};
+use weir_ops::alerts;
+use weir_ops::drill_run;
 use weir_ops::webhooks;
 
 /// Runs the server until `shutdown` completes, then stops every pipeline
@@ -102,21 +104,26 @@ pub async fn serve(
     }
     audit::record_contracts(&store::open(&db)?, &accepted, &origin)?;
     readers::start(config.pool_connections);
-    let mut app = app::App::new(log.clone(), Arc::clone(&config), pipelines, sqlite);
+    let mut ops = weir_ops::Ops::new(log.clone(), Arc::clone(&config), pipelines, sqlite);
     if let Some(roots) = webhook_roots {
-        let _ = app.webhooks.trusted.set(roots);
+        let _ = ops.webhooks.trusted.set(roots);
     }
+    ops.notes = Arc::clone(&starting.notes);
+    ops.data = data.clone();
+    let mut app = app::App::new(Arc::new(ops));
     app.auth = Arc::new(weir_store::SqliteStore::new(db.clone(), 4));
     app.producers = producers;
     app.brokers = brokers;
     app.backfill_inputs = backfill_inputs;
-    app.notes = Arc::clone(&starting.notes);
     app.otel_exports = otel_exports;
-    app.data = data.clone();
     let app = Arc::new(app);
     {
         let (a, runtime) = (Arc::clone(&app), tokio::runtime::Handle::current());
-        tokio::task::spawn_blocking(move || drill_run::remove_leftovers(&a, &runtime)).await?;
+        tokio::task::spawn_blocking(move || {
+            let _entered = runtime.enter();
+            drill_run::remove_leftovers(&a, &|p| crate::drills::drill_log(&a, p, p.contract()).map_err(|e| e.1))
+        })
+        .await?;
     }
     let background = start_background(&app, otel, &log, &db)?;
     let listener = tokio::net::TcpListener::bind(&address)
@@ -435,7 +442,7 @@ fn start_background(app: &Arc<app::App>, otel: Option<otel::Otel>, log: &Log, db
         }
         None => None,
     };
-    let alerting = tokio::spawn(alerts::run(Arc::clone(app)));
+    let alerting = tokio::spawn(alerts::run(Arc::clone(&app.ops)));
     // Ledger payloads past retention: the topic's (weir.toml), or weir.toml's
     // shorter cap; in SQLite, or in Postgres for pipelines on Kafka.
     let erase: Vec<(String, i64, bool)> = app

@@ -1,4 +1,5 @@
-//! Failure drills (issue 18), the running of one (`drills` is the HTTP side).
+//! Failure drills (issue 18), the running of one (`weir-server::drills` is
+//! the HTTP side).
 //!
 //! A drill rehearses one failure on a shadow of the pipeline (see
 //! `weir_runtime::drill`): the live contract, reading a copy of its topic,
@@ -48,7 +49,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
 use serde_json::{json, Value};
 use weir_contract::{Connection, Contract, Destination, DestinationKind, WindowKind};
 use weir_engine::time::format_rfc3339_ms;
@@ -58,8 +58,8 @@ use weir_runtime::runner::{Connected, Runner};
 use weir_runtime::{Pipeline, PipelineVersion, Status};
 use weir_store::{FileContract, Store};
 
-use crate::app::*;
 use crate::stand_in::StandIn;
+use crate::Ops;
 
 const STEADY: Duration = Duration::from_secs(3);
 const TICK: Duration = Duration::from_millis(200);
@@ -68,7 +68,7 @@ const SAMPLE: Duration = Duration::from_millis(500);
 const BURST: usize = 20;
 
 /// What the drill's thread is given.
-pub(crate) struct Plan {
+pub struct Plan {
     pub id: i64,
     pub pipeline: String,
     pub version: u32,
@@ -86,8 +86,9 @@ pub(crate) struct Plan {
 /// server starts one, so every copy topic (`TOPIC.drill-ID`) and every
 /// file under `drills/` goes; on Kafka, other workers may be running
 /// drills, so only what drills that ended or whose lease ran out left
-/// ([`remove_ended`]), which is also done before each new drill.
-pub fn remove_leftovers(app: &App, runtime: &tokio::runtime::Handle) {
+/// ([`remove_ended`]), which is also done before each new drill, through
+/// the log `dlog_of` gives for the pipeline.
+pub fn remove_leftovers(app: &Ops, dlog_of: &dyn Fn(&Pipeline) -> Result<DrillLog, String>) {
     for (name, p) in &app.pipelines {
         if !p.on_kafka {
             let topic = &p.contract().source.topic;
@@ -96,8 +97,11 @@ pub fn remove_leftovers(app: &App, runtime: &tokio::runtime::Handle) {
                     eprintln!("weir: a drill's leftover topic {copy} was not removed: {e}");
                 }
             }
-        } else if let Err(e) = remove_ended(app, name, p, runtime) {
-            eprintln!("weir: {name}: drills' leftovers were not removed: {e:#}");
+        } else {
+            let removed = dlog_of(p).map_err(anyhow::Error::msg).and_then(|dlog| remove_ended(app, name, p, &dlog));
+            if let Err(e) = removed {
+                eprintln!("weir: {name}: drills' leftovers were not removed: {e:#}");
+            }
         }
     }
     for file in std::fs::read_dir(app.data.join("drills")).into_iter().flatten().flatten() {
@@ -110,8 +114,8 @@ pub fn remove_leftovers(app: &App, runtime: &tokio::runtime::Handle) {
 /// Removes the copies and shadow stores of the pipeline's drills that are
 /// not running (ended, or their lease ran out): on the embedded log their
 /// copy topics and `drills/drill-ID.db`, on Kafka their topics and
-/// schemas `SCHEMA_drill_ID`.
-pub fn remove_ended(app: &App, name: &str, p: &Pipeline, runtime: &tokio::runtime::Handle) -> anyhow::Result<()> {
+/// schemas `SCHEMA_drill_ID`, through `dlog`, the pipeline's log.
+pub fn remove_ended(app: &Ops, name: &str, p: &Pipeline, dlog: &DrillLog) -> anyhow::Result<()> {
     let topic = p.contract().source.topic.clone();
     let now = weir_log::now_ms();
     let drills = p.store.drills(name, None, i64::MAX)?;
@@ -140,8 +144,6 @@ pub fn remove_ended(app: &App, name: &str, p: &Pipeline, runtime: &tokio::runtim
         .iter()
         .map(|r| r.get(0))
         .collect();
-    let _entered = runtime.enter();
-    let dlog = drill_log(app, p, p.contract()).map_err(|e| anyhow::anyhow!("{}", e.1))?;
     for id in ended {
         let schema = format!("{}_drill_{id}", pg.schema);
         if schemas.contains(&schema) {
@@ -154,7 +156,7 @@ pub fn remove_ended(app: &App, name: &str, p: &Pipeline, runtime: &tokio::runtim
 }
 
 /// Whether `name` is a drill's copy of `topic` (`TOPIC.drill-ID`).
-pub(crate) fn is_copy_of(name: &str, topic: &str) -> bool {
+pub fn is_copy_of(name: &str, topic: &str) -> bool {
     name.strip_prefix(topic)
         .and_then(|rest| rest.strip_prefix(".drill-"))
         .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
@@ -162,7 +164,7 @@ pub(crate) fn is_copy_of(name: &str, topic: &str) -> bool {
 
 /// Renews the drill's lease until `done`, so that readers on any server
 /// can tell a running drill from one whose server stopped.
-pub(crate) fn renew_lease(store: &dyn Store, id: i64, done: &AtomicBool) {
+pub fn renew_lease(store: &dyn Store, id: i64, done: &AtomicBool) {
     let every = Duration::from_millis(weir_store::drills::LEASE_MS as u64 / 3);
     let mut last = Instant::now();
     while !done.load(Ordering::SeqCst) {
@@ -184,7 +186,7 @@ struct ShadowStore {
 }
 
 fn shadow_store(
-    app: &App,
+    app: &Ops,
     plan: &Plan,
     contract: &Contract,
     runtime: &tokio::runtime::Handle,
@@ -278,7 +280,7 @@ struct Alerting {
 }
 
 impl Alerting {
-    fn sample(&mut self, app: &App, plan: &Plan, status: &weir_ops::report::Report, now: i64) {
+    fn sample(&mut self, app: &Ops, plan: &Plan, status: &crate::report::Report, now: i64) {
         let (read, ledger) = (status.events.read, status.ledgered());
         self.history.push_back((Instant::now(), read, ledger));
         while self.history.len() > 2
@@ -341,7 +343,7 @@ impl Alerting {
 
 /// The shadow with what the drill needs around it.
 struct Drilling<'a> {
-    app: &'a App,
+    app: &'a Ops,
     plan: &'a Plan,
     dlog: &'a DrillLog,
     copy: String,
@@ -421,15 +423,9 @@ impl Delivering {
 }
 
 impl Drilling<'_> {
-    fn report(&self) -> weir_ops::report::Report {
+    fn report(&self) -> crate::report::Report {
         let (version, v) = self.pipeline.live();
-        weir_ops::report::report_version(
-            &self.app.log,
-            &self.app.watch,
-            &self.plan.pipeline,
-            &self.pipeline,
-            (version, v),
-        )
+        crate::report::report_version(&self.app.log, &self.app.watch, &self.plan.pipeline, &self.pipeline, (version, v))
     }
 
     fn event(&mut self, template: &Copied, time_ms: i64) -> anyhow::Result<Copied> {
@@ -516,7 +512,7 @@ enum Traffic {
     AllBut(u32),
 }
 
-pub(crate) fn drill(app: &App, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handle) -> anyhow::Result<Value> {
+pub fn drill(app: &Ops, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handle) -> anyhow::Result<Value> {
     let p = app.pipelines.get(&plan.pipeline).ok_or_else(|| anyhow::anyhow!("no pipeline {}", plan.pipeline))?;
     let copy = copy_topic(&plan.contract.source.topic, plan.id);
     let live_ends_before = dlog.ends(&plan.contract.source.topic)?;
@@ -871,22 +867,4 @@ fn configured(contract: &Contract, alert: &str) -> bool {
         "max_destination_lag" => a.max_destination_lag_ms.is_some(),
         _ => false,
     }
-}
-
-/// Where a drill copies the topic to: the embedded log, or the pipeline's Kafka.
-pub(crate) fn drill_log(app: &App, p: &Pipeline, contract: &Contract) -> Result<DrillLog, ApiError> {
-    if !p.on_kafka {
-        return Ok(DrillLog::Embedded(app.log.clone()));
-    }
-    let no =
-        |what: &str| ApiError(StatusCode::CONFLICT, format!("no drill can run: the pipeline reads Kafka but {what}"));
-    let (brokers, _) = weir_runtime::kafka::source_of(contract, &app.config).ok_or_else(|| no("names no brokers"))?;
-    let producer =
-        app.producers.get(&contract.source.topic).cloned().ok_or_else(|| no("this server has no producer for it"))?;
-    Ok(DrillLog::Kafka {
-        brokers,
-        config: Arc::clone(&app.config),
-        producer,
-        runtime: tokio::runtime::Handle::current(),
-    })
 }

@@ -13,7 +13,7 @@
 //! webhook and the incidents) and promotes those whose contract says `promote =
 //! "auto"` (audited); the notification and its diff are written on a blocking
 //! thread of their own and sent at a later tick, so a diff never holds up the
-//! alerts, and a promote's answer does not wait for it. `weir_ops::diff`:
+//! alerts, and a promote's answer does not wait for it. `crate::diff`:
 //! two versions' rows compared on the time both cover (matched, differing,
 //! missing windows; each aggregate's total per version in exact decimals; the
 //! 20 largest differences), pure, by a merge of both versions' rows in the
@@ -29,7 +29,7 @@ use weir_contract::Promote;
 use weir_runtime::{lock, Pipeline};
 use weir_store::{Act, Acted, Switch, VersionState};
 
-use crate::app::App;
+use crate::Ops;
 
 /// After a switch: this server's runners' states, until they read the store again.
 pub fn switched(p: &Pipeline, switch: Switch) {
@@ -67,9 +67,9 @@ pub fn describe(p: &Pipeline, v: &weir_store::Version) -> Value {
 /// page of each at a time: its memory does not grow with the versions.
 pub fn diff(p: &Pipeline, name: &str, a: u32, b: u32) -> weir_store::Result<Value> {
     let store = p.store.as_ref();
-    let range = weir_ops::diff::both_cover(store.result_span(name, a)?, store.result_span(name, b)?);
+    let range = crate::diff::both_cover(store.result_span(name, a)?, store.result_span(name, b)?);
     let rows = |v: u32| weir_store::ResultRows::new(store, name, v, Default::default());
-    weir_ops::diff::compare(name, range, (a, rows(a)), (b, rows(b)))
+    crate::diff::compare(name, range, (a, rows(a)), (b, rows(b)))
 }
 
 /// A notification about versions for the owner's and steward's webhook:
@@ -103,7 +103,7 @@ fn note(p: &Pipeline, name: &str, event: &str, switch: Switch) -> Value {
 /// thread of its own, and queues it for the alert loop, which sends it at
 /// its next tick. The caller does not wait: a diff of large versions takes
 /// seconds, and neither a promote's answer nor the alerts wait for it.
-pub fn notify(app: &Arc<App>, name: &str, event: &'static str, switch: Switch) {
+pub fn notify(app: &Arc<Ops>, name: &str, event: &'static str, switch: Switch) {
     let (a, n) = (Arc::clone(app), name.to_owned());
     tokio::task::spawn_blocking(move || {
         if let Some(p) = a.pipelines.get(&n) {
@@ -115,9 +115,9 @@ pub fn notify(app: &Arc<App>, name: &str, event: &'static str, switch: Switch) {
 
 /// Every second: candidates whose watermark reached the live version's are
 /// announced once, and promoted when their contract says `promote = "auto"`
-/// (their notifications are asked for in [`VersionWatch::asked`]). Returns
+/// (their notifications are asked for in [`crate::VersionWatch::asked`]). Returns
 /// the notifications written since, by pipeline.
-pub fn check(app: &App) -> Vec<(String, Value)> {
+pub fn check(app: &Ops) -> Vec<(String, Value)> {
     for (name, p) in &app.pipelines {
         if p.refused.is_some() {
             continue;
@@ -155,7 +155,7 @@ pub fn check(app: &App) -> Vec<(String, Value)> {
 /// Promotes a candidate with its audit entry: in one transaction where the
 /// store keeps the audit log (SQLite); otherwise (Postgres) the entry is
 /// written first, and a promote that cannot be audited does not happen.
-fn auto_promote(app: &App, name: &str, p: &Pipeline, version: u32) {
+fn auto_promote(app: &Ops, name: &str, p: &Pipeline, version: u32) {
     let (who, why) = ("weir (promote = \"auto\")", "the candidate's watermark reached the live version's");
     let act = Act::Switch { promote: Some(version), who: who.to_owned(), why: why.to_owned() };
     let entry = |detail| weir_store::audit::Entry {

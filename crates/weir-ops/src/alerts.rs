@@ -4,7 +4,7 @@
 //! when the value comes back; each change is a notification POSTed as JSON
 //! to the contract's `webhook` (else weir.toml's `alert_webhook`), retried
 //! with backoff on that webhook's own queue and thread
-//! ([`weir_ops::webhooks`]), so delivery never blocks processing, and a dead
+//! ([`crate::webhooks`]), so delivery never blocks processing, and a dead
 //! hook delays no other.
 //! Firing alerts are shown by `status`.
 //!
@@ -27,12 +27,12 @@ use std::time::{Duration, Instant};
 use weir_contract::Alerts;
 use weir_engine::time::format_rfc3339_ms;
 
-use crate::app::App;
-use weir_ops::report::{report, Report};
-use weir_ops::watch::Firing;
+use crate::report::{report, Report};
+use crate::watch::Firing;
+use crate::Ops;
 use weir_runtime::lock;
 
-pub(crate) struct Check {
+pub struct Check {
     pub alert: &'static str,
     /// Observed and threshold, comparable.
     pub observed: f64,
@@ -52,11 +52,11 @@ fn ratio(v: f64) -> String {
 /// Ledger entries per event read between two samples of (read, ledgered);
 /// none when nothing was read. Counts go back when a partition is handed
 /// over, so a difference is never taken below zero.
-pub(crate) fn ledger_rate((r0, l0): (u64, u64), (r1, l1): (u64, u64)) -> Option<f64> {
+pub fn ledger_rate((r0, l0): (u64, u64), (r1, l1): (u64, u64)) -> Option<f64> {
     (r1 > r0).then(|| l1.saturating_sub(l0) as f64 / (r1 - r0) as f64)
 }
 
-pub(crate) fn checks(
+pub fn checks(
     alerts: &Alerts,
     status: &Report,
     ledger_rate: Option<f64>,
@@ -143,7 +143,7 @@ pub(crate) fn checks(
 }
 
 /// The notification of an alert's change (`firing`, `resolved`), as the webhook gets it.
-pub(crate) fn notification(
+pub fn notification(
     what: &str,
     c: &Check,
     (name, pipeline): (&str, &weir_contract::Pipeline),
@@ -172,7 +172,7 @@ fn count(v: f64) -> String {
 
 /// Every second, forever: samples every pipeline for the dashboard's
 /// charts and evaluates its alerts.
-pub async fn run(app: Arc<App>) {
+pub async fn run(app: Arc<Ops>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
@@ -186,9 +186,9 @@ pub async fn run(app: Arc<App>) {
     }
 }
 
-/// Queues `note` on its webhook's own queue (see [`weir_ops::webhooks`]); a
+/// Queues `note` on its webhook's own queue (see [`crate::webhooks`]); a
 /// full queue drops its oldest, which is logged and counted.
-pub(crate) fn notify(app: &App, url: &str, note: serde_json::Value) {
+pub fn notify(app: &Ops, url: &str, note: serde_json::Value) {
     let capacity = app.config.alert_queue;
     let allow = weir_runtime::outbound::Allow {
         private: app.config.allow_private_webhooks,
@@ -201,7 +201,7 @@ pub(crate) fn notify(app: &App, url: &str, note: serde_json::Value) {
     }
 }
 
-fn evaluate(app: &App) {
+fn evaluate(app: &Ops) {
     let now = weir_log::now_ms();
     // Versions: candidates that caught up, automatic promotes, and the notifications of both.
     let waiting = std::mem::take(&mut *lock(&app.notes));
@@ -217,8 +217,8 @@ fn evaluate(app: &App) {
     }
     for (name, p) in &app.pipelines {
         let status = report(&app.log, &app.watch, name, p);
-        weir_ops::watch::record(&app.watch, name, status.events.read, status.lag_records, status.watermark_age_ms);
-        weir_ops::watch::refresh_reconcile(&app.watch, name, p.store.as_ref());
+        crate::watch::record(&app.watch, name, status.events.read, status.lag_records, status.watermark_age_ms);
+        crate::watch::refresh_reconcile(&app.watch, name, p.store.as_ref());
         let no_alerts = Alerts::default();
         let alerts = p.contract().alerts.as_ref().unwrap_or(&no_alerts);
         let corrected_last_hour = lock(&app.watch.reconcile).get(name).map(|t| t.corrected_last_hour);
@@ -347,7 +347,7 @@ mod tests {
     #[test]
     fn point_12_skipped_offsets_are_counted_for_an_hour_and_survive_a_count_going_back() {
         let t0 = Instant::now();
-        let mut s = weir_ops::watch::Skipped::default();
+        let mut s = crate::watch::Skipped::default();
         assert_eq!(s.observe(0, t0), 0);
         assert_eq!(s.observe(40, t0 + Duration::from_secs(1)), 40);
         assert_eq!(s.observe(40, t0 + Duration::from_secs(60)), 40, "still within the hour");
