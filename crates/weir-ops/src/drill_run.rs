@@ -98,7 +98,8 @@ pub fn remove_leftovers(app: &Ops, dlog_of: &dyn Fn(&Pipeline) -> Result<DrillLo
                 }
             }
         } else {
-            let removed = dlog_of(p).map_err(anyhow::Error::msg).and_then(|dlog| remove_ended(app, name, p, &dlog));
+            let removed =
+                dlog_of(p).map_err(weir_runtime::Error::Refused).and_then(|dlog| remove_ended(app, name, p, &dlog));
             if let Err(e) = removed {
                 eprintln!("weir: {name}: drills' leftovers were not removed: {e:#}");
             }
@@ -115,7 +116,7 @@ pub fn remove_leftovers(app: &Ops, dlog_of: &dyn Fn(&Pipeline) -> Result<DrillLo
 /// not running (ended, or their lease ran out): on the embedded log their
 /// copy topics and `drills/drill-ID.db`, on Kafka their topics and
 /// schemas `SCHEMA_drill_ID`, through `dlog`, the pipeline's log.
-pub fn remove_ended(app: &Ops, name: &str, p: &Pipeline, dlog: &DrillLog) -> anyhow::Result<()> {
+pub fn remove_ended(app: &Ops, name: &str, p: &Pipeline, dlog: &DrillLog) -> weir_runtime::Result<()> {
     let topic = p.contract().source.topic.clone();
     let now = weir_log::now_ms();
     let drills = p.store.drills(name, None, i64::MAX)?;
@@ -181,8 +182,8 @@ pub fn renew_lease(store: &dyn Store, id: i64, done: &AtomicBool) {
 /// The shadow's store: made, its version registered as live, and how to remove it.
 struct ShadowStore {
     store: Arc<dyn weir_store::Store>,
-    connect: Box<dyn FnMut() -> anyhow::Result<Connected> + Send>,
-    remove: Box<dyn FnOnce() -> anyhow::Result<()> + Send>,
+    connect: Box<dyn FnMut() -> weir_runtime::Result<Connected> + Send>,
+    remove: Box<dyn FnOnce() -> weir_runtime::Result<()> + Send>,
 }
 
 fn shadow_store(
@@ -190,7 +191,7 @@ fn shadow_store(
     plan: &Plan,
     contract: &Contract,
     runtime: &tokio::runtime::Handle,
-) -> anyhow::Result<ShadowStore> {
+) -> weir_runtime::Result<ShadowStore> {
     let id = plan.id;
     let file = FileContract {
         version: contract.pipeline.version,
@@ -198,7 +199,7 @@ fn shadow_store(
         bytes_hash: contract.bytes_hash(),
         text: &contract.text,
     };
-    let p = app.pipelines.get(&plan.pipeline).ok_or_else(|| anyhow::anyhow!("no pipeline {}", plan.pipeline))?;
+    let p = app.pipelines.get(&plan.pipeline).ok_or_else(|| weir_runtime::refused!("no pipeline {}", plan.pipeline))?;
     if !p.on_kafka {
         let dir = app.data.join("drills");
         weir_log::create_private_dir(&dir)?;
@@ -208,7 +209,7 @@ fn shadow_store(
         store.register_version(&plan.pipeline, file, &format!("drill {id}"))?;
         let (c, log, path, rt) = (contract.clone(), app.log.clone(), db.clone(), runtime.clone());
         let connect = Box::new(move || weir_runtime::embedded::connect(&c, &log, &path, Some(rt.clone())));
-        let remove = Box::new(move || -> anyhow::Result<()> {
+        let remove = Box::new(move || -> weir_runtime::Result<()> {
             for suffix in ["", "-wal", "-shm"] {
                 let f = std::path::PathBuf::from(format!("{}{suffix}", db.display()));
                 if f.exists() {
@@ -219,9 +220,11 @@ fn shadow_store(
         });
         return Ok(ShadowStore { store, connect, remove });
     }
-    let Some(pg) = app.config.postgres.clone() else { anyhow::bail!("the pipeline reads Kafka without [postgres]") };
+    let Some(pg) = app.config.postgres.clone() else {
+        weir_runtime::bail!("the pipeline reads Kafka without [postgres]")
+    };
     let Some((brokers, _)) = weir_runtime::kafka::source_of(contract, &app.config) else {
-        anyhow::bail!("the pipeline reads Kafka without brokers")
+        weir_runtime::bail!("the pipeline reads Kafka without brokers")
     };
     let mut shadow_pg = pg.clone();
     shadow_pg.schema = format!("{}_drill_{id}", pg.schema);
@@ -234,7 +237,7 @@ fn shadow_store(
     let (c, cfg, spg) = (contract.clone(), Arc::clone(&app.config), shadow_pg.clone());
     let connect = Box::new(move || weir_runtime::kafka::connect(&c, &cfg, &spg, (&brokers, &group), &worker));
     let (url, schema) = (pg.url.clone(), shadow_pg.schema.clone());
-    let remove = Box::new(move || -> anyhow::Result<()> {
+    let remove = Box::new(move || -> weir_runtime::Result<()> {
         let mut client = weir_store::pg::connect(&url)?;
         client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))?;
         Ok(())
@@ -243,7 +246,7 @@ fn shadow_store(
 }
 
 /// The live version's published rows, as one digest and a count.
-fn published(p: &Pipeline, name: &str, version: u32) -> anyhow::Result<(String, u64)> {
+fn published(p: &Pipeline, name: &str, version: u32) -> weir_runtime::Result<(String, u64)> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     let mut filter = weir_store::ResultFilter { limit: 10_000, ..Default::default() };
@@ -382,7 +385,7 @@ impl Delivering {
         store: &Arc<dyn Store>,
         bell: &Arc<weir_runtime::bell::Bell>,
         runtime: &tokio::runtime::Handle,
-    ) -> anyhow::Result<(Delivering, Vec<Arc<Mutex<DestinationStatus>>>)> {
+    ) -> weir_runtime::Result<(Delivering, Vec<Arc<Mutex<DestinationStatus>>>)> {
         let stand_in = StandIn::start(runtime)?;
         let stop = Arc::new(AtomicBool::new(false));
         let (mut threads, mut statuses) = (Vec::new(), Vec::new());
@@ -428,11 +431,11 @@ impl Drilling<'_> {
         crate::report::report_version(&self.app.log, &self.app.watch, &self.plan.pipeline, &self.pipeline, (version, v))
     }
 
-    fn event(&mut self, template: &Copied, time_ms: i64) -> anyhow::Result<Copied> {
+    fn event(&mut self, template: &Copied, time_ms: i64) -> weir_runtime::Result<Copied> {
         self.sent += 1;
         let id = format!("drill-{}-{}", self.plan.id, self.sent);
-        let payload =
-            event_like(&self.plan.contract, &template.payload, time_ms, Some(&id)).map_err(anyhow::Error::msg)?;
+        let payload = event_like(&self.plan.contract, &template.payload, time_ms, Some(&id))
+            .map_err(weir_runtime::Error::Refused)?;
         Ok(Copied { partition: template.partition, key: template.key.clone(), timestamp_ms: None, payload })
     }
 
@@ -444,7 +447,7 @@ impl Drilling<'_> {
         traffic: Traffic,
         down: bool,
         until: &dyn Fn(&Self) -> bool,
-    ) -> anyhow::Result<bool> {
+    ) -> weir_runtime::Result<bool> {
         let end = Instant::now() + d;
         let silent = match traffic {
             Traffic::AllBut(p) => Some(p),
@@ -452,7 +455,9 @@ impl Drilling<'_> {
         };
         while Instant::now() < end {
             if *self.app.closing.borrow() {
-                anyhow::bail!("the server stopped during the drill; its copy of the topic and its store were removed");
+                weir_runtime::bail!(
+                    "the server stopped during the drill; its copy of the topic and its store were removed"
+                );
             }
             if traffic != Traffic::None && self.last_tick.elapsed() >= TICK {
                 self.last_tick = Instant::now();
@@ -512,8 +517,8 @@ enum Traffic {
     AllBut(u32),
 }
 
-pub fn drill(app: &Ops, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handle) -> anyhow::Result<Value> {
-    let p = app.pipelines.get(&plan.pipeline).ok_or_else(|| anyhow::anyhow!("no pipeline {}", plan.pipeline))?;
+pub fn drill(app: &Ops, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::Handle) -> weir_runtime::Result<Value> {
+    let p = app.pipelines.get(&plan.pipeline).ok_or_else(|| weir_runtime::refused!("no pipeline {}", plan.pipeline))?;
     let copy = copy_topic(&plan.contract.source.topic, plan.id);
     let live_ends_before = dlog.ends(&plan.contract.source.topic)?;
     let before = published(p, &plan.pipeline, plan.version)?;
@@ -523,7 +528,7 @@ pub fn drill(app: &Ops, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::H
     let templates = weir_runtime::drill::pick_templates(&plan.contract, &recent, live_ends_before.len() as u32);
     if templates.is_empty() {
         let _ = dlog.remove(&copy);
-        anyhow::bail!(
+        weir_runtime::bail!(
             "none of the last {} records of any partition of {} counts under the contract: a drill makes its events from them",
             weir_runtime::drill::RECENT,
             plan.contract.source.topic
@@ -531,7 +536,7 @@ pub fn drill(app: &Ops, plan: &Plan, dlog: &DrillLog, runtime: tokio::runtime::H
     }
     if plan.scenario == Scenario::DelayedPartition && !templates.iter().any(|t| t.partition == 0) {
         let _ = dlog.remove(&copy);
-        anyhow::bail!(
+        weir_runtime::bail!(
             "partition 0 of {} has no recent event that counts: nothing to delay",
             plan.contract.source.topic
         );
@@ -622,7 +627,7 @@ fn exercise(
     copied: u64,
     before: (String, u64),
     live_ends_before: Vec<u64>,
-) -> anyhow::Result<Value> {
+) -> weir_runtime::Result<Value> {
     let (plan, app) = (d.plan, d.app);
     let started = Instant::now();
     // A destination's outage begins before the copy, so that the rows the
@@ -641,7 +646,7 @@ fn exercise(
     let down = outage_start.is_some();
     let caught = d.run_for(Duration::from_secs(300), Traffic::None, false, &|d| d.caught_up(!down))?;
     if !caught {
-        anyhow::bail!("the shadow did not read the {copied} copied events within 5 minutes");
+        weir_runtime::bail!("the shadow did not read the {copied} copied events within 5 minutes");
     }
     // 2. steady traffic (before any fault but an outage that began with the copy).
     if !down {
@@ -709,7 +714,7 @@ fn exercise(
             d.run_for(plan.fault, Traffic::All, true, &|_| false)?;
         }
         Scenario::DestinationDown => {
-            let received = receiver.ok_or_else(|| anyhow::anyhow!("the shadow has no destinations"))?;
+            let received = receiver.ok_or_else(|| weir_runtime::refused!("the shadow has no destinations"))?;
             let so_far = Duration::from_millis((weir_log::now_ms() - fault_start).max(0) as u64);
             d.run_for(plan.fault.saturating_sub(so_far), Traffic::All, false, &|_| false)?;
             received.down.store(false, Ordering::SeqCst);
@@ -743,7 +748,7 @@ fn exercise(
             (grown > 0).then_some((*reason, grown))
         })
         .collect();
-    let p = app.pipelines.get(&plan.pipeline).ok_or_else(|| anyhow::anyhow!("no pipeline {}", plan.pipeline))?;
+    let p = app.pipelines.get(&plan.pipeline).ok_or_else(|| weir_runtime::refused!("no pipeline {}", plan.pipeline))?;
     let after = published(p, &plan.pipeline, plan.version)?;
     let live_ends_after = d.dlog.ends(&plan.contract.source.topic)?;
     let topic_grew = live_ends_after != live_ends_before;

@@ -29,6 +29,9 @@ pub mod versions;
 pub mod watch;
 pub mod webhooks;
 
+/// The operations fail as the runtime parts they run do.
+pub use weir_runtime::{Error, Result};
+
 /// What the operations share with each other and with the HTTP side.
 pub struct Ops {
     pub log: Log,

@@ -55,7 +55,7 @@ pub(crate) struct StandIn {
 
 impl StandIn {
     /// Starts it on a free port of 127.0.0.1, served on `runtime`.
-    pub fn start(runtime: &tokio::runtime::Handle) -> anyhow::Result<StandIn> {
+    pub fn start(runtime: &tokio::runtime::Handle) -> weir_runtime::Result<StandIn> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -69,7 +69,7 @@ impl StandIn {
                         let _ = stopped.await;
                     })
                     .await
-                    .map_err(anyhow::Error::from),
+                    .map_err(weir_runtime::Error::from),
                 Err(e) => Err(e.into()),
             };
             if let Err(e) = served {

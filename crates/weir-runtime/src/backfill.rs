@@ -56,12 +56,12 @@ pub struct Record<'a> {
 /// A topic's retained input, read once from its first kept record to the
 /// end it has when the read starts.
 pub trait Input: Send {
-    fn partitions(&mut self) -> anyhow::Result<u32>;
+    fn partitions(&mut self) -> crate::Result<u32>;
     /// The earliest time from which the input is whole, when retention
     /// removed older records (`None`: nothing was removed).
-    fn kept_from(&mut self) -> anyhow::Result<Option<i64>>;
+    fn kept_from(&mut self) -> crate::Result<Option<i64>>;
     /// Every record, partition by partition, in offset order.
-    fn read(&mut self, each: &mut dyn FnMut(Record<'_>) -> anyhow::Result<()>) -> anyhow::Result<()>;
+    fn read(&mut self, each: &mut dyn FnMut(Record<'_>) -> crate::Result<()>) -> crate::Result<()>;
 }
 
 /// The embedded log as a backfill's input.
@@ -71,11 +71,11 @@ pub struct LogInput {
 }
 
 impl Input for LogInput {
-    fn partitions(&mut self) -> anyhow::Result<u32> {
+    fn partitions(&mut self) -> crate::Result<u32> {
         Ok(self.log.partitions(&self.topic)?)
     }
 
-    fn kept_from(&mut self) -> anyhow::Result<Option<i64>> {
+    fn kept_from(&mut self) -> crate::Result<Option<i64>> {
         let mut kept_from = None;
         for (p, (first, end)) in self.log.bounds(&self.topic)?.into_iter().enumerate() {
             if first == 0 || first >= end {
@@ -88,7 +88,7 @@ impl Input for LogInput {
         Ok(kept_from)
     }
 
-    fn read(&mut self, each: &mut dyn FnMut(Record<'_>) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    fn read(&mut self, each: &mut dyn FnMut(Record<'_>) -> crate::Result<()>) -> crate::Result<()> {
         for (p, (first, end)) in self.log.bounds(&self.topic)?.into_iter().enumerate() {
             let mut next = first;
             while next < end {
@@ -185,7 +185,7 @@ fn first_unsettled_start(contract: &Contract, wm: i64) -> Option<i64> {
 
 /// How far a version has settled: the lowest watermark over its
 /// checkpoints (`None` before any checkpoint or while one has none).
-pub fn settled_through(contract: &Contract, headers: &[(u32, Vec<u8>)]) -> anyhow::Result<Option<i64>> {
+pub fn settled_through(contract: &Contract, headers: &[(u32, Vec<u8>)]) -> crate::Result<Option<i64>> {
     let mut lowest: Option<i64> = None;
     if headers.is_empty() {
         return Ok(None);
@@ -360,11 +360,11 @@ pub fn compute(
     input: &mut dyn Input,
     store: &dyn Store,
     run: &Backfill,
-    tick: &mut dyn FnMut() -> anyhow::Result<()>,
-) -> anyhow::Result<Computed> {
+    tick: &mut dyn FnMut() -> crate::Result<()>,
+) -> crate::Result<Computed> {
     let headers = store.checkpoint_headers(&run.pipeline, run.version)?;
     let settled = settled_through(contract, &headers)?.ok_or_else(|| {
-        anyhow::anyhow!("version {} has no checkpoint with a watermark yet: nothing has settled", run.version)
+        crate::refused!("version {} has no checkpoint with a watermark yet: nothing has settled", run.version)
     })?;
     let span = window_span_ms(contract);
     let wanted = cause_entries(store, (&run.pipeline, run.version), (run.from_ms, run.to_ms), span)?;
@@ -580,7 +580,7 @@ impl Worker {
     /// Asks the live version's next scheduled run (`[reconcile] every`)
     /// when it is due: the windows that had settled `delay` ago, from where
     /// the last scheduled run ended.
-    pub fn schedule(&self) -> anyhow::Result<Option<i64>> {
+    pub fn schedule(&self) -> crate::Result<Option<i64>> {
         let Some(live) = self.store.live_version(&self.pipeline)? else { return Ok(None) };
         let Some(contract) = self.contracts.get(&live) else { return Ok(None) };
         let Some(weir_contract::Reconcile { every_ms: Some(every), delay_ms, .. }) = contract.reconcile else {
@@ -606,7 +606,7 @@ impl Worker {
     }
 
     /// Claims and does one run; whether there was one.
-    pub fn once(&self) -> anyhow::Result<bool> {
+    pub fn once(&self) -> crate::Result<bool> {
         // Only runs of versions this server has: another worker of a rolling upgrade does the rest.
         let versions: Vec<u32> = self.contracts.keys().copied().collect();
         let Some(run) = self.store.claim_backfill(&self.pipeline, &self.claimant, &versions)? else {
@@ -655,7 +655,7 @@ impl Worker {
         contract: &Contract,
         sor: &weir_contract::SystemOfRecord,
         run: &Backfill,
-    ) -> anyhow::Result<()> {
+    ) -> crate::Result<()> {
         let why = format!("after scheduled backfill {}", run.id);
         let read = match self.connections.get(&sor.connection) {
             None => Err(format!(
@@ -697,14 +697,14 @@ impl Worker {
         Ok(())
     }
 
-    fn compute(&self, contract: &Contract, run: &Backfill) -> anyhow::Result<Computed> {
+    fn compute(&self, contract: &Contract, run: &Backfill) -> crate::Result<Computed> {
         let mut input = (self.input)(contract);
         let store = Arc::clone(&self.store);
         let (id, claimant) = (run.id, self.claimant.clone());
         // The claim is renewed every few seconds, well within its lease (a
         // renewal is a committed write).
         let mut renewed = std::time::Instant::now();
-        let mut tick = move || -> anyhow::Result<()> {
+        let mut tick = move || -> crate::Result<()> {
             if renewed.elapsed() < RENEW_EVERY {
                 return Ok(());
             }
@@ -712,7 +712,7 @@ impl Worker {
             if store.renew_backfill(id, &claimant)? {
                 Ok(())
             } else {
-                anyhow::bail!("backfill {id} is no longer this worker's")
+                crate::bail!("backfill {id} is no longer this worker's")
             }
         };
         compute(contract, input.as_mut(), self.store.as_ref(), run, &mut tick)

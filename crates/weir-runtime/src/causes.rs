@@ -97,7 +97,7 @@ pub(crate) fn cause_entries(
     (pipeline, version): (&str, u32),
     (from_ms, to_ms): (i64, i64),
     span_ms: i64,
-) -> anyhow::Result<HashMap<(u32, u64), Vec<CauseEntry>>> {
+) -> crate::Result<HashMap<(u32, u64), Vec<CauseEntry>>> {
     let mut found: HashMap<(u32, u64), Vec<CauseEntry>> = HashMap::new();
     let near = (from_ms.saturating_sub(span_ms))..(to_ms.saturating_add(span_ms));
     for reason in CAUSES {
@@ -137,7 +137,7 @@ pub fn causes_from_ledger(
     store: &dyn Store,
     (pipeline, version): (&str, u32),
     range: (i64, i64),
-) -> anyhow::Result<Causes> {
+) -> crate::Result<Causes> {
     let wanted = cause_entries(store, (pipeline, version), range, window_span_ms(contract))?;
     let mut engines: BTreeMap<&'static str, Engine> = BTreeMap::new();
     for reason in CAUSES {

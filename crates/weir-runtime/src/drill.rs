@@ -175,13 +175,7 @@ pub enum DrillLog {
 /// record was appended at or after `since_ms` (`end` when none was),
 /// found by halving: append times rise with offsets, as one writer stamps
 /// each group commit with its clock.
-fn first_appended_since(
-    log: &Log,
-    topic: &str,
-    p: u32,
-    (first, end): (u64, u64),
-    since_ms: i64,
-) -> anyhow::Result<u64> {
+fn first_appended_since(log: &Log, topic: &str, p: u32, (first, end): (u64, u64), since_ms: i64) -> crate::Result<u64> {
     let (mut lo, mut hi) = (first, end);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
@@ -217,7 +211,7 @@ pub fn copy_topic(topic: &str, id: i64) -> String {
 
 impl DrillLog {
     /// The topic's partitions.
-    pub fn partitions(&self, topic: &str) -> anyhow::Result<u32> {
+    pub fn partitions(&self, topic: &str) -> crate::Result<u32> {
         match self {
             DrillLog::Embedded(log) => Ok(log.partitions(topic)?),
             DrillLog::Kafka { brokers, config, .. } => {
@@ -229,7 +223,7 @@ impl DrillLog {
     }
 
     /// The end of each partition of `topic` (the next offset).
-    pub fn ends(&self, topic: &str) -> anyhow::Result<Vec<u64>> {
+    pub fn ends(&self, topic: &str) -> crate::Result<Vec<u64>> {
         match self {
             DrillLog::Embedded(log) => Ok(log.bounds(topic)?.into_iter().map(|(_, end)| end).collect()),
             DrillLog::Kafka { brokers, config, .. } => {
@@ -256,7 +250,7 @@ impl DrillLog {
         to: &str,
         pseudonyms: &Pseudonyms,
         since_ms: Option<i64>,
-    ) -> anyhow::Result<(Vec<Copied>, u64)> {
+    ) -> crate::Result<(Vec<Copied>, u64)> {
         let partitions = self.partitions(from)?;
         let mut last: Vec<Copied> = Vec::new();
         let keep = |c: Copied, last: &mut Vec<Copied>| {
@@ -336,7 +330,7 @@ impl DrillLog {
                             Some(Err(KafkaError::PartitionEOF(_))) if next >= high => break,
                             None | Some(Err(KafkaError::PartitionEOF(_))) => {
                                 if silent.elapsed() > Duration::from_secs(30) {
-                                    anyhow::bail!("copying {from} partition {p}: nothing arrived for 30 s at offset {next} (the end was {high})");
+                                    crate::bail!("copying {from} partition {p}: nothing arrived for 30 s at offset {next} (the end was {high})");
                                 }
                             }
                             Some(Err(e)) => return Err(e.into()),
@@ -368,7 +362,7 @@ impl DrillLog {
     }
 
     /// Appends `records` to their partitions of `topic` and waits until they are durable.
-    pub fn append(&self, topic: &str, records: &[Copied]) -> anyhow::Result<()> {
+    pub fn append(&self, topic: &str, records: &[Copied]) -> crate::Result<()> {
         if records.is_empty() {
             return Ok(());
         }
@@ -390,14 +384,14 @@ impl DrillLog {
                     }
                     match producer.send_result(record) {
                         Ok(delivery) => pending.push(delivery),
-                        Err((e, _)) => anyhow::bail!("Kafka refused a drill event for {topic}: {e}"),
+                        Err((e, _)) => crate::bail!("Kafka refused a drill event for {topic}: {e}"),
                     }
                 }
                 for delivery in pending {
                     match runtime.block_on(delivery) {
                         Ok(Ok(_)) => {}
-                        Ok(Err((e, _))) => anyhow::bail!("Kafka did not acknowledge a drill event for {topic}: {e}"),
-                        Err(_) => anyhow::bail!("the Kafka producer stopped before acknowledging a drill event"),
+                        Ok(Err((e, _))) => crate::bail!("Kafka did not acknowledge a drill event for {topic}: {e}"),
+                        Err(_) => crate::bail!("the Kafka producer stopped before acknowledging a drill event"),
                     }
                 }
             }
@@ -406,7 +400,7 @@ impl DrillLog {
     }
 
     /// Removes a drill's copy of the topic.
-    pub fn remove(&self, topic: &str) -> anyhow::Result<()> {
+    pub fn remove(&self, topic: &str) -> crate::Result<()> {
         match self {
             DrillLog::Embedded(log) => {
                 log.remove_topic(topic)?;
@@ -418,7 +412,7 @@ impl DrillLog {
                     crate::kafka::client_config(brokers, config.kafka.as_ref()).create()?;
                 for r in runtime.block_on(admin.delete_topics(&[topic], &AdminOptions::new()))? {
                     if let Err((name, code)) = r {
-                        anyhow::bail!("cannot delete the Kafka topic {name}: {code}");
+                        crate::bail!("cannot delete the Kafka topic {name}: {code}");
                     }
                 }
             }
@@ -513,7 +507,7 @@ fn set(value: &mut serde_json::Value, path: &[String], to: serde_json::Value) {
 /// more, and the next one starts from its last checkpoint, as after a crash.
 pub struct Shadow {
     pub runner: Runner,
-    connect: Box<dyn FnMut() -> anyhow::Result<Connected> + Send>,
+    connect: Box<dyn FnMut() -> crate::Result<Connected> + Send>,
     run: Option<Run>,
     clock: SystemClock,
     /// The last failure, when the run failed and starts again at the next step.
@@ -521,7 +515,7 @@ pub struct Shadow {
 }
 
 impl Shadow {
-    pub fn new(runner: Runner, connect: Box<dyn FnMut() -> anyhow::Result<Connected> + Send>) -> Shadow {
+    pub fn new(runner: Runner, connect: Box<dyn FnMut() -> crate::Result<Connected> + Send>) -> Shadow {
         lock_status(&runner.status).version_state = Some(weir_store::VersionState::Live);
         Shadow { runner, connect, run: None, clock: SystemClock::new(), failed: None }
     }
@@ -540,7 +534,7 @@ impl Shadow {
         }
     }
 
-    fn try_step(&mut self, wait: Duration) -> anyhow::Result<()> {
+    fn try_step(&mut self, wait: Duration) -> crate::Result<()> {
         if self.run.is_none() {
             let (source, checkpoints) = (self.connect)()?;
             self.run = Some(Run::start(&self.runner, source, checkpoints, &self.clock, "drill")?);

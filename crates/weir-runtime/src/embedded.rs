@@ -26,7 +26,7 @@ pub fn connect(
     log: &Log,
     db: &std::path::Path,
     runtime: Option<tokio::runtime::Handle>,
-) -> anyhow::Result<Connected> {
+) -> crate::Result<Connected> {
     let conn = weir_store::sqlite::open_writer(db)?;
     let source = LogSource::new(log.clone(), &contract.source.topic, runtime);
     Ok((Box::new(source), Box::new(SqliteCheckpoints::new(conn, contract))))
@@ -56,7 +56,7 @@ impl LogSource {
     /// partition gave all `max` (it may have more). A read cut short by
     /// `READ_BYTES` is not full, but the runner still sees from the log's
     /// ends, read before, that the partition has more.
-    fn read_once(&self, next: &[(u32, u64)], max: usize, batch: &mut Batch) -> anyhow::Result<bool> {
+    fn read_once(&self, next: &[(u32, u64)], max: usize, batch: &mut Batch) -> crate::Result<bool> {
         let mut full = false;
         for &(p, from) in next {
             let records = self.log.read(&self.topic, p, from, max, READ_BYTES)?;
@@ -74,14 +74,14 @@ impl Source for LogSource {
         self.per_partition
     }
 
-    fn open(&mut self, holder: Arc<dyn Holder>) -> anyhow::Result<()> {
+    fn open(&mut self, holder: Arc<dyn Holder>) -> crate::Result<()> {
         self.changes = Some(self.log.subscribe(&self.topic)?);
         let partitions: Vec<u32> = (0..self.log.partitions(&self.topic)?).collect();
         holder.assigned(&partitions);
         Ok(())
     }
 
-    fn read(&mut self, next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> anyhow::Result<bool> {
+    fn read(&mut self, next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> crate::Result<bool> {
         let full = self.read_once(next, max, batch)?;
         if !batch.is_empty() || wait.is_zero() {
             return Ok(full);
@@ -93,17 +93,17 @@ impl Source for LogSource {
         Ok(false)
     }
 
-    fn ends(&mut self, partitions: &[u32]) -> anyhow::Result<Vec<(u32, u64)>> {
+    fn ends(&mut self, partitions: &[u32]) -> crate::Result<Vec<(u32, u64)>> {
         let bounds = self.log.bounds(&self.topic)?;
         Ok(partitions.iter().filter_map(|&p| bounds.get(p as usize).map(|(_, end)| (p, *end))).collect())
     }
 
-    fn bounds(&mut self, partition: u32) -> anyhow::Result<(u64, u64)> {
+    fn bounds(&mut self, partition: u32) -> crate::Result<(u64, u64)> {
         let bounds = self.log.bounds(&self.topic)?;
         Ok(bounds.get(partition as usize).copied().unwrap_or((0, 0)))
     }
 
-    fn seek(&mut self, _partition: u32, _offset: u64) -> anyhow::Result<()> {
+    fn seek(&mut self, _partition: u32, _offset: u64) -> crate::Result<()> {
         Ok(()) // the runner's next offsets are where the log is read from
     }
 

@@ -107,7 +107,7 @@ fn consumer_config(brokers: &str, kafka: Option<&KafkaConfig>) -> ClientConfig {
 /// The earliest timestamp from which the broker still holds `topic`
 /// whole, when retention removed older records (`None`: every partition
 /// starts at offset 0). Blocks: it reads each trimmed partition's first record.
-pub fn input_kept_from(brokers: &str, kafka: Option<&KafkaConfig>, topic: &str) -> anyhow::Result<Option<i64>> {
+pub fn input_kept_from(brokers: &str, kafka: Option<&KafkaConfig>, topic: &str) -> crate::Result<Option<i64>> {
     let consumer: BaseConsumer = client_config(brokers, kafka)
         .set("group.id", "weir-input-kept-from")
         .set("enable.auto.commit", "false")
@@ -137,7 +137,7 @@ pub fn input_kept_from(brokers: &str, kafka: Option<&KafkaConfig>, topic: &str) 
 }
 
 /// The end (high watermark) of each partition of `topic`, asked now. Blocks.
-pub fn topic_ends(brokers: &str, kafka: Option<&KafkaConfig>, topic: &str) -> anyhow::Result<Vec<u64>> {
+pub fn topic_ends(brokers: &str, kafka: Option<&KafkaConfig>, topic: &str) -> crate::Result<Vec<u64>> {
     let consumer: BaseConsumer =
         client_config(brokers, kafka).set("group.id", "weir-topic-ends").set("enable.auto.commit", "false").create()?;
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
@@ -195,8 +195,8 @@ impl KafkaSource {
         }
     }
 
-    fn consumer(&self) -> anyhow::Result<&BaseConsumer<Ctx>> {
-        self.consumer.as_ref().ok_or_else(|| anyhow::anyhow!("the Kafka source of {} is not open", self.name))
+    fn consumer(&self) -> crate::Result<&BaseConsumer<Ctx>> {
+        self.consumer.as_ref().ok_or_else(|| crate::refused!("the Kafka source of {} is not open", self.name))
     }
 }
 
@@ -207,7 +207,7 @@ pub fn connect(
     postgres: &PostgresConfig,
     (brokers, group): (&str, &str),
     worker: &str,
-) -> anyhow::Result<Connected> {
+) -> crate::Result<Connected> {
     let client = weir_store::pg::connect(&postgres.url)?;
     let checkpoints = PgCheckpoints::open(client, &postgres.schema, worker, contract)?;
     let source = KafkaSource::new(contract, Arc::clone(config), brokers, group);
@@ -266,7 +266,7 @@ impl Source for KafkaSource {
         true
     }
 
-    fn open(&mut self, holder: Arc<dyn Holder>) -> anyhow::Result<()> {
+    fn open(&mut self, holder: Arc<dyn Holder>) -> crate::Result<()> {
         let mut config = consumer_config(&self.brokers, self.config.kafka.as_ref());
         config
             .set("group.id", &self.group)
@@ -285,13 +285,13 @@ impl Source for KafkaSource {
         Ok(())
     }
 
-    fn read(&mut self, _next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> anyhow::Result<bool> {
+    fn read(&mut self, _next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> crate::Result<bool> {
         let Some(consumer) = self.consumer.as_ref() else { return Ok(false) };
         while batch.len() < max {
             let wait = if batch.is_empty() { wait } else { Duration::ZERO };
             let polled = consumer.poll(wait);
             if let Some(why) = lock(&consumer.context().panicked).take() {
-                anyhow::bail!("{why}");
+                crate::bail!("{why}");
             }
             match polled {
                 None => break,
@@ -314,7 +314,7 @@ impl Source for KafkaSource {
         Ok(batch.len() >= max)
     }
 
-    fn ends(&mut self, partitions: &[u32]) -> anyhow::Result<Vec<(u32, u64)>> {
+    fn ends(&mut self, partitions: &[u32]) -> crate::Result<Vec<(u32, u64)>> {
         let stale = self.ends_fetched.is_none_or(|at| at.elapsed() >= Duration::from_secs(1));
         if stale {
             let consumer = self.consumer()?;
@@ -330,12 +330,12 @@ impl Source for KafkaSource {
         Ok(partitions.iter().filter_map(|p| self.ends.get(p).map(|end| (*p, *end))).collect())
     }
 
-    fn bounds(&mut self, partition: u32) -> anyhow::Result<(u64, u64)> {
+    fn bounds(&mut self, partition: u32) -> crate::Result<(u64, u64)> {
         let (low, high) = self.consumer()?.fetch_watermarks(&self.topic, partition as i32, Duration::from_secs(5))?;
         Ok((low.max(0) as u64, high.max(0) as u64))
     }
 
-    fn seek(&mut self, partition: u32, offset: u64) -> anyhow::Result<()> {
+    fn seek(&mut self, partition: u32, offset: u64) -> crate::Result<()> {
         let topic = self.topic.clone();
         self.consumer()?.seek(&topic, partition as i32, Offset::Offset(offset as i64), Duration::from_secs(5))?;
         Ok(())
@@ -383,7 +383,7 @@ impl KafkaInput {
         }
     }
 
-    fn consumer(&self) -> anyhow::Result<BaseConsumer> {
+    fn consumer(&self) -> crate::Result<BaseConsumer> {
         Ok(consumer_config(&self.brokers, self.config.kafka.as_ref())
             .set("group.id", format!("weir-backfill-{}", self.topic))
             .set("enable.auto.commit", "false")
@@ -393,16 +393,16 @@ impl KafkaInput {
 }
 
 impl crate::backfill::Input for KafkaInput {
-    fn partitions(&mut self) -> anyhow::Result<u32> {
+    fn partitions(&mut self) -> crate::Result<u32> {
         let metadata = self.consumer()?.fetch_metadata(Some(&self.topic), Duration::from_secs(10))?;
         Ok(metadata.topics().first().map_or(0, |t| t.partitions().len()) as u32)
     }
 
-    fn kept_from(&mut self) -> anyhow::Result<Option<i64>> {
+    fn kept_from(&mut self) -> crate::Result<Option<i64>> {
         input_kept_from(&self.brokers, self.config.kafka.as_ref(), &self.topic)
     }
 
-    fn read(&mut self, each: &mut dyn FnMut(crate::backfill::Record<'_>) -> anyhow::Result<()>) -> anyhow::Result<()> {
+    fn read(&mut self, each: &mut dyn FnMut(crate::backfill::Record<'_>) -> crate::Result<()>) -> crate::Result<()> {
         let partitions = self.partitions()?;
         let consumer = self.consumer()?;
         for p in 0..partitions as i32 {
@@ -421,7 +421,7 @@ impl crate::backfill::Input for KafkaInput {
             // before: a broker may report a lower one than it serves.
             loop {
                 match consumer.poll(Duration::from_millis(200)) {
-                    None if silent.elapsed() > Duration::from_secs(30) => anyhow::bail!(
+                    None if silent.elapsed() > Duration::from_secs(30) => crate::bail!(
                         "reading {} partition {p} for a backfill: nothing arrived for 30 s at offset {next} (the high watermark was {high})",
                         self.topic
                     ),
@@ -522,7 +522,7 @@ pub fn tagged_since(
     topic: &str,
     since_ms: i64,
     tag: &str,
-) -> anyhow::Result<Vec<(u32, u64, Vec<u8>)>> {
+) -> crate::Result<Vec<(u32, u64, Vec<u8>)>> {
     let consumer: BaseConsumer = consumer_config(brokers, kafka)
         .set("group.id", "weir-tagged-since")
         .set("enable.auto.commit", "false")
@@ -549,7 +549,7 @@ pub fn tagged_since(
         let mut silent = Instant::now();
         while next < high {
             match consumer.poll(Duration::from_millis(200)) {
-                None if silent.elapsed() > Duration::from_secs(30) => anyhow::bail!(
+                None if silent.elapsed() > Duration::from_secs(30) => crate::bail!(
                     "reading {topic} partition {p}: nothing arrived for 30 s at offset {next} (the high watermark was {high})"
                 ),
                 None | Some(Err(KafkaError::PartitionEOF(_))) => {}
@@ -578,11 +578,11 @@ pub async fn ensure_topic(
     kafka: Option<&KafkaConfig>,
     topic: &str,
     partitions: u32,
-) -> anyhow::Result<u32> {
+) -> crate::Result<u32> {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
     let admin: AdminClient<DefaultClientContext> = client_config(brokers, kafka).create()?;
-    let existing = |admin: &AdminClient<DefaultClientContext>| -> anyhow::Result<Option<u32>> {
+    let existing = |admin: &AdminClient<DefaultClientContext>| -> crate::Result<Option<u32>> {
         let metadata = admin.inner().fetch_metadata(Some(topic), Duration::from_secs(10))?;
         Ok(metadata
             .topics()
@@ -600,7 +600,7 @@ pub async fn ensure_topic(
     for r in results {
         if let Err((name, code)) = r {
             if code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
-                anyhow::bail!("cannot create the Kafka topic {name}: {code}; create it with {partitions} partitions, keyed by the contract's key");
+                crate::bail!("cannot create the Kafka topic {name}: {code}; create it with {partitions} partitions, keyed by the contract's key");
             }
         }
     }
@@ -762,7 +762,7 @@ mod tests {
         let k = kafka(&[(key, "250")]);
         assert_eq!(consumer_config(&k.brokers, Some(&k)).get(key), Some("250"), "{key} as configured");
         assert_eq!(consumer_config(&k.brokers, Some(&k)).get(other.0), Some(other.1), "{} kept", other.0);
-        let created: anyhow::Result<BaseConsumer> =
+        let created: crate::Result<BaseConsumer> =
             consumer_config(&k.brokers, None).set("group.id", "weir-test").create().map_err(Into::into);
         assert!(created.is_ok(), "librdkafka takes {key}");
         assert_eq!(client_config(&k.brokers, None).get(key), None, "producers are not given {key}");

@@ -19,6 +19,7 @@ pub mod causes;
 pub mod destination;
 pub mod drill;
 pub mod embedded;
+pub mod error;
 pub mod histogram;
 pub mod kafka;
 pub mod outbound;
@@ -33,6 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+pub use error::{Context, Error, Result};
 pub use status::{KafkaPartition, Pipeline, PipelineVersion, Status};
 pub use weir_store::Replay;
 
@@ -105,7 +107,7 @@ pub fn supervise(
     name: &str,
     status: &Mutex<Status>,
     stop: &AtomicBool,
-    mut attempt: impl FnMut(&str) -> anyhow::Result<()>,
+    mut attempt: impl FnMut(&str) -> crate::Result<()>,
 ) {
     let mut backoff = Duration::from_millis(500);
     let mut why = "server start".to_owned();
@@ -113,7 +115,7 @@ pub fn supervise(
         let started = Instant::now();
         // A panic fails the run as an error does: the pipeline is marked
         // failed (so /readyz says not ready) and starts again after the backoff.
-        let result = caught(|| attempt(&why)).unwrap_or_else(|p| Err(anyhow::anyhow!("it panicked: {p}")));
+        let result = caught(|| attempt(&why)).unwrap_or_else(|p| Err(crate::refused!("it panicked: {p}")));
         let Err(e) = result else { return };
         why = format!("restart after a failure: {e:#}");
         let message = format!("pipeline {name} failed and restarts from its last checkpoint: {e:#}");
@@ -170,7 +172,7 @@ mod tests {
                     let s = lock(&status);
                     assert!(s.failed.as_deref().is_some_and(|f| f.contains("panicked: an index out of bounds")));
                     assert_eq!(s.restarts, 1);
-                    anyhow::bail!("then an error")
+                    crate::bail!("then an error")
                 }
                 _ => Ok(()),
             }

@@ -758,7 +758,7 @@ pub fn compared(
     (pipeline, version): (&str, u32),
     (mapping, tolerance): (&Mapping, Tolerance),
     export: &[SourceRow],
-) -> anyhow::Result<Value> {
+) -> crate::Result<Value> {
     let lo = export.iter().map(|r| r.window_start).min().unwrap_or(0);
     let hi = export.iter().map(|r| r.window_start).max().map_or(0, |h| h + 1);
     let filter = weir_store::ResultFilter { from_ms: Some(lo), to_ms: Some(hi), ..Default::default() };
@@ -800,7 +800,7 @@ pub fn compare_and_keep(
     (mapping, tolerance): (&Mapping, Tolerance),
     export: &[SourceRow],
     (who, why, source): (&str, &str, &str),
-) -> anyhow::Result<(i64, Value)> {
+) -> crate::Result<(i64, Value)> {
     let mut report = compared(store, contract, (pipeline, version), (mapping, tolerance), export)?;
     report["source"] = source.into();
     let id = store.record_reconciliation(&to_keep(pipeline, version, (who, why, source), &report))?;
@@ -816,7 +816,7 @@ pub fn keep_unread(
     (pipeline, version): (&str, u32),
     reason: &str,
     (who, why, source): (&str, &str, &str),
-) -> anyhow::Result<Value> {
+) -> crate::Result<Value> {
     let mut report = json!({
         "pipeline": contract.pipeline.name,
         "version": version,

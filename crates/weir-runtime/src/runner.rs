@@ -75,21 +75,21 @@ pub trait Source: Send {
     fn per_partition(&self) -> bool;
     /// Starts reading for a run. The source tells `holder` which partitions
     /// this worker holds: at once, or as they come and go during [`Source::read`].
-    fn open(&mut self, holder: Arc<dyn Holder>) -> anyhow::Result<()>;
+    fn open(&mut self, holder: Arc<dyn Holder>) -> crate::Result<()>;
     /// Reads what is there into `batch` (at most `max` records, or `max`
     /// from each partition where the source reads them in turn), from
     /// `next`, the runner's next offset per partition, where the source
     /// keeps no position of its own; waits up to `wait` when nothing is there.
     /// True when the read stopped at its limit (`max` records in all, or
     /// from one partition): more may be waiting.
-    fn read(&mut self, next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> anyhow::Result<bool>;
+    fn read(&mut self, next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> crate::Result<bool>;
     /// The end (one past the last record) of each of `partitions`, as the
     /// source last learned it (it may ask the broker at most once a second).
-    fn ends(&mut self, partitions: &[u32]) -> anyhow::Result<Vec<(u32, u64)>>;
+    fn ends(&mut self, partitions: &[u32]) -> crate::Result<Vec<(u32, u64)>>;
     /// The first and end offset of a partition, asked now (a replay).
-    fn bounds(&mut self, partition: u32) -> anyhow::Result<(u64, u64)>;
+    fn bounds(&mut self, partition: u32) -> crate::Result<(u64, u64)>;
     /// Reads `partition` from `offset` on (a replay).
-    fn seek(&mut self, partition: u32, offset: u64) -> anyhow::Result<()>;
+    fn seek(&mut self, partition: u32, offset: u64) -> crate::Result<()>;
     /// The offsets just checkpointed, for tools that read them where the
     /// source keeps them (Kafka's group offsets); weir resumes from the store's.
     fn checkpointed(&mut self, offsets: &[(u32, u64)]);
@@ -184,7 +184,7 @@ impl Runner {
     /// checkpoints after a backoff of 0.5 s doubling to 30 s, as Flink's
     /// restart strategy does: nothing was published past those checkpoints,
     /// so nothing is lost or counted twice, and the lag shows the stall meanwhile.
-    pub fn run(self, mut connect: impl FnMut() -> anyhow::Result<Connected>) {
+    pub fn run(self, mut connect: impl FnMut() -> crate::Result<Connected>) {
         let name = self.contract.pipeline.name.clone();
         let (status, stop) = (Arc::clone(&self.status), Arc::clone(&self.stop));
         let clock = SystemClock::new();
@@ -217,7 +217,7 @@ impl Runner {
 
     /// Waits while the contract's version is superseded (or no longer
     /// stored), reading its state every checkpoint interval; `false` on a stop.
-    fn wait_until_it_runs(&self, checkpoints: &mut dyn Checkpoints) -> anyhow::Result<bool> {
+    fn wait_until_it_runs(&self, checkpoints: &mut dyn Checkpoints) -> crate::Result<bool> {
         let every = Duration::from_millis(self.config.checkpoint_interval_ms.max(1) as u64);
         loop {
             let state = checkpoints.version_state()?;
@@ -377,7 +377,7 @@ impl Held {
         }
     }
 
-    fn new_engine(&self, partitions: u32) -> anyhow::Result<Engine> {
+    fn new_engine(&self, partitions: u32) -> crate::Result<Engine> {
         let mut engine = Engine::new(&self.contract, Mode::Stream, if self.per_partition { 1 } else { partitions })?;
         if self.per_partition {
             engine.read_one_partition();
@@ -386,7 +386,7 @@ impl Held {
     }
 
     /// Claims `scope` over `partitions` and restores its last checkpoint.
-    fn claim(&mut self, scope: Scope, partitions: &[u32]) -> anyhow::Result<()> {
+    fn claim(&mut self, scope: Scope, partitions: &[u32]) -> crate::Result<()> {
         let why = self.why.clone();
         let claimed = self.store()?.claim(scope, &why)?;
         let c = &self.contract;
@@ -436,11 +436,11 @@ impl Held {
     }
 
     /// The store, once the checkpoints committing behind have ended.
-    fn store(&mut self) -> anyhow::Result<&mut dyn Checkpoints> {
+    fn store(&mut self) -> crate::Result<&mut dyn Checkpoints> {
         self.settle(true);
         match self.checkpoints.as_deref_mut() {
             Some(store) => Ok(store),
-            None => anyhow::bail!("{}", self.failed.clone().unwrap_or_else(|| "the checkpoint thread stopped".into())),
+            None => crate::bail!("{}", self.failed.clone().unwrap_or_else(|| "the checkpoint thread stopped".into())),
         }
     }
 
@@ -477,7 +477,7 @@ impl Held {
 
     /// Commits a checkpoint of `scope` now, or with `replay` the first one
     /// of a replay; `Ok(false)` when the fence refused it (the scope is then dropped).
-    fn commit(&mut self, scope: Scope, replay: Option<i64>, now_ms: i64) -> anyhow::Result<bool> {
+    fn commit(&mut self, scope: Scope, replay: Option<i64>, now_ms: i64) -> crate::Result<bool> {
         self.store()?;
         if self.abandoned {
             return Ok(false);
@@ -489,7 +489,7 @@ impl Held {
     }
 
     /// Commits `taken` on a thread of its own; [`Held::settle`] takes the results.
-    fn commit_behind(&mut self, taken: Vec<Taken>) -> anyhow::Result<()> {
+    fn commit_behind(&mut self, taken: Vec<Taken>) -> crate::Result<()> {
         if taken.is_empty() {
             return Ok(());
         }
@@ -550,7 +550,7 @@ impl Held {
         began_ms: i64,
         took: Duration,
         result: checkpoint::Result<()>,
-    ) -> anyhow::Result<bool> {
+    ) -> crate::Result<bool> {
         let ok = match result {
             Ok(()) => true,
             Err(e @ CheckpointError::Fenced { .. }) => {
@@ -578,7 +578,7 @@ impl Held {
         floor: u32,
         source: &mut dyn Source,
         now_ms: i64,
-    ) -> anyhow::Result<()> {
+    ) -> crate::Result<()> {
         if !self.commit(scope, None, now_ms)? {
             return Ok(());
         }
@@ -726,7 +726,7 @@ impl Run {
         checkpoints: Box<dyn Checkpoints>,
         clock: &dyn Clock,
         why: &str,
-    ) -> anyhow::Result<Run> {
+    ) -> crate::Result<Run> {
         let now = clock.monotonic_ms();
         let held = Arc::new(Mutex::new(Held {
             contract: r.contract.clone(),
@@ -743,7 +743,7 @@ impl Run {
         }));
         source.open(Arc::new(HeldRef(Arc::clone(&held))))?;
         if let Some(f) = lock(&held).failed.take() {
-            anyhow::bail!(f);
+            return Err(crate::Error::Refused(f));
         }
         let mut run = Run {
             source,
@@ -767,7 +767,7 @@ impl Run {
     /// One pass: read the operator commands when due, read what the source
     /// has (waiting up to `wait` when nothing is there), mark silent
     /// partitions idle, checkpoint when due (or `stopping`), and apply a replay.
-    pub fn step(&mut self, r: &Runner, clock: &dyn Clock, stopping: bool, wait: Duration) -> anyhow::Result<Step> {
+    pub fn step(&mut self, r: &Runner, clock: &dyn Clock, stopping: bool, wait: Duration) -> crate::Result<Step> {
         let now = clock.monotonic_ms();
         lock(&self.held).now = now;
         self.read_commands(r, now)?;
@@ -808,7 +808,7 @@ impl Run {
 
     /// The operator's commands, read from the store every interval: pause,
     /// the version's state, and a replay asked since the last.
-    fn read_commands(&mut self, r: &Runner, now: u64) -> anyhow::Result<()> {
+    fn read_commands(&mut self, r: &Runner, now: u64) -> crate::Result<()> {
         // Checkpoints committing behind that have ended are taken now; while they commit,
         // the store is theirs, and the commands wait for a step after them.
         let committing = {
@@ -838,7 +838,7 @@ impl Run {
     /// partition with unread records is active before any record of this
     /// step is processed, so a burst after a silence holds the watermark
     /// back from the first record on.
-    fn note_ends(&mut self, now: u64) -> anyhow::Result<Vec<(u32, u64)>> {
+    fn note_ends(&mut self, now: u64) -> crate::Result<Vec<(u32, u64)>> {
         let (held_partitions, next) = {
             let held = lock(&self.held);
             let next: Vec<(u32, u64)> = held.units.values().flat_map(Unit::offsets).collect();
@@ -862,7 +862,7 @@ impl Run {
 
     /// The records read, each through its scope's engine in offset order
     /// (a gap is read once more before it is called missing).
-    fn process_batch(&mut self, r: &Runner, now: u64, wall: i64) -> anyhow::Result<()> {
+    fn process_batch(&mut self, r: &Runner, now: u64, wall: i64) -> crate::Result<()> {
         let mut not_delivered = 0;
         let mut held = lock(&self.held);
         let held = &mut *held;
@@ -972,7 +972,7 @@ impl Run {
         now: u64,
         stopping: bool,
         short_read: bool,
-    ) -> anyhow::Result<bool> {
+    ) -> crate::Result<bool> {
         // A candidate building from the retained input is read by no one by default: it
         // checkpoints for its own safety, not for readers, so every 5 s or CANDIDATE_EVENTS
         // events while it is behind; once caught up, as a live version.
@@ -1040,7 +1040,7 @@ impl Run {
     }
 
     /// A replay the operator asked for, applied to every scope not yet replayed.
-    fn apply_replay(&mut self, clock: &dyn Clock) -> anyhow::Result<bool> {
+    fn apply_replay(&mut self, clock: &dyn Clock) -> crate::Result<bool> {
         let mut replayed = false;
         if let Some((id, replay)) = self.replay.take() {
             let mut held = lock(&self.held);
@@ -1057,7 +1057,7 @@ impl Run {
     }
 
     /// A failure in a [`Holder`] call, and the checkpoints fenced there.
-    fn take_failures(&self, r: &Runner) -> anyhow::Result<()> {
+    fn take_failures(&self, r: &Runner) -> crate::Result<()> {
         let (failed, fenced) = {
             let mut held = lock(&self.held);
             (held.failed.take(), std::mem::take(&mut held.fenced))
@@ -1066,7 +1066,7 @@ impl Run {
             lock(&r.status).checkpoints_fenced += fenced;
         }
         match failed {
-            Some(f) => anyhow::bail!(f),
+            Some(f) => Err(crate::Error::Refused(f)),
             None => Ok(()),
         }
     }

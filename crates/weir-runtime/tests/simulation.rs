@@ -241,7 +241,7 @@ impl Backend {
     }
 
     /// A run's checkpoints, on a new connection whose next commit fails while `fail` is set.
-    fn checkpoints(&self, contract: &Contract, fail: &Arc<AtomicBool>) -> anyhow::Result<Box<dyn Checkpoints>> {
+    fn checkpoints(&self, contract: &Contract, fail: &Arc<AtomicBool>) -> weir_runtime::Result<Box<dyn Checkpoints>> {
         Ok(match self {
             Backend::Sqlite(db) => {
                 let conn = store::open_writer(db)?;
@@ -385,10 +385,16 @@ impl Source for Skipping {
     fn per_partition(&self) -> bool {
         self.inner.per_partition()
     }
-    fn open(&mut self, holder: Arc<dyn Holder>) -> anyhow::Result<()> {
+    fn open(&mut self, holder: Arc<dyn Holder>) -> weir_runtime::Result<()> {
         self.inner.open(holder)
     }
-    fn read(&mut self, next: &[(u32, u64)], max: usize, wait: Duration, batch: &mut Batch) -> anyhow::Result<bool> {
+    fn read(
+        &mut self,
+        next: &[(u32, u64)],
+        max: usize,
+        wait: Duration,
+        batch: &mut Batch,
+    ) -> weir_runtime::Result<bool> {
         let mut all = Batch::default();
         let full = self.inner.read(next, max, wait, &mut all)?;
         let skip = &self.skip;
@@ -407,13 +413,13 @@ impl Source for Skipping {
         }
         Ok(full)
     }
-    fn ends(&mut self, partitions: &[u32]) -> anyhow::Result<Vec<(u32, u64)>> {
+    fn ends(&mut self, partitions: &[u32]) -> weir_runtime::Result<Vec<(u32, u64)>> {
         self.inner.ends(partitions)
     }
-    fn bounds(&mut self, partition: u32) -> anyhow::Result<(u64, u64)> {
+    fn bounds(&mut self, partition: u32) -> weir_runtime::Result<(u64, u64)> {
         self.inner.bounds(partition)
     }
-    fn seek(&mut self, partition: u32, offset: u64) -> anyhow::Result<()> {
+    fn seek(&mut self, partition: u32, offset: u64) -> weir_runtime::Result<()> {
         self.inner.seek(partition, offset)
     }
     fn checkpointed(&mut self, offsets: &[(u32, u64)]) {
@@ -498,7 +504,7 @@ impl World {
     }
 
     /// A run on a new connection whose commits the test can refuse, over the log.
-    fn open_run(&self, live: &Live, why: &str) -> anyhow::Result<Run> {
+    fn open_run(&self, live: &Live, why: &str) -> weir_runtime::Result<Run> {
         let mut checkpoints = self.backend.checkpoints(&self.contract, &live.fail_commit)?;
         if let Some(gate) = &self.gate {
             checkpoints = Box::new(Faulty { inner: checkpoints, fail: None, gate: Some(Arc::clone(gate)) });

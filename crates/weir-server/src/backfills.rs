@@ -75,7 +75,7 @@ pub(crate) async fn ask(
     // How far it has settled and how far back the input is kept: both block.
     let store = Arc::clone(&p.store);
     let (pn, c) = (name.clone(), contract.clone());
-    let checked = tokio::task::spawn_blocking(move || -> anyhow::Result<Result<(), String>> {
+    let checked = tokio::task::spawn_blocking(move || -> crate::error::Result<Result<(), String>> {
         let headers = store.checkpoint_headers(&pn, version)?;
         let settled = weir_runtime::backfill::settled_through(&c, &headers)?;
         let kept_from = input_for(&c).kept_from()?;

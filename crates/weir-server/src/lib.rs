@@ -18,6 +18,7 @@ mod backfills;
 mod checks;
 mod dashboard;
 mod drills;
+pub mod error;
 mod events;
 mod feed;
 mod http;
@@ -93,4 +94,5 @@ pub fn load_contracts(dir: &Path) -> Result<Vec<Contract>, String> {
     Ok(contracts)
 }
 
+pub use error::{Error, Result};
 pub use start::serve;

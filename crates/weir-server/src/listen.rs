@@ -27,7 +27,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
+use crate::error::Context;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::Router;
@@ -235,14 +235,14 @@ pub async fn serve(
 }
 
 /// A TLS acceptor from PEM files: the certificate chain (server first) and its private key.
-pub fn tls_acceptor(cert: &Path, key: &Path) -> anyhow::Result<TlsAcceptor> {
+pub fn tls_acceptor(cert: &Path, key: &Path) -> crate::error::Result<TlsAcceptor> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect())
         .with_context(|| format!("cannot read certificates from --tls-cert {}: it must be PEM", cert.display()))?;
     if certs.is_empty() {
-        anyhow::bail!("--tls-cert {} holds no certificate (PEM \"BEGIN CERTIFICATE\")", cert.display());
+        crate::error::bail!("--tls-cert {} holds no certificate (PEM \"BEGIN CERTIFICATE\")", cert.display());
     }
     let key = PrivateKeyDer::from_pem_file(key)
         .with_context(|| format!("cannot read a private key from --tls-key {}: it must be PEM", key.display()))?;

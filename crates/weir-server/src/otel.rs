@@ -127,7 +127,7 @@ struct Metrics {
 /// Installs the tracer provider as the global one (so the runners'
 /// checkpoint spans and [`traced`] reach the collector) and prepares the
 /// metrics export. Call before the pipelines start.
-pub(crate) fn install(config: &OtelConfig, exports: &Arc<Exports>) -> anyhow::Result<Otel> {
+pub(crate) fn install(config: &OtelConfig, exports: &Arc<Exports>) -> crate::error::Result<Otel> {
     let started = SystemTime::now();
     let started_ns = nanos(started);
     let resource = Resource::builder()
@@ -151,7 +151,7 @@ pub(crate) fn install(config: &OtelConfig, exports: &Arc<Exports>) -> anyhow::Re
         .with_headers(headers)
         .with_timeout(Duration::from_secs(10))
         .build()
-        .map_err(|e| anyhow::anyhow!("[otel] in weir.toml: cannot export traces to {}: {e}", config.endpoint))?;
+        .map_err(|e| crate::error::refused!("[otel] in weir.toml: cannot export traces to {}: {e}", config.endpoint))?;
     let delay = Duration::from_millis(config.interval_ms as u64).min(Duration::from_secs(5));
     let batch = BatchConfigBuilder::default().with_scheduled_delay(delay).build();
     let processor = BatchSpanProcessor::builder(spans).with_batch_config(batch).build();

@@ -18,14 +18,14 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::Context;
+use crate::error::Context;
 use weir_contract::{Contract, ServerConfig};
 use weir_log::{Log, LogOptions};
 use weir_runtime::runner::{Runner, READ_RECORDS};
 use weir_runtime::{backfill, destination, embedded};
 use weir_runtime::{kafka, lock, Pipeline, PipelineVersion, Status};
 use weir_store::{audit, pg, sqlite as store};
-use weir_store::{FileContract, Registration, VersionState};
+use weir_store::{FileContract, Registration, StoreError, VersionState};
 
 use crate::{app, http, listen, otel, readers, ServeOptions};
 use weir_ops::alerts;
@@ -38,7 +38,7 @@ pub async fn serve(
     opts: ServeOptions,
     on_listen: impl FnOnce(std::net::SocketAddr),
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> crate::error::Result<()> {
     weir_log::create_private_dir(&opts.data)
         .with_context(|| format!("cannot create the data folder {}", opts.data.display()))?;
     let webhook_roots = check_webhooks(&opts)?;
@@ -92,7 +92,7 @@ pub async fn serve(
         let store: Arc<dyn weir_store::Store> = match (kafka, &pg_store) {
             (false, _) => sqlite.clone(),
             (true, Some(store)) => Arc::clone(store),
-            (true, None) => anyhow::bail!("pipeline {:?} reads Kafka: it needs [postgres]", file.pipeline.name),
+            (true, None) => crate::error::bail!("pipeline {:?} reads Kafka: it needs [postgres]", file.pipeline.name),
         };
         let started = start_pipeline(&starting, &file, kafka, store).await?;
         threads.extend(started.threads);
@@ -146,7 +146,7 @@ pub async fn serve(
 
 /// Refuses a contract's or weir.toml's webhook that weir may not call, and
 /// reads the CA certificates webhooks are checked against, if weir.toml names them.
-fn check_webhooks(opts: &ServeOptions) -> anyhow::Result<Option<ureq::tls::RootCerts>> {
+fn check_webhooks(opts: &ServeOptions) -> crate::error::Result<Option<ureq::tls::RootCerts>> {
     let allow = weir_runtime::outbound::Allow {
         private: opts.config.allow_private_webhooks,
         link_local: opts.config.allow_link_local_webhooks,
@@ -156,21 +156,26 @@ fn check_webhooks(opts: &ServeOptions) -> anyhow::Result<Option<ureq::tls::RootC
     let hooks = hooks.chain(opts.config.alert_webhook.as_deref().map(|u| ("weir.toml alert_webhook", u)));
     for (whose, url) in hooks {
         if let Some(why) = webhooks::refused(url, allow) {
-            anyhow::bail!(
+            crate::error::bail!(
                 "the webhook of {whose} ({}) is refused: {why} (link-local and cloud metadata addresses need allow_link_local_webhooks = true)",
                 weir_store::pg::redacted(url)
             );
         }
     }
     match &opts.config.webhook_ca_cert {
-        Some(path) => Ok(Some(webhooks::roots(path).map_err(anyhow::Error::msg)?)),
+        Some(path) => Ok(Some(webhooks::roots(path).map_err(crate::error::Error::Refused)?)),
         None => Ok(None),
     }
 }
 
 /// Opens the embedded log (saying what a crash tore off) with a topic for
 /// each one weir.toml or a contract names.
-fn open_log(data: &Path, options: LogOptions, config: &ServerConfig, contracts: &[Contract]) -> anyhow::Result<Log> {
+fn open_log(
+    data: &Path,
+    options: LogOptions,
+    config: &ServerConfig,
+    contracts: &[Contract],
+) -> crate::error::Result<Log> {
     let options = LogOptions { queue_bytes: config.log_queue_bytes, ..options };
     let (log, recovered) = Log::open(&data.join("log"), options)?;
     for (topic, r) in &recovered {
@@ -194,17 +199,17 @@ fn open_log(data: &Path, options: LogOptions, config: &ServerConfig, contracts: 
 
 /// Opens `weir.db` at its current schema, and its audit log's key: once
 /// the entries are keyed, they stay keyed.
-fn open_weir_db(data: &Path, config: &ServerConfig, origin: &str) -> anyhow::Result<()> {
+fn open_weir_db(data: &Path, config: &ServerConfig, origin: &str) -> crate::error::Result<()> {
     let db = data.join("weir.db");
     let conn = store::open(&db).with_context(|| format!("cannot open {}", db.display()))?;
     store::migrate(&conn)?;
     match (&config.audit_key_file, audit::key_named(&conn)?) {
         (Some(file), _) => {
             let file = Path::new(file);
-            let key = audit::Key::load(file, data).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let key = audit::Key::load(file, data).map_err(|e| crate::error::refused!("{e}"))?;
             audit::use_key(&conn, &key, file, origin)?;
         }
-        (None, Some((file, id))) => anyhow::bail!(
+        (None, Some((file, id))) => crate::error::bail!(
             "the audit log in {} is chained with key {id} from {}; set audit_key_file = {:?} in weir.toml (a keyed audit log stays keyed)",
             db.display(),
             file.display(),
@@ -217,7 +222,7 @@ fn open_weir_db(data: &Path, config: &ServerConfig, origin: &str) -> anyhow::Res
 
 /// Masks the ledger entries stored whole before their contract named
 /// personal fields, for the pipelines on the embedded log.
-fn mask_embedded_ledgers(embedded: &[Contract], db: &Path) -> anyhow::Result<()> {
+fn mask_embedded_ledgers(embedded: &[Contract], db: &Path) -> crate::error::Result<()> {
     for c in embedded.iter().filter(|c| !c.personal.is_empty()) {
         let privacy = weir_store::privacy::Privacy::of(c);
         let masked = store::mask_ledger(&store::open(db)?, &c.pipeline.name, &privacy)?;
@@ -234,20 +239,20 @@ fn mask_embedded_ledgers(embedded: &[Contract], db: &Path) -> anyhow::Result<()>
 async fn prepare_kafka(
     contracts: Vec<Contract>,
     config: &Arc<ServerConfig>,
-) -> anyhow::Result<(BTreeMap<String, rdkafka::producer::FutureProducer>, BTreeMap<String, String>)> {
+) -> crate::error::Result<(BTreeMap<String, rdkafka::producer::FutureProducer>, BTreeMap<String, String>)> {
     let (mut producers, mut by_topic) = (BTreeMap::new(), BTreeMap::new());
     if contracts.is_empty() {
         return Ok((producers, by_topic));
     }
     let Some(pg) = config.postgres.clone() else {
         let names: Vec<&str> = contracts.iter().map(|c| &*c.pipeline.name).collect();
-        anyhow::bail!(
+        crate::error::bail!(
             "{names:?} read Kafka, which needs a [postgres] section in weir.toml (url = \"host=... user=... dbname=...\"): workers share their results and checkpoints there"
         );
     };
     let (url, schema) = (pg.url.clone(), pg.schema.clone());
     let masking = contracts.clone();
-    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+    tokio::task::spawn_blocking(move || -> crate::error::Result<()> {
         let mut client =
             pg::connect(&url).with_context(|| format!("cannot connect to Postgres at {:?}", pg::redacted(&url)))?;
         pg::migrate(&mut client, &schema)?;
@@ -258,7 +263,7 @@ async fn prepare_kafka(
         }
         for c in masking.iter().filter(|c| !c.personal.is_empty()) {
             let privacy = weir_store::privacy::Privacy::of(c);
-            let masked = pg::mask_ledger(&mut client, &schema, &c.pipeline.name, &privacy)?;
+            let masked = pg::mask_ledger(&mut client, &schema, &c.pipeline.name, &privacy).map_err(StoreError::from)?;
             if masked > 0 {
                 eprintln!("weir: {}: {masked} ledger entries stored whole are now masked", c.pipeline.name);
             }
@@ -268,7 +273,7 @@ async fn prepare_kafka(
     .await??;
     for c in &contracts {
         let Some((brokers, _)) = kafka::source_of(c, config) else {
-            anyhow::bail!(
+            crate::error::bail!(
                 "pipeline {:?} reads Kafka but names no brokers: set [kafka] brokers in weir.toml or brokers in its [source]",
                 c.pipeline.name
             );
@@ -316,7 +321,7 @@ async fn start_pipeline(
     file: &Contract,
     kafka: bool,
     store: Arc<dyn weir_store::Store>,
-) -> anyhow::Result<Started> {
+) -> crate::error::Result<Started> {
     let name = file.pipeline.name.clone();
     let config = &s.config;
     // Each contract file registers its version (SPEC.md 8): a pipeline's
@@ -372,7 +377,7 @@ async fn start_pipeline(
             let (Some((brokers, group)), Some(postgres)) =
                 (kafka::source_of(&contract, config), config.postgres.clone())
             else {
-                anyhow::bail!("pipeline {name:?} reads Kafka: it needs brokers and [postgres]");
+                crate::error::bail!("pipeline {name:?} reads Kafka: it needs brokers and [postgres]");
             };
             let (c, cfg, worker) = (contract.clone(), Arc::clone(config), s.worker.clone());
             let connect = move || kafka::connect(&c, &cfg, &postgres, (&brokers, &group), &worker);
@@ -393,7 +398,7 @@ async fn start_pipeline(
         for pv in running.values() {
             let record = pv.contract.reconcile.as_ref().and_then(|r| r.system_of_record.as_ref());
             if let Some(c) = record.map(|s| &s.connection).filter(|c| !config.connections.contains_key(*c)) {
-                anyhow::bail!(
+                crate::error::bail!(
                     "pipeline {name:?} version {}: [reconcile.system_of_record] names the connection {c:?}, which weir.toml does not have; add [connections.{c}] with the url of an account that may only read the system of record",
                     pv.contract.pipeline.version
                 );
@@ -432,7 +437,12 @@ struct Background {
     retention: tokio::task::JoinHandle<()>,
 }
 
-fn start_background(app: &Arc<app::App>, otel: Option<otel::Otel>, log: &Log, db: &Path) -> anyhow::Result<Background> {
+fn start_background(
+    app: &Arc<app::App>,
+    otel: Option<otel::Otel>,
+    log: &Log,
+    db: &Path,
+) -> crate::error::Result<Background> {
     let config = &app.config;
     let otel_stop = Arc::new(AtomicBool::new(false));
     let otel = match otel {
@@ -519,7 +529,7 @@ async fn retain(
         tokio::time::sleep(every).await;
         let (log, db, postgres, erase) = (log.clone(), db.clone(), postgres.clone(), erase.clone());
         let superseded = superseded.clone();
-        let swept = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let swept = tokio::task::spawn_blocking(move || -> crate::error::Result<()> {
             let now = weir_log::now_ms();
             // Superseded versions past `superseded_retention` are removed with what they published.
             for (pipeline, store) in &superseded.1 {
@@ -545,7 +555,8 @@ async fn retain(
             if let (false, Some(pg)) = (on_kafka.is_empty(), &postgres) {
                 let mut client = pg::connect(&pg.url)?;
                 for (pipeline, keep_ms, _) in &on_kafka {
-                    pg::erase_ledger_payloads(&mut client, &pg.schema, pipeline, now.saturating_sub(*keep_ms))?;
+                    pg::erase_ledger_payloads(&mut client, &pg.schema, pipeline, now.saturating_sub(*keep_ms))
+                        .map_err(StoreError::from)?;
                 }
             }
             Ok(())
@@ -583,7 +594,7 @@ fn register_versions(
     file: &Contract,
     input_kept_from: Option<i64>,
     who: &str,
-) -> anyhow::Result<Registered> {
+) -> crate::error::Result<Registered> {
     let name = &file.pipeline.name;
     let stored = store.versions(name)?;
     let is_new = !stored.iter().any(|v| v.version == file.pipeline.version);
@@ -653,14 +664,18 @@ fn start_destinations(
         &Arc<weir_runtime::bell::Bell>,
     ),
     stop: &Arc<AtomicBool>,
-) -> anyhow::Result<Destinations> {
+) -> crate::error::Result<Destinations> {
     let mut out = Destinations { threads: Vec::new(), statuses: Vec::new() };
     let name = &file.pipeline.name;
     for d in &file.destinations {
         let connection = connection_of(file, d, config)?;
         if d.kind == weir_contract::DestinationKind::Http {
             weir_runtime::outbound::check_url(&connection.url, connection.allow_private).map_err(|e| {
-                anyhow::anyhow!("pipeline {name:?}: destination {:?} (connection {:?}): {e}", d.name, d.connection)
+                crate::error::refused!(
+                    "pipeline {name:?}: destination {:?} (connection {:?}): {e}",
+                    d.name,
+                    d.connection
+                )
             })?;
         }
         let status = Arc::new(Mutex::new(destination::DestinationStatus {
@@ -697,25 +712,25 @@ fn connection_of(
     file: &Contract,
     d: &weir_contract::Destination,
     config: &ServerConfig,
-) -> anyhow::Result<weir_contract::Connection> {
+) -> crate::error::Result<weir_contract::Connection> {
     let name = &file.pipeline.name;
     if let Some(c) = &d.connection {
         return config.connections.get(c).cloned().ok_or_else(|| {
-            anyhow::anyhow!(
+            crate::error::refused!(
                 "pipeline {name:?}: destination {:?} names the connection {c:?}, which weir.toml does not have; add [connections.{c}] with its url",
                 d.name,
             )
         });
     }
     let weir_contract::DestinationKind::Kafka { brokers, .. } = &d.kind else {
-        anyhow::bail!("pipeline {name:?}: destination {:?} names no connection; add `connection`", d.name);
+        crate::error::bail!("pipeline {name:?}: destination {:?} names no connection; add `connection`", d.name);
     };
     let brokers = brokers
         .clone()
         .or_else(|| file.source.brokers.clone())
         .or_else(|| config.kafka.as_ref().map(|k| k.brokers.clone()));
     let Some(url) = brokers else {
-        anyhow::bail!(
+        crate::error::bail!(
             "pipeline {name:?}: the kafka destination {:?} has no brokers: name a connection in it, or set [kafka] brokers in weir.toml",
             d.name
         );

@@ -197,6 +197,10 @@ pub enum StoreError {
     Sqlite(#[from] rusqlite::Error),
     #[error("Postgres failed: {0}")]
     Postgres(#[from] postgres::Error),
+    /// What cannot be done, and what to do, in full (a schema of another
+    /// version, a name refused, a token that cannot be made).
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl StoreError {
@@ -212,6 +216,7 @@ impl StoreError {
                 e.sqlite_error_code(),
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             ),
+            StoreError::Refused(_) => false,
         }
     }
 }

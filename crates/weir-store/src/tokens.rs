@@ -192,16 +192,17 @@ CREATE TABLE IF NOT EXISTS tokens (
     expires_ms INTEGER, revoked_ms INTEGER);
 ";
 
-fn random_hex(n: usize) -> anyhow::Result<String> {
+fn random_hex(n: usize) -> crate::Result<String> {
     let mut bytes = vec![0u8; n];
-    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no random numbers from the system: {e}"))?;
+    getrandom::fill(&mut bytes)
+        .map_err(|e| crate::StoreError::Refused(format!("no random numbers from the system: {e}")))?;
     Ok(hex(&bytes))
 }
 
 /// Makes a token; returns its text (shown once) and its rights. The
 /// caller writes the audit entry.
-pub fn create(conn: &Connection, new: &NewToken) -> anyhow::Result<(String, Grant)> {
-    new.check().map_err(anyhow::Error::msg)?;
+pub fn create(conn: &Connection, new: &NewToken) -> crate::Result<(String, Grant)> {
+    new.check().map_err(crate::StoreError::Refused)?;
     let (id, secret) = (random_hex(8)?, random_hex(24)?);
     let now = weir_log::now_ms();
     let grant = Grant {
@@ -222,8 +223,8 @@ pub fn create(conn: &Connection, new: &NewToken) -> anyhow::Result<(String, Gran
             sha256_hex(secret.as_bytes()),
             grant.name,
             grant.role.as_str(),
-            serde_json::to_string(&grant.topics)?,
-            serde_json::to_string(&grant.pipelines)?,
+            serde_json::to_string(&grant.topics).map_err(|e| crate::StoreError::Refused(e.to_string()))?,
+            serde_json::to_string(&grant.pipelines).map_err(|e| crate::StoreError::Refused(e.to_string()))?,
             now,
             grant.expires_ms
         ],
@@ -238,7 +239,7 @@ pub fn create_audited(
     who: &str,
     origin: &str,
     why: &str,
-) -> anyhow::Result<(String, Grant)> {
+) -> crate::Result<(String, Grant)> {
     let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
     let (token, grant) = create(&tx, new)?;
     let mut detail = grant.json();
@@ -252,13 +253,7 @@ pub fn create_audited(
 }
 
 /// [`revoke`], with its `token-revoke` audit entry, in one transaction.
-pub fn revoke_audited(
-    conn: &Connection,
-    id: &str,
-    who: &str,
-    origin: &str,
-    why: &str,
-) -> anyhow::Result<Option<Grant>> {
+pub fn revoke_audited(conn: &Connection, id: &str, who: &str, origin: &str, why: &str) -> crate::Result<Option<Grant>> {
     let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
     let Some(grant) = revoke(&tx, id)? else { return Ok(None) };
     let detail = serde_json::json!({ "id": grant.id, "name": grant.name, "role": grant.role.as_str() });

@@ -114,7 +114,7 @@ pub fn revoke(data: &Path, id: &str, why: &str) -> Result<(), Failure> {
 /// Every token as JSON lines (never a secret or its hash).
 pub fn list(data: &Path) -> Result<(), Failure> {
     let conn = open_read_only(data)?;
-    let tokens = auth::list(&conn).map_err(|e| Failure::run(e.into()))?;
+    let tokens = auth::list(&conn).map_err(Failure::run)?;
     for g in tokens {
         println!("{}", g.json());
     }
@@ -137,7 +137,7 @@ pub fn verify(data: &Path, expect_head: Option<&str>, at: &[String], key_files: 
             }
         }
     }
-    let named = weir_store::audit::key_named(&conn).map_err(|e| Failure::run(e.into()))?;
+    let named = weir_store::audit::key_named(&conn).map_err(Failure::run)?;
     let mut keys = Vec::new();
     for file in key_files {
         keys.push(weir_store::audit::Key::read(file).map_err(Failure::usage)?);
@@ -151,7 +151,7 @@ pub fn verify(data: &Path, expect_head: Option<&str>, at: &[String], key_files: 
             keys.push(weir_store::audit::Key::read(file).map_err(Failure::usage)?);
         }
     }
-    let v = match weir_store::audit::verify(&conn, &keys).map_err(|e| Failure::run(e.into()))? {
+    let v = match weir_store::audit::verify(&conn, &keys).map_err(Failure::run)? {
         Ok(v) => v,
         Err(broken) => {
             return Err(Failure::run(anyhow::anyhow!("{broken}; the audit log was tampered with from this entry on")))
@@ -173,7 +173,7 @@ pub fn verify(data: &Path, expect_head: Option<&str>, at: &[String], key_files: 
         }
     }
     for (seq, hash) in &saved {
-        match weir_store::audit::hash_at(&conn, *seq).map_err(|e| Failure::run(e.into()))? {
+        match weir_store::audit::hash_at(&conn, *seq).map_err(Failure::run)? {
             Some(h) if h == *hash => {}
             Some(h) => {
                 return Err(Failure::run(anyhow::anyhow!(

@@ -877,7 +877,7 @@ pub fn advise(url: &str, pipeline: &str, format: &str) -> Result<(), Failure> {
         print!("{body}");
         return Ok(());
     }
-    let a: serde_json::Value = serde_json::from_str(&body).map_err(|e| Failure::run(e.into()))?;
+    let a: serde_json::Value = serde_json::from_str(&body).map_err(Failure::run)?;
     print!("{}", advice_text(&a));
     Ok(())
 }
@@ -953,13 +953,13 @@ pub fn incidents(url: &str, pipeline: &str, id: Option<i64>) -> Result<(), Failu
     match id {
         None => {
             for l in get_ok(&agent(), &base)?.lines() {
-                let c: serde_json::Value = serde_json::from_str(l).map_err(|e| Failure::run(e.into()))?;
+                let c: serde_json::Value = serde_json::from_str(l).map_err(Failure::run)?;
                 println!("{}", line(&c));
             }
         }
         Some(id) => {
-            let c: serde_json::Value = serde_json::from_str(&get_ok(&agent(), &format!("{base}/{id}"))?)
-                .map_err(|e| Failure::run(e.into()))?;
+            let c: serde_json::Value =
+                serde_json::from_str(&get_ok(&agent(), &format!("{base}/{id}"))?).map_err(Failure::run)?;
             println!("{}", line(&c));
             for e in c["timeline"].as_array().into_iter().flatten() {
                 println!("  {} {:<14} {}: {}", plain(&e["at"]), plain(&e["kind"]), plain(&e["who"]), plain(&e["text"]));

@@ -642,8 +642,8 @@ impl Failure {
         Failure { code: 2, message }
     }
 
-    pub fn run(err: anyhow::Error) -> Failure {
-        Failure { code: 1, message: format!("{err:#}") }
+    pub fn run(err: impl Into<anyhow::Error>) -> Failure {
+        Failure { code: 1, message: format!("{:#}", err.into()) }
     }
 }
 

@@ -18,7 +18,7 @@ pub fn review(url: &str, since: &str, format: &str) -> Result<(), Failure> {
         print!("{body}");
         return Ok(());
     }
-    let r: Value = serde_json::from_str(&body).map_err(|e| Failure::run(e.into()))?;
+    let r: Value = serde_json::from_str(&body).map_err(Failure::run)?;
     print!("{}", if format == "md" { markdown(&r) } else { html(&r) });
     Ok(())
 }

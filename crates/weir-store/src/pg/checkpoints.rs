@@ -5,7 +5,7 @@ use weir_contract::Contract;
 
 use crate::checkpoint::{CheckpointError, Checkpoints, Claimed, Identity, Result, Scope, Write};
 use crate::versions::VersionState;
-use crate::{pg, Replay};
+use crate::{pg, Replay, StoreError};
 
 /// Checkpoints in the `[postgres]` schema: one per partition, fenced.
 pub struct PgCheckpoints {
@@ -18,12 +18,7 @@ pub struct PgCheckpoints {
 impl PgCheckpoints {
     /// Checkpoints of `contract`'s version as `worker` (the version is
     /// registered by the server at its start, [`pg::register_version`]).
-    pub fn open(
-        client: postgres::Client,
-        schema: &str,
-        worker: &str,
-        contract: &Contract,
-    ) -> anyhow::Result<PgCheckpoints> {
+    pub fn open(client: postgres::Client, schema: &str, worker: &str, contract: &Contract) -> Result<PgCheckpoints> {
         let id = Identity::of(contract);
         Ok(PgCheckpoints { client, schema: schema.to_owned(), worker: worker.to_owned(), id })
     }
@@ -42,9 +37,9 @@ impl Checkpoints for PgCheckpoints {
         let id = &self.id;
         let claim =
             pg::claim(&mut self.client, &self.schema, &id.pipeline, p, &self.worker, (id.version, id.text_hash))
-                .map_err(|e| match e.downcast::<postgres::Error>() {
-                    Ok(db) => CheckpointError::from(db),
-                    Err(other) => CheckpointError::Contract(format!("{other:#}")),
+                .map_err(|e| match e {
+                    StoreError::Refused(why) => CheckpointError::Contract(why),
+                    other => CheckpointError::Store(other),
                 })?;
         Ok(Claimed {
             generation: claim.generation,

@@ -230,8 +230,8 @@ fn rename_incidents(tx: &mut postgres::Transaction<'_>, schema: &str) -> Result<
 
 /// Creates the schema, or checks that the database's is this build's. Two
 /// workers starting together serialize on an advisory lock.
-pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
-    check_schema_name(schema).map_err(anyhow::Error::msg)?;
+pub fn migrate(client: &mut Client, schema: &str) -> crate::Result<()> {
+    check_schema_name(schema).map_err(crate::StoreError::Refused)?;
     let mut tx = client.transaction()?;
     tx.execute("SELECT pg_advisory_xact_lock(hashtext('weir schema ' || $1))", &[&schema])?;
     rename_incidents(&mut tx, schema)?;
@@ -344,9 +344,9 @@ pub fn migrate(client: &mut Client, schema: &str) -> anyhow::Result<()> {
         version = 8;
     }
     if version != SCHEMA_VERSION {
-        anyhow::bail!(
+        return Err(crate::StoreError::Refused(format!(
             "the Postgres schema {schema} has weir schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or another [postgres] schema"
-        );
+        )));
     }
     tx.execute(
         &format!("UPDATE {schema}.meta SET value = $1 WHERE key = 'schema_version'"),
@@ -472,8 +472,8 @@ pub fn grant_roles(client: &mut Client, schema: &str) -> Result<(), postgres::Er
 }
 
 /// Drops `schema` and everything in it (`weir demo --postgres` starts afresh).
-pub fn drop_schema(client: &mut Client, schema: &str) -> anyhow::Result<()> {
-    check_schema_name(schema).map_err(|e| anyhow::anyhow!(e))?;
+pub fn drop_schema(client: &mut Client, schema: &str) -> crate::Result<()> {
+    check_schema_name(schema).map_err(crate::StoreError::Refused)?;
     client.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))?;
     Ok(())
 }
@@ -699,7 +699,7 @@ pub fn claim(
     partition: u32,
     worker: &str,
     (version, text_hash): (u32, u64),
-) -> anyhow::Result<Claim> {
+) -> crate::Result<Claim> {
     let p = partition as i32;
     let hash = format!("{text_hash:016x}");
     let mut tx = client.transaction()?;
@@ -714,9 +714,9 @@ pub fn claim(
             Some(h) => format!("contract hash {h}"),
             None => "no contract".to_owned(),
         };
-        anyhow::bail!(
+        return Err(crate::StoreError::Refused(format!(
             "version {version} of pipeline {pipeline} is registered in Postgres with {now}, not this worker's contract hash {hash}; this worker stops claiming until it runs the registered contract"
-        );
+        )));
     }
     let row = tx.query_one(
         &format!(

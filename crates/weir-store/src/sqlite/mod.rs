@@ -245,19 +245,19 @@ fn wait_a_millisecond(attempts: i32) -> bool {
 
 /// Opens `path` read-only and checks that it holds this weir's schema
 /// version (listing and verifying change nothing).
-pub fn open_read_only(path: &Path) -> anyhow::Result<Connection> {
+pub fn open_read_only(path: &Path) -> crate::Result<Connection> {
     let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn =
-        Connection::open_with_flags(path, flags).map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+    let conn = Connection::open_with_flags(path, flags)
+        .map_err(|e| crate::StoreError::Refused(format!("cannot open {}: {e}", path.display())))?;
     let version: Option<String> = conn
         .query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0))
-        .map_err(|e| anyhow::anyhow!("{} is not a weir results database: {e}", path.display()))?;
+        .map_err(|e| crate::StoreError::Refused(format!("{} is not a weir results database: {e}", path.display())))?;
     if version.as_deref() != Some(&SCHEMA_VERSION.to_string()) {
-        anyhow::bail!(
+        return Err(crate::StoreError::Refused(format!(
             "{} has schema version {}; this weir reads version {SCHEMA_VERSION}: start this weir's server on it once (it migrates), or use the weir that wrote it",
             path.display(),
             version.unwrap_or_default(),
-        );
+        )));
     }
     Ok(conn)
 }
@@ -320,7 +320,7 @@ impl Drop for WalCopier {
 }
 
 /// Creates the schema, or checks that the database's is this build's.
-pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
+pub fn migrate(conn: &Connection) -> crate::Result<()> {
     if let Err(e) = rename_incidents(conn) {
         let _ = conn.execute_batch("ROLLBACK");
         return Err(e.into());
@@ -440,9 +440,9 @@ pub fn migrate(conn: &Connection) -> anyhow::Result<()> {
         version = 11;
     }
     if version != SCHEMA_VERSION {
-        anyhow::bail!(
+        return Err(crate::StoreError::Refused(format!(
             "the results database has schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or move weir.db aside to rebuild results from the log"
-        );
+        )));
     }
     conn.execute_batch(INDEXES)?;
     Ok(())
