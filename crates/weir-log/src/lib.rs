@@ -67,7 +67,9 @@ pub enum LogError {
     PartitionCount { topic: String, found: u32, wanted: u32 },
     #[error("bad topic name {0:?}: use 1 to 200 letters, digits, '.', '_' or '-'")]
     TopicName(String),
-    #[error("a record of {0} bytes is larger than the log's limit of {RECORD_MAX}")]
+    #[error(
+        "a record of {0} bytes is larger than the log's limit of {RECORD_MAX} ({TAG} less for a record with a tag)"
+    )]
     TooLarge(usize),
     #[error("the log's writer has {queued} bytes of appends waiting, at its limit of {limit} (weir.toml log_queue_bytes); nothing was appended; send again shortly")]
     Busy { queued: usize, limit: usize },
@@ -338,7 +340,9 @@ impl Log {
         if let Some(&(partition, _)) = records.iter().find(|(p, _)| *p >= partitions) {
             return Err(LogError::NoPartition { topic: topic.to_owned(), partition, partitions });
         }
-        if let Some((_, big)) = records.iter().find(|(_, r)| r.len() > RECORD_MAX) {
+        // A tag is part of the record's body, so it counts against the limit.
+        let most = RECORD_MAX - if tag.is_some() { TAG } else { 0 };
+        if let Some((_, big)) = records.iter().find(|(_, r)| r.len() > most) {
             return Err(LogError::TooLarge(big.len()));
         }
         if let Some(why) = lock(&self.shared.unhealthy).clone() {

@@ -297,3 +297,25 @@ fn a_removed_topic_is_gone_with_its_files_and_the_others_stay() {
     let log = open(&dir.0, 1 << 20);
     assert_eq!(log.topics(), ["payments"], "not recovered after a restart");
 }
+
+/// A tagged record reads back with its tag after a reopen, beside untagged
+/// ones, and its tag counts against the record limit: a payload that would
+/// make the body larger than any record is refused, not written unreadable.
+#[test]
+fn tagged_records_keep_their_tag_and_the_tag_counts_against_the_limit() {
+    let dir = Dir::new("tagged");
+    let tag = [7u8; weir_log::TAG];
+    {
+        let log = open(&dir.0, 1 << 20);
+        log.ensure_topic("t", 1, None).unwrap();
+        append(&log, "t", &[(0, "{\"a\":1}")]).unwrap();
+        log.append_tagged("t", vec![(0, b"{\"b\":2}".to_vec())], tag).unwrap().wait_blocking().unwrap();
+        let over = vec![b'x'; weir_log::RECORD_MAX - weir_log::TAG + 1];
+        assert!(matches!(log.append_tagged("t", vec![(0, over)], tag), Err(LogError::TooLarge(_))));
+    }
+    let log = open(&dir.0, 1 << 20);
+    let read = log.read("t", 0, 0, 10, 1 << 20).unwrap();
+    let tags: Vec<Option<[u8; weir_log::TAG]>> = read.iter().map(|r| r.tag).collect();
+    assert_eq!(tags, vec![None, Some(tag)]);
+    assert_eq!(read[1].payload, b"{\"b\":2}");
+}
