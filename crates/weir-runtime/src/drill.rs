@@ -14,10 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
 use serde_json::Value;
 use weir_contract::{Contract, ServerConfig, TimeFormat, WindowKind};
 use weir_log::Log;
@@ -299,13 +297,9 @@ impl DrillLog {
                     .set("enable.auto.commit", "false")
                     .set("enable.partition.eof", "true")
                     .create()?;
-                let mut since = TopicPartitionList::new();
-                for p in 0..partitions as i32 {
-                    since.add_partition_offset(from, p, Offset::Offset(since_ms.unwrap_or(0)))?;
-                }
                 let starts = match since_ms {
-                    Some(_) => Some(consumer.offsets_for_times(since, Duration::from_secs(10))?),
-                    None => None,
+                    Some(since) => crate::kafka::offsets_at(&consumer, from, partitions as i32, since)?,
+                    None => Vec::new(),
                 };
                 for p in 0..partitions as i32 {
                     let (low, high) = consumer.fetch_watermarks(from, p, Duration::from_secs(10))?;
@@ -314,45 +308,28 @@ impl DrillLog {
                     }
                     // The first record at or after `since_ms` (the end when
                     // there is none), or the last RECENT, whichever is first.
-                    let start = match starts.as_ref().and_then(|s| s.find_partition(from, p)).map(|e| e.offset()) {
-                        None => low,
-                        Some(Offset::Offset(o)) => o.min(high - RECENT as i64).max(low),
-                        Some(_) => (high - RECENT as i64).max(low),
+                    let start = match (since_ms, starts.get(p as usize).copied().flatten()) {
+                        (None, _) => low,
+                        (Some(_), Some(o)) => o.min(high - RECENT as i64).max(low),
+                        (Some(_), None) => (high - RECENT as i64).max(low),
                     };
-                    let mut one = TopicPartitionList::new();
-                    one.add_partition_offset(from, p, Offset::Offset(start))?;
-                    consumer.assign(&one)?;
-                    let (mut next, mut batch, mut silent) = (start, Vec::new(), std::time::Instant::now());
-                    // Until the end of the partition as the fetches report it, once
-                    // past the end read before (as `KafkaInput` reads).
-                    loop {
-                        match consumer.poll(Duration::from_millis(200)) {
-                            Some(Err(KafkaError::PartitionEOF(_))) if next >= high => break,
-                            None | Some(Err(KafkaError::PartitionEOF(_))) => {
-                                if silent.elapsed() > Duration::from_secs(30) {
-                                    crate::bail!("copying {from} partition {p}: nothing arrived for 30 s at offset {next} (the end was {high})");
-                                }
-                            }
-                            Some(Err(e)) => return Err(e.into()),
-                            Some(Ok(m)) => {
-                                silent = std::time::Instant::now();
-                                next = m.offset() + 1;
-                                let c = Copied {
-                                    partition: p as u32,
-                                    key: m.key().map(<[u8]>::to_vec),
-                                    timestamp_ms: m.timestamp().to_millis(),
-                                    payload: pseudonyms.apply(m.payload().unwrap_or_default().to_vec()),
-                                };
-                                keep(c.clone(), &mut last);
-                                batch.push(c);
-                                if batch.len() >= 4096 {
-                                    copied += batch.len() as u64;
-                                    self.append(to, &batch)?;
-                                    batch.clear();
-                                }
-                            }
+                    let mut batch = Vec::new();
+                    crate::kafka::read_partition(&consumer, (from, p), (start, high), "copying", &mut |m| {
+                        let c = Copied {
+                            partition: p as u32,
+                            key: m.key().map(<[u8]>::to_vec),
+                            timestamp_ms: m.timestamp().to_millis(),
+                            payload: pseudonyms.apply(m.payload().unwrap_or_default().to_vec()),
+                        };
+                        keep(c.clone(), &mut last);
+                        batch.push(c);
+                        if batch.len() >= 4096 {
+                            copied += batch.len() as u64;
+                            self.append(to, &batch)?;
+                            batch.clear();
                         }
-                    }
+                        Ok(())
+                    })?;
                     copied += batch.len() as u64;
                     self.append(to, &batch)?;
                 }

@@ -410,41 +410,19 @@ impl crate::backfill::Input for KafkaInput {
             if low >= high {
                 continue;
             }
-            let mut one = TopicPartitionList::new();
-            one.add_partition_offset(&self.topic, p, Offset::Offset(low))?;
-            consumer.assign(&one)?;
-            let mut next = low;
             let mut decorated = Vec::new();
-            let mut silent = Instant::now();
-            // Until the partition's end as the fetches report it (the
-            // end-of-partition event), once past the high watermark read
-            // before: a broker may report a lower one than it serves.
-            loop {
-                match consumer.poll(Duration::from_millis(200)) {
-                    None if silent.elapsed() > Duration::from_secs(30) => crate::bail!(
-                        "reading {} partition {p} for a backfill: nothing arrived for 30 s at offset {next} (the high watermark was {high})",
-                        self.topic
-                    ),
-                    None => {}
-                    Some(Err(KafkaError::PartitionEOF(_))) if next >= high => break,
-                    Some(Err(KafkaError::PartitionEOF(_))) => {}
-                    Some(Err(e)) => return Err(e.into()),
-                    Some(Ok(m)) => {
-                        silent = Instant::now();
-                        next = m.offset() + 1;
-                        let payload = m.payload().unwrap_or_default();
-                        let forged = weir_engine::intake::has_reserved_member(payload);
-                        let bytes = if forged { payload } else { self.fields.decorate(&m, payload, &mut decorated) };
-                        each(crate::backfill::Record {
-                            partition: p as u32,
-                            offset: m.offset().max(0) as u64,
-                            time_ms: m.timestamp().to_millis(),
-                            bytes,
-                            forged,
-                        })?;
-                    }
-                }
-            }
+            read_partition(&consumer, (&self.topic, p), (low, high), "reading for a backfill", &mut |m| {
+                let payload = m.payload().unwrap_or_default();
+                let forged = weir_engine::intake::has_reserved_member(payload);
+                let bytes = if forged { payload } else { self.fields.decorate(m, payload, &mut decorated) };
+                each(crate::backfill::Record {
+                    partition: p as u32,
+                    offset: m.offset().max(0) as u64,
+                    time_ms: m.timestamp().to_millis(),
+                    bytes,
+                    forged,
+                })
+            })?;
         }
         Ok(())
     }
@@ -511,6 +489,61 @@ pub async fn produce(
     Ok(offsets)
 }
 
+/// Reads `topic`'s partition `p` with `consumer` (made with
+/// `enable.partition.eof`) from offset `start` to its end, handing each
+/// record to `each`. The end is the end-of-partition event once past
+/// `high` (the high watermark asked before): a broker may report a lower
+/// one than it serves. Nothing arriving for 30 s is an error naming `what`.
+pub(crate) fn read_partition(
+    consumer: &BaseConsumer,
+    (topic, p): (&str, i32),
+    (start, high): (i64, i64),
+    what: &str,
+    each: &mut dyn FnMut(&rdkafka::message::BorrowedMessage<'_>) -> crate::Result<()>,
+) -> crate::Result<()> {
+    let mut one = TopicPartitionList::new();
+    one.add_partition_offset(topic, p, Offset::Offset(start))?;
+    consumer.assign(&one)?;
+    let (mut next, mut silent) = (start, Instant::now());
+    loop {
+        match consumer.poll(Duration::from_millis(200)) {
+            None if silent.elapsed() > Duration::from_secs(30) => crate::bail!(
+                "{what} {topic} partition {p}: nothing arrived for 30 s at offset {next} (the high watermark was {high})"
+            ),
+            None => {}
+            Some(Err(KafkaError::PartitionEOF(_))) if next >= high => return Ok(()),
+            Some(Err(KafkaError::PartitionEOF(_))) => {}
+            Some(Err(e)) => return Err(e.into()),
+            Some(Ok(m)) => {
+                silent = Instant::now();
+                next = m.offset() + 1;
+                each(&m)?;
+            }
+        }
+    }
+}
+
+/// For each of `partitions` partitions of `topic`, the offset of its first
+/// record stamped at or after `since_ms`, `None` where there is none.
+pub(crate) fn offsets_at(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partitions: i32,
+    since_ms: i64,
+) -> crate::Result<Vec<Option<i64>>> {
+    let mut times = TopicPartitionList::new();
+    for p in 0..partitions {
+        times.add_partition_offset(topic, p, Offset::Offset(since_ms))?;
+    }
+    let found = consumer.offsets_for_times(times, Duration::from_secs(10))?;
+    Ok((0..partitions)
+        .map(|p| match found.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => Some(o),
+            _ => None,
+        })
+        .collect())
+}
+
 /// The records of `topic` whose [`REQUEST_HEADER`] is `tag`, produced at
 /// or after `since_ms` (by their timestamps, as the broker finds them):
 /// `(partition, offset, payload)`, in offset order per partition. Blocks:
@@ -530,42 +563,20 @@ pub fn tagged_since(
         .create()?;
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let partitions = metadata.topics().first().map_or(0, |t| t.partitions().len()) as i32;
-    let mut times = TopicPartitionList::new();
-    for p in 0..partitions {
-        times.add_partition_offset(topic, p, Offset::Offset(since_ms))?;
-    }
-    let starts = consumer.offsets_for_times(times, Duration::from_secs(10))?;
+    let starts = offsets_at(&consumer, topic, partitions, since_ms)?;
     let mut found = Vec::new();
-    for p in 0..partitions {
+    for (p, start) in (0..partitions).zip(starts) {
         let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
-        let start = match starts.find_partition(topic, p).map(|e| e.offset()) {
-            Some(Offset::Offset(o)) if o < high => o,
-            _ => continue, // nothing at or after that time
-        };
-        let mut one = TopicPartitionList::new();
-        one.add_partition_offset(topic, p, Offset::Offset(start))?;
-        consumer.assign(&one)?;
-        let mut next = start;
-        let mut silent = Instant::now();
-        while next < high {
-            match consumer.poll(Duration::from_millis(200)) {
-                None if silent.elapsed() > Duration::from_secs(30) => crate::bail!(
-                    "reading {topic} partition {p}: nothing arrived for 30 s at offset {next} (the high watermark was {high})"
-                ),
-                None | Some(Err(KafkaError::PartitionEOF(_))) => {}
-                Some(Err(e)) => return Err(e.into()),
-                Some(Ok(m)) => {
-                    silent = Instant::now();
-                    next = m.offset() + 1;
-                    let ours = m.headers().is_some_and(|hs| {
-                        hs.iter().any(|h| h.key == REQUEST_HEADER && h.value == Some(tag.as_bytes()))
-                    });
-                    if ours {
-                        found.push((p as u32, m.offset().max(0) as u64, m.payload().unwrap_or_default().to_vec()));
-                    }
-                }
+        let Some(start) = start.filter(|&o| o < high) else { continue }; // nothing at or after that time
+        read_partition(&consumer, (topic, p), (start, high), "reading", &mut |m| {
+            let ours = m
+                .headers()
+                .is_some_and(|hs| hs.iter().any(|h| h.key == REQUEST_HEADER && h.value == Some(tag.as_bytes())));
+            if ours {
+                found.push((p as u32, m.offset().max(0) as u64, m.payload().unwrap_or_default().to_vec()));
             }
-        }
+            Ok(())
+        })?;
     }
     Ok(found)
 }

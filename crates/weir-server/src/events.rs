@@ -144,7 +144,7 @@ pub(crate) async fn post_events(
         let (mut records, mut keys) = (records, keys);
         let mut found_before: Vec<(u32, u64)> = Vec::new();
         // Collision-resistant: another body must never pass for this one.
-        let hash: String = sha2::Sha256::digest(&body).iter().map(|b| format!("{b:02x}")).collect();
+        let hash = weir_store::digest::sha256_hex(&body);
         let starts: Vec<u64> = match kafka {
             Some(_) => Vec::new(),
             None => app.log.bounds(&topic).map(|b| b.iter().map(|x| x.1).collect()).unwrap_or_default(),
@@ -180,7 +180,13 @@ pub(crate) async fn post_events(
                     Some(brokers) => {
                         let since = at_ms.saturating_sub(60_000);
                         let kafka = app2.config.kafka.as_ref();
-                        match weir_runtime::kafka::tagged_since(brokers, kafka, &t, since, &hex(&tag)) {
+                        match weir_runtime::kafka::tagged_since(
+                            brokers,
+                            kafka,
+                            &t,
+                            since,
+                            &weir_store::digest::hex(&tag),
+                        ) {
                             Ok(found) => Ok(matched(found, &wanted)),
                             Err(e) => Err(e.to_string()),
                         }
@@ -246,7 +252,7 @@ async fn append(
     let answer = match (kafka, records.is_empty()) {
         (_, true) => Ok(Vec::new()),
         (Some(producer), false) => {
-            let tag = in_flight.as_ref().map(|held| hex(&request_tag(&held.key.1)));
+            let tag = in_flight.as_ref().map(|held| weir_store::digest::hex(&request_tag(&held.key.1)));
             match weir_runtime::kafka::produce(&producer, topic, &records, &keys, tag.as_deref()).await {
                 Ok(offsets) => Ok(offsets),
                 Err(e) => {
@@ -398,11 +404,6 @@ fn matched(found: Vec<(u32, u64, Vec<u8>)>, wanted: &[Vec<u8>]) -> Vec<Option<(u
         there.entry(payload).or_default().push_back((p, offset));
     }
     wanted.iter().map(|w| there.get_mut(&w[..]).and_then(|q| q.pop_front())).collect()
-}
-
-/// A tag as the `weir-request` header carries it.
-fn hex(tag: &[u8]) -> String {
-    tag.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Raw events: raw-reader tokens only, and every read is in the audit log

@@ -1,9 +1,9 @@
-//! Hex and SHA-256, shared by the token store and the audit chain (a leaf:
-//! it uses neither).
+//! Hex and SHA-256, shared by the token store, the audit chain and the
+//! HTTP side's idempotency keys (a leaf: it uses none of them).
 
 use sha2::{Digest, Sha256};
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
+pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
@@ -12,7 +12,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     s
 }
 
-pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 

@@ -23,7 +23,7 @@ pub mod backfill;
 pub mod checkpoint;
 pub mod checks;
 pub mod destinations;
-mod digest;
+pub mod digest;
 pub mod drills;
 pub mod idempotency;
 pub mod incidents;
