@@ -33,4 +33,4 @@ pub use destinations::{
 };
 pub use duration::{format_duration_ms, parse_duration_ms};
 pub use rule::{parse_rule, CmpOp, Expr, FieldPath};
-pub use time_format::{EpochUnit, Pattern, TimeFormat, Zone};
+pub use time_format::{days_from_civil, days_in_month, EpochUnit, Pattern, TimeFormat, Zone};

@@ -55,11 +55,132 @@ impl EpochUnit {
     }
 }
 
+/// Days since 1970-01-01 of a date of the proleptic Gregorian calendar
+/// (month 1 to 12; any day, counted on from the month's first).
+pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The days of a month (1 to 12) of a year of the Gregorian calendar.
+pub fn days_in_month(year: i64, month: i64) -> i64 {
+    match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        _ if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 => 29,
+        _ => 28,
+    }
+}
+
 /// A strftime pattern, compiled.
 #[derive(Debug, Clone)]
 pub struct Pattern {
     pub text: String,
     items: Arc<[Item<'static>]>,
+    /// For a pattern of fixed-width numbers and literal bytes only, where
+    /// each is in the text: read directly, and by chrono only when a text
+    /// does not fit it (so every text reads as chrono reads it).
+    layout: Option<Arc<Layout>>,
+}
+
+/// A pattern of `%Y` (4 digits), `%m %d %H %M %S` (2 digits), `%.3f` (a dot
+/// and 3 digits) and literal bytes, at fixed places.
+#[derive(Debug)]
+struct Layout {
+    len: usize,
+    literals: Vec<(usize, u8)>,
+    /// Each field's place and width, in the order of [`Layout::FIELDS`].
+    fields: [Option<(usize, usize)>; 7],
+}
+
+impl Layout {
+    /// Year, month, day, hour, minute, second, millisecond.
+    const FIELDS: [&'static str; 7] = ["%Y", "%m", "%d", "%H", "%M", "%S", "%.3f"];
+
+    /// The layout of `pattern`, when it has one with a date, hours and minutes.
+    fn of(pattern: &str) -> Option<Layout> {
+        let (mut at, mut literals, mut fields) = (0, Vec::new(), [None; 7]);
+        let mut rest = pattern.as_bytes();
+        while let Some(&b) = rest.first() {
+            if b != b'%' {
+                literals.push((at, b));
+                at += 1;
+                rest = &rest[1..];
+            } else if rest.starts_with(b"%%") {
+                literals.push((at, b'%'));
+                at += 1;
+                rest = &rest[2..];
+            } else {
+                let field = Self::FIELDS.iter().position(|f| rest.starts_with(f.as_bytes()))?;
+                if fields[field].is_some() {
+                    return None;
+                }
+                let width = match field {
+                    0 => 4,
+                    6 => {
+                        literals.push((at, b'.'));
+                        at += 1;
+                        3
+                    }
+                    _ => 2,
+                };
+                fields[field] = Some((at, width));
+                at += width;
+                rest = &rest[Self::FIELDS[field].len()..];
+            }
+        }
+        fields[..5].iter().all(Option::is_some).then_some(Layout { len: at, literals, fields })
+    }
+
+    /// Year, month, day, hour, minute, second and millisecond of `text`,
+    /// when it fits the layout exactly and names a valid local time of the
+    /// years 1 to 9999 (a leap second is left to chrono).
+    fn fields(&self, text: &[u8]) -> Option<[i64; 7]> {
+        if text.len() != self.len || self.literals.iter().any(|&(at, b)| text[at] != b) {
+            return None;
+        }
+        let mut value = [0i64; 7];
+        for (v, field) in value.iter_mut().zip(&self.fields) {
+            if let Some((at, width)) = *field {
+                for &d in &text[at..at + width] {
+                    if !d.is_ascii_digit() {
+                        return None;
+                    }
+                    *v = *v * 10 + i64::from(d - b'0');
+                }
+            }
+        }
+        let [year, month, day, hour, minute, second, _] = value;
+        let valid = (1..=9999).contains(&year)
+            && (1..=12).contains(&month)
+            && (1..=days_in_month(year, month)).contains(&day)
+            && hour < 24
+            && minute < 60
+            && second < 60;
+        valid.then_some(value)
+    }
+
+    /// The instant `text` names in milliseconds, read as local time in `zone`.
+    fn read(&self, text: &[u8], zone: Zone) -> Option<i64> {
+        let [year, month, day, hour, minute, second, milli] = self.fields(text)?;
+        match zone {
+            Zone::Utc => {
+                let minutes = (days_from_civil(year, month, day) * 24 + hour) * 60 + minute;
+                Some(minutes * 60_000 + second * 1000 + milli)
+            }
+            Zone::Iana(_) => {
+                let u = |v: i64| u32::try_from(v).ok();
+                let date = chrono::NaiveDate::from_ymd_opt(i32::try_from(year).ok()?, u(month)?, u(day)?)?;
+                let local = date.and_hms_milli_opt(u(hour)?, u(minute)?, u(second)?, u(milli)?)?;
+                Some(zone.instant(local)?.timestamp_millis())
+            }
+        }
+    }
 }
 
 /// `event_time_zone`: where a pattern without an offset reads its local time.
@@ -158,7 +279,8 @@ impl Pattern {
         let items = StrftimeItems::new(text).parse_to_owned().map_err(|_| {
             format!("\"{text}\" has a specifier chrono does not know; see chrono's strftime list (%Y %m %d %H %M %S %.3f %z %s ...)")
         })?;
-        let pattern = Pattern { text: text.to_owned(), items: items.into() };
+        let layout = Layout::of(text).map(Arc::new);
+        let pattern = Pattern { text: text.to_owned(), items: items.into(), layout };
         // Write a known instant with the pattern, then read it back.
         let sample = DateTime::parse_from_rfc3339("2026-11-29T14:05:09.123+01:00").map_err(|e| e.to_string())?;
         let mut written = String::new();
@@ -177,6 +299,9 @@ impl Pattern {
     /// The instant `text` names, in milliseconds since the epoch (rounded
     /// down); a time without an offset is read in `zone`.
     pub fn read(&self, text: &str, zone: Zone) -> Option<i64> {
+        if let Some(ms) = self.layout.as_ref().and_then(|l| l.read(text.as_bytes(), zone)) {
+            return Some(ms);
+        }
         let mut parsed = Parsed::new();
         chrono::format::parse(&mut parsed, text, self.items.iter()).ok()?;
         let instant = if parsed.offset().is_some() || parsed.timestamp().is_some() {
@@ -206,6 +331,59 @@ mod tests {
 
     fn ms(rfc3339: &str) -> i64 {
         DateTime::parse_from_rfc3339(rfc3339).unwrap().timestamp_millis()
+    }
+
+    /// Patterns read directly read every text as chrono does: well-formed
+    /// times, and the same texts with a byte changed, cut or added.
+    #[test]
+    fn fixed_layouts_read_as_chrono_does() {
+        let seed: u64 = 0x51_7cc1_b727_220a;
+        println!("seed {seed:#x}");
+        let mut state = seed;
+        let mut next = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let berlin = Zone::parse("Europe/Berlin").unwrap();
+        for text in [
+            "%Y-%m-%d %H:%M:%S%.3f",
+            "%d/%m/%Y %H:%M",
+            "%Y%m%dT%H%M%S",
+            "%H:%M:%S %Y-%m-%d %%",
+            "%Y-%m-%dT%H:%M:%S%.3fZ",
+        ] {
+            let fast = Pattern::compile(text).unwrap();
+            assert!(fast.layout.is_some(), "{text} has a fixed layout");
+            let slow = Pattern { layout: None, ..fast.clone() };
+            for _ in 0..3_000 {
+                let ms = next(8_000_000_000_000) as i64 - 1_000_000_000_000;
+                let mut written = fast.write(ms, Zone::Utc).unwrap().into_bytes();
+                let (what, at, byte) = (next(6), next(written.len() as u64) as usize, next(18) as usize);
+                match what {
+                    0 => written[at] = b"0123456789: -./T%x"[byte],
+                    1 => written.truncate(at),
+                    2 => written.insert(at, b"0 "[byte % 2]),
+                    _ => {}
+                }
+                let Ok(written) = String::from_utf8(written) else { continue };
+                for zone in [Zone::Utc, berlin] {
+                    assert_eq!(fast.read(&written, zone), slow.read(&written, zone), "{text}: {written:?}");
+                }
+            }
+            for odd in [
+                "2024-02-30 00:00:00.000",
+                "2023-02-29 00:00:00.000",
+                "2024-01-01 24:00:00.000",
+                "2024-12-31 23:59:60.000",
+            ] {
+                assert_eq!(fast.read(odd, Zone::Utc), slow.read(odd, Zone::Utc), "{text}: {odd}");
+            }
+        }
+        for text in ["%Y-%m-%d %H:%M:%S%.f", "%s", "%Y-%m-%d %H:%M:%S %z", "%e/%m/%Y %H:%M"] {
+            assert!(Pattern::compile(text).unwrap().layout.is_none(), "{text} is read by chrono");
+        }
     }
 
     #[test]

@@ -267,7 +267,8 @@ pub struct Engine {
     pub(crate) mode: Mode,
     pub(crate) st: State,
     reader: EventReader,
-    read: ReadEvent,
+    /// Taken out while an event is processed (a pointer moved, not the arena).
+    read: Option<Box<ReadEvent>>,
     key_buf: Vec<u8>,
     contribs: Vec<Contrib>,
     agg_pass: Vec<bool>,
@@ -326,7 +327,7 @@ impl Engine {
     pub(crate) fn from_parts(plan: Arc<Plan>, mode: Mode, st: State) -> Engine {
         Engine {
             reader: EventReader { plan: Arc::clone(&plan), hash_scratch: Vec::new() },
-            read: ReadEvent::default(),
+            read: None,
             plan,
             mode,
             st,
@@ -504,10 +505,10 @@ impl Engine {
                 (lossy.as_str(), false)
             }
         };
-        let mut read = std::mem::take(&mut self.read);
+        let mut read = self.read.take().unwrap_or_default();
         self.reader.read(text, event.bytes.len(), utf8_ok, &mut read);
         self.process_read(event.partition, event.offset, text, &read, out);
-        self.read = read;
+        self.read = Some(read);
     }
 
     /// An event its source refused before the engine read it (a Kafka
@@ -1335,6 +1336,15 @@ impl Engine {
                 }
             }
         }
+        // Changed windows may repeat, and may be among the timed ones below
+        // (which never repeat): they are sorted, and the timed ones among
+        // them left out, so each window is decided once. The order decided
+        // in does not matter: `send_pending` puts the rows in order.
+        if candidates.len() > 1 {
+            candidates.sort_unstable();
+            candidates.dedup();
+        }
+        let changed = candidates.len();
         if everything {
             // Every window settles (the watermark is at its end): none is timed any more.
             self.st.timers.clear();
@@ -1351,8 +1361,17 @@ impl Engine {
         if candidates.is_empty() && self.pending.is_empty() {
             return;
         }
-        candidates.sort_unstable();
-        candidates.dedup();
+        if changed > 0 {
+            let mut kept = changed;
+            for at in changed..candidates.len() {
+                let timed = candidates[at];
+                if candidates[..changed].binary_search(&timed).is_err() {
+                    candidates[kept] = timed;
+                    kept += 1;
+                }
+            }
+            candidates.truncate(kept);
+        }
         for (end, id) in candidates {
             if let Some(row) = self.decide(id) {
                 self.pending.push((end, row));

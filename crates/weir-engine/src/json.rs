@@ -123,17 +123,16 @@ impl Doc {
         }
         self.nodes.clear();
         let bounds = Bounds { depth: bounds.depth.min(DEPTH_MAX), values: bounds.values };
-        let mut p = Parser { b: src.as_bytes(), src, i: 0, nodes: &mut self.nodes, scratch, bounds, over: None };
+        let mut p = Parser { b: src.as_bytes(), src, i: 0, nodes: &mut self.nodes, scratch, bounds, why: None };
         p.ws();
         let parsed = if p.b.get(p.i) == Some(&b'{') {
             p.object(0, (0, 0, false), resolve)
         } else {
             p.value(0, (0, 0, false), None)
         };
-        if let Some(why) = p.over.take() {
-            return Err(ParseError::OverLimit(why));
-        }
-        let hash = parsed.map_err(ParseError::Malformed)?;
+        let Ok(hash) = parsed else {
+            return Err(p.why.take().unwrap_or_else(|| ParseError::Malformed("not JSON".into())));
+        };
         p.ws();
         if p.i != p.b.len() {
             return Err(ParseError::Malformed(format!("unexpected text after the JSON value at byte {}", p.i + 1)));
@@ -154,9 +153,13 @@ struct Parser<'a> {
     /// Present when the parse also computes the canonical hash.
     scratch: Option<&'a mut Vec<u8>>,
     bounds: Bounds,
-    /// Set when the parse stopped at a bound rather than at bad JSON.
-    over: Option<String>,
+    /// Why the parse stopped, set where it stopped: the parse's functions
+    /// return [`Stop`], which fits in a register, rather than the message.
+    why: Option<ParseError>,
 }
+
+/// A parse stopped; its [`Parser::why`] says why.
+struct Stop;
 
 impl ParseError {
     pub(crate) fn text(self) -> String {
@@ -177,26 +180,28 @@ impl Parser<'_> {
     /// Stops the parse at a bound.
     #[cold]
     #[inline(never)]
-    fn over<T>(&mut self, why: String) -> Result<T, String> {
-        self.over = Some(why.clone());
-        Err(why)
+    fn over<T>(&mut self, why: String) -> Result<T, Stop> {
+        self.why = Some(ParseError::OverLimit(why));
+        Err(Stop)
     }
 
     #[cold]
     #[inline(never)]
-    fn fail<T>(&self, what: &str) -> Result<T, String> {
-        if self.i >= self.b.len() {
-            Err(format!("{what}: the line ends too early"))
+    fn fail<T>(&mut self, what: &str) -> Result<T, Stop> {
+        let why = if self.i >= self.b.len() {
+            format!("{what}: the line ends too early")
         } else {
-            Err(format!("{what} at byte {}", self.i + 1))
-        }
+            format!("{what} at byte {}", self.i + 1)
+        };
+        self.why = Some(ParseError::Malformed(why));
+        Err(Stop)
     }
 
     /// Parses one value into the arena. When hashing: a scalar feeds its
     /// canonical form into `member` (an object member's hash, already fed
     /// with the name) or returns its own hash; a container returns its hash,
     /// also fed into `member`.
-    fn value(&mut self, depth: usize, key: (u32, u32, bool), member: Option<&mut Mix>) -> Result<u64, String> {
+    fn value(&mut self, depth: usize, key: (u32, u32, bool), member: Option<&mut Mix>) -> Result<u64, Stop> {
         match self.b.get(self.i) {
             Some(b'{') => {
                 let hash = self.object(depth, key, None)?;
@@ -217,7 +222,8 @@ impl Parser<'_> {
     }
 
     /// A string, number or literal: one node, pushed once.
-    fn scalar(&mut self, key: (u32, u32, bool), member: Option<&mut Mix>) -> Result<u64, String> {
+    #[inline(always)]
+    fn scalar(&mut self, key: (u32, u32, bool), member: Option<&mut Mix>) -> Result<u64, Stop> {
         let mut node = Node::new(Tag::Null, self.i, key);
         match self.b.get(self.i) {
             Some(b'"') => {
@@ -255,7 +261,7 @@ impl Parser<'_> {
 
     /// Starts an object or array at `self.i`: its node is pushed now and
     /// completed by [`Parser::close`].
-    fn open(&mut self, depth: usize, tag: Tag, key: (u32, u32, bool)) -> Result<(usize, Node), String> {
+    fn open(&mut self, depth: usize, tag: Tag, key: (u32, u32, bool)) -> Result<(usize, Node), Stop> {
         if depth >= self.bounds.depth {
             return self.over(format!("nested deeper than max_depth = {}", self.bounds.depth));
         }
@@ -282,7 +288,7 @@ impl Parser<'_> {
         depth: usize,
         key: (u32, u32, bool),
         mut resolve: Option<(&Names, &mut [u32])>,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, Stop> {
         let (index, mut node) = self.open(depth, Tag::Object, key)?;
         let hashing = self.scratch.is_some();
         let mut sum: u64 = 0;
@@ -332,7 +338,7 @@ impl Parser<'_> {
         Ok(if hashing { object_hash(sum, SEED) } else { 0 })
     }
 
-    fn array(&mut self, depth: usize, key: (u32, u32, bool)) -> Result<u64, String> {
+    fn array(&mut self, depth: usize, key: (u32, u32, bool)) -> Result<u64, Stop> {
         let (index, mut node) = self.open(depth, Tag::Array, key)?;
         let mut h = Mix::new(SEED ^ 0x5b);
         if self.b.get(self.i) == Some(&b']') {
@@ -358,7 +364,7 @@ impl Parser<'_> {
         Ok(if self.scratch.is_some() { h.finish() } else { 0 })
     }
 
-    fn literal(&mut self, word: &[u8], node: &mut Node, tag: Tag) -> Result<(), String> {
+    fn literal(&mut self, word: &[u8], node: &mut Node, tag: Tag) -> Result<(), Stop> {
         if self.b[self.i..].starts_with(word) {
             self.i += word.len();
             node.tag = tag;
@@ -376,7 +382,7 @@ impl Parser<'_> {
         self.i - start
     }
 
-    fn number(&mut self) -> Result<(), String> {
+    fn number(&mut self) -> Result<(), Stop> {
         if self.b[self.i] == b'-' {
             self.i += 1;
         }
@@ -406,7 +412,8 @@ impl Parser<'_> {
     }
 
     /// Scans a string at `self.i` (an opening quote); returns its inner span.
-    fn string(&mut self) -> Result<(usize, usize, bool), String> {
+    #[inline(always)]
+    fn string(&mut self) -> Result<(usize, usize, bool), Stop> {
         self.i += 1;
         let start = self.i;
         let mut escaped = false;
@@ -471,8 +478,10 @@ fn string_stops(w: u64) -> u64 {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Names {
     names: Vec<Box<str>>,
-    /// Name ids by name length (names longer than 63 bytes share the last list).
-    by_len: Vec<Vec<usize>>,
+    /// Name ids by name length (names longer than 63 bytes share the last
+    /// list), each with its [`words`]: for a name of at most 16 bytes, equal
+    /// words and length are equal names.
+    by_len: Vec<Vec<(u64, u64, usize)>>,
 }
 
 /// A field path compiled against [`Names`]: its first segment's slot, the rest.
@@ -495,7 +504,8 @@ impl Names {
                 if self.by_len.len() <= len {
                     self.by_len.resize(len + 1, Vec::new());
                 }
-                self.by_len[len].push(self.names.len() - 1);
+                let (first_word, last_word) = words(first.as_bytes());
+                self.by_len[len].push((first_word, last_word, self.names.len() - 1));
                 self.names.len() - 1
             }
         };
@@ -506,16 +516,38 @@ impl Names {
         self.names.len()
     }
 
+    #[inline]
     fn find(&self, key: &[u8]) -> Option<usize> {
         let ids = self.by_len.get(key.len().min(63))?;
-        for &id in ids {
-            let name = self.names[id].as_bytes();
-            // First and last bytes decide most misses before the whole compare.
-            if name.len() == key.len() && name.first() == key.first() && name.last() == key.last() && same(name, key) {
-                return Some(id);
+        let (first, last) = words(key);
+        for &(first_word, last_word, id) in ids {
+            if first_word == first && last_word == last {
+                let name = self.names[id].as_bytes();
+                if key.len() <= 16 || (name.len() == key.len() && same(name, key)) {
+                    return Some(id);
+                }
             }
         }
         None
+    }
+}
+
+/// Two words that, with its length, tell a name of at most 16 bytes from
+/// every other: its first and last 8 bytes (overlapping below 16), or below
+/// 8 bytes, its bytes packed into the first word.
+#[inline]
+fn words(b: &[u8]) -> (u64, u64) {
+    let n = b.len();
+    let load8 = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or([0; 8]));
+    let load4 = |at: usize| u64::from(u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or([0; 4])));
+    if n >= 8 {
+        (load8(0), load8(n - 8))
+    } else if n >= 4 {
+        (load4(0) | (load4(n - 4) << 32), 0)
+    } else if n > 0 {
+        (u64::from(b[0]) | (u64::from(b[n / 2]) << 8) | (u64::from(b[n - 1]) << 16), 0)
+    } else {
+        (0, 0)
     }
 }
 
@@ -779,10 +811,11 @@ impl<'d> Val<'d> {
 const SEED: u64 = 0;
 
 /// An object member's hash, fed with its name; the value follows.
+#[inline]
 fn member_start(key: &str, escaped: bool, seed: u64) -> Mix {
     let mut h = Mix::new(seed);
     if escaped {
-        h.write(unescape(key).as_bytes());
+        write_unescaped(&mut h, key);
     } else {
         h.write(key.as_bytes());
     }
@@ -790,7 +823,16 @@ fn member_start(key: &str, escaped: bool, seed: u64) -> Mix {
     h
 }
 
+/// Feeds a string's decoded text; out of line, so that the plain strings'
+/// path stays small enough to inline.
+#[cold]
+#[inline(never)]
+fn write_unescaped(h: &mut Mix, raw: &str) {
+    h.write(unescape(raw).as_bytes());
+}
+
 /// A scalar fed into its member's hash (returning 0), or hashed on its own.
+#[inline]
 fn scalar_hash(member: Option<&mut Mix>, seed: u64, feed: impl FnOnce(&mut Mix)) -> u64 {
     match member {
         Some(m) => {
@@ -811,15 +853,17 @@ fn object_hash(sum: u64, seed: u64) -> u64 {
     h.finish()
 }
 
+#[inline]
 fn feed_string(h: &mut Mix, raw: &str, escaped: bool) {
     h.write_u64(u64::from(b's'));
     if escaped {
-        h.write(unescape(raw).as_bytes());
+        write_unescaped(h, raw);
     } else {
         h.write(raw.as_bytes());
     }
 }
 
+#[inline]
 fn feed_number(h: &mut Mix, raw: &str, scratch: &mut Vec<u8>) {
     scratch.clear();
     crate::number::canonical_number(raw, scratch);
@@ -846,14 +890,17 @@ pub(crate) struct Mix {
 impl Mix {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
 
+    #[inline]
     pub(crate) fn new(seed: u64) -> Mix {
         Mix { h: seed ^ 0x243f_6a88_85a3_08d3, len: 0 }
     }
 
+    #[inline]
     fn word(&mut self, w: u64) {
         self.h = (self.h ^ w).wrapping_mul(Self::K).rotate_left(29);
     }
 
+    #[inline]
     pub(crate) fn write(&mut self, bytes: &[u8]) {
         let n = bytes.len();
         let load8 = |at: usize| {
@@ -884,11 +931,13 @@ impl Mix {
         self.len = self.len.wrapping_add(n as u64).rotate_left(7);
     }
 
+    #[inline]
     pub(crate) fn write_u64(&mut self, v: u64) {
         self.word(v);
         self.len = self.len.wrapping_add(8);
     }
 
+    #[inline]
     pub(crate) fn finish(&self) -> u64 {
         let mut z = self.h ^ self.len.wrapping_mul(Self::K);
         z = (z ^ (z >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -1000,6 +1049,29 @@ mod tests {
             let mut doc = Doc::default();
             let fused = doc.parse_hashed(text, &mut Vec::new()).unwrap();
             assert_eq!(fused, doc.root(text).canonical_hash(), "{text}");
+        }
+    }
+
+    /// Every name of 0 to 40 bytes is found, and no name one byte off at
+    /// any place, or a byte longer or shorter, is taken for it.
+    #[test]
+    fn names_are_found_by_their_words_and_nothing_else_is() {
+        let mut names = Names::default();
+        let all: Vec<String> =
+            (0..41).map(|n| (0..n).map(|i| char::from(b'a' + (i * 7 % 26) as u8)).collect()).collect();
+        for name in &all {
+            names.field(&[name.as_str()]);
+        }
+        for (id, name) in all.iter().enumerate() {
+            assert_eq!(names.find(name.as_bytes()), Some(id), "{name:?}");
+            for at in 0..name.len() {
+                let mut other = name.clone().into_bytes();
+                other[at] ^= 0x01;
+                assert_eq!(names.find(&other), None, "{name:?} changed at {at}");
+            }
+            let mut longer = name.clone().into_bytes();
+            longer.push(b'z');
+            assert_ne!(names.find(&longer), Some(id), "{name:?} and one byte more");
         }
     }
 

@@ -6,15 +6,7 @@ pub const TIME_MIN_MS: i64 = -62_135_596_800_000;
 /// 9999-12-31T23:59:59.999Z
 pub const TIME_MAX_MS: i64 = 253_402_300_799_999;
 
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
+use weir_contract::{days_from_civil, days_in_month};
 
 fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
@@ -29,15 +21,6 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
     (year, month, day)
 }
 
-fn days_in_month(year: i64, month: i64) -> i64 {
-    match month {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        _ if (year % 4 == 0 && year % 100 != 0) || year % 400 == 0 => 29,
-        _ => 28,
-    }
-}
-
 fn number(b: &[u8], at: usize, len: usize) -> Option<i64> {
     let digits = b.get(at..at + len)?;
     if !digits.iter().all(u8::is_ascii_digit) {
@@ -46,28 +29,47 @@ fn number(b: &[u8], at: usize, len: usize) -> Option<i64> {
     Some(digits.iter().fold(0, |n, d| n * 10 + i64::from(d - b'0')))
 }
 
+thread_local! {
+    /// The last `YYYY-MM-DDTHH:MM` read on this thread and its minutes since
+    /// the epoch (before any offset): a stream's times mostly share their
+    /// minute with the time before, so most reads skip the calendar.
+    static LAST_MINUTE: std::cell::Cell<(u128, i64)> = const { std::cell::Cell::new((u128::MAX, 0)) };
+}
+
+/// Minutes since the epoch of `YYYY-MM-DDTHH:MM` (the first 16 bytes of
+/// `b`, at least 16 long), `None` when they are not a valid date and time.
+fn date_minutes(b: &[u8]) -> Option<i64> {
+    let mut prefix = [0u8; 16];
+    prefix.copy_from_slice(b.get(..16)?);
+    let prefix = u128::from_le_bytes(prefix);
+    let (last, minutes) = LAST_MINUTE.get();
+    if last == prefix {
+        return Some(minutes);
+    }
+    if b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' {
+        return None;
+    }
+    let (year, month, day) = (number(b, 0, 4)?, number(b, 5, 2)?, number(b, 8, 2)?);
+    let (hour, minute) = (number(b, 11, 2)?, number(b, 14, 2)?);
+    if !(1..=12).contains(&month) || day < 1 || day > days_in_month(year, month) || hour > 23 || minute > 59 {
+        return None;
+    }
+    let minutes = (days_from_civil(year, month, day) * 24 + hour) * 60 + minute;
+    // The cache starts at sixteen 0xff bytes, which no text holds.
+    LAST_MINUTE.set((prefix, minutes));
+    Some(minutes)
+}
+
 /// Parses `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`; fractions finer than a
 /// millisecond are truncated toward the past.
 pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
     let b = text.as_bytes();
-    if b.len() < 20
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't' | b' ')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
+    if b.len() < 20 || b[16] != b':' {
         return None;
     }
-    let (year, month, day) = (number(b, 0, 4)?, number(b, 5, 2)?, number(b, 8, 2)?);
-    let (hour, minute, second) = (number(b, 11, 2)?, number(b, 14, 2)?, number(b, 17, 2)?);
-    if !(1..=12).contains(&month)
-        || day < 1
-        || day > days_in_month(year, month)
-        || hour > 23
-        || minute > 59
-        || second > 59
-    {
+    let minutes = date_minutes(b)?;
+    let second = number(b, 17, 2)?;
+    if second > 59 {
         return None;
     }
     let mut i = 19;
@@ -105,8 +107,7 @@ pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
         }
         _ => return None,
     };
-    let days = days_from_civil(year, month, day);
-    let ms = ((days * 24 + hour) * 60 + minute - offset_min) * 60_000 + second * 1000 + millis;
+    let ms = (minutes - offset_min) * 60_000 + second * 1000 + millis;
     (TIME_MIN_MS..=TIME_MAX_MS).contains(&ms).then_some(ms)
 }
 
@@ -117,13 +118,43 @@ pub fn format_rfc3339_ms(ms: i64) -> String {
     out
 }
 
+thread_local! {
+    /// The two minutes last written on this thread with their
+    /// `YYYY-MM-DDTHH:MM`, the latest first: rows of one window come
+    /// together, each with its start and end, so most writes skip the calendar.
+    static LAST_WRITTEN: std::cell::Cell<[(i64, u128); 2]> = const { std::cell::Cell::new([(i64::MIN, 0); 2]) };
+}
+
 pub fn write_rfc3339_ms(ms: i64, out: &mut String) {
     let ms = ms.clamp(TIME_MIN_MS, TIME_MAX_MS);
-    let days = ms.div_euclid(86_400_000);
-    let in_day = ms.rem_euclid(86_400_000);
-    let (year, month, day) = civil_from_days(days);
-    let (h, m, s, milli) = (in_day / 3_600_000, in_day / 60_000 % 60, in_day / 1000 % 60, in_day % 1000);
+    let minute = ms.div_euclid(60_000);
+    let [latest, before] = LAST_WRITTEN.get();
+    let prefix = if latest.0 == minute {
+        latest.1
+    } else {
+        let prefix = if before.0 == minute { before.1 } else { minute_text(minute) };
+        LAST_WRITTEN.set([(minute, prefix), latest]);
+        prefix
+    };
+    let in_minute = ms.rem_euclid(60_000);
     let mut b = *b"0000-00-00T00:00:00.000Z";
+    b[..16].copy_from_slice(&prefix.to_le_bytes());
+    let (s, milli) = (in_minute / 1000, in_minute % 1000);
+    b[17] = b'0' + (s / 10) as u8;
+    b[18] = b'0' + (s % 10) as u8;
+    b[20] = b'0' + (milli / 100) as u8;
+    b[21] = b'0' + (milli / 10 % 10) as u8;
+    b[22] = b'0' + (milli % 10) as u8;
+    out.push_str(std::str::from_utf8(&b).unwrap_or("0000-00-00T00:00:00.000Z"));
+}
+
+/// `YYYY-MM-DDTHH:MM` of a minute since the epoch, its bytes in a word.
+fn minute_text(minute: i64) -> u128 {
+    let days = minute.div_euclid(1440);
+    let in_day = minute.rem_euclid(1440);
+    let (year, month, day) = civil_from_days(days);
+    let (h, m) = (in_day / 60, in_day % 60);
+    let mut b = *b"0000-00-00T00:00";
     let mut put = |at: usize, width: usize, mut v: i64| {
         for i in (at..at + width).rev() {
             b[i] = b'0' + (v % 10) as u8;
@@ -135,9 +166,7 @@ pub fn write_rfc3339_ms(ms: i64, out: &mut String) {
     put(8, 2, day);
     put(11, 2, h);
     put(14, 2, m);
-    put(17, 2, s);
-    put(20, 3, milli);
-    out.push_str(std::str::from_utf8(&b).unwrap_or("0000-00-00T00:00:00.000Z"));
+    u128::from_le_bytes(b)
 }
 
 #[cfg(test)]
@@ -177,6 +206,42 @@ mod tests {
         ] {
             assert_eq!(parse_rfc3339_ms(text), None, "{text}");
         }
+    }
+
+    /// Times read in a row, sharing their minute or not, with invalid
+    /// ones between that share a valid one's minute: each reads as the
+    /// calendar says, whatever was read before it.
+    #[test]
+    fn the_minute_cache_reads_as_the_calendar_does() {
+        let seed: u64 = 0x2545_f491;
+        println!("seed {seed:#x}");
+        let mut state = seed;
+        let mut ms: i64 = 1_700_000_000_000;
+        for i in 0..20_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            // Mostly a few milliseconds on, sometimes a jump of days either way.
+            ms += if state.is_multiple_of(50) {
+                (state % 400_000_000_000) as i64 - 200_000_000_000
+            } else {
+                (state % 3_000) as i64
+            };
+            let text = format_rfc3339_ms(ms);
+            assert_eq!(parse_rfc3339_ms(&text), Some(ms), "{i}: {text}");
+            let offset = format!("{}+01:30", &text[..23]);
+            assert_eq!(parse_rfc3339_ms(&offset), Some(ms - 90 * 60_000), "{i}: {offset}");
+            let bad_second = format!("{}60.000Z", &text[..17]);
+            assert_eq!(parse_rfc3339_ms(&bad_second), None, "{i}: {bad_second}");
+            let bad_zone = format!("{}Q", &text[..23]);
+            assert_eq!(parse_rfc3339_ms(&bad_zone), None, "{i}: {bad_zone}");
+        }
+        assert_eq!(
+            parse_rfc3339_ms("2025-02-28T23:59:00Z"),
+            parse_rfc3339_ms("2025-03-01T00:00:00Z").map(|t| t - 60_000)
+        );
+        assert_eq!(parse_rfc3339_ms("2025-02-29T23:59:00Z"), None);
+        assert_eq!(parse_rfc3339_ms("\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0:00Z"), None);
     }
 
     #[test]
