@@ -128,7 +128,7 @@ impl Doc {
         let parsed = if p.b.get(p.i) == Some(&b'{') {
             p.object(0, (0, 0, false), resolve)
         } else {
-            p.value(0, (0, 0, false), None)
+            p.value(0, (0, 0, false), None, None)
         };
         let Ok(hash) = parsed else {
             return Err(p.why.take().unwrap_or_else(|| ParseError::Malformed("not JSON".into())));
@@ -201,10 +201,16 @@ impl Parser<'_> {
     /// canonical form into `member` (an object member's hash, already fed
     /// with the name) or returns its own hash; a container returns its hash,
     /// also fed into `member`.
-    fn value(&mut self, depth: usize, key: (u32, u32, bool), member: Option<&mut Mix>) -> Result<u64, Stop> {
+    fn value(
+        &mut self,
+        depth: usize,
+        key: (u32, u32, bool),
+        member: Option<&mut Mix>,
+        resolve: Option<(&Names, &mut [u32])>,
+    ) -> Result<u64, Stop> {
         match self.b.get(self.i) {
             Some(b'{') => {
-                let hash = self.object(depth, key, None)?;
+                let hash = self.object(depth, key, resolve)?;
                 if let Some(m) = member {
                     m.write_u64(hash);
                 }
@@ -307,20 +313,32 @@ impl Parser<'_> {
                 }
                 self.i += 1;
                 self.ws();
+                let mut inner = None;
                 if let Some((names, slots)) = resolve.as_mut() {
                     let raw = &self.src[ks..ke];
                     let id = if kesc { names.find(unescape(raw).as_bytes()) } else { names.find(raw.as_bytes()) };
                     if let Some(id) = id {
-                        slots[id] = self.nodes.len() as u32;
+                        slots[names.slot_of[id]] = self.nodes.len() as u32;
+                        if let Some(within) = names.inner[id].as_deref() {
+                            // A repeated name: what its earlier value held is not read.
+                            for &slot in &names.under[id] {
+                                slots[slot] = NO_NODE;
+                            }
+                            inner = Some(within);
+                        }
                     }
                 }
                 let key = (ks as u32, ke as u32, kesc);
+                let inner = match (inner, resolve.as_mut()) {
+                    (Some(names), Some((_, slots))) => Some((names, &mut **slots)),
+                    _ => None,
+                };
                 if hashing {
                     let mut m = member_start(&self.src[ks..ke], kesc, SEED);
-                    self.value(depth + 1, key, Some(&mut m))?;
+                    self.value(depth + 1, key, Some(&mut m), inner)?;
                     sum = sum.wrapping_add(m.finish());
                 } else {
-                    self.value(depth + 1, key, None)?;
+                    self.value(depth + 1, key, None, inner)?;
                 }
                 node.count += 1;
                 self.ws();
@@ -346,7 +364,7 @@ impl Parser<'_> {
         } else {
             loop {
                 self.ws();
-                let child = self.value(depth + 1, (0, 0, false), None)?;
+                let child = self.value(depth + 1, (0, 0, false), None, None)?;
                 h.write_u64(child);
                 node.count += 1;
                 self.ws();
@@ -473,8 +491,9 @@ fn string_stops(w: u64) -> u64 {
     quote | backslash | control
 }
 
-/// The top-level member names a plan reads, so that one pass over an event
-/// finds every field it needs.
+/// The member names a plan reads, at the top level and inside objects
+/// (`bid.auction`), so that one pass over an event finds every field it
+/// needs: each name's value gets a slot in the event's slots.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Names {
     names: Vec<Box<str>>,
@@ -482,22 +501,41 @@ pub(crate) struct Names {
     /// list), each with its [`words`]: for a name of at most 16 bytes, equal
     /// words and length are equal names.
     by_len: Vec<Vec<(u64, u64, usize)>>,
+    /// Each name's slot.
+    slot_of: Vec<usize>,
+    /// The names read inside each name's value, when it is an object.
+    inner: Vec<Option<Box<Names>>>,
+    /// The slots inside each name's value, at every level below: cleared
+    /// when the name comes again, so that the last member of a repeated
+    /// name is the one read, as [`Val::get`] reads it.
+    under: Vec<Vec<usize>>,
+    /// Slots handed out at this level and below (at the top: all of them).
+    slots: usize,
+    /// Bit `n` set when a name is `n` bytes long (bit 63: 63 or more).
+    lengths: u64,
 }
 
-/// A field path compiled against [`Names`]: its first segment's slot, the rest.
+/// A field path compiled against [`Names`]: the slot its value is found in.
 #[derive(Debug, Clone)]
 pub(crate) struct FieldRef {
     pub slot: usize,
-    pub rest: Vec<Box<str>>,
 }
 
 const NO_NODE: u32 = u32::MAX;
 
 impl Names {
     pub(crate) fn field(&mut self, segments: &[impl AsRef<str>]) -> FieldRef {
+        let mut next = self.slots;
+        let slot = self.insert(segments, &mut next);
+        self.slots = next;
+        FieldRef { slot }
+    }
+
+    /// The slot of `segments` below this level; new slots are numbered from `next`.
+    fn insert(&mut self, segments: &[impl AsRef<str>], next: &mut usize) -> usize {
         let first = segments.first().map_or("", |s| s.as_ref());
-        let slot = match self.names.iter().position(|n| &**n == first) {
-            Some(slot) => slot,
+        let id = match self.names.iter().position(|n| &**n == first) {
+            Some(id) => id,
             None => {
                 self.names.push(first.into());
                 let len = first.len().min(63);
@@ -506,18 +544,39 @@ impl Names {
                 }
                 let (first_word, last_word) = words(first.as_bytes());
                 self.by_len[len].push((first_word, last_word, self.names.len() - 1));
+                self.lengths |= 1 << len;
+                self.slot_of.push(*next);
+                *next += 1;
+                self.inner.push(None);
+                self.under.push(Vec::new());
                 self.names.len() - 1
             }
         };
-        FieldRef { slot, rest: segments.iter().skip(1).map(|s| s.as_ref().into()).collect() }
+        if segments.len() == 1 {
+            return self.slot_of[id];
+        }
+        let before = *next;
+        let slot = self.inner[id].get_or_insert_default().insert(&segments[1..], next);
+        self.under[id].extend(before..*next);
+        slot
     }
 
+    /// Slots an event needs.
     pub(crate) fn len(&self) -> usize {
-        self.names.len()
+        self.slots
     }
 
-    #[inline]
+    /// The id of `key`, when it is one of the names. Most members of an
+    /// event are not: their length alone says so, here, before any call.
+    #[inline(always)]
     fn find(&self, key: &[u8]) -> Option<usize> {
+        if self.lengths & (1 << key.len().min(63)) == 0 {
+            return None;
+        }
+        self.find_among(key)
+    }
+
+    fn find_among(&self, key: &[u8]) -> Option<usize> {
         let ids = self.by_len.get(key.len().min(63))?;
         let (first, last) = words(key);
         for &(first_word, last_word, id) in ids {
@@ -585,31 +644,6 @@ pub(crate) struct Event<'d> {
 }
 
 impl<'d> Event<'d> {
-    #[cfg(test)]
-    /// Resolves `root`'s members into `slots` (one pass; the last of a repeated name wins).
-    pub(crate) fn resolve(root: Val<'d>, names: &Names, slots: &'d mut Vec<u32>) -> Event<'d> {
-        slots.clear();
-        slots.resize(names.len(), NO_NODE);
-        let nodes = &root.doc.nodes;
-        let src = root.src.as_bytes();
-        let count = if root.tag() == Tag::Object { root.node().count } else { 0 };
-        let mut index = root.index + 1;
-        for _ in 0..count {
-            let Some(n) = nodes.get(index) else { break };
-            let raw = &src[n.key_start as usize..n.key_end as usize];
-            let id = if n.key_escaped {
-                names.find(unescape(&root.src[n.key_start as usize..n.key_end as usize]).as_bytes())
-            } else {
-                names.find(raw)
-            };
-            if let Some(id) = id {
-                slots[id] = index as u32;
-            }
-            index += n.size as usize;
-        }
-        Event { root, slots }
-    }
-
     /// An event whose `slots` [`Doc::parse_event`] filled.
     pub(crate) fn from_slots(root: Val<'d>, slots: &'d [u32]) -> Event<'d> {
         Event { root, slots }
@@ -620,7 +654,7 @@ impl<'d> Event<'d> {
         if index == NO_NODE {
             return None;
         }
-        Val { doc: self.root.doc, src: self.root.src, index: index as usize }.path(&field.rest)
+        Some(Val { doc: self.root.doc, src: self.root.src, index: index as usize })
     }
 }
 
@@ -713,6 +747,7 @@ impl<'d> Val<'d> {
         Some(if n.escaped { Cow::Owned(unescape(raw)) } else { Cow::Borrowed(raw) })
     }
 
+    #[cfg(test)]
     fn key_is(&self, name: &str) -> bool {
         let n = self.node();
         let raw = &self.src.as_bytes()[n.key_start as usize..n.key_end as usize];
@@ -737,6 +772,7 @@ impl<'d> Val<'d> {
         })
     }
 
+    #[cfg(test)]
     /// An object's member; the last one wins when a name repeats.
     pub fn get(&self, name: &str) -> Option<Val<'d>> {
         if self.tag() != Tag::Object {
@@ -745,6 +781,7 @@ impl<'d> Val<'d> {
         self.children().filter(|c| c.key_is(name)).last()
     }
 
+    #[cfg(test)]
     /// Follows a field path; `None` when any segment is missing or not an object.
     pub fn path<S: AsRef<str>>(&self, segments: &[S]) -> Option<Val<'d>> {
         let mut at = *self;
@@ -1072,6 +1109,59 @@ mod tests {
             let mut longer = name.clone().into_bytes();
             longer.push(b'z');
             assert_ne!(names.find(&longer), Some(id), "{name:?} and one byte more");
+        }
+    }
+
+    /// Plan fields at one and two levels, found in the parse, are those a
+    /// walk of the parsed tree finds (the last of a repeated name wins), over
+    /// random documents: members in any order, repeated, escaped, or not
+    /// objects where a path goes on.
+    #[test]
+    fn fields_found_in_the_parse_are_those_the_tree_holds() {
+        let seed: u64 = 0x2f6b_1c3d;
+        println!("seed {seed:#x}");
+        let mut state = seed;
+        let mut next = move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        let paths: [&[&str]; 7] =
+            [&["bid"], &["bid", "auction"], &["bid", "dateTime"], &["a", "b", "c"], &["a", "x"], &["t"], &["a"]];
+        let mut names = Names::default();
+        let fields: Vec<FieldRef> = paths.iter().map(|p| names.field(p)).collect();
+        let names_pool = ["bid", "auction", "dateTime", "a", "b", "c", "x", "t", "b\\u0069d", "other"];
+        fn doc(next: &mut dyn FnMut(usize) -> usize, pool: &[&str], depth: usize) -> String {
+            match next(if depth > 3 { 3 } else { 5 }) {
+                0 => next(100).to_string(),
+                1 => "\"s\"".into(),
+                2 => "null".into(),
+                3 => format!("[{}]", doc(next, pool, depth + 1)),
+                _ => {
+                    let members: Vec<String> = (0..next(5))
+                        .map(|_| format!("\"{}\":{}", pool[next(pool.len())], doc(next, pool, depth + 1)))
+                        .collect();
+                    format!("{{{}}}", members.join(","))
+                }
+            }
+        }
+        let mut parsed = Doc::default();
+        let mut slots = Vec::new();
+        for round in 0..5_000 {
+            let members: Vec<String> = (0..next(6))
+                .map(|_| format!("\"{}\":{}", names_pool[next(names_pool.len())], doc(&mut next, &names_pool, 1)))
+                .collect();
+            let text = format!("{{{}}}", members.join(","));
+            parsed.parse_event(&text, None, &names, &mut slots, Bounds::MAX).unwrap();
+            let event = Event::from_slots(parsed.root(&text), &slots);
+            let mut tree = Doc::default();
+            tree.parse(&text).unwrap();
+            for (path, field) in paths.iter().zip(&fields) {
+                let want = tree.root(&text).path(path).map(|v| v.json_text().to_owned());
+                let got = event.get(field).map(|v| v.json_text().to_owned());
+                assert_eq!(got, want, "round {round}: {path:?} in {text}");
+            }
         }
     }
 

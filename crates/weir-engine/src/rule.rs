@@ -253,9 +253,9 @@ mod tests {
         let mut names = Names::default();
         let rule = Rule::compile(&weir_contract::parse_rule(rule).unwrap(), &mut names).unwrap();
         let mut doc = Doc::default();
-        doc.parse(event).unwrap();
         let mut slots = Vec::new();
-        let ev = Event::resolve(doc.root(event), &names, &mut slots);
+        doc.parse_event(event, None, &names, &mut slots, crate::json::Bounds::MAX).unwrap();
+        let ev = Event::from_slots(doc.root(event), &slots);
         assert_eq!(rule.test(ev).ok(), expect, "{rule:?} on {event}");
     }
 
