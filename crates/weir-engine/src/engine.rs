@@ -82,6 +82,45 @@ pub struct ReadEvent {
     too_large: bool,
     utf8_ok: bool,
     done: bool,
+    fields: Fields,
+}
+
+/// Step 4's fields of an event that parsed as an object, read with the
+/// parse: they depend on the event and the plan alone, so the reader's
+/// thread reads them, and the engine, given a batch, can load the table
+/// slots of the events ahead of the one it counts ([`Engine::prefetch`]).
+/// The engine still decides, in the rules' order, which of them matter.
+#[derive(Debug)]
+struct Fields {
+    /// Whether the fields below were read (the event was an object).
+    read: bool,
+    time: Result<i64, FieldError>,
+    /// The key's length in the event's text, its bytes in `key_buf`.
+    key: Result<usize, FieldError>,
+    key_buf: Vec<u8>,
+    /// The id's dedup identity, when `[dedup]` is on and the id is readable.
+    id_key: Option<u128>,
+}
+
+impl Default for Fields {
+    fn default() -> Fields {
+        Fields { read: false, time: Ok(0), key: Ok(0), key_buf: Vec::new(), id_key: None }
+    }
+}
+
+impl Fields {
+    fn read(&mut self, root: Event<'_>, plan: &Plan) {
+        self.read = true;
+        self.time = read_time(root.get(&plan.time_path), plan);
+        self.key = read_key(root, plan, &mut self.key_buf);
+        self.id_key = None;
+        if let (Some(id_path), Some(_)) = (&plan.id_path, plan.horizon_ms) {
+            let val = root.get(id_path);
+            if let Ok(id) = read_id(val, &plan.id_name) {
+                self.id_key = Some(dedup_key(val, &id));
+            }
+        }
+    }
 }
 
 impl Default for ReadEvent {
@@ -93,6 +132,7 @@ impl Default for ReadEvent {
             too_large: false,
             utf8_ok: true,
             done: false,
+            fields: Fields::default(),
         }
     }
 }
@@ -102,6 +142,7 @@ impl EventReader {
     /// characters where `utf8_ok` is false), `bytes` their length.
     pub fn read(&mut self, text: &str, bytes: usize, utf8_ok: bool, into: &mut ReadEvent) {
         into.done = true;
+        into.fields.read = false;
         into.utf8_ok = utf8_ok;
         into.too_large = bytes > self.plan.max_event_bytes;
         if into.too_large {
@@ -113,6 +154,12 @@ impl EventReader {
         } else {
             Err(ParseError::Malformed("not UTF-8 text".to_owned()))
         };
+        if into.parsed.is_ok() {
+            let root = into.doc.root(text);
+            if root.tag() == Tag::Object {
+                into.fields.read(Event::from_slots(root, &into.slots), &self.plan);
+            }
+        }
     }
 }
 
@@ -269,7 +316,6 @@ pub struct Engine {
     reader: EventReader,
     /// Taken out while an event is processed (a pointer moved, not the arena).
     read: Option<Box<ReadEvent>>,
-    key_buf: Vec<u8>,
     contribs: Vec<Contrib>,
     agg_pass: Vec<bool>,
     dirty: Vec<WinId>,
@@ -331,7 +377,6 @@ impl Engine {
             plan,
             mode,
             st,
-            key_buf: Vec::new(),
             contribs: Vec::new(),
             agg_pass: Vec::new(),
             dirty: Vec::new(),
@@ -600,6 +645,29 @@ impl Engine {
         }
     }
 
+    /// Starts loading the table slots that counting `read`'s event will
+    /// touch: its id's and its first window's. A caller holding a batch of
+    /// read events calls it a few events ahead of [`Engine::process_read`],
+    /// so that the slots arrive while the events before are counted (the id
+    /// table outgrows the caches). It changes nothing the engine does.
+    pub fn prefetch(&self, read: &ReadEvent) {
+        let fields = &read.fields;
+        if !fields.read {
+            return;
+        }
+        if let Some(id_key) = fields.id_key {
+            self.st.seen.prefetch(id_key);
+            if self.plan.corrects {
+                self.st.counted.prefetch(id_key);
+            }
+        }
+        if let (Ok(time), Ok(_), false) =
+            (&fields.time, &fields.key, matches!(self.plan.kind, WindowKind::Session { .. }))
+        {
+            self.st.windows.prefetch(self.win_id(self.fixed_span(*time).first, &fields.key_buf));
+        }
+    }
+
     /// A reader for this engine's contract, to do steps 1 and 2 of events
     /// apart from it ([`Engine::process_read`]).
     pub fn reader(&self) -> EventReader {
@@ -655,7 +723,7 @@ impl Engine {
                 } else {
                     let mut ctx = Ctx { id: None, ..ctx };
                     let event = Event::from_slots(root, &read.slots);
-                    self.intake_object(event, *payload_hash, &mut ctx, wm, out)
+                    self.intake_object(event, &read.fields, *payload_hash, &mut ctx, wm, out)
                 }
             }
         }
@@ -664,6 +732,7 @@ impl Engine {
     fn intake_object<'a>(
         &mut self,
         root: Event<'a>,
+        fields: &Fields,
         hash: u64,
         ctx: &mut Ctx<'a>,
         wm: i64,
@@ -672,7 +741,9 @@ impl Engine {
         let plan = Arc::clone(&self.plan);
         // Read first, refused only at step 4: any readable time moves the
         // watermark (step 8), whatever else happens to the event.
-        let time = read_time(root.get(&plan.time_path), &plan);
+        debug_assert!(fields.read, "the reader reads an object's fields");
+        let key_bytes = &fields.key_buf[..];
+        let time = fields.time.clone();
         if let (Ok(t), Some(times)) = (&time, &self.times) {
             if !times.contains(t) {
                 return None;
@@ -726,21 +797,16 @@ impl Engine {
             if let Some(id_path) = &plan.id_path {
                 ctx.id = read_id(root.get(id_path), &plan.id_name).ok();
             }
-            let mut key_buf = std::mem::take(&mut self.key_buf);
-            let key = read_key(root, &plan, &mut key_buf).is_ok_and(|n| n <= plan.max_key_bytes);
-            record(&mut self.st.counters, out, ctx, key.then_some(&key_buf[..]), Reason::Future, detail, None, None);
-            self.key_buf = key_buf;
+            let key = fields.key.as_ref().is_ok_and(|n| *n <= plan.max_key_bytes);
+            record(&mut self.st.counters, out, ctx, key.then_some(key_bytes), Reason::Future, detail, None, None);
             return None;
         }
-        let mut key_buf = std::mem::take(&mut self.key_buf);
-        let keyed = read_key(root, &plan, &mut key_buf);
-        self.key_buf = key_buf;
-        match keyed {
+        match &fields.key {
             Err((reason, detail)) => {
-                record(&mut self.st.counters, out, ctx, None, reason, detail, None, None);
+                record(&mut self.st.counters, out, ctx, None, *reason, detail.clone(), None, None);
                 return Some(time);
             }
-            Ok(bytes) if bytes > plan.max_key_bytes => {
+            Ok(bytes) if *bytes > plan.max_key_bytes => {
                 let detail = format!(
                     "key is {bytes} bytes, over max_key_bytes = {}; key on shorter fields or raise the limit in [limits]",
                     plan.max_key_bytes
@@ -753,7 +819,7 @@ impl Engine {
         if !matches!(plan.kind, WindowKind::Session { .. }) {
             // Steps 5 and 6 run while the first window's slot comes into the cache.
             let first = self.fixed_span(time).first;
-            self.st.windows.prefetch(self.win_id(first, &self.key_buf));
+            self.st.windows.prefetch(self.win_id(first, key_bytes));
         }
         let mut id_key = None;
         if let Some(id_path) = &plan.id_path {
@@ -762,7 +828,7 @@ impl Engine {
                 Ok(id) => {
                     if plan.horizon_ms.is_some() {
                         // Step 5 runs while the id's slot comes into the cache.
-                        let k = dedup_key(val, &id);
+                        let k = fields.id_key.unwrap_or_else(|| dedup_key(val, &id));
                         self.st.seen.prefetch(k);
                         if plan.corrects {
                             self.st.counted.prefetch(k);
@@ -772,7 +838,7 @@ impl Engine {
                     ctx.id = Some(id);
                 }
                 Err((reason, detail)) if plan.horizon_ms.is_some() => {
-                    record(&mut self.st.counters, out, ctx, Some(&self.key_buf), reason, detail, None, None);
+                    record(&mut self.st.counters, out, ctx, Some(key_bytes), reason, detail, None, None);
                     return Some(time);
                 }
                 Err(_) => {}
@@ -787,16 +853,7 @@ impl Engine {
                     Ok(pass) => pass,
                     Err(detail) => {
                         let detail = format!("aggregate {}: where: {detail}", plan.format.value_names[i]);
-                        record(
-                            &mut self.st.counters,
-                            out,
-                            ctx,
-                            Some(&self.key_buf),
-                            Reason::RuleError,
-                            detail,
-                            None,
-                            None,
-                        );
+                        record(&mut self.st.counters, out, ctx, Some(key_bytes), Reason::RuleError, detail, None, None);
                         return Some(time);
                     }
                 },
@@ -809,7 +866,7 @@ impl Engine {
                 Ok(c) => self.contribs.push(c),
                 Err(detail) => {
                     let detail = format!("aggregate {}: {detail}", plan.format.value_names[i]);
-                    record(&mut self.st.counters, out, ctx, Some(&self.key_buf), Reason::BadType, detail, None, None);
+                    record(&mut self.st.counters, out, ctx, Some(key_bytes), Reason::BadType, detail, None, None);
                     return Some(time);
                 }
             }
@@ -838,22 +895,11 @@ impl Engine {
                         "{how} arrived first at partition {} offset {}; this one did not count",
                         seen.partition, seen.offset
                     );
-                    record(
-                        &mut self.st.counters,
-                        out,
-                        ctx,
-                        Some(&self.key_buf),
-                        reason,
-                        detail,
-                        None,
-                        Some(seen.offset),
-                    );
+                    record(&mut self.st.counters, out, ctx, Some(key_bytes), reason, detail, None, Some(seen.offset));
                     return Some(time);
                 }
                 Some(seen) => {
-                    let key_bytes = std::mem::take(&mut self.key_buf);
-                    self.correct(id_key, seen, fresh, ctx, &key_bytes, wm, out);
-                    self.key_buf = key_bytes;
+                    self.correct(id_key, seen, fresh, ctx, key_bytes, wm, out);
                     return Some(time);
                 }
                 None => remembered = Some((id_key, fresh)),
@@ -864,24 +910,21 @@ impl Engine {
             let behind = if wm == WM_MIN { 0 } else { wm.saturating_sub(time) };
             self.st.counters.lateness.record(behind, self.clock_ms);
         }
-        let key_bytes = std::mem::take(&mut self.key_buf);
-        if let Some(detail) = self.over_state_limit(time, &key_bytes, wm) {
-            record(&mut self.st.counters, out, ctx, Some(&key_bytes), Reason::OverLimit, detail, None, None);
+        if let Some(detail) = self.over_state_limit(time, key_bytes, wm) {
+            record(&mut self.st.counters, out, ctx, Some(key_bytes), Reason::OverLimit, detail, None, None);
             if let (Some((id_key, _)), false) = (remembered, plan.corrects) {
                 // Refused whole: not remembered, so a resend counts once there is room.
                 self.st.seen.remove(id_key);
             }
-            self.key_buf = key_bytes;
             return Some(time);
         }
         let counted = match plan.kind {
-            WindowKind::Session { gap_ms } => self.assign_session(ctx, time, &key_bytes, gap_ms, wm, out),
-            _ => self.assign_fixed(ctx, time, &key_bytes, wm, out),
+            WindowKind::Session { gap_ms } => self.assign_session(ctx, time, key_bytes, gap_ms, wm, out),
+            _ => self.assign_fixed(ctx, time, key_bytes, wm, out),
         };
         if let (Some((id_key, fresh)), true) = (remembered, plan.corrects) {
-            self.remember_counted(id_key, fresh, time, &key_bytes, wm, fresh.expires);
+            self.remember_counted(id_key, fresh, time, key_bytes, wm, fresh.expires);
         }
-        self.key_buf = key_bytes;
         if counted {
             self.st.counters.counted += 1;
         }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use weir_contract::Contract;
-use weir_engine::{Counters, Engine, EventIn, Mode, Output, Row, Status};
+use weir_engine::{Counters, Engine, EventIn, Mode, Output, ReadEvent, Row, Status};
 
 #[derive(Debug, Clone)]
 struct Shape {
@@ -271,6 +271,53 @@ proptest! {
         let kept: Vec<&str> = last.into_values().filter(|l| !l.contains("\"void\"")).collect();
         let truth = run(&c, Mode::Batch, &kept);
         prop_assert_eq!(finals(&batch.rows), finals(&truth.rows));
+    }
+
+    /// Events read apart by an [`EventReader`] (as `weir run` does on a
+    /// second thread) and counted with the table slots of other events asked
+    /// for ahead ([`Engine::prefetch`]) give the rows, ledger and counters of
+    /// events given to [`Engine::process`] one by one.
+    #[test]
+    fn reading_apart_and_prefetching_change_nothing(
+        window in prop::sample::select(WINDOWS.to_vec()),
+        late in prop::sample::select(vec!["hold", "revise", "discard"]),
+        events in versions(0.3, 0.25),
+        jitter in prop::collection::vec(0i64..1_000_000, 1..64),
+        disorder_ms in 0i64..20_000,
+        corrects in any::<bool>(),
+        ahead in 0usize..6,
+    ) {
+        let shape = Shape { window, late, early: true, dedup: true, corrects };
+        let c = contract(&shape, 1_000, 0);
+        let mut lines = arrive(&events, &jitter, disorder_ms);
+        lines.insert(lines.len() / 2, "not json".to_owned());
+        lines.insert(lines.len() / 3, "[1, 2]".to_owned());
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let (one_by_one, counters) = run_counted(&c, Mode::Stream, &refs);
+
+        let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+        let mut reader = engine.reader();
+        let reads: Vec<ReadEvent> = refs
+            .iter()
+            .map(|line| {
+                let mut read = ReadEvent::default();
+                reader.read(line, line.len(), true, &mut read);
+                read
+            })
+            .collect();
+        let mut out = Output::default();
+        for (i, (line, read)) in refs.iter().zip(&reads).enumerate() {
+            if let Some(next) = reads.get(i + ahead) {
+                engine.prefetch(next);
+            }
+            // A slot asked for and never used changes nothing either.
+            engine.prefetch(&reads[(i * 7) % reads.len()]);
+            engine.process_read(0, i as u64 + 1, line, read, &mut out);
+        }
+        engine.finish(&mut out);
+        prop_assert_eq!(format!("{:?}", out.rows), format!("{:?}", one_by_one.rows));
+        prop_assert_eq!(format!("{:?}", out.ledger), format!("{:?}", one_by_one.ledger));
+        prop_assert_eq!(engine.counters(), &counters);
     }
 
     /// (b) A snapshot after any event, restored, continues with exactly the

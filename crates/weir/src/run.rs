@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use weir_contract::Contract;
-use weir_engine::{Counters, Engine, EventIn, EventReader, Mode, Output, ReadEvent, Reason};
+use weir_engine::{Counters, Engine, EventReader, Mode, Output, ReadEvent, Reason};
 
 use crate::outfile::Sink;
 use crate::procstat;
@@ -80,15 +80,16 @@ fn stream(
     finish: bool,
 ) -> Result<()> {
     let mut lines = crate::input::Lines::new(input, contract.source.max_event_bytes);
+    let mut reader = engine.reader();
+    let mut batch = Batch::default();
     let mut out = Output::default();
     let mut text = String::with_capacity(1 << 16);
     let write_ledger = !matches!(ledger, Sink::Discard);
     loop {
-        let line = lines.next_line().context("cannot read the input")?;
-        let Some(line) = line else { break };
-        engine.process(EventIn { partition: 0, offset: line.number, bytes: line.bytes }, &mut out);
-        if !out.rows.is_empty() || !out.ledger.is_empty() {
-            drain(engine, &mut out, &mut text, rows, ledger, write_ledger)?;
+        let ended = fill(&mut lines, &mut reader, &mut batch, SMALL_BATCH_EVENTS).context("cannot read the input")?;
+        count(engine, &batch, &mut out, &mut text, rows, ledger, write_ledger)?;
+        if ended {
+            break;
         }
     }
     if finish {
@@ -120,6 +121,12 @@ struct BatchLine {
 /// A batch ends at this many events or bytes, whichever comes first.
 const BATCH_EVENTS: usize = 4096;
 const BATCH_BYTES: usize = 1 << 20;
+/// On one thread, a batch is only there to see the events ahead: small
+/// enough that what the parse wrote is still in the cache when it is counted.
+const SMALL_BATCH_EVENTS: usize = 64;
+/// How many events ahead of the one counted their table slots are asked for
+/// ([`Engine::prefetch`]).
+const PREFETCH_AHEAD: usize = 4;
 /// Batches read ahead of the engine.
 const BATCHES_AHEAD: usize = 4;
 
@@ -148,12 +155,7 @@ fn stream_parallel(
         let write_ledger = !matches!(ledger, Sink::Discard);
         for batch in full_rx {
             let batch = batch?;
-            for (line, read) in batch.lines.iter().zip(&batch.reads) {
-                engine.process_read(0, line.number, &batch.text[line.start..line.end], read, &mut out);
-                if !out.rows.is_empty() || !out.ledger.is_empty() {
-                    drain(engine, &mut out, &mut text, rows, ledger, write_ledger)?;
-                }
-            }
+            count(engine, &batch, &mut out, &mut text, rows, ledger, write_ledger)?;
             // The reader may have stopped; then the batch is dropped here.
             let _ = empty_tx.send(batch);
         }
@@ -178,41 +180,13 @@ fn read_batches(
     let mut lines = crate::input::Lines::new(input, limit);
     loop {
         let mut batch = empty.try_recv().unwrap_or_default();
-        batch.text.clear();
-        batch.lines.clear();
-        let mut ended = false;
-        while batch.lines.len() < BATCH_EVENTS && batch.text.len() < BATCH_BYTES {
-            let line = match lines.next_line() {
-                Ok(Some(line)) => line,
-                Ok(None) => {
-                    ended = true;
-                    break;
-                }
-                Err(e) => {
-                    let _ = full.send(Err(anyhow::Error::new(e).context("cannot read the input")));
-                    return;
-                }
-            };
-            let start = batch.text.len();
-            let utf8_ok = match std::str::from_utf8(line.bytes) {
-                Ok(text) => {
-                    batch.text.push_str(text);
-                    true
-                }
-                Err(_) => {
-                    batch.text.push_str(&String::from_utf8_lossy(line.bytes));
-                    false
-                }
-            };
-            let end = batch.text.len();
-            batch.lines.push(BatchLine { start, end, number: line.number, bytes: line.bytes.len(), utf8_ok });
-        }
-        if batch.reads.len() < batch.lines.len() {
-            batch.reads.resize_with(batch.lines.len(), ReadEvent::default);
-        }
-        for (line, read) in batch.lines.iter().zip(&mut batch.reads) {
-            reader.read(&batch.text[line.start..line.end], line.bytes, line.utf8_ok, read);
-        }
+        let ended = match fill(&mut lines, &mut reader, &mut batch, BATCH_EVENTS) {
+            Ok(ended) => ended,
+            Err(e) => {
+                let _ = full.send(Err(anyhow::Error::new(e).context("cannot read the input")));
+                return;
+            }
+        };
         if !batch.lines.is_empty() && full.send(Ok(batch)).is_err() {
             return;
         }
@@ -220,6 +194,73 @@ fn read_batches(
             return;
         }
     }
+}
+
+/// Fills `batch` with the next lines (at most `events`, or [`BATCH_BYTES`])
+/// and reads each with `reader` (steps 1 and 2, and the fields); true when
+/// the input has ended.
+fn fill<R: std::io::BufRead>(
+    lines: &mut crate::input::Lines<R>,
+    reader: &mut EventReader,
+    batch: &mut Batch,
+    events: usize,
+) -> std::io::Result<bool> {
+    batch.text.clear();
+    batch.lines.clear();
+    let mut ended = false;
+    while batch.lines.len() < events && batch.text.len() < BATCH_BYTES {
+        let Some(line) = lines.next_line()? else {
+            ended = true;
+            break;
+        };
+        let start = batch.text.len();
+        let utf8_ok = match std::str::from_utf8(line.bytes) {
+            Ok(text) => {
+                batch.text.push_str(text);
+                true
+            }
+            Err(_) => {
+                batch.text.push_str(&String::from_utf8_lossy(line.bytes));
+                false
+            }
+        };
+        let end = batch.text.len();
+        batch.lines.push(BatchLine { start, end, number: line.number, bytes: line.bytes.len(), utf8_ok });
+    }
+    if batch.reads.len() < batch.lines.len() {
+        batch.reads.resize_with(batch.lines.len(), ReadEvent::default);
+    }
+    for (line, read) in batch.lines.iter().zip(&mut batch.reads) {
+        reader.read(&batch.text[line.start..line.end], line.bytes, line.utf8_ok, read);
+    }
+    Ok(ended)
+}
+
+/// Counts a batch's events in order, asking for the table slots of the
+/// events [`PREFETCH_AHEAD`] ahead, and writes what they give.
+fn count(
+    engine: &mut Engine,
+    batch: &Batch,
+    out: &mut Output,
+    text: &mut String,
+    rows: &mut Sink,
+    ledger: &mut Sink,
+    write_ledger: bool,
+) -> Result<()> {
+    let reads = &batch.reads[..batch.lines.len()];
+    for read in reads.iter().take(PREFETCH_AHEAD) {
+        engine.prefetch(read);
+    }
+    for (i, (line, read)) in batch.lines.iter().zip(reads).enumerate() {
+        if let Some(ahead) = reads.get(i + PREFETCH_AHEAD) {
+            engine.prefetch(ahead);
+        }
+        engine.process_read(0, line.number, &batch.text[line.start..line.end], read, out);
+        if !out.rows.is_empty() || !out.ledger.is_empty() {
+            drain(engine, out, text, rows, ledger, write_ledger)?;
+        }
+    }
+    Ok(())
 }
 
 fn drain(

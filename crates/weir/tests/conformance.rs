@@ -131,34 +131,41 @@ fn every_pending_case_passes() {
     check_cases("conformance-pending", &cases);
 }
 
+/// Each case at 1, 2 and 4 threads: `weir run` and `weir batch` read and
+/// count on separate threads from 2, and the rows must not depend on it.
 fn check_cases(folder: &str, cases: &[std::path::PathBuf]) {
     let scratch = Scratch::new(folder);
     let mut failures = Vec::new();
     for case in cases {
-        let name = case.file_name().unwrap().to_string_lossy().into_owned();
-        let (rows, ledger, batch) = (
-            scratch.path(&format!("{name}.rows")),
-            scratch.path(&format!("{name}.ledger")),
-            scratch.path(&format!("{name}.batch")),
-        );
-        let contract = case.join("contract.toml");
-        let events = case.join("events.jsonl");
-        let run = weir(&[&"run", &contract, &"--input", &events, &"--output", &rows, &"--ledger", &ledger]);
-        assert!(run.status.success(), "{name}: {}", text(&run.stderr));
-        let b = weir(&[&"batch", &contract, &"--input", &events, &"--output", &batch]);
-        assert!(b.status.success(), "{name}: {}", text(&b.stderr));
-        for p in compare_rows(&lines(&rows), &lines(&case.join("expected-rows.jsonl"))) {
-            failures.push(format!("{name} rows: {p}"));
-        }
-        for p in compare_rows(&lines(&batch), &lines(&case.join("expected-batch.jsonl"))) {
-            failures.push(format!("{name} batch: {p}"));
-        }
-        if ledger_set(&lines(&ledger)) != ledger_set(&lines(&case.join("expected-ledger.jsonl"))) {
-            failures.push(format!(
-                "{name} ledger: {:?} want {:?}",
-                ledger_set(&lines(&ledger)),
-                ledger_set(&lines(&case.join("expected-ledger.jsonl")))
-            ));
+        for threads in ["1", "2", "4"] {
+            let name = case.file_name().unwrap().to_string_lossy().into_owned();
+            let (rows, ledger, batch) = (
+                scratch.path(&format!("{name}.{threads}.rows")),
+                scratch.path(&format!("{name}.{threads}.ledger")),
+                scratch.path(&format!("{name}.{threads}.batch")),
+            );
+            let contract = case.join("contract.toml");
+            let events = case.join("events.jsonl");
+            let t = &"--threads";
+            let run =
+                weir(&[&"run", &contract, &"--input", &events, &"--output", &rows, &"--ledger", &ledger, t, &threads]);
+            assert!(run.status.success(), "{name}: {}", text(&run.stderr));
+            let b = weir(&[&"batch", &contract, &"--input", &events, &"--output", &batch, t, &threads]);
+            assert!(b.status.success(), "{name}: {}", text(&b.stderr));
+            let name = format!("{name} at {threads} threads");
+            for p in compare_rows(&lines(&rows), &lines(&case.join("expected-rows.jsonl"))) {
+                failures.push(format!("{name} rows: {p}"));
+            }
+            for p in compare_rows(&lines(&batch), &lines(&case.join("expected-batch.jsonl"))) {
+                failures.push(format!("{name} batch: {p}"));
+            }
+            if ledger_set(&lines(&ledger)) != ledger_set(&lines(&case.join("expected-ledger.jsonl"))) {
+                failures.push(format!(
+                    "{name} ledger: {:?} want {:?}",
+                    ledger_set(&lines(&ledger)),
+                    ledger_set(&lines(&case.join("expected-ledger.jsonl")))
+                ));
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
