@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use weir_contract::Contract;
-use weir_engine::{Counters, Engine, EventReader, Mode, Output, ReadEvent, Reason};
+use weir_engine::{Counters, Engine, EventReader, Mode, Output, ReadEvent, Reason, RowFormat};
 
 use crate::outfile::Sink;
 use crate::procstat;
@@ -83,11 +83,10 @@ fn stream(
     let mut reader = engine.reader();
     let mut batch = Batch::default();
     let mut out = Output::default();
-    let mut text = String::with_capacity(1 << 16);
-    let write_ledger = !matches!(ledger, Sink::Discard);
+    let mut written = Written::new(rows, ledger);
     loop {
         let ended = fill(&mut lines, &mut reader, &mut batch, SMALL_BATCH_EVENTS).context("cannot read the input")?;
-        count(engine, &batch, &mut out, &mut text, rows, ledger, write_ledger)?;
+        count(engine, &batch, &mut out, &mut written)?;
         if ended {
             break;
         }
@@ -95,9 +94,8 @@ fn stream(
     if finish {
         engine.finish(&mut out);
     }
-    drain(engine, &mut out, &mut text, rows, ledger, write_ledger)?;
-    rows.write(&text)?;
-    Ok(())
+    written.drain(engine.format(), &mut out)?;
+    written.finish()
 }
 
 /// Lines handed from the reading thread to the engine's: their text, and
@@ -151,19 +149,18 @@ fn stream_parallel(
             .spawn_scoped(scope, move || read_batches(input, limit, reader, full_tx, empty_rx))
             .context("cannot start the reading thread")?;
         let mut out = Output::default();
-        let mut text = String::with_capacity(1 << 16);
-        let write_ledger = !matches!(ledger, Sink::Discard);
+        let mut written = Written::new(rows, ledger);
         for batch in full_rx {
             let batch = batch?;
-            count(engine, &batch, &mut out, &mut text, rows, ledger, write_ledger)?;
+            count(engine, &batch, &mut out, &mut written)?;
             // The reader may have stopped; then the batch is dropped here.
             let _ = empty_tx.send(batch);
         }
         if finish {
             engine.finish(&mut out);
         }
-        drain(engine, &mut out, &mut text, rows, ledger, write_ledger)?;
-        rows.write(&text)
+        written.drain(engine.format(), &mut out)?;
+        written.finish()
     })
 }
 
@@ -238,15 +235,7 @@ fn fill<R: std::io::BufRead>(
 
 /// Counts a batch's events in order, asking for the table slots of the
 /// events [`PREFETCH_AHEAD`] ahead, and writes what they give.
-fn count(
-    engine: &mut Engine,
-    batch: &Batch,
-    out: &mut Output,
-    text: &mut String,
-    rows: &mut Sink,
-    ledger: &mut Sink,
-    write_ledger: bool,
-) -> Result<()> {
+fn count(engine: &mut Engine, batch: &Batch, out: &mut Output, written: &mut Written<'_>) -> Result<()> {
     let reads = &batch.reads[..batch.lines.len()];
     for read in reads.iter().take(PREFETCH_AHEAD) {
         engine.prefetch(read);
@@ -257,37 +246,49 @@ fn count(
         }
         engine.process_read(0, line.number, &batch.text[line.start..line.end], read, out);
         if !out.rows.is_empty() || !out.ledger.is_empty() {
-            drain(engine, out, text, rows, ledger, write_ledger)?;
+            written.drain(engine.format(), out)?;
         }
     }
     Ok(())
 }
 
-fn drain(
-    engine: &Engine,
-    out: &mut Output,
-    text: &mut String,
-    rows: &mut Sink,
-    ledger: &mut Sink,
-    write_ledger: bool,
-) -> Result<()> {
-    let format = engine.format();
-    for row in out.rows.drain(..) {
-        format.write_row(&row, text);
+/// Where a run's output goes: rows gathered and written 64 KiB at a time,
+/// ledger entries (unless discarded) as they come.
+struct Written<'a> {
+    text: String,
+    rows: &'a mut Sink,
+    ledger: &'a mut Sink,
+}
+
+impl<'a> Written<'a> {
+    fn new(rows: &'a mut Sink, ledger: &'a mut Sink) -> Written<'a> {
+        Written { text: String::with_capacity(1 << 16), rows, ledger }
     }
-    if write_ledger && !out.ledger.is_empty() {
-        let mut ledger_text = String::new();
-        for entry in &out.ledger {
-            format.write_ledger(entry, &mut ledger_text);
+
+    /// Writes (or gathers) what `out` holds and empties it.
+    fn drain(&mut self, format: &RowFormat, out: &mut Output) -> Result<()> {
+        for row in out.rows.drain(..) {
+            format.write_row(&row, &mut self.text);
         }
-        ledger.write(&ledger_text)?;
+        if !matches!(self.ledger, Sink::Discard) && !out.ledger.is_empty() {
+            let mut ledger_text = String::new();
+            for entry in &out.ledger {
+                format.write_ledger(entry, &mut ledger_text);
+            }
+            self.ledger.write(&ledger_text)?;
+        }
+        out.ledger.clear();
+        if self.text.len() >= 1 << 16 {
+            self.rows.write(&self.text)?;
+            self.text.clear();
+        }
+        Ok(())
     }
-    out.ledger.clear();
-    if text.len() >= 1 << 16 {
-        rows.write(text)?;
-        text.clear();
+
+    /// Writes the rows gathered last.
+    fn finish(self) -> Result<()> {
+        self.rows.write(&self.text)
     }
-    Ok(())
 }
 
 fn summarise(contract: &Contract, engine: &Engine, mode: Mode, started: Instant, cpu_before: Option<f64>) {
