@@ -552,6 +552,8 @@ impl Engine {
         };
         let mut read = self.read.take().unwrap_or_default();
         self.reader.read(text, event.bytes.len(), utf8_ok, &mut read);
+        // One event alone: its slots come into the cache while its rules run.
+        self.prefetch(&read);
         self.process_read(event.partition, event.offset, text, &read, out);
         self.read = Some(read);
     }
@@ -816,24 +818,14 @@ impl Engine {
             }
             Ok(_) => {}
         }
-        if !matches!(plan.kind, WindowKind::Session { .. }) {
-            // Steps 5 and 6 run while the first window's slot comes into the cache.
-            let first = self.fixed_span(time).first;
-            self.st.windows.prefetch(self.win_id(first, key_bytes));
-        }
         let mut id_key = None;
         if let Some(id_path) = &plan.id_path {
             let val = root.get(id_path);
             match read_id(val, &plan.id_name) {
                 Ok(id) => {
                     if plan.horizon_ms.is_some() {
-                        // Step 5 runs while the id's slot comes into the cache.
-                        let k = fields.id_key.unwrap_or_else(|| dedup_key(val, &id));
-                        self.st.seen.prefetch(k);
-                        if plan.corrects {
-                            self.st.counted.prefetch(k);
-                        }
-                        id_key = Some(k);
+                        // Its slot was asked for already (`Engine::prefetch`).
+                        id_key = Some(fields.id_key.unwrap_or_else(|| dedup_key(val, &id)));
                     }
                     ctx.id = Some(id);
                 }
