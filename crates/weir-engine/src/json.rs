@@ -111,6 +111,17 @@ impl Doc {
         self.parse_with(src, scratch, Some((names, slots.as_mut_slice())), bounds)
     }
 
+    /// Parses `src` and returns its [`Val::canonical_hash`] (an event read
+    /// back to compare with a later version of it).
+    pub(crate) fn canonical_hash_of(
+        &mut self,
+        src: &str,
+        scratch: &mut Vec<u8>,
+        bounds: Bounds,
+    ) -> Result<u64, ParseError> {
+        self.parse_with(src, Some(scratch), None, bounds)
+    }
+
     fn parse_with(
         &mut self,
         src: &str,
@@ -858,6 +869,15 @@ fn member_start(key: &str, escaped: bool, seed: u64) -> Mix {
     }
     h.write_u64(0xff);
     h
+}
+
+/// A 64-bit hash of an event's bytes as they are: the same text gives the
+/// same hash, and any other spelling of the same JSON another (see
+/// [`crate::Recall`]).
+pub(crate) fn raw_hash(text: &str) -> u64 {
+    let mut h = Mix::new(0x72_6177);
+    h.write(text.as_bytes());
+    h.finish()
 }
 
 /// Feeds a string's decoded text; out of line, so that the plain strings'

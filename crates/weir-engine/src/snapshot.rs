@@ -127,6 +127,7 @@ fn identity(name: &str, version: u32, hash: u64) -> String {
 impl Engine {
     /// The engine's whole state as bytes.
     pub fn snapshot(&self) -> Vec<u8> {
+        debug_assert!(self.recall.is_none(), "a snapshot's payload hashes are canonical");
         let st = &self.st;
         let mut windows: Vec<(u128, Window)> = st.windows.iter().map(|(k, w)| (k, w.clone())).collect();
         windows.sort_by_key(|w| w.0);
@@ -181,6 +182,7 @@ impl Engine {
 
     /// Starts recording what changes, for [`Engine::take_delta`].
     pub fn track_changes(&mut self) {
+        debug_assert!(self.recall.is_none(), "a delta's payload hashes are canonical");
         self.st.windows.track();
         self.st.seen.track();
     }

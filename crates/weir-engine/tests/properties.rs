@@ -3,10 +3,12 @@
 //! against the batch on the same events in any arrival order.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use proptest::prelude::*;
 use weir_contract::Contract;
-use weir_engine::{Counters, Engine, EventIn, Mode, Output, ReadEvent, Row, Status};
+use weir_engine::{Counters, Engine, EventIn, Mode, Output, ReadEvent, Recall, Row, Status};
 
 #[derive(Debug, Clone)]
 struct Shape {
@@ -209,6 +211,55 @@ fn arrive(events: &[(i64, String)], jitter: &[i64], disorder_ms: i64) -> Vec<Str
     keyed.into_iter().map(|(_, i)| events[i].1.clone()).collect()
 }
 
+/// Another spelling of the same JSON as a line of [`line`]: members in
+/// reverse order, spaces around them, and the amount with a zero more.
+fn respell(line: &str) -> String {
+    let inner = line.trim_start_matches('{').trim_end_matches('}');
+    let members: Vec<String> = inner
+        .split(',')
+        .rev()
+        .map(|m| if m.starts_with("\"amount\":") { format!("{m}0") } else { m.replacen(':', " : ", 1) })
+        .collect();
+    format!("{{ {} }}", members.join(" ,\t"))
+}
+
+/// Events read back by their offset (the 1-based position in `lines`),
+/// counting how often.
+struct ReadBack {
+    lines: Vec<String>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Recall for ReadBack {
+    fn recall(&mut self, partition: u32, offset: u64) -> Result<String, String> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        assert_eq!(partition, 0);
+        let at = usize::try_from(offset).ok().and_then(|o| o.checked_sub(1));
+        at.and_then(|at| self.lines.get(at)).cloned().ok_or_else(|| format!("no event at offset {offset}"))
+    }
+}
+
+/// [`run_counted`] by an engine that remembers payloads by their bytes and
+/// reads them back from `read_back` (the lines themselves unless given):
+/// also how many events it read back, and its failure.
+fn run_reading_back(
+    c: &Contract,
+    lines: &[&str],
+    read_back: Option<Vec<String>>,
+) -> (Output, Counters, usize, Option<String>) {
+    let mut engine = Engine::new(c, Mode::Stream, 1).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let lines_back = read_back.unwrap_or_else(|| lines.iter().map(|l| (*l).to_owned()).collect());
+    engine.recall_with(Box::new(ReadBack { lines: lines_back, calls: Arc::clone(&calls) })).unwrap();
+    let mut out = Output::default();
+    for (i, line) in lines.iter().enumerate() {
+        engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: line.as_bytes() }, &mut out);
+    }
+    engine.finish(&mut out);
+    let failure = engine.recall_failure().map(str::to_owned);
+    (out, engine.counters().clone(), calls.load(Ordering::Relaxed), failure)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -318,6 +369,37 @@ proptest! {
         prop_assert_eq!(format!("{:?}", out.rows), format!("{:?}", one_by_one.rows));
         prop_assert_eq!(format!("{:?}", out.ledger), format!("{:?}", one_by_one.ledger));
         prop_assert_eq!(engine.counters(), &counters);
+    }
+
+    /// Payloads remembered by their bytes, read back when an id comes again
+    /// with other bytes (`Engine::recall_with`), give the rows, ledger and
+    /// counters of the canonical hash alone: over exact copies, the same
+    /// events spelled otherwise, conflicts and corrections.
+    #[test]
+    fn remembering_payloads_by_their_bytes_changes_nothing(
+        window in prop::sample::select(WINDOWS.to_vec()),
+        late in prop::sample::select(vec!["hold", "revise", "discard"]),
+        events in versions(0.3, 0.25),
+        respelled in prop::collection::vec((0usize..1000, 0usize..1000), 0..12),
+        jitter in prop::collection::vec(0i64..1_000_000, 1..64),
+        disorder_ms in 0i64..20_000,
+        corrects in any::<bool>(),
+    ) {
+        let shape = Shape { window, late, early: true, dedup: true, corrects };
+        let c = contract(&shape, 1_000, 0);
+        let mut lines = arrive(&events, &jitter, disorder_ms);
+        for (from, to) in &respelled {
+            let copy = respell(&lines[from % lines.len()]);
+            lines.insert(to % (lines.len() + 1), copy);
+        }
+        lines.insert(lines.len() / 2, "not json".to_owned());
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let (canonical, counters) = run_counted(&c, Mode::Stream, &refs);
+        let (raw, raw_counters, _, failure) = run_reading_back(&c, &refs, None);
+        prop_assert_eq!(failure, None);
+        prop_assert_eq!(format!("{:?}", raw.rows), format!("{:?}", canonical.rows));
+        prop_assert_eq!(format!("{:?}", raw.ledger), format!("{:?}", canonical.ledger));
+        prop_assert_eq!(&raw_counters, &counters);
     }
 
     /// (b) A snapshot after any event, restored, continues with exactly the
@@ -580,4 +662,50 @@ fn snapshots_refuse_another_format_or_contract() {
     let mut cut = engine.snapshot();
     cut.truncate(14);
     assert!(Engine::restore(&c, &cut).unwrap_err().to_string().contains("damaged"));
+}
+
+#[test]
+fn an_event_is_read_back_only_when_its_id_comes_again_with_other_bytes() {
+    let shape = Shape { window: WINDOWS[0], late: "discard", early: false, dedup: true, corrects: false };
+    let c = contract(&shape, 1_000, 0);
+    let first = line(0, 10, 1, 1250, "ok");
+    let conflict = line(0, 10, 1, 1300, "ok");
+    let other = line(1, 20, 2, 700, "ok");
+    let check = |lines: &[&str], reads: usize, reasons: &[&str]| {
+        let (out, _, calls, failure) = run_reading_back(&c, lines, None);
+        assert_eq!((calls, failure), (reads, None), "{lines:?}");
+        let got: Vec<&str> = out.ledger.iter().map(|l| l.reason.as_str()).collect();
+        assert_eq!(got, reasons, "{lines:?}");
+    };
+    // Seen once each, or again byte for byte: nothing read back.
+    check(&[&first, &other], 0, &[]);
+    check(&[&first, &other, &first], 0, &["duplicate"]);
+    // The same event spelled otherwise: read back once, still a duplicate.
+    let respelled = respell(&first);
+    assert_ne!(respelled, first);
+    check(&[&first, &respelled], 1, &["duplicate"]);
+    // Another payload under the same id: read back, a conflict.
+    check(&[&first, &other, &conflict], 1, &["duplicate_conflict"]);
+}
+
+#[test]
+fn an_event_that_cannot_be_read_back_as_it_was_is_a_failure_the_caller_sees() {
+    let shape = Shape { window: WINDOWS[0], late: "discard", early: false, dedup: true, corrects: false };
+    let c = contract(&shape, 1_000, 0);
+    let first = line(0, 10, 1, 1250, "ok");
+    let respelled = respell(&first);
+    // The input changed under the engine: what is read back is not the event remembered.
+    let changed = vec![line(0, 10, 1, 9999, "ok"), respelled.clone()];
+    let (_, _, calls, failure) = run_reading_back(&c, &[&first, &respelled], Some(changed));
+    assert_eq!(calls, 1);
+    let failure = failure.expect("a failure");
+    assert!(failure.contains("partition 0 offset 1") && failure.contains("changed"), "{failure}");
+    // Gone: the reason is passed on.
+    let (_, _, _, failure) = run_reading_back(&c, &[&first, &respelled], Some(Vec::new()));
+    assert!(failure.expect("a failure").contains("no event at offset 1"));
+    // An engine that has read an event cannot start reading back.
+    let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    engine.process(EventIn { partition: 0, offset: 1, bytes: first.as_bytes() }, &mut Output::default());
+    let calls = Arc::new(AtomicUsize::new(0));
+    assert!(engine.recall_with(Box::new(ReadBack { lines: Vec::new(), calls })).is_err());
 }

@@ -52,6 +52,14 @@ pub fn run(args: RunArgs) -> Result<(), Failure> {
     let mut engine = Engine::new(&contract, args.mode, 1).map_err(|e| Failure::contract(e.to_string()))?;
     // `max_future` is measured from when the run starts.
     engine.set_clock(weir_log::now_ms());
+    // A file can be read twice: payloads are remembered by their bytes, and
+    // an event is read back when its id comes again with other bytes.
+    let recall = (args.input != Path::new("-"))
+        .then(|| crate::input::FileRecall::open(&args.input, contract.source.max_event_bytes))
+        .flatten();
+    if let Some(recall) = recall {
+        engine.recall_with(Box::new(recall)).map_err(|e| Failure::contract(e.to_string()))?;
+    }
     let mut rows = Sink::create(args.output.as_deref()).map_err(Failure::usage_from)?;
     let mut ledger = match &args.ledger {
         Some(path) => Sink::create(Some(path)).map_err(Failure::usage_from)?,
@@ -248,6 +256,9 @@ fn count(engine: &mut Engine, batch: &Batch, out: &mut Output, written: &mut Wri
         if !out.rows.is_empty() || !out.ledger.is_empty() {
             written.drain(engine.format(), out)?;
         }
+    }
+    if let Some(why) = engine.recall_failure() {
+        anyhow::bail!("cannot tell a repeated event id's versions apart: {why}; run over a file that does not change while it is read");
     }
     Ok(())
 }

@@ -405,3 +405,67 @@ fn corrections_run_batch_and_reconcile() {
     let rec = weir(&[&"reconcile", &"--stream", &rows, &"--batch", &batch]);
     assert_eq!(rec.status.code(), Some(0), "{}{}", text(&rec.stdout), text(&rec.stderr));
 }
+
+#[test]
+fn a_file_and_standard_input_give_the_same_verdicts_on_events_spelled_otherwise() {
+    // Over a file, payloads are remembered by their bytes and an event is
+    // read back from the file when its id comes again with other bytes;
+    // standard input cannot be read twice, so there the canonical hash alone
+    // decides. The verdicts must be the same.
+    let (s, _, generated) = setup("respelled", 3_000);
+    let good = std::fs::read_to_string(&generated).unwrap();
+    let lines: Vec<&str> = good.lines().collect();
+    let mut input = String::new();
+    for (i, line) in lines.iter().enumerate() {
+        input.push_str(line);
+        input.push('\n');
+        let earlier = lines[i / 2];
+        match i % 10 {
+            // The same event again, byte for byte.
+            3 => input.push_str(&format!("{earlier}\n")),
+            // The same event spelled otherwise: members reordered, spaces, escapes.
+            5 => {
+                // (The generator plants lines that are not objects: those are left alone.)
+                let Ok(serde_json::Value::Object(v)) = serde_json::from_str(earlier) else { continue };
+                let mut members: Vec<(String, serde_json::Value)> =
+                    v.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                members.reverse();
+                let body: Vec<String> = members.iter().map(|(k, v)| format!("{:?} : {v}", k)).collect();
+                input.push_str(&format!("{{ {} }}\n", body.join(" , ").replace("\"status\"", "\"st\\u0061tus\"")));
+            }
+            // Another payload under an earlier id.
+            7 => input.push_str(&format!("{}\n", earlier.replacen("\"amount\":", "\"amount\":1", 1))),
+            _ => {}
+        }
+    }
+    let file = s.write("respelled.jsonl", &input);
+    for (name, contract) in [
+        ("discard.toml", CONTRACT.to_owned()),
+        ("correct.toml", CONTRACT.replace("horizon = \"10m\"", "horizon = \"10m\"\non_conflict = \"correct\"")),
+    ] {
+        let contract = s.write(name, &contract);
+        let mut outputs = Vec::new();
+        for from_stdin in [false, true] {
+            let (rows, ledger) =
+                (s.path(&format!("rows-{name}-{from_stdin}")), s.path(&format!("ledger-{name}-{from_stdin}")));
+            let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_weir"));
+            cmd.arg("run").arg(&contract).arg("--output").arg(&rows).arg("--ledger").arg(&ledger).arg("--input");
+            if from_stdin {
+                cmd.arg("-").stdin(std::fs::File::open(&file).unwrap());
+            } else {
+                cmd.arg(&file);
+            }
+            let out = cmd.output().unwrap();
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            outputs.push((std::fs::read_to_string(&rows).unwrap(), std::fs::read_to_string(&ledger).unwrap()));
+        }
+        let (rows, ledger) = &outputs[0];
+        assert!(outputs[1].0 == *rows, "{name}: rows differ between the file and standard input");
+        assert!(outputs[1].1 == *ledger, "{name}: ledgers differ between the file and standard input");
+        // Exact and respelled copies are duplicates; other payloads conflict or correct.
+        let count = |reason: &str| ledger.matches(&format!("\"reason\":\"{reason}\"")).count();
+        assert!(count("duplicate") >= 2 * 300 * 9 / 10, "{name}: {} duplicates", count("duplicate"));
+        let changed = if name == "correct.toml" { count("superseded") } else { count("duplicate_conflict") };
+        assert!(changed >= 300 * 9 / 10, "{name}: {changed} conflicts or corrections");
+    }
+}
