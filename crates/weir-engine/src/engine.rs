@@ -91,6 +91,10 @@ pub struct ReadEvent {
     fields: Fields,
 }
 
+/// An engine's plan held by its caller ([`Engine::hold_plan`]).
+#[derive(Debug, Clone)]
+pub struct HeldPlan(Arc<Plan>);
+
 /// Step 4's fields of an event that parsed as an object, read with the
 /// parse: they depend on the event and the plan alone, so the reader's
 /// thread reads them, and the engine, given a batch, can load the table
@@ -325,7 +329,8 @@ pub struct Engine {
     pub(crate) plan: Arc<Plan>,
     pub(crate) mode: Mode,
     pub(crate) st: State,
-    reader: EventReader,
+    /// Taken out while an event is processed, with the plan it holds.
+    reader: Option<EventReader>,
     /// Taken out while an event is processed (a pointer moved, not the arena).
     read: Option<Box<ReadEvent>>,
     /// Where earlier events are read back, when payloads are remembered by
@@ -387,7 +392,7 @@ impl Engine {
 
     pub(crate) fn from_parts(plan: Arc<Plan>, mode: Mode, st: State) -> Engine {
         Engine {
-            reader: EventReader { plan: Arc::clone(&plan), hash_scratch: Vec::new(), raw: false },
+            reader: Some(EventReader { plan: Arc::clone(&plan), hash_scratch: Vec::new(), raw: false }),
             read: None,
             recall: None,
             plan,
@@ -567,10 +572,13 @@ impl Engine {
             }
         };
         let mut read = self.read.take().unwrap_or_default();
-        self.reader.read(text, event.bytes.len(), utf8_ok, &mut read);
+        let mut reader = self.reader.take().unwrap_or_else(|| self.reader());
+        reader.read(text, event.bytes.len(), utf8_ok, &mut read);
         // One event alone: its slots come into the cache while its rules run.
         self.prefetch(&read);
-        self.process_read(event.partition, event.offset, text, &read, out);
+        // The reader's plan is the engine's: no count of references changes.
+        self.count_read(&reader.plan, event.partition, event.offset, text, &read, out);
+        self.reader = Some(reader);
         self.read = Some(read);
     }
 
@@ -649,10 +657,43 @@ impl Engine {
     /// engine already did (on another thread, say), `text` being what it
     /// read: the same as [`Engine::process`] of the event's bytes.
     pub fn process_read(&mut self, partition: u32, offset: u64, text: &str, read: &ReadEvent, out: &mut Output) {
+        let plan = Arc::clone(&self.plan);
+        self.count_read(&plan, partition, offset, text, read, out);
+    }
+
+    /// This engine's plan, held by a caller across many events
+    /// ([`Engine::process_read_held`]).
+    pub fn hold_plan(&self) -> HeldPlan {
+        HeldPlan(Arc::clone(&self.plan))
+    }
+
+    /// [`Engine::process_read`] with the plan held by the caller
+    /// ([`Engine::hold_plan`]), for one event of many: the plan's count of
+    /// references is an atomic operation, which waits for every store
+    /// before it, and took a fifth of `process_read`'s time when done for
+    /// each event. A plan held from another engine is not used.
+    pub fn process_read_held(
+        &mut self,
+        plan: &HeldPlan,
+        partition: u32,
+        offset: u64,
+        text: &str,
+        read: &ReadEvent,
+        out: &mut Output,
+    ) {
+        if Arc::ptr_eq(&plan.0, &self.plan) {
+            self.count_read(&plan.0, partition, offset, text, read, out);
+        } else {
+            self.process_read(partition, offset, text, read, out);
+        }
+    }
+
+    /// Counts an event read by an [`EventReader`], `plan` being this engine's.
+    fn count_read(&mut self, plan: &Plan, partition: u32, offset: u64, text: &str, read: &ReadEvent, out: &mut Output) {
         debug_assert!(read.done, "an EventReader reads the event first");
         self.st.counters.read += 1;
         let wm_before = self.st.wm;
-        self.last_time = self.intake_read(partition, offset, text, read, wm_before, out);
+        self.last_time = self.intake_read(plan, partition, offset, text, read, wm_before, out);
         if let Some(time) = self.last_time {
             if self.mode == Mode::Stream {
                 self.advance(partition, time);
@@ -700,7 +741,9 @@ impl Engine {
             ));
         }
         self.recall = Some(Box::new(Recalled::new(recall)));
-        self.reader.raw = true;
+        if let Some(reader) = &mut self.reader {
+            reader.raw = true;
+        }
         Ok(())
     }
 
@@ -731,8 +774,10 @@ impl Engine {
     }
 
     /// Steps 1-7 of an event read by an [`EventReader`].
+    #[allow(clippy::too_many_arguments)]
     fn intake_read(
         &mut self,
+        plan: &Plan,
         partition: u32,
         offset: u64,
         text: &str,
@@ -780,14 +825,16 @@ impl Engine {
                     let mut ctx = Ctx { id: None, ..ctx };
                     let event = Event::from_slots(root, &read.slots);
                     let hash = self.payload_hash(read, *payload_hash, text);
-                    self.intake_object(event, &read.fields, hash, &mut ctx, wm, out)
+                    self.intake_object(plan, event, &read.fields, hash, &mut ctx, wm, out)
                 }
             }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn intake_object<'a>(
         &mut self,
+        plan: &Plan,
         root: Event<'a>,
         fields: &Fields,
         hash: u64,
@@ -795,7 +842,6 @@ impl Engine {
         wm: i64,
         out: &mut Output,
     ) -> Option<i64> {
-        let plan = Arc::clone(&self.plan);
         // Read first, refused only at step 4: any readable time moves the
         // watermark (step 8), whatever else happens to the event.
         debug_assert!(fields.read, "the reader reads an object's fields");
