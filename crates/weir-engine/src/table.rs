@@ -66,7 +66,7 @@ impl<V: Default> HashedTable<V> {
         }
         let slot = self.home(stored(key));
         crate::prefetch::read(&self.keys[slot]);
-        crate::prefetch::read(&self.values[slot]);
+        crate::prefetch::read_whole(&self.values[slot]);
     }
 
     pub(crate) fn get(&self, key: u128) -> Option<&V> {
