@@ -60,11 +60,26 @@ pub fn write_json(key: &[u8], names: &[String], out: &mut String) {
         }
         write_str(name, out);
         out.push(':');
-        match tag {
-            b's' => write_str(text, out),
-            b'b' => out.push_str(if text == "1" { "true" } else { "false" }),
-            _ => out.push_str(text),
-        }
+        write_field(tag, text, out);
     }
     out.push('}');
+}
+
+/// [`write_json`] with each field's `"name":` written already (after a
+/// comma but for the first).
+pub(crate) fn write_json_with(key: &[u8], heads: &[String], out: &mut String) {
+    out.push('{');
+    for (head, (tag, text)) in heads.iter().zip(fields(key)) {
+        out.push_str(head);
+        write_field(tag, text, out);
+    }
+    out.push('}');
+}
+
+fn write_field(tag: u8, text: &str, out: &mut String) {
+    match tag {
+        b's' => write_str(text, out),
+        b'b' => out.push_str(if text == "1" { "true" } else { "false" }),
+        _ => out.push_str(text),
+    }
 }

@@ -27,6 +27,46 @@ pub(crate) fn parse_decimal(text: &str) -> Option<Decimal> {
     }
 }
 
+/// Writes `d` as its `Display` does (`-0.50`, `12`, `0.007`: the scale's
+/// digits after the point, `-` whenever the sign is negative), without the
+/// formatting machinery: rows write a decimal for each sum.
+pub(crate) fn write_decimal(d: &Decimal, out: &mut String) {
+    let scale = d.scale() as usize;
+    // 96 bits are at most 29 digits; at most 28 after the point, and one before.
+    let mut buf = [b'0'; 40];
+    let mut at = buf.len();
+    let mantissa = d.mantissa().unsigned_abs();
+    if let Ok(mut v) = u64::try_from(mantissa) {
+        loop {
+            at -= 1;
+            buf[at] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+    } else {
+        let mut v = mantissa;
+        while v != 0 {
+            at -= 1;
+            buf[at] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    }
+    // At least one digit before the point: the zeros are there already.
+    at = at.min(buf.len() - scale - 1);
+    if d.is_sign_negative() {
+        out.push('-');
+    }
+    let digits = &buf[at..];
+    let whole = digits.len() - scale;
+    out.push_str(std::str::from_utf8(&digits[..whole]).unwrap_or("0"));
+    if scale > 0 {
+        out.push('.');
+        out.push_str(std::str::from_utf8(&digits[whole..]).unwrap_or(""));
+    }
+}
+
 /// The decimal digits of `v`, written at the end of `buf`, without the
 /// formatting machinery (the hot path writes many numbers).
 pub(crate) fn decimal_digits(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
@@ -182,6 +222,45 @@ fn is_json_number(b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn decimals_are_written_with_their_scale_and_sign() {
+        for (lo, negative, scale, want) in [
+            (0, false, 0, "0"),
+            (0, false, 2, "0.00"),
+            (1, true, 2, "-0.01"),
+            (5, false, 3, "0.005"),
+            (12345, true, 2, "-123.45"),
+            (7, false, 0, "7"),
+        ] {
+            let d = Decimal::from_parts(lo, 0, 0, negative, scale);
+            let mut got = String::new();
+            write_decimal(&d, &mut got);
+            assert_eq!((got.as_str(), d.to_string().as_str()), (want, want));
+        }
+        // A zero that kept a negative sign (as arithmetic can leave one).
+        let mut zero = Decimal::from_parts(0, 0, 0, false, 2);
+        zero.set_sign_negative(true);
+        let mut got = String::new();
+        write_decimal(&zero, &mut got);
+        assert_eq!(got, zero.to_string());
+    }
+
+    proptest! {
+        #[test]
+        fn decimals_are_written_as_display_writes_them(
+            lo in any::<u32>(), mid in any::<u32>(), hi in any::<u32>(),
+            small in any::<bool>(), negative in any::<bool>(), scale in 0u32..=28,
+        ) {
+            // Small mantissas (one word) as often as wide ones; zeros and negative zero too.
+            let (mid, hi) = if small { (0, 0) } else { (mid, hi) };
+            let d = Decimal::from_parts(lo % if small && lo % 3 == 0 { 10 } else { u32::MAX }, mid, hi, negative, scale);
+            let mut got = String::new();
+            write_decimal(&d, &mut got);
+            prop_assert_eq!(got, d.to_string());
+        }
+    }
 
     #[test]
     fn exact_decimals() {

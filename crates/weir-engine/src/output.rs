@@ -194,17 +194,46 @@ pub struct RowFormat {
     pub version: u32,
     pub key_names: Vec<String>,
     pub value_names: Vec<String>,
+    heads: Heads,
+}
+
+/// What every row begins with, `{"pipeline":"…","version":N,"key":`, and
+/// each key field's and value's `"name":` (after a comma but for the
+/// first), written once.
+#[derive(Debug, Clone)]
+struct Heads {
+    row: String,
+    keys: Vec<String>,
+    values: Vec<String>,
 }
 
 impl RowFormat {
+    pub fn new(pipeline: String, version: u32, key_names: Vec<String>, value_names: Vec<String>) -> RowFormat {
+        let mut row = String::from("{\"pipeline\":");
+        write_str(&pipeline, &mut row);
+        row.push_str(",\"version\":");
+        push_num(&mut row, version);
+        row.push_str(",\"key\":");
+        let name_heads = |names: &[String]| {
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    let mut head = String::from(if i > 0 { "," } else { "" });
+                    write_str(name, &mut head);
+                    head.push(':');
+                    head
+                })
+                .collect()
+        };
+        let heads = Heads { row, keys: name_heads(&key_names), values: name_heads(&value_names) };
+        RowFormat { pipeline, version, key_names, value_names, heads }
+    }
+
     /// Appends the row as one JSON line (with its newline).
     pub fn write_row(&self, row: &Row, out: &mut String) {
-        out.push_str("{\"pipeline\":");
-        write_str(&self.pipeline, out);
-        out.push_str(",\"version\":");
-        push_num(out, self.version);
-        out.push_str(",\"key\":");
-        key::write_json(&row.key, &self.key_names, out);
+        out.push_str(&self.heads.row);
+        key::write_json_with(&row.key, &self.heads.keys, out);
         out.push_str(",\"window_start\":");
         write_time(row.window_start, out);
         out.push_str(",\"window_end\":");
@@ -214,12 +243,8 @@ impl RowFormat {
         out.push_str("\",\"revision\":");
         push_num(out, row.revision);
         out.push_str(",\"values\":{");
-        for (i, (name, value)) in self.value_names.iter().zip(&row.values).enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            write_str(name, out);
-            out.push(':');
+        for (head, value) in self.heads.values.iter().zip(&row.values) {
+            out.push_str(head);
             match value {
                 OutValue::Null => out.push_str("null"),
                 OutValue::Int(n) => push_num(out, n),
@@ -314,8 +339,7 @@ impl PushNum for &u64 {
 
 impl PushNum for &rust_decimal::Decimal {
     fn push_to(self, out: &mut String) {
-        use std::fmt::Write;
-        let _ = write!(out, "{self}");
+        crate::number::write_decimal(self, out);
     }
 }
 
@@ -327,5 +351,37 @@ fn write_time(t: Option<i64>, out: &mut String) {
             out.push('"');
         }
         None => out.push_str("null"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_is_one_json_object_with_names_escaped_once() {
+        let names = |n: &[&str]| n.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let format = RowFormat::new("pay\"s".into(), 3, names(&["acc\\t", "b"]), names(&["sum", "n\u{1}", "pick"]));
+        let mut key = Vec::new();
+        crate::key::push_field(b's', "a\"1", &mut key);
+        crate::key::push_field(b'b', "1", &mut key);
+        let row = Row {
+            key: key.into(),
+            window_start: Some(60_000),
+            window_end: None,
+            status: Status::Provisional,
+            revision: 7,
+            values: vec![OutValue::Dec("-12.50".parse().unwrap()), OutValue::Int(4), OutValue::Json("[1]".into())],
+            events: 4,
+            late_events: 1,
+            sources: Sources::new(),
+            watermark: None,
+        };
+        let mut text = String::new();
+        for _ in 0..2 {
+            format.write_row(&row, &mut text);
+        }
+        let want = r#"{"pipeline":"pay\"s","version":3,"key":{"acc\\t":"a\"1","b":true},"window_start":"1970-01-01T00:01:00.000Z","window_end":null,"status":"provisional","revision":7,"values":{"sum":-12.50,"n\u0001":4,"pick":[1]},"events":4,"late_events":1,"watermark":null}"#;
+        assert_eq!(text, format!("{want}\n{want}\n"));
     }
 }

@@ -110,12 +110,12 @@ impl Plan {
             horizon_ms: contract.dedup.map(|d| d.horizon_ms),
             corrects: contract.dedup.is_some_and(|d| d.on_conflict == OnConflict::Correct),
             aggs,
-            format: RowFormat {
-                pipeline: contract.pipeline.name.clone(),
-                version: contract.pipeline.version,
-                key_names: source.key.iter().map(ToString::to_string).collect(),
-                value_names: contract.aggregates.iter().map(|a| a.name.clone()).collect(),
-            },
+            format: RowFormat::new(
+                contract.pipeline.name.clone(),
+                contract.pipeline.version,
+                source.key.iter().map(ToString::to_string).collect(),
+                contract.aggregates.iter().map(|a| a.name.clone()).collect(),
+            ),
         })
     }
 }
