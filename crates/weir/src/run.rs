@@ -210,28 +210,41 @@ fn fill<R: std::io::BufRead>(
     batch: &mut Batch,
     events: usize,
 ) -> std::io::Result<bool> {
-    batch.text.clear();
     batch.lines.clear();
+    // The lines' bytes go in one buffer, checked as UTF-8 at once (a call a
+    // line cost more than the check); only a batch with a line that is not
+    // UTF-8 is checked again line by line, that line's text with
+    // replacement characters.
+    let mut bytes = std::mem::take(&mut batch.text).into_bytes();
+    bytes.clear();
     let mut ended = false;
-    while batch.lines.len() < events && batch.text.len() < BATCH_BYTES {
+    while batch.lines.len() < events && bytes.len() < BATCH_BYTES {
         let Some(line) = lines.next_line()? else {
             ended = true;
             break;
         };
-        let start = batch.text.len();
-        let utf8_ok = match std::str::from_utf8(line.bytes) {
-            Ok(text) => {
-                batch.text.push_str(text);
-                true
-            }
-            Err(_) => {
-                batch.text.push_str(&String::from_utf8_lossy(line.bytes));
-                false
-            }
-        };
-        let end = batch.text.len();
-        batch.lines.push(BatchLine { start, end, number: line.number, bytes: line.bytes.len(), utf8_ok });
+        let start = bytes.len();
+        bytes.extend_from_slice(line.bytes);
+        let end = bytes.len();
+        batch.lines.push(BatchLine { start, end, number: line.number, bytes: line.bytes.len(), utf8_ok: true });
     }
+    batch.text = String::from_utf8(bytes).unwrap_or_else(|not_utf8| {
+        let bytes = not_utf8.into_bytes();
+        let mut text = String::with_capacity(bytes.len());
+        for line in &mut batch.lines {
+            let raw = &bytes[line.start..line.end];
+            line.start = text.len();
+            match std::str::from_utf8(raw) {
+                Ok(ok) => text.push_str(ok),
+                Err(_) => {
+                    text.push_str(&String::from_utf8_lossy(raw));
+                    line.utf8_ok = false;
+                }
+            }
+            line.end = text.len();
+        }
+        text
+    });
     if batch.reads.len() < batch.lines.len() {
         batch.reads.resize_with(batch.lines.len(), ReadEvent::default);
     }
@@ -358,5 +371,39 @@ fn human(rate: f64) -> String {
         format!("{:.1}k", rate / 1e3)
     } else {
         format!("{rate:.0}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A line of a batch: its text, whether it was UTF-8, its length as read.
+    type Seen<'a> = (&'a str, bool, usize);
+
+    #[test]
+    fn a_batch_with_a_line_that_is_not_utf8_keeps_every_line_in_place() {
+        let text = include_str!("../../../bench/paid_revenue.toml");
+        let contract = Contract::parse("paid_revenue.toml", text).expect("the benchmark contract");
+        let engine = Engine::new(&contract, Mode::Stream, 1).unwrap();
+        let mut reader = engine.reader();
+        let (a, e) = (("{\"a\":1}", true, 7), ("{\"b\":\"\u{e9}\"}", true, 10));
+        let cases: [(&[u8], Vec<Seen<'_>>); 2] = [
+            (
+                b"{\"a\":1}\n\xff\xfe x\n{\"b\":\"\xc3\xa9\"}\n\n",
+                vec![a, ("\u{fffd}\u{fffd} x", false, 4), e, ("", true, 0)],
+            ),
+            (b"{\"a\":1}\n{\"b\":\"\xc3\xa9\"}\n\n", vec![a, e, ("", true, 0)]),
+        ];
+        for (input, want) in cases {
+            let mut lines = crate::input::Lines::new(input, 1000);
+            let mut batch = Batch::default();
+            // A batch reused: what the one before held does not stay.
+            batch.text.push_str("left over");
+            assert!(fill(&mut lines, &mut reader, &mut batch, 64).unwrap());
+            let got: Vec<Seen<'_>> =
+                batch.lines.iter().map(|l| (&batch.text[l.start..l.end], l.utf8_ok, l.bytes)).collect();
+            assert_eq!(got, want);
+        }
     }
 }
