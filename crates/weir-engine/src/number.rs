@@ -36,15 +36,11 @@ pub(crate) fn write_decimal(d: &Decimal, out: &mut String) {
     let mut buf = [b'0'; 40];
     let mut at = buf.len();
     let mantissa = d.mantissa().unsigned_abs();
-    if let Ok(mut v) = u64::try_from(mantissa) {
-        loop {
-            at -= 1;
-            buf[at] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
+    if let Ok(v) = u64::try_from(mantissa) {
+        let mut word = [0u8; 20];
+        let digits = decimal_digits(v, &mut word);
+        at -= digits.len();
+        buf[at..].copy_from_slice(digits);
     } else {
         let mut v = mantissa;
         while v != 0 {
