@@ -91,10 +91,6 @@ pub struct ReadEvent {
     fields: Fields,
 }
 
-/// An engine's plan held by its caller ([`Engine::hold_plan`]).
-#[derive(Debug, Clone)]
-pub struct HeldPlan(Arc<Plan>);
-
 /// Step 4's fields of an event that parsed as an object, read with the
 /// parse: they depend on the event and the plan alone, so the reader's
 /// thread reads them, and the engine, given a batch, can load the table
@@ -657,35 +653,13 @@ impl Engine {
     /// engine already did (on another thread, say), `text` being what it
     /// read: the same as [`Engine::process`] of the event's bytes.
     pub fn process_read(&mut self, partition: u32, offset: u64, text: &str, read: &ReadEvent, out: &mut Output) {
-        let plan = Arc::clone(&self.plan);
-        self.count_read(&plan, partition, offset, text, read, out);
-    }
-
-    /// This engine's plan, held by a caller across many events
-    /// ([`Engine::process_read_held`]).
-    pub fn hold_plan(&self) -> HeldPlan {
-        HeldPlan(Arc::clone(&self.plan))
-    }
-
-    /// [`Engine::process_read`] with the plan held by the caller
-    /// ([`Engine::hold_plan`]), for one event of many: the plan's count of
-    /// references is an atomic operation, which waits for every store
-    /// before it, and took a fifth of `process_read`'s time when done for
-    /// each event. A plan held from another engine is not used.
-    pub fn process_read_held(
-        &mut self,
-        plan: &HeldPlan,
-        partition: u32,
-        offset: u64,
-        text: &str,
-        read: &ReadEvent,
-        out: &mut Output,
-    ) {
-        if Arc::ptr_eq(&plan.0, &self.plan) {
-            self.count_read(&plan.0, partition, offset, text, read, out);
-        } else {
-            self.process_read(partition, offset, text, read, out);
-        }
+        // The plan is read through the engine's own reader, taken out for the
+        // event: cloning the `Arc` instead is an atomic operation, which
+        // waits for every store before it, and took a fifth of this
+        // function's time when done for each event.
+        let reader = self.reader.take().unwrap_or_else(|| self.reader());
+        self.count_read(&reader.plan, partition, offset, text, read, out);
+        self.reader = Some(reader);
     }
 
     /// Counts an event read by an [`EventReader`], `plan` being this engine's.

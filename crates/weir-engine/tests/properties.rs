@@ -326,8 +326,7 @@ proptest! {
 
     /// Events read apart by an [`EventReader`] (as `weir run` does on a
     /// second thread) and counted with the table slots of other events asked
-    /// for ahead ([`Engine::prefetch`]), with the plan held or not
-    /// ([`Engine::process_read_held`]), give the rows, ledger and counters of
+    /// for ahead ([`Engine::prefetch`]) give the rows, ledger and counters of
     /// events given to [`Engine::process`] one by one.
     #[test]
     fn reading_apart_and_prefetching_change_nothing(
@@ -358,22 +357,13 @@ proptest! {
             })
             .collect();
         let mut out = Output::default();
-        // The plan held across events, and one held from an engine of
-        // another contract, which must not be used, change nothing either.
-        let held = engine.hold_plan();
-        let other = Engine::new(&contract(&Shape { dedup: false, corrects: false, ..shape.clone() }, 0, 0), Mode::Stream, 1).unwrap();
-        let foreign = other.hold_plan();
         for (i, (line, read)) in refs.iter().zip(&reads).enumerate() {
             if let Some(next) = reads.get(i + ahead) {
                 engine.prefetch(next);
             }
             // A slot asked for and never used changes nothing either.
             engine.prefetch(&reads[(i * 7) % reads.len()]);
-            match i % 3 {
-                0 => engine.process_read(0, i as u64 + 1, line, read, &mut out),
-                1 => engine.process_read_held(&held, 0, i as u64 + 1, line, read, &mut out),
-                _ => engine.process_read_held(&foreign, 0, i as u64 + 1, line, read, &mut out),
-            }
+            engine.process_read(0, i as u64 + 1, line, read, &mut out);
         }
         engine.finish(&mut out);
         prop_assert_eq!(format!("{:?}", out.rows), format!("{:?}", one_by_one.rows));

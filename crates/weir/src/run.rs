@@ -261,12 +261,11 @@ fn count(engine: &mut Engine, batch: &Batch, out: &mut Output, written: &mut Wri
     for read in reads.iter().take(PREFETCH_AHEAD) {
         engine.prefetch(read);
     }
-    let plan = engine.hold_plan();
     for (i, (line, read)) in batch.lines.iter().zip(reads).enumerate() {
         if let Some(ahead) = reads.get(i + PREFETCH_AHEAD) {
             engine.prefetch(ahead);
         }
-        engine.process_read_held(&plan, 0, line.number, &batch.text[line.start..line.end], read, out);
+        engine.process_read(0, line.number, &batch.text[line.start..line.end], read, out);
         if !out.rows.is_empty() || !out.ledger.is_empty() {
             written.drain(engine.format(), out)?;
         }
