@@ -106,11 +106,15 @@ struct Fields {
     key_buf: Vec<u8>,
     /// The id's dedup identity, when `[dedup]` is on and the id is readable.
     id_key: Option<u128>,
+    /// The start and id of the first fixed window (tumbling, hopping,
+    /// global) the event falls in, when its time and key are readable: the
+    /// window's hash, taken here, is the one the engine looks it up by.
+    first_window: Option<(i64, WinId)>,
 }
 
 impl Default for Fields {
     fn default() -> Fields {
-        Fields { read: false, time: Ok(0), key: Ok(0), key_buf: Vec::new(), id_key: None }
+        Fields { read: false, time: Ok(0), key: Ok(0), key_buf: Vec::new(), id_key: None, first_window: None }
     }
 }
 
@@ -126,6 +130,10 @@ impl Fields {
                 self.id_key = Some(dedup_key(val, &id));
             }
         }
+        self.first_window = match (&self.time, &self.key) {
+            (Ok(time), Ok(_)) => first_fixed_start(plan.kind, *time).map(|start| (start, win_id(start, &self.key_buf))),
+            _ => None,
+        };
     }
 }
 
@@ -694,10 +702,8 @@ impl Engine {
                 self.st.counted.prefetch(id_key);
             }
         }
-        if let (Ok(time), Ok(_), false) =
-            (&fields.time, &fields.key, matches!(self.plan.kind, WindowKind::Session { .. }))
-        {
-            self.st.windows.prefetch(self.win_id(self.fixed_span(*time).first, &fields.key_buf));
+        if let Some((_, window)) = fields.first_window {
+            self.st.windows.prefetch(window);
         }
     }
 
@@ -992,7 +998,7 @@ impl Engine {
         }
         let counted = match plan.kind {
             WindowKind::Session { gap_ms } => self.assign_session(ctx, time, key_bytes, gap_ms, wm, out),
-            _ => self.assign_fixed(ctx, time, key_bytes, wm, out),
+            _ => self.assign_fixed(ctx, time, key_bytes, fields.first_window, wm, out),
         };
         if let (Some((id_key, fresh)), true) = (remembered, plan.corrects) {
             self.remember_counted(id_key, fresh, time, key_bytes, wm, fresh.expires);
@@ -1008,7 +1014,7 @@ impl Engine {
         self.st.seen.insert(id_key, fresh);
         let given = self.contribs.iter().map(Contrib::kept).collect();
         let first = self.first_counted(time, wm).unwrap_or(self.fixed_span(time).first);
-        let window = self.win_id(first, key);
+        let window = win_id(first, key);
         self.st.counted.insert(id_key, Counted { time, window, wm_at: wm, given, keep_until });
     }
 
@@ -1074,7 +1080,7 @@ impl Engine {
         if !self.withdraw(&old, seen, ctx, out) {
             return;
         }
-        self.assign_fixed(ctx, time, key, wm, out);
+        self.assign_fixed(ctx, time, key, None, wm, out);
         self.st.counters.counted += 1;
         let keep_until = old.keep_until.max(fresh.expires);
         self.remember_counted(id_key, fresh, time, key, wm, keep_until);
@@ -1149,7 +1155,7 @@ impl Engine {
         let global = size == 0;
         let mut start = from;
         loop {
-            let id = self.win_id(start, key);
+            let id = win_id(start, key);
             if let Some(w) = self.st.windows.get_mut(id) {
                 for (state, given) in w.aggs.iter_mut().zip(old.given.iter()) {
                     state.take_back(*given);
@@ -1205,8 +1211,17 @@ impl Engine {
         }
     }
 
-    /// Tumbling, hopping and global windows.
-    fn assign_fixed(&mut self, ctx: &Ctx<'_>, time: i64, key_bytes: &[u8], wm: i64, out: &mut Output) -> bool {
+    /// Tumbling, hopping and global windows. `known`: the first window's
+    /// start and id when the reader took them ([`Fields::first_window`]).
+    fn assign_fixed(
+        &mut self,
+        ctx: &Ctx<'_>,
+        time: i64,
+        key_bytes: &[u8],
+        known: Option<(i64, WinId)>,
+        wm: i64,
+        out: &mut Output,
+    ) -> bool {
         let FixedSpan { size, slide, first, last } = self.fixed_span(time);
         let global = size == 0;
         let mut counted = false;
@@ -1230,7 +1245,11 @@ impl Engine {
                     None,
                 );
             } else {
-                let id = self.win_id(start, key_bytes);
+                let id = match known {
+                    Some((at, id)) if at == start => id,
+                    _ => win_id(start, key_bytes),
+                };
+                debug_assert_eq!(id, win_id(start, key_bytes), "the reader's window id is the engine's");
                 let late = !global && end <= wm;
                 late_any |= late;
                 let (w, made) =
@@ -1281,7 +1300,7 @@ impl Engine {
                 (usize::from(!joins), sessions.is_none(), st.sessions.len())
             }
             WindowKind::Global => {
-                let new = st.windows.get(self.win_id(WM_MIN, key_bytes)).is_none();
+                let new = st.windows.get(win_id(WM_MIN, key_bytes)).is_none();
                 (usize::from(new), new, open)
             }
             _ => {
@@ -1294,7 +1313,7 @@ impl Engine {
                 let mut start = span.first;
                 while start <= span.last {
                     let live = (start + span.size).saturating_add(plan.lateness_ms) > wm;
-                    if live && st.windows.get(self.win_id(start, key_bytes)).is_none() {
+                    if live && st.windows.get(win_id(start, key_bytes)).is_none() {
                         new += 1;
                     }
                     start += span.slide.max(1);
@@ -1318,10 +1337,6 @@ impl Engine {
         }
     }
 
-    /// A window's id: its group key's bytes hashed with its start as the seed.
-    fn win_id(&self, start: i64, key_bytes: &[u8]) -> WinId {
-        xxhash_rust::xxh3::xxh3_128_with_seed(key_bytes, start as u64)
-    }
 
     /// Session windows: merge first, then test the merged window.
     fn assign_session(
@@ -1357,7 +1372,7 @@ impl Engine {
         let mut merged = new_window(&self.plan, key_bytes, start, end);
         let mut identity: Option<(WinId, Window)> = None;
         for &(s, e) in overlapping.iter().rev() {
-            let id = self.win_id(s, key_bytes);
+            let id = win_id(s, key_bytes);
             let Some(w) = self.st.windows.remove(id) else {
                 debug_assert!(false, "session index names a missing window");
                 continue;
@@ -1398,7 +1413,7 @@ impl Engine {
                 id
             }
             None => {
-                let id = self.win_id(start, key_bytes);
+                let id = win_id(start, key_bytes);
                 merged.dirty = merged.events > 0;
                 self.st.windows.insert(id, merged);
                 id
@@ -1786,6 +1801,22 @@ impl Engine {
             last
         };
         FixedSpan { size, slide, first: last - (size - slide), last }
+    }
+}
+
+/// A window's id: its group key's bytes hashed with its start as the seed.
+fn win_id(start: i64, key_bytes: &[u8]) -> WinId {
+    xxhash_rust::xxh3::xxh3_128_with_seed(key_bytes, start as u64)
+}
+
+/// The start of the first fixed window `time` falls in ([`Engine::fixed_span`]'s
+/// `first`, without its cache); `None` for session windows.
+fn first_fixed_start(kind: WindowKind, time: i64) -> Option<i64> {
+    match kind {
+        WindowKind::Tumbling { size_ms } => Some(time - time.rem_euclid(size_ms)),
+        WindowKind::Hopping { size_ms, slide_ms } => Some(time - time.rem_euclid(slide_ms) - (size_ms - slide_ms)),
+        WindowKind::Global => Some(WM_MIN),
+        WindowKind::Session { .. } => None,
     }
 }
 
