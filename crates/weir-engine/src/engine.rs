@@ -1337,7 +1337,6 @@ impl Engine {
         }
     }
 
-
     /// Session windows: merge first, then test the merged window.
     fn assign_session(
         &mut self,

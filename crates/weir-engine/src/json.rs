@@ -326,8 +326,11 @@ impl Parser<'_> {
                 self.ws();
                 let mut inner = None;
                 if let Some((names, slots)) = resolve.as_mut() {
-                    let raw = &self.src[ks..ke];
-                    let id = if kesc { names.find(unescape(raw).as_bytes()) } else { names.find(raw.as_bytes()) };
+                    let id = if kesc {
+                        names.find(unescape(&self.src[ks..ke]).as_bytes())
+                    } else {
+                        names.find(&self.b[ks..ke])
+                    };
                     if let Some(id) = id {
                         slots[names.slot_of[id]] = self.nodes.len() as u32;
                         if let Some(within) = names.inner[id].as_deref() {
@@ -348,8 +351,11 @@ impl Parser<'_> {
                     let mut m = member_start(&self.src[ks..ke], kesc, SEED);
                     self.value(depth + 1, key, Some(&mut m), inner)?;
                     sum = sum.wrapping_add(m.finish());
-                } else {
+                } else if let Some(b'{' | b'[') = self.b.get(self.i) {
                     self.value(depth + 1, key, None, inner)?;
+                } else {
+                    // A scalar member, read here rather than through `value`.
+                    self.scalar(key, None)?;
                 }
                 node.count += 1;
                 self.ws();
