@@ -326,7 +326,17 @@ struct Ctx<'a> {
     offset: u64,
     payload: &'a str,
     time: Option<i64>,
+    /// The event's id, once read: as text, or (`id_at`) the value the
+    /// reader already found to be a string or an integer, read as text only
+    /// when a ledger entry or a `first`/`last` aggregate wants it.
     id: Option<Cow<'a, str>>,
+    id_at: Option<Val<'a>>,
+}
+
+impl<'a> Ctx<'a> {
+    fn id(&self) -> Option<Cow<'a, str>> {
+        self.id.clone().or_else(|| read_id(self.id_at, "").ok())
+    }
 }
 
 pub struct Engine {
@@ -592,7 +602,8 @@ impl Engine {
     pub fn refuse(&mut self, event: EventIn<'_>, reason: Reason, detail: String, out: &mut Output) {
         self.st.counters.read += 1;
         let text = String::from_utf8_lossy(event.bytes);
-        let ctx = Ctx { partition: event.partition, offset: event.offset, payload: &text, time: None, id: None };
+        let ctx =
+            Ctx { partition: event.partition, offset: event.offset, payload: &text, time: None, id: None, id_at: None };
         record(&mut self.st.counters, out, &ctx, None, reason, detail, None, None);
     }
 
@@ -765,7 +776,7 @@ impl Engine {
         wm: i64,
         out: &mut Output,
     ) -> Option<i64> {
-        let ctx = Ctx { partition, offset, payload: text, time: None, id: None };
+        let ctx = Ctx { partition, offset, payload: text, time: None, id: None, id_at: None };
         // 1. Size.
         if read.too_large {
             let detail = format!(
@@ -802,7 +813,7 @@ impl Engine {
                     );
                     None
                 } else {
-                    let mut ctx = Ctx { id: None, ..ctx };
+                    let mut ctx = Ctx { id: None, id_at: None, ..ctx };
                     let event = Event::from_slots(root, &read.slots);
                     let hash = self.payload_hash(read, *payload_hash, text);
                     self.intake_object(plan, event, &read.fields, hash, &mut ctx, wm, out)
@@ -902,19 +913,26 @@ impl Engine {
         let mut id_key = None;
         if let Some(id_path) = &plan.id_path {
             let val = root.get(id_path);
-            match read_id(val, &plan.id_name) {
-                Ok(id) => {
-                    if plan.horizon_ms.is_some() {
-                        // Its slot was asked for already (`Engine::prefetch`).
-                        id_key = Some(fields.id_key.unwrap_or_else(|| dedup_key(val, &id)));
+            match (fields.id_key, plan.horizon_ms) {
+                // The reader read the id (a string or an integer) and its
+                // identity, whose slot was asked for already (`Engine::prefetch`).
+                (Some(known), Some(_)) => {
+                    id_key = Some(known);
+                    ctx.id_at = val;
+                }
+                _ => match read_id(val, &plan.id_name) {
+                    Ok(id) => {
+                        if plan.horizon_ms.is_some() {
+                            id_key = Some(dedup_key(val, &id));
+                        }
+                        ctx.id = Some(id);
                     }
-                    ctx.id = Some(id);
-                }
-                Err((reason, detail)) if plan.horizon_ms.is_some() => {
-                    record(&mut self.st.counters, out, ctx, Some(key_bytes), reason, detail, None, None);
-                    return Some(time);
-                }
-                Err(_) => {}
+                    Err((reason, detail)) if plan.horizon_ms.is_some() => {
+                        record(&mut self.st.counters, out, ctx, Some(key_bytes), reason, detail, None, None);
+                        return Some(time);
+                    }
+                    Err(_) => {}
+                },
             }
         }
         // 5. Aggregates: each one's rule, then its field.
@@ -1186,7 +1204,7 @@ impl Engine {
             partition: seen.partition,
             offset: seen.offset,
             reason: Reason::Superseded,
-            event_id: by.id.as_deref().map(str::to_owned),
+            event_id: by.id().map(Cow::into_owned),
             event_time: Some(old.time),
             key,
             window: None,
@@ -1637,9 +1655,10 @@ fn new_window(plan: &Plan, key: &[u8], start: i64, end: i64) -> Window {
 
 /// Adds one event to a window; true when the window just became dirty.
 fn add_event(w: &mut Window, contribs: &[Contrib], ctx: &Ctx<'_>, time: i64, late: bool) -> bool {
-    let id = ctx.id.as_deref();
+    // Only `first` and `last` keep the id.
+    let id = if contribs.iter().any(|c| matches!(c, Contrib::Pick { .. })) { ctx.id() } else { None };
     for (state, contrib) in w.aggs.iter_mut().zip(contribs) {
-        state.add(contrib, time, id);
+        state.add(contrib, time, id.as_deref());
     }
     crate::output::add_source(&mut w.sources, ctx.partition, ctx.offset);
     w.events += 1;
@@ -1668,7 +1687,7 @@ fn record(
         partition: ctx.partition,
         offset: ctx.offset,
         reason,
-        event_id: ctx.id.as_deref().map(str::to_owned),
+        event_id: ctx.id().map(Cow::into_owned),
         event_time: ctx.time,
         key: key.map(Into::into),
         window,

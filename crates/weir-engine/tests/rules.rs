@@ -262,6 +262,30 @@ fn duplicates_and_conflicts_are_ledgered_and_parsed_json_decides() {
 }
 
 #[test]
+fn a_ledger_entry_names_the_event_id_as_the_event_wrote_it() {
+    let c = contract("", &format!("{TUMBLING_10S}\nlate = \"discard\""), "[dedup]\nhorizon = \"1m\"");
+    let events = [
+        ev("a", 1, "p-1", "2"),
+        ev("a", 1, "p-1", "2"),
+        r#"{"k":"a","t":2000,"id":42,"amount":1}"#.to_string(),
+        r#"{"k":"a","t":2000,"id":42,"amount":3}"#.to_string(),
+        ev("a", 30, "p-2", "1"),
+        r#"{"k":"a","t":3000,"id":"p-\u0033","amount":1}"#.to_string(),
+    ];
+    let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    let mut out = Output::default();
+    for (i, e) in events.iter().enumerate() {
+        engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: e.as_bytes() }, &mut out);
+    }
+    let got: Vec<(u64, &str, Option<&str>)> =
+        out.ledger.iter().map(|l| (l.offset, l.reason.as_str(), l.event_id.as_deref())).collect();
+    assert_eq!(
+        got,
+        [(2, "duplicate", Some("p-1")), (4, "duplicate_conflict", Some("42")), (6, "too_late", Some("p-3"))]
+    );
+}
+
+#[test]
 fn an_id_is_forgotten_once_the_watermark_passes_its_horizon() {
     let c = contract(
         "",
