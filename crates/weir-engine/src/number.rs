@@ -159,6 +159,9 @@ fn plain_decimal(b: &[u8]) -> Option<Decimal> {
     if digits.is_empty() || digits.len() > 29 || (digits[0] == b'0' && digits.get(1).is_some_and(u8::is_ascii_digit)) {
         return None;
     }
+    if digits.len() <= 19 {
+        return short_decimal(negative, digits);
+    }
     let mut mantissa: i128 = 0;
     let mut scale: Option<u32> = None;
     for (i, &c) in digits.iter().enumerate() {
@@ -175,6 +178,27 @@ fn plain_decimal(b: &[u8]) -> Option<Decimal> {
     }
     let mantissa = if negative { -mantissa } else { mantissa };
     Decimal::try_from_i128_with_scale(mantissa, scale.unwrap_or(0)).ok()
+}
+
+/// [`plain_decimal`] for at most 19 characters: at most 19 digits, below
+/// 10^19, so they add up in a `u64` without a check.
+fn short_decimal(negative: bool, digits: &[u8]) -> Option<Decimal> {
+    let mut mantissa: u64 = 0;
+    let mut point = None;
+    for (i, &c) in digits.iter().enumerate() {
+        let digit = c.wrapping_sub(b'0');
+        if digit <= 9 {
+            mantissa = mantissa * 10 + u64::from(digit);
+        } else if c == b'.' && point.is_none() && i > 0 && i + 1 < digits.len() {
+            point = Some(i);
+        } else {
+            return None;
+        }
+    }
+    let scale = point.map_or(0, |at| digits.len() - at - 1) as u32;
+    // A zero is positive, as the wide reading leaves it.
+    let (lo, mid) = (mantissa as u32, (mantissa >> 32) as u32);
+    Some(Decimal::from_parts(lo, mid, 0, negative && mantissa != 0, scale))
 }
 
 fn is_json_number(b: &[u8]) -> bool {
@@ -255,6 +279,28 @@ mod tests {
             let mut got = String::new();
             write_decimal(&d, &mut got);
             prop_assert_eq!(got, d.to_string());
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn short_decimals_read_as_the_exact_reading_does(
+            digits in "[0-9]{1,19}", point in 0usize..20, negative in any::<bool>(),
+        ) {
+            let mut text = String::new();
+            if negative {
+                text.push('-');
+            }
+            // A point inside the digits, or none.
+            for (i, c) in digits.chars().enumerate() {
+                if i == point && i > 0 {
+                    text.push('.');
+                }
+                text.push(c);
+            }
+            let want = Decimal::from_str_exact(&text).ok().filter(|_| !digits.starts_with('0') || digits.len() == 1 || point == 1);
+            let got = parse_decimal(&text);
+            prop_assert_eq!(got.map(|d| (d, d.to_string())), want.map(|d| (d, d.to_string())), "{}", text);
         }
     }
 

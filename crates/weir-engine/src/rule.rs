@@ -89,6 +89,10 @@ impl Rule {
 
     /// Evaluates the rule as a condition: `Ok(true)` includes the event.
     pub(crate) fn test(&self, event: Event<'_>) -> Result<bool, RuleError> {
+        // The common rule (`status == "approved"`), without a value between.
+        if let Rule::FieldIsStr { field, name, text, negate } = self {
+            return field_is_str(event, field, name, text, *negate);
+        }
         match self.eval(event)? {
             V::Bool(b) => Ok(b),
             _ => Err("the rule does not give true or false".into()),
@@ -106,10 +110,7 @@ impl Rule {
                 Some(val) => from_json(val)?,
                 None => return Err(format!("missing {name}")),
             },
-            Rule::FieldIsStr { field, name, text, negate } => match event.get(field) {
-                Some(val) => V::Bool((val.tag() == Tag::String && val.str_is(text)) != *negate),
-                None => return Err(format!("missing {name}")),
-            },
+            Rule::FieldIsStr { field, name, text, negate } => V::Bool(field_is_str(event, field, name, text, *negate)?),
             Rule::Has(field) => V::Bool(event.get(field).is_some()),
             Rule::Not(inner) => match inner.eval(event)? {
                 V::Bool(b) => V::Bool(!b),
@@ -177,6 +178,14 @@ impl Condition {
         let mut slots = Vec::new();
         doc.parse_event(json, None, &self.names, &mut slots, crate::json::Bounds::MAX).map_err(|e| e.text())?;
         self.rule.test(Event::from_slots(doc.root(json), &slots))
+    }
+}
+
+/// Whether a field is the string `text` (`!=` when `negate`); an error when it is missing.
+fn field_is_str(event: Event<'_>, field: &FieldRef, name: &str, text: &str, negate: bool) -> Result<bool, RuleError> {
+    match event.get(field) {
+        Some(val) => Ok((val.tag() == Tag::String && val.str_is(text)) != negate),
+        None => Err(format!("missing {name}")),
     }
 }
 
