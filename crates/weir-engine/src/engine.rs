@@ -1528,9 +1528,11 @@ impl Engine {
     }
 
     /// The rows of this step, in order of window end, window start and key.
-    /// The order is found over the rows' positions (ties, which one window
-    /// per row rules out, in the order decided), so a close of thousands of
-    /// windows moves positions, not rows.
+    /// The order is found over a compact copy of each row's place (its end,
+    /// start, the first 16 bytes of its key and its position; ties, which
+    /// one window per row rules out, in the order decided), and only keys
+    /// that share those bytes are compared whole: a close of thousands of
+    /// windows sorts in one array instead of reaching into every row.
     fn send_pending(&mut self, out: &mut Output) {
         let counters = &mut self.st.counters;
         if self.pending.len() < 2 {
@@ -1538,13 +1540,19 @@ impl Engine {
             return;
         }
         let pending = &self.pending;
-        let mut order: Vec<u32> = (0..pending.len() as u32).collect();
-        order.sort_unstable_by(|&i, &j| {
-            let (a, b) = (&pending[i as usize], &pending[j as usize]);
-            (a.0, a.1.window_start, &a.1.key, i).cmp(&(b.0, b.1.window_start, &b.1.key, j))
+        let mut order: Vec<(i64, Option<i64>, u128, u32)> = pending
+            .iter()
+            .enumerate()
+            .map(|(i, (end, row))| (*end, row.window_start, key_prefix(&row.key), i as u32))
+            .collect();
+        order.sort_unstable_by(|a, b| {
+            (a.0, a.1, a.2)
+                .cmp(&(b.0, b.1, b.2))
+                .then_with(|| pending[a.3 as usize].1.key.cmp(&pending[b.3 as usize].1.key))
+                .then(a.3.cmp(&b.3))
         });
         let mut rows: Vec<Option<Row>> = self.pending.drain(..).map(|(_, row)| Some(row)).collect();
-        for at in order {
+        for (_, _, _, at) in order {
             if let Some(row) = rows[at as usize].take() {
                 send(counters, row, out);
             }
@@ -1822,6 +1830,15 @@ impl Engine {
     }
 }
 
+/// A key's first 16 bytes as a number that orders as the bytes do (zeros
+/// past its end): two keys whose prefixes differ order as their prefixes.
+fn key_prefix(key: &[u8]) -> u128 {
+    let mut head = [0u8; 16];
+    let n = key.len().min(16);
+    head[..n].copy_from_slice(&key[..n]);
+    u128::from_be_bytes(head)
+}
+
 /// A window's id: its group key's bytes hashed with its start as the seed.
 fn win_id(start: i64, key_bytes: &[u8]) -> WinId {
     xxhash_rust::xxh3::xxh3_128_with_seed(key_bytes, start as u64)
@@ -1912,4 +1929,32 @@ fn contribution(root: Event<'_>, agg: &crate::plan::AggPlan, pass: bool) -> Resu
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_prefix;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Keys ordered by their prefixes, and whole only when those are
+        /// equal, order as the keys do: short keys, keys with zero bytes,
+        /// keys that share their first 16 bytes.
+        #[test]
+        fn keys_ordered_by_prefix_then_whole_order_as_the_bytes_do(
+            keys in proptest::collection::vec(
+                (proptest::collection::vec(prop_oneof![Just(0u8), Just(b'a'), any::<u8>()], 0..24), any::<bool>()),
+                2..40,
+            ),
+        ) {
+            let shared = b"0123456789abcdef";
+            let keys: Vec<Vec<u8>> =
+                keys.into_iter().map(|(k, long)| if long { [&shared[..], &k[..]].concat() } else { k }).collect();
+            let mut by_prefix = keys.clone();
+            by_prefix.sort_by(|a, b| key_prefix(a).cmp(&key_prefix(b)).then_with(|| a.cmp(b)));
+            let mut by_bytes = keys;
+            by_bytes.sort();
+            prop_assert_eq!(by_prefix, by_bytes);
+        }
+    }
 }
