@@ -293,6 +293,12 @@ impl<'a> Written<'a> {
     fn drain(&mut self, format: &RowFormat, out: &mut Output) -> Result<()> {
         for row in out.rows.drain(..) {
             format.write_row(&row, &mut self.text);
+            // A close of thousands of windows goes out 64 KiB at a time,
+            // not gathered into megabytes that grow by copying.
+            if self.text.len() >= 1 << 16 {
+                self.rows.write(&self.text)?;
+                self.text.clear();
+            }
         }
         if !matches!(self.ledger, Sink::Discard) && !out.ledger.is_empty() {
             let mut ledger_text = String::new();
@@ -302,10 +308,6 @@ impl<'a> Written<'a> {
             self.ledger.write(&ledger_text)?;
         }
         out.ledger.clear();
-        if self.text.len() >= 1 << 16 {
-            self.rows.write(&self.text)?;
-            self.text.clear();
-        }
         Ok(())
     }
 
