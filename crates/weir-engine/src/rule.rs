@@ -26,6 +26,14 @@ pub(crate) enum Rule {
         text: String,
         negate: bool,
     },
+    /// `field == number` (`!=` when `negate`): compared by value, without
+    /// building values.
+    FieldIsNum {
+        field: FieldRef,
+        name: String,
+        value: Decimal,
+        negate: bool,
+    },
     Has(FieldRef),
     Not(Box<Rule>),
     Cmp(CmpOp, Box<Rule>, Box<Rule>),
@@ -78,6 +86,16 @@ impl Rule {
                     negate: *op == CmpOp::Ne,
                 }
             }
+            Expr::Cmp(op @ (CmpOp::Eq | CmpOp::Ne), a, b) if field_and_number(a, b).is_some() => {
+                let (path, text) = field_and_number(a, b).unwrap_or_else(|| unreachable!());
+                Rule::FieldIsNum {
+                    field: names.field(path.segments()),
+                    name: path.to_string(),
+                    value: parse_decimal(text)
+                        .ok_or_else(|| format!("number {text} has more digits than weir keeps (28)"))?,
+                    negate: *op == CmpOp::Ne,
+                }
+            }
             Expr::Cmp(op, a, b) => {
                 Rule::Cmp(*op, Box::new(Rule::compile(a, names)?), Box::new(Rule::compile(b, names)?))
             }
@@ -90,8 +108,10 @@ impl Rule {
     /// Evaluates the rule as a condition: `Ok(true)` includes the event.
     pub(crate) fn test(&self, event: Event<'_>) -> Result<bool, RuleError> {
         // The common rule (`status == "approved"`), without a value between.
-        if let Rule::FieldIsStr { field, name, text, negate } = self {
-            return field_is_str(event, field, name, text, *negate);
+        match self {
+            Rule::FieldIsStr { field, name, text, negate } => return field_is_str(event, field, name, text, *negate),
+            Rule::FieldIsNum { field, name, value, negate } => return field_is_num(event, field, name, value, *negate),
+            _ => {}
         }
         match self.eval(event)? {
             V::Bool(b) => Ok(b),
@@ -111,6 +131,9 @@ impl Rule {
                 None => return Err(format!("missing {name}")),
             },
             Rule::FieldIsStr { field, name, text, negate } => V::Bool(field_is_str(event, field, name, text, *negate)?),
+            Rule::FieldIsNum { field, name, value, negate } => {
+                V::Bool(field_is_num(event, field, name, value, *negate)?)
+            }
             Rule::Has(field) => V::Bool(event.get(field).is_some()),
             Rule::Not(inner) => match inner.eval(event)? {
                 V::Bool(b) => V::Bool(!b),
@@ -186,6 +209,33 @@ fn field_is_str(event: Event<'_>, field: &FieldRef, name: &str, text: &str, nega
     match event.get(field) {
         Some(val) => Ok((val.tag() == Tag::String && val.str_is(text)) != negate),
         None => Err(format!("missing {name}")),
+    }
+}
+
+/// Whether a field is a number equal to `value` (`!=` when `negate`): an
+/// error when it is missing or a number past 28 digits, as the general
+/// comparison gives.
+fn field_is_num(
+    event: Event<'_>,
+    field: &FieldRef,
+    name: &str,
+    value: &Decimal,
+    negate: bool,
+) -> Result<bool, RuleError> {
+    let Some(val) = event.get(field) else { return Err(format!("missing {name}")) };
+    let is = match val.tag() {
+        Tag::Number => {
+            parse_decimal(val.raw()).ok_or_else(|| format!("number {} is out of range", val.raw()))? == *value
+        }
+        _ => false,
+    };
+    Ok(is != negate)
+}
+
+fn field_and_number<'e>(a: &'e Expr, b: &'e Expr) -> Option<(&'e weir_contract::FieldPath, &'e str)> {
+    match (a, b) {
+        (Expr::Field(p), Expr::Number(n)) | (Expr::Number(n), Expr::Field(p)) => Some((p, n)),
+        _ => None,
     }
 }
 
@@ -302,6 +352,43 @@ mod tests {
         check(r#"!(status == "declined") && amount >= 0"#, r#"{"status":"approved","amount":null}"#, None);
         check("!amount", r#"{"amount":1}"#, None);
         check("amount", r#"{"amount":true}"#, Some(true));
+    }
+
+    fn result(rule: &str, event: &str) -> Option<bool> {
+        let mut names = Names::default();
+        let rule = Rule::compile(&weir_contract::parse_rule(rule).unwrap(), &mut names).unwrap();
+        let mut doc = Doc::default();
+        let mut slots = Vec::new();
+        doc.parse_event(event, None, &names, &mut slots, crate::json::Bounds::MAX).unwrap();
+        rule.test(Event::from_slots(doc.root(event), &slots)).ok()
+    }
+
+    #[test]
+    fn a_field_equal_to_a_number_is_what_the_general_comparison_says() {
+        let events = [
+            r#"{"x":2}"#,
+            r#"{"x":2.00}"#,
+            r#"{"x":-2}"#,
+            r#"{"x":20}"#,
+            r#"{"x":2e0}"#,
+            r#"{"x":"2"}"#,
+            r#"{"x":null}"#,
+            r#"{"x":true}"#,
+            r#"{"x":[2]}"#,
+            r#"{"x":{"y":2}}"#,
+            r#"{"x":123456789012345678901234567890123}"#,
+            r#"{}"#,
+            r#"{"x":1,"x":2}"#,
+        ];
+        for event in events {
+            for n in ["2", "2.0", "-2", "0"] {
+                // Membership in a one-item list compares as `==` does, through values.
+                let general = result(&format!("x in [{n}]"), event);
+                assert_eq!(result(&format!("x == {n}"), event), general, "x == {n} on {event}");
+                assert_eq!(result(&format!("{n} == x"), event), general, "{n} == x on {event}");
+                assert_eq!(result(&format!("x != {n}"), event), general.map(|b| !b), "x != {n} on {event}");
+            }
+        }
     }
 
     #[test]
