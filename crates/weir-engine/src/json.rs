@@ -593,6 +593,7 @@ impl Names {
         self.find_among(key)
     }
 
+    #[inline(always)]
     fn find_among(&self, key: &[u8]) -> Option<usize> {
         let ids = self.by_len.get(key.len().min(63))?;
         let (first, last) = words(key);
