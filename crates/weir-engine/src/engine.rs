@@ -1451,10 +1451,14 @@ impl Engine {
     }
 
     fn row(&self, w: &Window, status: Status, revision: u32) -> Row {
+        self.row_with(w, status, revision, w.key.clone(), w.sources.clone())
+    }
+
+    fn row_with(&self, w: &Window, status: Status, revision: u32, key: Box<[u8]>, sources: Sources) -> Row {
         let global = matches!(self.plan.kind, WindowKind::Global);
         let wm = self.st.wm;
         Row {
-            key: w.key.clone(),
+            key,
             window_start: (!global).then_some(w.start),
             window_end: (!global).then_some(w.end),
             status,
@@ -1462,9 +1466,16 @@ impl Engine {
             values: w.aggs.iter().zip(&self.plan.aggs).map(|(s, a)| s.value(a.func)).collect(),
             events: w.events,
             late_events: w.late_events,
-            sources: w.sources.clone(),
+            sources,
             watermark: (wm != WM_MIN && wm != WM_MAX).then_some(wm),
         }
+    }
+
+    /// [`Engine::row`] for a window that settles and is forgotten: the row
+    /// takes its key and sources instead of copies.
+    fn settled_row(&self, mut w: Window, revision: u32) -> Row {
+        let (key, sources) = (std::mem::take(&mut w.key), std::mem::take(&mut w.sources));
+        self.row_with(&w, Status::Settled, revision, key, sources)
     }
 
     /// Step 9: rows for the windows that changed or whose time came, in order
@@ -1595,10 +1606,14 @@ impl Engine {
             return None;
         };
         let revision = if w.revision == 0 { self.st.revision_floor.saturating_add(1) } else { w.revision + 1 };
-        let row = self.row(w, status, revision);
         if status == Status::Settled {
-            self.forget_window(id);
-        } else if let Some(w) = self.st.windows.get_mut(id) {
+            // Its last row takes the window's key and sources, not copies.
+            let w = self.st.windows.remove(id)?;
+            self.forget_removed(id, &w);
+            return Some(self.settled_row(w, revision));
+        }
+        let row = self.row(w, status, revision);
+        if let Some(w) = self.st.windows.get_mut(id) {
             w.revision = revision;
             w.dirty = false;
             if wm >= w.end {
@@ -1609,7 +1624,14 @@ impl Engine {
     }
 
     fn forget_window(&mut self, id: WinId) {
-        let Some(w) = self.st.windows.remove(id) else { return };
+        if let Some(w) = self.st.windows.remove(id) {
+            self.forget_removed(id, &w);
+        }
+    }
+
+    /// What else a window taken out of the table leaves: its timer, its
+    /// key's count, its session.
+    fn forget_removed(&mut self, id: WinId, w: &Window) {
         self.st.timers.remove(w.end, id);
         if self.plan.count_keys {
             let k = key_id(&w.key);
