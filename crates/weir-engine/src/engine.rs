@@ -1835,10 +1835,8 @@ impl Engine {
     /// first's. Events come mostly in order, so the last start found is
     /// kept with the slide it covers, and a time inside it needs no division.
     fn fixed_span(&self, time: i64) -> FixedSpan {
-        let (size, slide) = match self.plan.kind {
-            WindowKind::Tumbling { size_ms } => (size_ms, size_ms),
-            WindowKind::Hopping { size_ms, slide_ms } => (size_ms, slide_ms),
-            _ => return FixedSpan { size: 0, slide: 0, first: WM_MIN, last: WM_MIN },
+        let Some((size, slide)) = size_and_slide(self.plan.kind) else {
+            return FixedSpan { size: 0, slide: 0, first: WM_MIN, last: WM_MIN };
         };
         let (from, to) = self.span_at.get();
         let last = if from <= time && time < to {
@@ -1869,11 +1867,19 @@ fn win_id(start: i64, key_bytes: &[u8]) -> WinId {
 /// The start of the first fixed window `time` falls in ([`Engine::fixed_span`]'s
 /// `first`, without its cache); `None` for session windows.
 fn first_fixed_start(kind: WindowKind, time: i64) -> Option<i64> {
+    match (kind, size_and_slide(kind)) {
+        (_, Some((size, slide))) => Some(time - time.rem_euclid(slide) - (size - slide)),
+        (WindowKind::Global, None) => Some(WM_MIN),
+        _ => None,
+    }
+}
+
+/// A tumbling or hopping window's size and slide (a tumbling window slides by its size).
+fn size_and_slide(kind: WindowKind) -> Option<(i64, i64)> {
     match kind {
-        WindowKind::Tumbling { size_ms } => Some(time - time.rem_euclid(size_ms)),
-        WindowKind::Hopping { size_ms, slide_ms } => Some(time - time.rem_euclid(slide_ms) - (size_ms - slide_ms)),
-        WindowKind::Global => Some(WM_MIN),
-        WindowKind::Session { .. } => None,
+        WindowKind::Tumbling { size_ms } => Some((size_ms, size_ms)),
+        WindowKind::Hopping { size_ms, slide_ms } => Some((size_ms, slide_ms)),
+        WindowKind::Global | WindowKind::Session { .. } => None,
     }
 }
 
