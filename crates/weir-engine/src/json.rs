@@ -134,12 +134,16 @@ impl Doc {
         }
         self.nodes.clear();
         let bounds = Bounds { depth: bounds.depth.min(DEPTH_MAX), values: bounds.values };
-        let mut p = Parser { b: src.as_bytes(), src, i: 0, nodes: &mut self.nodes, scratch, bounds, why: None };
+        let mut p =
+            Parser { b: src.as_bytes(), src, i: 0, nodes: &mut self.nodes, scratch, bounds, skipped: 0, why: None };
         p.ws();
+        // Members the plan does not read are validated and not recorded,
+        // unless the parse hashes the whole document.
+        let skip_unread = resolve.is_some() && p.scratch.is_none();
         let parsed = if p.b.get(p.i) == Some(&b'{') {
-            p.object(0, (0, 0, false), resolve)
+            p.object(0, (0, 0, false), resolve, skip_unread)
         } else {
-            p.value(0, (0, 0, false), None, None)
+            p.value(0, (0, 0, false), None, None, false)
         };
         let Ok(hash) = parsed else {
             return Err(p.why.take().unwrap_or_else(|| ParseError::Malformed("not JSON".into())));
@@ -164,6 +168,9 @@ struct Parser<'a> {
     /// Present when the parse also computes the canonical hash.
     scratch: Option<&'a mut Vec<u8>>,
     bounds: Bounds,
+    /// Values validated and not recorded ([`Parser::skip`]): they count
+    /// against `bounds.values` as recorded ones do.
+    skipped: usize,
     /// Why the parse stopped, set where it stopped: the parse's functions
     /// return [`Stop`], which fits in a register, rather than the message.
     why: Option<ParseError>,
@@ -211,17 +218,18 @@ impl Parser<'_> {
     /// Parses one value into the arena. When hashing: a scalar feeds its
     /// canonical form into `member` (an object member's hash, already fed
     /// with the name) or returns its own hash; a container returns its hash,
-    /// also fed into `member`.
+    /// also fed into `member`. `skip_unread`: see [`Parser::object`].
     fn value(
         &mut self,
         depth: usize,
         key: (u32, u32, bool),
         member: Option<&mut Mix>,
         resolve: Option<(&Names, &mut [u32])>,
+        skip_unread: bool,
     ) -> Result<u64, Stop> {
         match self.b.get(self.i) {
             Some(b'{') => {
-                let hash = self.object(depth, key, resolve)?;
+                let hash = self.object(depth, key, resolve, skip_unread)?;
                 if let Some(m) = member {
                     m.write_u64(hash);
                 }
@@ -263,7 +271,7 @@ impl Parser<'_> {
         if matches!(node.tag, Tag::True | Tag::False | Tag::Null) {
             node.end = self.i as u32;
         }
-        if self.nodes.len() >= self.bounds.values {
+        if self.values() >= self.bounds.values {
             return self.over(format!("more than max_fields = {} values", self.bounds.values));
         }
         self.nodes.push(node);
@@ -283,7 +291,7 @@ impl Parser<'_> {
             return self.over(format!("nested deeper than max_depth = {}", self.bounds.depth));
         }
         let index = self.nodes.len();
-        if index >= self.bounds.values {
+        if self.values() >= self.bounds.values {
             return self.over(format!("more than max_fields = {} values", self.bounds.values));
         }
         let node = Node::new(tag, self.i, key);
@@ -300,11 +308,16 @@ impl Parser<'_> {
     }
 
     /// An object; at the root, `resolve` records where the plan's names are.
+    /// With `skip_unread`, a member whose name is not among them is
+    /// validated by [`Parser::skip`] and left out of the arena: nothing reads
+    /// it, and the object's node counts only the members it holds. A value
+    /// the plan reads whole ([`Names::whole`]) is recorded whole.
     fn object(
         &mut self,
         depth: usize,
         key: (u32, u32, bool),
         mut resolve: Option<(&Names, &mut [u32])>,
+        skip_unread: bool,
     ) -> Result<u64, Stop> {
         let (index, mut node) = self.open(depth, Tag::Object, key)?;
         let hashing = self.scratch.is_some();
@@ -325,12 +338,28 @@ impl Parser<'_> {
                 self.i += 1;
                 self.ws();
                 let mut inner = None;
+                let mut skip_inner = false;
                 if let Some((names, slots)) = resolve.as_mut() {
                     let id = if kesc {
                         names.find(unescape(&self.src[ks..ke]).as_bytes())
                     } else {
                         names.find(&self.b[ks..ke])
                     };
+                    if id.is_none() && skip_unread {
+                        self.skip(depth + 1)?;
+                        self.ws();
+                        match self.b.get(self.i) {
+                            Some(b',') => {
+                                self.i += 1;
+                                continue;
+                            }
+                            Some(b'}') => {
+                                self.i += 1;
+                                break;
+                            }
+                            _ => return self.fail("expected `,` or `}`"),
+                        }
+                    }
                     if let Some(id) = id {
                         slots[names.slot_of[id]] = self.nodes.len() as u32;
                         if let Some(within) = names.inner[id].as_deref() {
@@ -339,6 +368,7 @@ impl Parser<'_> {
                                 slots[slot] = NO_NODE;
                             }
                             inner = Some(within);
+                            skip_inner = skip_unread && !names.whole[id];
                         }
                     }
                 }
@@ -349,10 +379,10 @@ impl Parser<'_> {
                 };
                 if hashing {
                     let mut m = member_start(&self.src[ks..ke], kesc, SEED);
-                    self.value(depth + 1, key, Some(&mut m), inner)?;
+                    self.value(depth + 1, key, Some(&mut m), inner, false)?;
                     sum = sum.wrapping_add(m.finish());
                 } else if let Some(b'{' | b'[') = self.b.get(self.i) {
-                    self.value(depth + 1, key, None, inner)?;
+                    self.value(depth + 1, key, None, inner, skip_inner)?;
                 } else {
                     // A scalar member, read here rather than through `value`.
                     self.scalar(key, None)?;
@@ -381,7 +411,7 @@ impl Parser<'_> {
         } else {
             loop {
                 self.ws();
-                let child = self.value(depth + 1, (0, 0, false), None, None)?;
+                let child = self.value(depth + 1, (0, 0, false), None, None, false)?;
                 h.write_u64(child);
                 node.count += 1;
                 self.ws();
@@ -403,6 +433,130 @@ impl Parser<'_> {
         if self.b[self.i..].starts_with(word) {
             self.i += word.len();
             node.tag = tag;
+            Ok(())
+        } else {
+            self.fail("expected a JSON value")
+        }
+    }
+
+    /// Validates the value at `self.i` as [`Parser::value`] does, with the
+    /// same bounds and the same errors, and records nothing: the value of a
+    /// member the plan does not read. One loop over the value's tokens,
+    /// with the containers open inside it kept as bits (no value is deeper
+    /// than [`DEPTH_MAX`], 64).
+    fn skip(&mut self, depth: usize) -> Result<(), Stop> {
+        // Bit k: whether the k-th innermost open container is an object.
+        let mut objects: u64 = 0;
+        let mut open = 0usize;
+        loop {
+            // A value.
+            match self.b.get(self.i) {
+                Some(&c @ (b'{' | b'[')) => {
+                    if depth + open >= self.bounds.depth {
+                        return self.over(format!("nested deeper than max_depth = {}", self.bounds.depth));
+                    }
+                    self.count_skipped()?;
+                    self.i += 1;
+                    self.ws();
+                    let object = c == b'{';
+                    let close = if object { b'}' } else { b']' };
+                    if self.b.get(self.i) == Some(&close) {
+                        self.i += 1;
+                    } else {
+                        objects = (objects << 1) | u64::from(object);
+                        open += 1;
+                        if object {
+                            self.skip_name()?;
+                        }
+                        continue;
+                    }
+                }
+                Some(b'"') => {
+                    self.string()?;
+                    self.count_skipped()?;
+                }
+                Some(b'-' | b'0'..=b'9') => {
+                    self.number()?;
+                    self.count_skipped()?;
+                }
+                Some(b't') => {
+                    self.word(b"true")?;
+                    self.count_skipped()?;
+                }
+                Some(b'f') => {
+                    self.word(b"false")?;
+                    self.count_skipped()?;
+                }
+                Some(b'n') => {
+                    self.word(b"null")?;
+                    self.count_skipped()?;
+                }
+                _ => return self.fail("expected a JSON value"),
+            }
+            // After a value: close what ends here, then the next member or item.
+            loop {
+                if open == 0 {
+                    return Ok(());
+                }
+                self.ws();
+                let object = objects & 1 == 1;
+                match (self.b.get(self.i), object) {
+                    (Some(b','), _) => {
+                        self.i += 1;
+                        self.ws();
+                        if object {
+                            self.skip_name()?;
+                        }
+                        break;
+                    }
+                    (Some(b'}'), true) | (Some(b']'), false) => {
+                        self.i += 1;
+                        objects >>= 1;
+                        open -= 1;
+                    }
+                    (_, true) => return self.fail("expected `,` or `}`"),
+                    (_, false) => return self.fail("expected `,` or `]`"),
+                }
+            }
+        }
+    }
+
+    /// A member's name and its colon, up to the value, not recorded.
+    #[inline(always)]
+    fn skip_name(&mut self) -> Result<(), Stop> {
+        if self.b.get(self.i) != Some(&b'"') {
+            return self.fail("expected a member name in quotes");
+        }
+        self.string()?;
+        self.ws();
+        if self.b.get(self.i) != Some(&b':') {
+            return self.fail("expected `:` after a member name");
+        }
+        self.i += 1;
+        self.ws();
+        Ok(())
+    }
+
+    /// Counts a skipped value against `bounds.values`.
+    #[inline]
+    fn count_skipped(&mut self) -> Result<(), Stop> {
+        if self.values() >= self.bounds.values {
+            return self.over(format!("more than max_fields = {} values", self.bounds.values));
+        }
+        self.skipped += 1;
+        Ok(())
+    }
+
+    /// Values recorded and skipped so far.
+    #[inline(always)]
+    fn values(&self) -> usize {
+        self.nodes.len() + self.skipped
+    }
+
+    /// A literal at `self.i`, not recorded.
+    fn word(&mut self, word: &[u8]) -> Result<(), Stop> {
+        if self.b[self.i..].starts_with(word) {
+            self.i += word.len();
             Ok(())
         } else {
             self.fail("expected a JSON value")
@@ -526,6 +680,9 @@ pub(crate) struct Names {
     /// when the name comes again, so that the last member of a repeated
     /// name is the one read, as [`Val::get`] reads it.
     under: Vec<Vec<usize>>,
+    /// Whether the plan reads each name's value itself, not only names
+    /// inside it: such a value is recorded whole.
+    whole: Vec<bool>,
     /// Slots handed out at this level and below (at the top: all of them).
     slots: usize,
     /// Bit `n` set when a name is `n` bytes long (bit 63: 63 or more).
@@ -566,10 +723,12 @@ impl Names {
                 *next += 1;
                 self.inner.push(None);
                 self.under.push(Vec::new());
+                self.whole.push(false);
                 self.names.len() - 1
             }
         };
         if segments.len() == 1 {
+            self.whole[id] = true;
             return self.slot_of[id];
         }
         let before = *next;
@@ -1185,11 +1344,81 @@ mod tests {
             let mut tree = Doc::default();
             tree.parse(&text).unwrap();
             for (path, field) in paths.iter().zip(&fields) {
-                let want = tree.root(&text).path(path).map(|v| v.json_text().to_owned());
-                let got = event.get(field).map(|v| v.json_text().to_owned());
+                let want = tree.root(&text).path(path).map(|v| (v.json_text().to_owned(), v.canonical_hash()));
+                // The hash walks the value's nodes: a value the plan reads whole
+                // (`bid`, `a`) keeps every member, however many are skipped around it.
+                let got = event.get(field).map(|v| (v.json_text().to_owned(), v.canonical_hash()));
                 assert_eq!(got, want, "round {round}: {path:?} in {text}");
             }
         }
+    }
+
+    /// Skipping the members a plan does not read accepts and refuses what
+    /// the whole parse does, with the same message, under the same bounds:
+    /// over random documents, cut short or with a byte changed.
+    #[test]
+    fn skipped_members_are_validated_as_recorded_ones_are() {
+        let seed: u64 = 0x51c1_77ed;
+        println!("seed {seed:#x}");
+        let mut state = seed;
+        let mut next = move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        let mut names = Names::default();
+        for path in [&["id"][..], &["acct", "id"], &["t"]] {
+            names.field(path);
+        }
+        let pool = ["id", "acct", "t", "x", "tags", "y\\u0041"];
+        let scalars = ["1", "-2.5e3", "\"s\"", "\"\\n\\u00e9\"", "true", "false", "null", "\"\""];
+        fn doc(next: &mut dyn FnMut(usize) -> usize, pool: &[&str], scalars: &[&str], depth: usize) -> String {
+            match next(if depth > 4 { 2 } else { 5 }) {
+                0 | 1 => scalars[next(scalars.len())].to_owned(),
+                2 => {
+                    let items: Vec<String> = (0..next(4)).map(|_| doc(next, pool, scalars, depth + 1)).collect();
+                    format!("[{}]", items.join(if next(2) == 0 { "," } else { " , " }))
+                }
+                _ => {
+                    let members: Vec<String> = (0..next(5))
+                        .map(|_| format!("\"{}\":{}", pool[next(pool.len())], doc(next, pool, scalars, depth + 1)))
+                        .collect();
+                    format!("{{{}}}", members.join(","))
+                }
+            }
+        }
+        let breaks: [&[u8]; 12] = [b"", b" ", b",", b":", b"{", b"}", b"[", b"]", b"\"", b"\\", b"\x01", b"1"];
+        let (mut skipping, mut whole) = (Doc::default(), Doc::default());
+        let mut slots = Vec::new();
+        let (mut refused, mut over) = (0, 0);
+        for round in 0..20_000 {
+            let members: Vec<String> = (0..next(6))
+                .map(|_| format!("\"{}\":{}", pool[next(pool.len())], doc(&mut next, &pool, &scalars, 1)))
+                .collect();
+            let mut bytes = format!("{{{}}}", members.join(",")).into_bytes();
+            match next(4) {
+                0 => bytes.truncate(next(bytes.len() + 1)),
+                1 => {
+                    let at = next(bytes.len());
+                    let with = breaks[next(breaks.len())];
+                    bytes.splice(at..at + 1, with.iter().copied());
+                }
+                _ => {}
+            }
+            let text = String::from_utf8(bytes).unwrap();
+            let bounds = Bounds { depth: 1 + next(6), values: 1 + next(40) };
+            let got = skipping.parse_event(&text, None, &names, &mut slots, bounds);
+            let want = whole.parse_with(&text, None, None, bounds);
+            assert_eq!(got, want, "round {round}: {text} under {bounds:?}");
+            match want {
+                Err(ParseError::Malformed(_)) => refused += 1,
+                Err(ParseError::OverLimit(_)) => over += 1,
+                Ok(_) => {}
+            }
+        }
+        // The cases reach every outcome.
+        assert!(refused > 1_000 && over > 1_000, "{refused} malformed, {over} over a bound");
     }
 
     #[test]
