@@ -46,6 +46,7 @@ use crate::number::parse_decimal;
 use crate::output::{LedgerEntry, Output, Reason, Row, RowFormat, Sources, Status, PAYLOAD_BYTES_MAX};
 use crate::plan::Plan;
 use crate::recall::{Recall, Recalled};
+use crate::rule::RuleError;
 use crate::table::HashedTable;
 use crate::time::{parse_rfc3339_ms, TIME_MAX_MS, TIME_MIN_MS};
 
@@ -110,11 +111,27 @@ struct Fields {
     /// global) the event falls in, when its time and key are readable: the
     /// window's hash, taken here, is the one the engine looks it up by.
     first_window: Option<(i64, WinId)>,
+    /// The contract's `where` (step 3); true when it has none.
+    rule: Result<bool, RuleError>,
+    /// When `rule` passed: each aggregate's `where`, then what the event
+    /// gives it (step 5), in the plan's order.
+    agg_rules: Vec<Result<bool, RuleError>>,
+    contribs: Vec<Result<Contrib, String>>,
 }
 
 impl Default for Fields {
     fn default() -> Fields {
-        Fields { read: false, time: Ok(0), key: Ok(0), key_buf: Vec::new(), id_key: None, first_window: None }
+        Fields {
+            read: false,
+            time: Ok(0),
+            key: Ok(0),
+            key_buf: Vec::new(),
+            id_key: None,
+            first_window: None,
+            rule: Ok(true),
+            agg_rules: Vec::new(),
+            contribs: Vec::new(),
+        }
     }
 }
 
@@ -134,6 +151,19 @@ impl Fields {
             (Ok(time), Ok(_)) => first_fixed_start(plan.kind, *time).map(|start| (start, win_id(start, &self.key_buf))),
             _ => None,
         };
+        // The rules and the aggregates' values depend on the event alone:
+        // read here, while its nodes are in this core's cache, they leave
+        // the engine's thread only results to look at.
+        self.rule = plan.rule.as_ref().map_or(Ok(true), |rule| rule.test(root));
+        self.agg_rules.clear();
+        self.contribs.clear();
+        if self.rule == Ok(true) {
+            for agg in &plan.aggs {
+                let pass = agg.rule.as_ref().map_or(Ok(true), |rule| rule.test(root));
+                self.contribs.push(contribution(root, agg, pass == Ok(true)));
+                self.agg_rules.push(pass);
+            }
+        }
     }
 }
 
@@ -351,7 +381,6 @@ pub struct Engine {
     /// their bytes ([`Engine::recall_with`]).
     pub(crate) recall: Option<Box<Recalled>>,
     contribs: Vec<Contrib>,
-    agg_pass: Vec<bool>,
     dirty: Vec<WinId>,
     /// Rows of this step with their window's end, sorted before they go out.
     pending: Vec<(i64, Row)>,
@@ -413,7 +442,6 @@ impl Engine {
             mode,
             st,
             contribs: Vec::new(),
-            agg_pass: Vec::new(),
             dirty: Vec::new(),
             pending: Vec::new(),
             one_partition: false,
@@ -849,9 +877,9 @@ impl Engine {
             _ => None,
         };
         let readable = time.as_ref().ok().copied().filter(|_| ahead.is_none());
-        // 3. The contract's rule, before any field is required.
-        if let Some(rule) = &plan.rule {
-            match rule.test(root) {
+        // 3. The contract's rule, before any field is required (the reader tested it).
+        if plan.rule.is_some() {
+            match &fields.rule {
                 Ok(true) => {}
                 Ok(false) => {
                     self.st.counters.filtered += 1;
@@ -935,26 +963,18 @@ impl Engine {
                 },
             }
         }
-        // 5. Aggregates: each one's rule, then its field.
-        self.agg_pass.clear();
-        for (i, agg) in plan.aggs.iter().enumerate() {
-            let pass = match &agg.rule {
-                None => true,
-                Some(rule) => match rule.test(root) {
-                    Ok(pass) => pass,
-                    Err(detail) => {
-                        let detail = format!("aggregate {}: where: {detail}", plan.format.value_names[i]);
-                        record(&mut self.st.counters, out, ctx, Some(key_bytes), Reason::RuleError, detail, None, None);
-                        return Some(time);
-                    }
-                },
-            };
-            self.agg_pass.push(pass);
+        // 5. Aggregates: each one's rule, then its field (the reader read both).
+        for (i, pass) in fields.agg_rules.iter().enumerate() {
+            if let Err(detail) = pass {
+                let detail = format!("aggregate {}: where: {detail}", plan.format.value_names[i]);
+                record(&mut self.st.counters, out, ctx, Some(key_bytes), Reason::RuleError, detail, None, None);
+                return Some(time);
+            }
         }
         self.contribs.clear();
-        for (i, agg) in plan.aggs.iter().enumerate() {
-            match contribution(root, agg, self.agg_pass[i]) {
-                Ok(c) => self.contribs.push(c),
+        for (i, contrib) in fields.contribs.iter().enumerate() {
+            match contrib {
+                Ok(c) => self.contribs.push(c.clone()),
                 Err(detail) => {
                     let detail = format!("aggregate {}: {detail}", plan.format.value_names[i]);
                     record(&mut self.st.counters, out, ctx, Some(key_bytes), Reason::BadType, detail, None, None);
