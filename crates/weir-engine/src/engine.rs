@@ -1571,19 +1571,10 @@ impl Engine {
             return;
         }
         let pending = &self.pending;
-        let mut order: Vec<(i64, Option<i64>, u128, u32)> = pending
-            .iter()
-            .enumerate()
-            .map(|(i, (end, row))| (*end, row.window_start, key_prefix(&row.key), i as u32))
-            .collect();
-        order.sort_unstable_by(|a, b| {
-            (a.0, a.1, a.2)
-                .cmp(&(b.0, b.1, b.2))
-                .then_with(|| pending[a.3 as usize].1.key.cmp(&pending[b.3 as usize].1.key))
-                .then(a.3.cmp(&b.3))
-        });
+        let order =
+            crate::order::sorted(pending.len(), |i| (pending[i].0, pending[i].1.window_start, &pending[i].1.key));
         let mut rows: Vec<Option<Row>> = self.pending.drain(..).map(|(_, row)| Some(row)).collect();
-        for (_, _, _, at) in order {
+        for at in order {
             if let Some(row) = rows[at as usize].take() {
                 send(counters, row, out);
             }
@@ -1870,15 +1861,6 @@ impl Engine {
     }
 }
 
-/// A key's first 16 bytes as a number that orders as the bytes do (zeros
-/// past its end): two keys whose prefixes differ order as their prefixes.
-fn key_prefix(key: &[u8]) -> u128 {
-    let mut head = [0u8; 16];
-    let n = key.len().min(16);
-    head[..n].copy_from_slice(&key[..n]);
-    u128::from_be_bytes(head)
-}
-
 /// A window's id: its group key's bytes hashed with its start as the seed.
 fn win_id(start: i64, key_bytes: &[u8]) -> WinId {
     xxhash_rust::xxh3::xxh3_128_with_seed(key_bytes, start as u64)
@@ -1977,32 +1959,4 @@ fn contribution(root: Event<'_>, agg: &crate::plan::AggPlan, pass: bool) -> Resu
             }
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::key_prefix;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// Keys ordered by their prefixes, and whole only when those are
-        /// equal, order as the keys do: short keys, keys with zero bytes,
-        /// keys that share their first 16 bytes.
-        #[test]
-        fn keys_ordered_by_prefix_then_whole_order_as_the_bytes_do(
-            keys in proptest::collection::vec(
-                (proptest::collection::vec(prop_oneof![Just(0u8), Just(b'a'), any::<u8>()], 0..24), any::<bool>()),
-                2..40,
-            ),
-        ) {
-            let shared = b"0123456789abcdef";
-            let keys: Vec<Vec<u8>> =
-                keys.into_iter().map(|(k, long)| if long { [&shared[..], &k[..]].concat() } else { k }).collect();
-            let mut by_prefix = keys.clone();
-            by_prefix.sort_by(|a, b| key_prefix(a).cmp(&key_prefix(b)).then_with(|| a.cmp(b)));
-            let mut by_bytes = keys;
-            by_bytes.sort();
-            prop_assert_eq!(by_prefix, by_bytes);
-        }
-    }
 }

@@ -12,6 +12,7 @@ mod json;
 mod key;
 pub mod lateness;
 mod number;
+mod order;
 mod output;
 mod plan;
 mod prefetch;
