@@ -114,9 +114,19 @@ struct Fields {
     /// The contract's `where` (step 3); true when it has none.
     rule: Result<bool, RuleError>,
     /// When `rule` passed: each aggregate's `where`, then what the event
-    /// gives it (step 5), in the plan's order.
-    agg_rules: Vec<Result<bool, RuleError>>,
-    contribs: Vec<Result<Contrib, String>>,
+    /// gives it (step 5), in the plan's order; `agg_fault` is the first
+    /// that failed, in the engine's order (every rule before any value).
+    agg_pass: Vec<bool>,
+    contribs: Vec<Contrib>,
+    agg_fault: Option<AggFault>,
+}
+
+/// Why an event gives its aggregates nothing: aggregate `n`'s `where`
+/// could not be evaluated, or its value is not one it takes.
+#[derive(Debug)]
+enum AggFault {
+    Rule(usize, RuleError),
+    Value(usize, String),
 }
 
 impl Default for Fields {
@@ -129,8 +139,9 @@ impl Default for Fields {
             id_key: None,
             first_window: None,
             rule: Ok(true),
-            agg_rules: Vec::new(),
+            agg_pass: Vec::new(),
             contribs: Vec::new(),
+            agg_fault: None,
         }
     }
 }
@@ -155,15 +166,29 @@ impl Fields {
         // read here, while its nodes are in this core's cache, they leave
         // the engine's thread only results to look at.
         self.rule = plan.rule.as_ref().map_or(Ok(true), |rule| rule.test(root));
-        self.agg_rules.clear();
+        self.agg_pass.clear();
         self.contribs.clear();
-        if self.rule == Ok(true) {
-            for agg in &plan.aggs {
-                let pass = agg.rule.as_ref().map_or(Ok(true), |rule| rule.test(root));
-                self.contribs.push(contribution(root, agg, pass == Ok(true)));
-                self.agg_rules.push(pass);
+        self.agg_fault = None;
+        if matches!(self.rule, Ok(true)) {
+            self.agg_fault = self.read_aggregates(root, plan);
+        }
+    }
+
+    /// Each aggregate's `where`, then each one's value; the first fault.
+    fn read_aggregates(&mut self, root: Event<'_>, plan: &Plan) -> Option<AggFault> {
+        for (i, agg) in plan.aggs.iter().enumerate() {
+            match agg.rule.as_ref().map_or(Ok(true), |rule| rule.test(root)) {
+                Ok(pass) => self.agg_pass.push(pass),
+                Err(detail) => return Some(AggFault::Rule(i, detail)),
             }
         }
+        for (i, (agg, &pass)) in plan.aggs.iter().zip(&self.agg_pass).enumerate() {
+            match contribution(root, agg, pass) {
+                Ok(c) => self.contribs.push(c),
+                Err(detail) => return Some(AggFault::Value(i, detail)),
+            }
+        }
+        None
     }
 }
 
@@ -964,22 +989,17 @@ impl Engine {
             }
         }
         // 5. Aggregates: each one's rule, then its field (the reader read both).
-        for (i, pass) in fields.agg_rules.iter().enumerate() {
-            if let Err(detail) = pass {
-                let detail = format!("aggregate {}: where: {detail}", plan.format.value_names[i]);
+        match &fields.agg_fault {
+            None => self.contribs.clone_from(&fields.contribs),
+            Some(AggFault::Rule(i, detail)) => {
+                let detail = format!("aggregate {}: where: {detail}", plan.format.value_names[*i]);
                 record(&mut self.st.counters, out, ctx, Some(key_bytes), Reason::RuleError, detail, None, None);
                 return Some(time);
             }
-        }
-        self.contribs.clear();
-        for (i, contrib) in fields.contribs.iter().enumerate() {
-            match contrib {
-                Ok(c) => self.contribs.push(c.clone()),
-                Err(detail) => {
-                    let detail = format!("aggregate {}: {detail}", plan.format.value_names[i]);
-                    record(&mut self.st.counters, out, ctx, Some(key_bytes), Reason::BadType, detail, None, None);
-                    return Some(time);
-                }
+            Some(AggFault::Value(i, detail)) => {
+                let detail = format!("aggregate {}: {detail}", plan.format.value_names[*i]);
+                record(&mut self.st.counters, out, ctx, Some(key_bytes), Reason::BadType, detail, None, None);
+                return Some(time);
             }
         }
         // 6. Duplicates and corrections.
