@@ -310,6 +310,25 @@ impl RowFormat {
     }
 }
 
+/// Every number below 100, two digits each, then the single digits: a
+/// row's revision, events and counts are mostly small, and taking their
+/// text from here skips a check that it is UTF-8.
+const SMALL: &str = concat!(
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839",
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879",
+    "8081828384858687888990919293949596979899",
+);
+
+/// The text of `n` when it is below 100.
+#[inline]
+fn small_number(n: u64) -> Option<&'static str> {
+    match n {
+        0..=9 => SMALL.get(2 * n as usize + 1..2 * n as usize + 2),
+        10..=99 => SMALL.get(2 * n as usize..2 * n as usize + 2),
+        _ => None,
+    }
+}
+
 fn push_num(out: &mut String, n: impl PushNum) {
     n.push_to(out);
 }
@@ -322,6 +341,10 @@ macro_rules! push_int {
     ($($t:ty),*) => {$(
         impl PushNum for $t {
             fn push_to(self, out: &mut String) {
+                if let Some(text) = small_number(u64::from(self)) {
+                    out.push_str(text);
+                    return;
+                }
                 let mut buf = [0u8; 20];
                 let digits = crate::number::decimal_digits(u64::from(self), &mut buf);
                 out.push_str(std::str::from_utf8(digits).unwrap_or("0"));
@@ -357,6 +380,15 @@ fn write_time(t: Option<i64>, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_numbers_are_written_as_their_digits() {
+        for n in 0..250u64 {
+            let mut out = String::new();
+            push_num(&mut out, n);
+            assert_eq!(out, n.to_string());
+        }
+    }
 
     #[test]
     fn a_row_is_one_json_object_with_names_escaped_once() {

@@ -127,6 +127,32 @@ thread_local! {
 
 pub fn write_rfc3339_ms(ms: i64, out: &mut String) {
     let ms = ms.clamp(TIME_MIN_MS, TIME_MAX_MS);
+    LAST_TEXTS.with_borrow_mut(|texts| {
+        if let Some((_, text)) = texts.iter().find(|(at, _)| *at == ms) {
+            out.push_str(text);
+            return;
+        }
+        texts.rotate_right(1);
+        let (at, text) = &mut texts[0];
+        *at = ms;
+        text.clear();
+        format_into(ms, text);
+        out.push_str(text);
+    });
+}
+
+thread_local! {
+    /// The last four times written on this thread, as text: the rows of a
+    /// close share their windows' start and end and the watermark, so most
+    /// are copied from here (a check that the text is UTF-8 cost as much as
+    /// the formatting).
+    static LAST_TEXTS: std::cell::RefCell<[(i64, String); 4]> = const {
+        std::cell::RefCell::new([(i64::MIN, String::new()), (i64::MIN, String::new()), (i64::MIN, String::new()), (i64::MIN, String::new())])
+    };
+}
+
+/// Formats `ms`, within the times' range, through the minute cache.
+fn format_into(ms: i64, out: &mut String) {
     let minute = ms.div_euclid(60_000);
     let [latest, before] = LAST_WRITTEN.get();
     let prefix = if latest.0 == minute {
@@ -242,6 +268,27 @@ mod tests {
         );
         assert_eq!(parse_rfc3339_ms("2025-02-29T23:59:00Z"), None);
         assert_eq!(parse_rfc3339_ms("\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0:00Z"), None);
+    }
+
+    /// Times written again and again among others, more of them than the
+    /// text cache holds, read back as themselves and always as the same text.
+    #[test]
+    fn the_text_cache_gives_each_time_its_own_text() {
+        let times = [0, 59_999, 60_000, 1_795_910_428_900, 1_795_910_428_901, -86_400_000, TIME_MAX_MS];
+        let mut first: Vec<Option<String>> = vec![None; times.len()];
+        let mut state: u64 = 0x9e37_79b9;
+        for i in 0..5_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let k = (state % times.len() as u64) as usize;
+            let mut text = String::from("row:");
+            write_rfc3339_ms(times[k], &mut text);
+            let text = &text[4..];
+            assert_eq!(parse_rfc3339_ms(text), Some(times[k]), "{i}: {text}");
+            let seen = first[k].get_or_insert_with(|| text.to_owned());
+            assert_eq!(seen, text, "{i}: {}", times[k]);
+        }
     }
 
     #[test]
