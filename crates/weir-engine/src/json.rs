@@ -246,39 +246,55 @@ impl Parser<'_> {
         }
     }
 
-    /// A string, number or literal: one node, pushed once.
+    /// A string, number or literal: one node, pushed once, built whole at
+    /// the push (a node assembled field by field on the stack and then
+    /// copied stalled the copy's loads: BENCHMARKS.md, "Members the plan
+    /// does not read").
     #[inline(always)]
     fn scalar(&mut self, key: (u32, u32, bool), member: Option<&mut Mix>) -> Result<u64, Stop> {
-        let mut node = Node::new(Tag::Null, self.i, key);
-        match self.b.get(self.i) {
+        let at = self.i;
+        let (tag, start, end, escaped) = match self.b.get(self.i) {
             Some(b'"') => {
                 let (s, e, esc) = self.string()?;
-                node.tag = Tag::String;
-                node.escaped = esc;
-                node.start = s as u32;
-                node.end = e as u32;
+                (Tag::String, s, e, esc)
             }
             Some(b'-' | b'0'..=b'9') => {
                 self.number()?;
-                node.tag = Tag::Number;
-                node.end = self.i as u32;
+                (Tag::Number, at, self.i, false)
             }
-            Some(b't') => self.literal(b"true", &mut node, Tag::True)?,
-            Some(b'f') => self.literal(b"false", &mut node, Tag::False)?,
-            Some(b'n') => self.literal(b"null", &mut node, Tag::Null)?,
+            Some(b't') => {
+                self.word(b"true")?;
+                (Tag::True, at, self.i, false)
+            }
+            Some(b'f') => {
+                self.word(b"false")?;
+                (Tag::False, at, self.i, false)
+            }
+            Some(b'n') => {
+                self.word(b"null")?;
+                (Tag::Null, at, self.i, false)
+            }
             _ => return self.fail("expected a JSON value"),
-        }
-        if matches!(node.tag, Tag::True | Tag::False | Tag::Null) {
-            node.end = self.i as u32;
-        }
+        };
         if self.values() >= self.bounds.values {
             return self.over(format!("more than max_fields = {} values", self.bounds.values));
         }
-        self.nodes.push(node);
+        let (key_start, key_end, key_escaped) = key;
+        self.nodes.push(Node {
+            tag,
+            escaped,
+            key_escaped,
+            start: start as u32,
+            end: end as u32,
+            key_start,
+            key_end,
+            size: 1,
+            count: 0,
+        });
         let Some(scratch) = self.scratch.as_deref_mut() else { return Ok(0) };
-        let raw = &self.src[node.start as usize..node.end as usize];
-        Ok(match node.tag {
-            Tag::String => scalar_hash(member, SEED, |h| feed_string(h, raw, node.escaped)),
+        let raw = &self.src[start..end];
+        Ok(match tag {
+            Tag::String => scalar_hash(member, SEED, |h| feed_string(h, raw, escaped)),
             Tag::Number => scalar_hash(member, SEED, |h| feed_number(h, raw, scratch)),
             tag => scalar_hash(member, SEED, |h| feed_literal(h, tag)),
         })
@@ -429,16 +445,6 @@ impl Parser<'_> {
         Ok(if self.scratch.is_some() { h.finish() } else { 0 })
     }
 
-    fn literal(&mut self, word: &[u8], node: &mut Node, tag: Tag) -> Result<(), Stop> {
-        if self.b[self.i..].starts_with(word) {
-            self.i += word.len();
-            node.tag = tag;
-            Ok(())
-        } else {
-            self.fail("expected a JSON value")
-        }
-    }
-
     /// Validates the value at `self.i` as [`Parser::value`] does, with the
     /// same bounds and the same errors, and records nothing: the value of a
     /// member the plan does not read. One loop over the value's tokens,
@@ -553,7 +559,7 @@ impl Parser<'_> {
         self.nodes.len() + self.skipped
     }
 
-    /// A literal at `self.i`, not recorded.
+    /// A literal at `self.i`.
     fn word(&mut self, word: &[u8]) -> Result<(), Stop> {
         if self.b[self.i..].starts_with(word) {
             self.i += word.len();
