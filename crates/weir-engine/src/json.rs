@@ -1304,21 +1304,25 @@ mod tests {
         }
     }
 
+    /// A seeded xorshift: `next(n)` is a number below `n`.
+    fn numbers(seed: u64) -> impl FnMut(usize) -> usize {
+        println!("seed {seed:#x}");
+        let mut state = seed;
+        move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        }
+    }
+
     /// Plan fields at one and two levels, found in the parse, are those a
     /// walk of the parsed tree finds (the last of a repeated name wins), over
     /// random documents: members in any order, repeated, escaped, or not
     /// objects where a path goes on.
     #[test]
     fn fields_found_in_the_parse_are_those_the_tree_holds() {
-        let seed: u64 = 0x2f6b_1c3d;
-        println!("seed {seed:#x}");
-        let mut state = seed;
-        let mut next = move |n: usize| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % n as u64) as usize
-        };
+        let mut next = numbers(0x2f6b_1c3d);
         let paths: [&[&str]; 7] =
             [&["bid"], &["bid", "auction"], &["bid", "dateTime"], &["a", "b", "c"], &["a", "x"], &["t"], &["a"]];
         let mut names = Names::default();
@@ -1364,15 +1368,7 @@ mod tests {
     /// over random documents, cut short or with a byte changed.
     #[test]
     fn skipped_members_are_validated_as_recorded_ones_are() {
-        let seed: u64 = 0x51c1_77ed;
-        println!("seed {seed:#x}");
-        let mut state = seed;
-        let mut next = move |n: usize| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % n as u64) as usize
-        };
+        let mut next = numbers(0x51c1_77ed);
         let mut names = Names::default();
         for path in [&["id"][..], &["acct", "id"], &["t"]] {
             names.field(path);
