@@ -252,30 +252,7 @@ impl Parser<'_> {
     /// does not read").
     #[inline(always)]
     fn scalar(&mut self, key: (u32, u32, bool), member: Option<&mut Mix>) -> Result<u64, Stop> {
-        let at = self.i;
-        let (tag, start, end, escaped) = match self.b.get(self.i) {
-            Some(b'"') => {
-                let (s, e, esc) = self.string()?;
-                (Tag::String, s, e, esc)
-            }
-            Some(b'-' | b'0'..=b'9') => {
-                self.number()?;
-                (Tag::Number, at, self.i, false)
-            }
-            Some(b't') => {
-                self.word(b"true")?;
-                (Tag::True, at, self.i, false)
-            }
-            Some(b'f') => {
-                self.word(b"false")?;
-                (Tag::False, at, self.i, false)
-            }
-            Some(b'n') => {
-                self.word(b"null")?;
-                (Tag::Null, at, self.i, false)
-            }
-            _ => return self.fail("expected a JSON value"),
-        };
+        let (tag, start, end, escaped) = self.scan_scalar()?;
         if self.values() >= self.bounds.values {
             return self.over(format!("more than max_fields = {} values", self.bounds.values));
         }
@@ -297,6 +274,36 @@ impl Parser<'_> {
             Tag::String => scalar_hash(member, SEED, |h| feed_string(h, raw, escaped)),
             Tag::Number => scalar_hash(member, SEED, |h| feed_number(h, raw, scratch)),
             tag => scalar_hash(member, SEED, |h| feed_literal(h, tag)),
+        })
+    }
+
+    /// Scans a string, number or literal at `self.i`: its tag, the span of
+    /// its text (strings: inside the quotes) and whether it holds escapes.
+    #[inline(always)]
+    fn scan_scalar(&mut self) -> Result<(Tag, usize, usize, bool), Stop> {
+        let at = self.i;
+        Ok(match self.b.get(self.i) {
+            Some(b'"') => {
+                let (s, e, esc) = self.string()?;
+                (Tag::String, s, e, esc)
+            }
+            Some(b'-' | b'0'..=b'9') => {
+                self.number()?;
+                (Tag::Number, at, self.i, false)
+            }
+            Some(b't') => {
+                self.word(b"true")?;
+                (Tag::True, at, self.i, false)
+            }
+            Some(b'f') => {
+                self.word(b"false")?;
+                (Tag::False, at, self.i, false)
+            }
+            Some(b'n') => {
+                self.word(b"null")?;
+                (Tag::Null, at, self.i, false)
+            }
+            _ => return self.fail("expected a JSON value"),
         })
     }
 
@@ -477,27 +484,10 @@ impl Parser<'_> {
                         continue;
                     }
                 }
-                Some(b'"') => {
-                    self.string()?;
+                _ => {
+                    self.scan_scalar()?;
                     self.count_skipped()?;
                 }
-                Some(b'-' | b'0'..=b'9') => {
-                    self.number()?;
-                    self.count_skipped()?;
-                }
-                Some(b't') => {
-                    self.word(b"true")?;
-                    self.count_skipped()?;
-                }
-                Some(b'f') => {
-                    self.word(b"false")?;
-                    self.count_skipped()?;
-                }
-                Some(b'n') => {
-                    self.word(b"null")?;
-                    self.count_skipped()?;
-                }
-                _ => return self.fail("expected a JSON value"),
             }
             // After a value: close what ends here, then the next member or item.
             loop {
