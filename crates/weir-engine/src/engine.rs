@@ -55,6 +55,11 @@ pub const WM_MIN: i64 = i64::MIN;
 /// Watermark at the end of a bounded input: +infinity.
 pub const WM_MAX: i64 = i64::MAX;
 
+/// How many windows ahead of the one decided at a close their table slots
+/// are asked for: a close of thousands of windows otherwise waits on a
+/// cache miss or two for each.
+const DECIDE_AHEAD: usize = 4;
+
 /// One event as it arrives: raw bytes at a partition and offset.
 #[derive(Debug, Clone, Copy)]
 pub struct EventIn<'a> {
@@ -409,6 +414,10 @@ pub struct Engine {
     dirty: Vec<WinId>,
     /// Rows of this step with their window's end, sorted before they go out.
     pending: Vec<(i64, Row)>,
+    /// Arrays a close works in, kept from one close to the next: the
+    /// windows to decide and the order of their rows.
+    candidates: Vec<(i64, WinId)>,
+    order: crate::order::Order,
     /// The engine reads one partition, whatever its number: the watermark
     /// is that partition's (see [`Engine::read_one_partition`]).
     one_partition: bool,
@@ -469,6 +478,8 @@ impl Engine {
             contribs: Vec::new(),
             dirty: Vec::new(),
             pending: Vec::new(),
+            candidates: Vec::new(),
+            order: crate::order::Order::default(),
             one_partition: false,
             clock_ms: None,
             last_time: None,
@@ -1522,7 +1533,8 @@ impl Engine {
     /// of window end, window start and key; then settled windows are forgotten.
     fn emit(&mut self, wm_before: i64, everything: bool, out: &mut Output) {
         let wm = self.st.wm;
-        let mut candidates: Vec<(i64, WinId)> = Vec::new();
+        let mut candidates = std::mem::take(&mut self.candidates);
+        candidates.clear();
         // A changed window can only emit early, past its end under revise,
         // or as a global window; otherwise its time decides (the timers below).
         let plan = &self.plan;
@@ -1557,6 +1569,7 @@ impl Engine {
             }
         }
         if candidates.is_empty() && self.pending.is_empty() {
+            self.candidates = candidates;
             return;
         }
         if changed > 0 {
@@ -1570,11 +1583,21 @@ impl Engine {
             }
             candidates.truncate(kept);
         }
-        for (end, id) in candidates {
+        // Each window decided is a table slot not touched since its last
+        // event: the slots of those [`DECIDE_AHEAD`] ahead are asked for
+        // while this one is decided.
+        for &(_, id) in candidates.iter().take(DECIDE_AHEAD) {
+            self.st.windows.prefetch(id);
+        }
+        for (at, &(end, id)) in candidates.iter().enumerate() {
+            if let Some(&(_, ahead)) = candidates.get(at + DECIDE_AHEAD) {
+                self.st.windows.prefetch(ahead);
+            }
             if let Some(row) = self.decide(id) {
                 self.pending.push((end, row));
             }
         }
+        self.candidates = candidates;
         self.send_pending(out);
     }
 
@@ -1591,14 +1614,15 @@ impl Engine {
             return;
         }
         let pending = &self.pending;
-        let order =
-            crate::order::sorted(pending.len(), |i| (pending[i].0, pending[i].1.window_start, &pending[i].1.key));
-        let mut rows: Vec<Option<Row>> = self.pending.drain(..).map(|(_, row)| Some(row)).collect();
-        for at in order {
-            if let Some(row) = rows[at as usize].take() {
-                send(counters, row, out);
+        let order = self.order.sorted(pending.len(), |i| (pending[i].0, pending[i].1.window_start, &pending[i].1.key));
+        // Each row moved out in its turn, an empty one (no allocation) left
+        // in its place until the step's rows are cleared.
+        for &at in order {
+            if let Some((_, row)) = self.pending.get_mut(at as usize) {
+                send(counters, taken(row), out);
             }
         }
+        self.pending.clear();
     }
 
     /// Rules 1-3 of SPEC.md section 3.4 for one window.
@@ -1712,6 +1736,23 @@ fn new_window(plan: &Plan, key: &[u8], start: i64, end: i64) -> Window {
         aggs: plan.aggs.iter().map(|a| AggState::new(a.func)).collect(),
         sources: Sources::new(),
     }
+}
+
+/// `row`, moved out with an empty row left in its place: no allocation.
+fn taken(row: &mut Row) -> Row {
+    let empty = Row {
+        key: Box::default(),
+        window_start: None,
+        window_end: None,
+        status: row.status,
+        revision: 0,
+        values: Vec::new(),
+        events: 0,
+        late_events: 0,
+        sources: Sources::new(),
+        watermark: None,
+    };
+    std::mem::replace(row, empty)
 }
 
 /// Adds one event to a window; true when the window just became dirty.

@@ -16,45 +16,67 @@ const RADIX_FROM: usize = 256;
 
 /// One row's image: four words compared in turn, most significant first,
 /// and its position.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct Image {
     words: [u64; 4],
     at: u32,
 }
 
+/// The arrays a sort works in, kept from one close to the next: a close of
+/// 160,000 rows otherwise asks the kernel for fresh, zeroed pages for them
+/// each time (BENCHMARKS.md, "Which thread bounds two threads").
+#[derive(Debug, Default)]
+pub(crate) struct Order {
+    images: Vec<Image>,
+    spare: Vec<Image>,
+    at: Vec<u32>,
+}
+
 /// The positions of `n` rows in the order they go out; `row(i)` is the
 /// `i`-th row's window end, start and key.
+#[cfg(test)]
 pub(crate) fn sorted<'k>(n: usize, row: impl Fn(usize) -> (i64, Option<i64>, &'k [u8])) -> Vec<u32> {
-    let starts = (0..n).map(|i| row(i).1.is_some());
-    let mixed = starts.clone().any(|s| s) && starts.clone().any(|s| !s);
-    if n < RADIX_FROM || mixed {
-        // A start that is none sorts first; the image spells it as 0, which
-        // a start of i64::MIN shares: rows of both kinds go by comparison.
-        return by_comparison(n, &row);
-    }
-    let mut images: Vec<Image> = (0..n)
-        .map(|i| {
+    Order::default().sorted(n, row).to_vec()
+}
+
+impl Order {
+    /// The positions of `n` rows in the order they go out; `row(i)` is the
+    /// `i`-th row's window end, start and key.
+    pub(crate) fn sorted<'k>(&mut self, n: usize, row: impl Fn(usize) -> (i64, Option<i64>, &'k [u8])) -> &[u32] {
+        let starts = (0..n).map(|i| row(i).1.is_some());
+        let mixed = starts.clone().any(|s| s) && starts.clone().any(|s| !s);
+        self.at.clear();
+        if n < RADIX_FROM || mixed {
+            // A start that is none sorts first; the image spells it as 0, which
+            // a start of i64::MIN shares: rows of both kinds go by comparison.
+            self.at.extend(by_comparison(n, &row));
+            return &self.at;
+        }
+        let images = &mut self.images;
+        images.clear();
+        images.extend((0..n).map(|i| {
             let (end, start, key) = row(i);
             let prefix = key_prefix(key);
             let words = [flip(end), start.map_or(0, flip), (prefix >> 64) as u64, prefix as u64];
             Image { words, at: i as u32 }
-        })
-        .collect();
-    radix(&mut images);
-    // Rows whose images tie go by their whole keys, then by position (the
-    // radix sort is stable, so a stable sort by key keeps that).
-    let mut from = 0;
-    while from < images.len() {
-        let mut to = from + 1;
-        while to < images.len() && images[to].words == images[from].words {
-            to += 1;
+        }));
+        radix(images, &mut self.spare);
+        // Rows whose images tie go by their whole keys, then by position (the
+        // radix sort is stable, so a stable sort by key keeps that).
+        let mut from = 0;
+        while from < images.len() {
+            let mut to = from + 1;
+            while to < images.len() && images[to].words == images[from].words {
+                to += 1;
+            }
+            if to - from > 1 {
+                images[from..to].sort_by(|a, b| row(a.at as usize).2.cmp(row(b.at as usize).2));
+            }
+            from = to;
         }
-        if to - from > 1 {
-            images[from..to].sort_by(|a, b| row(a.at as usize).2.cmp(row(b.at as usize).2));
-        }
-        from = to;
+        self.at.extend(images.iter().map(|image| image.at));
+        &self.at
     }
-    images.into_iter().map(|image| image.at).collect()
 }
 
 /// The comparison the radix sort must agree with.
@@ -95,7 +117,7 @@ fn key_prefix(key: &[u8]) -> u128 {
 /// words. A byte every image shares takes no pass: one pass over the images
 /// finds the bits that vary, and each byte holding one is counted, then
 /// scattered (the keys of a close mostly differ in a few bytes).
-fn radix(images: &mut Vec<Image>) {
+fn radix(images: &mut Vec<Image>, spare: &mut Vec<Image>) {
     let Some(first) = images.first().map(|image| image.words) else { return };
     let mut varies = [0u64; 4];
     for image in images.iter() {
@@ -103,7 +125,8 @@ fn radix(images: &mut Vec<Image>) {
             *v |= w ^ f;
         }
     }
-    let mut spare = images.clone();
+    spare.clear();
+    spare.extend_from_slice(images);
     for byte in (0..32).filter(|&byte| (varies[3 - byte / 8] >> ((byte % 8) * 8)) & 0xff != 0) {
         let mut next = [0usize; 256];
         for image in images.iter() {
@@ -120,7 +143,7 @@ fn radix(images: &mut Vec<Image>) {
             spare[next[d]] = *image;
             next[d] += 1;
         }
-        std::mem::swap(images, &mut spare);
+        std::mem::swap(images, spare);
     }
 }
 
@@ -163,6 +186,21 @@ mod tests {
         fn the_radix_order_is_the_comparisons(rows in rows()) {
             let row = |i: usize| (rows[i].0, rows[i].1, &rows[i].2[..]);
             prop_assert_eq!(sorted(rows.len(), row), by_comparison(rows.len(), &row));
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(50))]
+        /// One [`Order`] kept across closes of other sizes orders each as
+        /// the comparison does: nothing of an earlier close stays in its
+        /// arrays.
+        #[test]
+        fn an_order_kept_across_closes_orders_each_as_the_comparison(closes in prop::collection::vec(rows(), 1..6)) {
+            let mut order = Order::default();
+            for rows in &closes {
+                let row = |i: usize| (rows[i].0, rows[i].1, &rows[i].2[..]);
+                prop_assert_eq!(order.sorted(rows.len(), row).to_vec(), by_comparison(rows.len(), &row));
+            }
         }
     }
 

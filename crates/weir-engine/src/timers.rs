@@ -18,11 +18,19 @@ use crate::engine::WinId;
 pub(crate) struct Timers {
     by_end: BTreeMap<i64, Vec<WinId>>,
     len: usize,
+    /// Lists of ends taken out, emptied, for the next ends: a minute's list
+    /// of 160,000 windows otherwise grows from nothing each minute, on
+    /// fresh pages the kernel zeroes.
+    spare: Vec<Vec<WinId>>,
 }
+
+/// At most this many emptied lists are kept.
+const SPARE_LISTS: usize = 4;
 
 impl Timers {
     pub(crate) fn insert(&mut self, end: i64, id: WinId) {
-        self.by_end.entry(end).or_default().push(id);
+        let spare = &mut self.spare;
+        self.by_end.entry(end).or_insert_with(|| spare.pop().unwrap_or_default()).push(id);
         self.len += 1;
     }
 
@@ -59,9 +67,12 @@ impl Timers {
             Some(after) => self.by_end.split_off(&after),
             None => BTreeMap::new(),
         };
-        for (end, ids) in std::mem::replace(&mut self.by_end, later) {
+        for (end, mut ids) in std::mem::replace(&mut self.by_end, later) {
             self.len -= ids.len();
-            into.extend(ids.into_iter().map(|id| (end, id)));
+            into.extend(ids.drain(..).map(|id| (end, id)));
+            if self.spare.len() < SPARE_LISTS {
+                self.spare.push(ids);
+            }
         }
     }
 
