@@ -57,7 +57,7 @@ pub(crate) fn write_decimal(d: &Decimal, out: &mut String) {
     let digits = &buf[at..];
     let whole = digits.len() - scale;
     // ASCII digits pushed as they are: checking them as UTF-8 first cost
-    // more than the push (BENCHMARKS.md, "Tried and not kept", sixth sitting).
+    // more than the push (BENCHMARKS.md, "A close's arrays kept").
     out.extend(digits[..whole].iter().map(|&d| char::from(d)));
     if scale > 0 {
         out.push('.');

@@ -24,7 +24,7 @@ struct Image {
 
 /// The arrays a sort works in, kept from one close to the next: a close of
 /// 160,000 rows otherwise asks the kernel for fresh, zeroed pages for them
-/// each time (BENCHMARKS.md, "Which thread bounds two threads").
+/// each time (BENCHMARKS.md, "A close's arrays kept").
 #[derive(Debug, Default)]
 pub(crate) struct Order {
     images: Vec<Image>,
