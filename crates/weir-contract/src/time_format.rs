@@ -67,6 +67,16 @@ pub fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// The number written in `width` (2, 3 or 4) digits at `at` of `text`.
+fn digits(text: &[u8], at: usize, width: usize) -> i64 {
+    let d = |i: usize| i64::from(text[at + i].wrapping_sub(b'0'));
+    match width {
+        2 => d(0) * 10 + d(1),
+        3 => d(0) * 100 + d(1) * 10 + d(2),
+        _ => d(0) * 1000 + d(1) * 100 + d(2) * 10 + d(3),
+    }
+}
+
 /// The days of a month (1 to 12) of a year of the Gregorian calendar.
 pub fn days_in_month(year: i64, month: i64) -> i64 {
     match month {
@@ -96,6 +106,35 @@ struct Layout {
     literals: Vec<(usize, u8)>,
     /// Each field's place and width, in the order of [`Layout::FIELDS`].
     fields: [Option<(usize, usize)>; 7],
+    /// For a layout of at most 32 bytes: the same, by 8-byte words, so
+    /// that a text is checked a word at a time, not a byte at a time.
+    words: Option<[Word; 4]>,
+}
+
+/// Eight bytes of a [`Layout`]: the literal bytes expected, where literals
+/// are and where digits are (`0xff` in each byte that is one).
+#[derive(Debug, Clone, Copy, Default)]
+struct Word {
+    literal: u64,
+    literal_mask: u64,
+    digit_mask: u64,
+}
+
+impl Word {
+    /// Whether the word `x` of a text has each literal byte and a digit
+    /// (`0` to `9`) in each digit byte.
+    fn fits(&self, x: u64) -> bool {
+        const HIGH: u64 = 0xf0f0_f0f0_f0f0_f0f0;
+        const THREES: u64 = 0x3030_3030_3030_3030;
+        const SIXES: u64 = 0x0606_0606_0606_0606;
+        let (high, threes) = (HIGH & self.digit_mask, THREES & self.digit_mask);
+        let digits = x & self.digit_mask;
+        // A digit byte is 0x30 to 0x3f (its high half 3), and no more than
+        // 0x39 (adding 6 leaves its high half 3: no carry leaves a byte).
+        (x ^ self.literal) & self.literal_mask == 0
+            && digits & high == threes
+            && (digits + (SIXES & self.digit_mask)) & high == threes
+    }
 }
 
 impl Layout {
@@ -134,25 +173,57 @@ impl Layout {
                 rest = &rest[Self::FIELDS[field].len()..];
             }
         }
-        fields[..5].iter().all(Option::is_some).then_some(Layout { len: at, literals, fields })
+        if !fields[..5].iter().all(Option::is_some) {
+            return None;
+        }
+        let words = (at <= 32).then(|| {
+            let mut words = [Word::default(); 4];
+            for &(at, b) in &literals {
+                words[at / 8].literal |= u64::from(b) << (at % 8 * 8);
+                words[at / 8].literal_mask |= 0xff << (at % 8 * 8);
+            }
+            for &(at, width) in fields.iter().flatten() {
+                for at in at..at + width {
+                    words[at / 8].digit_mask |= 0xff << (at % 8 * 8);
+                }
+            }
+            words
+        });
+        Some(Layout { len: at, literals, fields, words })
+    }
+
+    /// Whether `text`, as long as the layout, has each literal byte and a
+    /// digit in each field's bytes.
+    fn fits(&self, text: &[u8]) -> bool {
+        match &self.words {
+            Some(words) => {
+                let mut padded = [0u8; 32];
+                padded[..text.len()].copy_from_slice(text);
+                let (chunks, _) = padded.as_chunks::<8>();
+                chunks.iter().zip(words).all(|(chunk, word)| word.fits(u64::from_le_bytes(*chunk)))
+            }
+            None => {
+                self.literals.iter().all(|&(at, b)| text[at] == b)
+                    && self
+                        .fields
+                        .iter()
+                        .flatten()
+                        .all(|&(at, width)| text[at..at + width].iter().all(u8::is_ascii_digit))
+            }
+        }
     }
 
     /// Year, month, day, hour, minute, second and millisecond of `text`,
     /// when it fits the layout exactly and names a valid local time of the
     /// years 1 to 9999 (a leap second is left to chrono).
     fn fields(&self, text: &[u8]) -> Option<[i64; 7]> {
-        if text.len() != self.len || self.literals.iter().any(|&(at, b)| text[at] != b) {
+        if text.len() != self.len || !self.fits(text) {
             return None;
         }
         let mut value = [0i64; 7];
         for (v, field) in value.iter_mut().zip(&self.fields) {
             if let Some((at, width)) = *field {
-                for &d in &text[at..at + width] {
-                    if !d.is_ascii_digit() {
-                        return None;
-                    }
-                    *v = *v * 10 + i64::from(d - b'0');
-                }
+                *v = digits(text, at, width);
             }
         }
         let [year, month, day, hour, minute, second, _] = value;
@@ -353,6 +424,8 @@ mod tests {
             "%Y%m%dT%H%M%S",
             "%H:%M:%S %Y-%m-%d %%",
             "%Y-%m-%dT%H:%M:%S%.3fZ",
+            // Longer than 32 bytes: checked a byte at a time.
+            "on %d/%m/%Y at %H:%M:%S%.3f, local time",
         ] {
             let fast = Pattern::compile(text).unwrap();
             assert!(fast.layout.is_some(), "{text} has a fixed layout");

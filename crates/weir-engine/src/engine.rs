@@ -112,10 +112,11 @@ struct Fields {
     key_buf: Vec<u8>,
     /// The id's dedup identity, when `[dedup]` is on and the id is readable.
     id_key: Option<u128>,
-    /// The start and id of the first fixed window (tumbling, hopping,
-    /// global) the event falls in, when its time and key are readable: the
-    /// window's hash, taken here, is the one the engine looks it up by.
-    first_window: Option<(i64, WinId)>,
+    /// The fixed windows (tumbling, hopping, global) the event falls in,
+    /// when its time and key are readable: the first's start and the ids
+    /// of the first [`KNOWN_WINDOWS`], hashed here, which the engine looks
+    /// them up by and asks for ahead.
+    windows: KnownWindows,
     /// The contract's `where` (step 3); true when it has none.
     rule: Result<bool, RuleError>,
     /// When `rule` passed: each aggregate's `where`, then what the event
@@ -142,7 +143,7 @@ impl Default for Fields {
             key: Ok(0),
             key_buf: Vec::new(),
             id_key: None,
-            first_window: None,
+            windows: KnownWindows::default(),
             rule: Ok(true),
             agg_pass: Vec::new(),
             contribs: Vec::new(),
@@ -163,10 +164,15 @@ impl Fields {
                 self.id_key = Some(dedup_key(val, &id));
             }
         }
-        self.first_window = match (&self.time, &self.key) {
-            (Ok(time), Ok(_)) => first_fixed_start(plan.kind, *time).map(|start| (start, win_id(start, &self.key_buf))),
-            _ => None,
-        };
+        self.windows.ids.clear();
+        if let (Ok(time), Ok(_)) = (&self.time, &self.key) {
+            if let Some((start, slide, count)) = fixed_starts(plan.kind, *time) {
+                self.windows.first = start;
+                let known = count.min(KNOWN_WINDOWS as i64);
+                let key = &self.key_buf;
+                self.windows.ids.extend((0..known).map(|n| win_id(start + n * slide, key)));
+            }
+        }
         // The rules and the aggregates' values depend on the event alone:
         // read here, while its nodes are in this core's cache, they leave
         // the engine's thread only results to look at.
@@ -777,7 +783,7 @@ impl Engine {
                 self.st.counted.prefetch(id_key);
             }
         }
-        if let Some((_, window)) = fields.first_window {
+        for &window in &fields.windows.ids {
             self.st.windows.prefetch(window);
         }
     }
@@ -1067,7 +1073,7 @@ impl Engine {
         }
         let counted = match plan.kind {
             WindowKind::Session { gap_ms } => self.assign_session(ctx, time, key_bytes, gap_ms, wm, out),
-            _ => self.assign_fixed(ctx, time, key_bytes, fields.first_window, wm, out),
+            _ => self.assign_fixed(ctx, time, key_bytes, &fields.windows, wm, out),
         };
         if let (Some((id_key, fresh)), true) = (remembered, plan.corrects) {
             self.remember_counted(id_key, fresh, time, key_bytes, wm, fresh.expires);
@@ -1149,7 +1155,7 @@ impl Engine {
         if !self.withdraw(&old, seen, ctx, out) {
             return;
         }
-        self.assign_fixed(ctx, time, key, None, wm, out);
+        self.assign_fixed(ctx, time, key, &KnownWindows::default(), wm, out);
         self.st.counters.counted += 1;
         let keep_until = old.keep_until.max(fresh.expires);
         self.remember_counted(id_key, fresh, time, key, wm, keep_until);
@@ -1280,14 +1286,14 @@ impl Engine {
         }
     }
 
-    /// Tumbling, hopping and global windows. `known`: the first window's
-    /// start and id when the reader took them ([`Fields::first_window`]).
+    /// Tumbling, hopping and global windows. `known`: the windows' ids the
+    /// reader took ([`Fields::windows`]; none for a correction's windows).
     fn assign_fixed(
         &mut self,
         ctx: &Ctx<'_>,
         time: i64,
         key_bytes: &[u8],
-        known: Option<(i64, WinId)>,
+        known: &KnownWindows,
         wm: i64,
         out: &mut Output,
     ) -> bool {
@@ -1314,9 +1320,11 @@ impl Engine {
                     None,
                 );
             } else {
-                let id = match known {
-                    Some((at, id)) if at == start => id,
-                    _ => win_id(start, key_bytes),
+                let hashed =
+                    if known.first == first { known.ids.get(((start - first) / slide.max(1)) as usize) } else { None };
+                let id = match hashed {
+                    Some(&id) => id,
+                    None => win_id(start, key_bytes),
                 };
                 debug_assert_eq!(id, win_id(start, key_bytes), "the reader's window id is the engine's");
                 let late = !global && end <= wm;
@@ -1927,12 +1935,28 @@ fn win_id(start: i64, key_bytes: &[u8]) -> WinId {
     xxhash_rust::xxh3::xxh3_128_with_seed(key_bytes, start as u64)
 }
 
-/// The start of the first fixed window `time` falls in ([`Engine::fixed_span`]'s
-/// `first`, without its cache); `None` for session windows.
-fn first_fixed_start(kind: WindowKind, time: i64) -> Option<i64> {
+/// How many of an event's fixed windows the reader hashes ahead: a hopping
+/// window's size is at most this many slides in most contracts (q5a: five);
+/// the engine hashes any further ones itself.
+const KNOWN_WINDOWS: usize = 8;
+
+/// An event's fixed windows as the reader found them ([`Fields::windows`]).
+#[derive(Debug, Default)]
+struct KnownWindows {
+    /// The first window's start ([`Engine::fixed_span`]'s `first`).
+    first: i64,
+    /// The ids of the windows from `first`, a slide apart; empty when the
+    /// event's time or key could not be read, or its windows are sessions.
+    ids: Vec<WinId>,
+}
+
+/// The first fixed window `time` falls in ([`Engine::fixed_span`]'s
+/// `first`, without its cache): its start, the slide and how many windows
+/// the time falls in; `None` for session windows.
+fn fixed_starts(kind: WindowKind, time: i64) -> Option<(i64, i64, i64)> {
     match (kind, size_and_slide(kind)) {
-        (_, Some((size, slide))) => Some(time - time.rem_euclid(slide) - (size - slide)),
-        (WindowKind::Global, None) => Some(WM_MIN),
+        (_, Some((size, slide))) => Some((time - time.rem_euclid(slide) - (size - slide), slide, size / slide)),
+        (WindowKind::Global, None) => Some((WM_MIN, 0, 1)),
         _ => None,
     }
 }
