@@ -27,11 +27,13 @@ pub(crate) enum Rule {
         negate: bool,
     },
     /// `field == number` (`!=` when `negate`): compared by value, without
-    /// building values.
+    /// building values; a number spelled as the rule spells it (`spelled`)
+    /// is equal without being parsed.
     FieldIsNum {
         field: FieldRef,
         name: String,
         value: Decimal,
+        spelled: String,
         negate: bool,
     },
     Has(FieldRef),
@@ -93,6 +95,7 @@ impl Rule {
                     name: path.to_string(),
                     value: parse_decimal(text)
                         .ok_or_else(|| format!("number {text} has more digits than weir keeps (28)"))?,
+                    spelled: text.to_owned(),
                     negate: *op == CmpOp::Ne,
                 }
             }
@@ -110,7 +113,9 @@ impl Rule {
         // The common rule (`status == "approved"`), without a value between.
         match self {
             Rule::FieldIsStr { field, name, text, negate } => return field_is_str(event, field, name, text, *negate),
-            Rule::FieldIsNum { field, name, value, negate } => return field_is_num(event, field, name, value, *negate),
+            Rule::FieldIsNum { field, name, value, spelled, negate } => {
+                return field_is_num(event, field, name, (value, spelled), *negate)
+            }
             _ => {}
         }
         match self.eval(event)? {
@@ -131,8 +136,8 @@ impl Rule {
                 None => return Err(format!("missing {name}")),
             },
             Rule::FieldIsStr { field, name, text, negate } => V::Bool(field_is_str(event, field, name, text, *negate)?),
-            Rule::FieldIsNum { field, name, value, negate } => {
-                V::Bool(field_is_num(event, field, name, value, *negate)?)
+            Rule::FieldIsNum { field, name, value, spelled, negate } => {
+                V::Bool(field_is_num(event, field, name, (value, spelled), *negate)?)
             }
             Rule::Has(field) => V::Bool(event.get(field).is_some()),
             Rule::Not(inner) => match inner.eval(event)? {
@@ -214,16 +219,18 @@ fn field_is_str(event: Event<'_>, field: &FieldRef, name: &str, text: &str, nega
 
 /// Whether a field is a number equal to `value` (`!=` when `negate`): an
 /// error when it is missing or a number past 28 digits, as the general
-/// comparison gives.
+/// comparison gives. `value` comes with the rule's text of it: a number
+/// written the same way parses to it, so it is equal unparsed.
 fn field_is_num(
     event: Event<'_>,
     field: &FieldRef,
     name: &str,
-    value: &Decimal,
+    (value, spelled): (&Decimal, &str),
     negate: bool,
 ) -> Result<bool, RuleError> {
     let Some(val) = event.get(field) else { return Err(format!("missing {name}")) };
     let is = match val.tag() {
+        Tag::Number if val.raw() == spelled => true,
         Tag::Number => {
             parse_decimal(val.raw()).ok_or_else(|| format!("number {} is out of range", val.raw()))? == *value
         }
@@ -368,6 +375,7 @@ mod tests {
         let events = [
             r#"{"x":2}"#,
             r#"{"x":2.00}"#,
+            r#"{"x":2.0}"#,
             r#"{"x":-2}"#,
             r#"{"x":20}"#,
             r#"{"x":2e0}"#,
