@@ -192,9 +192,12 @@ impl Layout {
         Some(Layout { len: at, literals, fields, words })
     }
 
-    /// Whether `text`, as long as the layout, has each literal byte and a
-    /// digit in each field's bytes.
+    /// Whether `text` is as long as the layout, with each literal byte and
+    /// a digit in each field's bytes.
     fn fits(&self, text: &[u8]) -> bool {
+        if text.len() != self.len {
+            return false;
+        }
         match &self.words {
             Some(words) => {
                 let mut padded = [0u8; 32];
@@ -217,7 +220,7 @@ impl Layout {
     /// when it fits the layout exactly and names a valid local time of the
     /// years 1 to 9999 (a leap second is left to chrono).
     fn fields(&self, text: &[u8]) -> Option<[i64; 7]> {
-        if text.len() != self.len || !self.fits(text) {
+        if !self.fits(text) {
             return None;
         }
         let mut value = [0i64; 7];
