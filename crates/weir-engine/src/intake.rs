@@ -300,6 +300,7 @@ fn measure(line: &[u8], limits: &Limits) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::numbers;
 
     #[test]
     fn a_body_is_refused_at_its_first_bad_line_and_keys_are_found() {
@@ -450,16 +451,5 @@ mod tests {
             }
         }
         assert!(checked > 20_000, "{checked}");
-    }
-
-    /// A seeded xorshift: `next(n)` is a number below `n`.
-    fn numbers(seed: u64) -> impl FnMut(usize) -> usize {
-        let mut state = seed;
-        move |n: usize| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % n as u64) as usize
-        }
     }
 }

@@ -1184,6 +1184,7 @@ mod tests {
     }
 
     use super::*;
+    use crate::numbers;
 
     fn parses(text: &str) -> bool {
         Doc::default().parse(text).is_ok()
@@ -1291,18 +1292,6 @@ mod tests {
             let mut longer = name.clone().into_bytes();
             longer.push(b'z');
             assert_ne!(names.find(&longer), Some(id), "{name:?} and one byte more");
-        }
-    }
-
-    /// A seeded xorshift: `next(n)` is a number below `n`.
-    fn numbers(seed: u64) -> impl FnMut(usize) -> usize {
-        println!("seed {seed:#x}");
-        let mut state = seed;
-        move |n: usize| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % n as u64) as usize
         }
     }
 

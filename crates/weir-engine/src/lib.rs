@@ -32,3 +32,17 @@ pub use recall::Recall;
 pub use rule::Condition;
 pub use snapshot::{Delta, SnapshotError, SNAPSHOT_FORMAT};
 pub use text::write_str;
+
+/// A seeded xorshift for the unit tests' generated inputs: `next(n)` is a
+/// number below `n`. The seed is printed, so a failure names its inputs.
+#[cfg(test)]
+pub(crate) fn numbers(seed: u64) -> impl FnMut(usize) -> usize {
+    println!("seed {seed:#x}");
+    let mut state = seed;
+    move |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    }
+}

@@ -44,28 +44,32 @@ pub(crate) fn seq_of(text: &str) -> Option<i64> {
     rest[..end].parse().ok()
 }
 
-/// A row as served: the engine's JSON with its sequence number first.
-pub(crate) fn write_row(format: &RowFormat, row: &Row, seq: i64, out: &mut String) {
-    let mut line = String::new();
-    format.write_row(row, &mut line);
-    with_seq(&line, seq, out);
+/// A row as served: the engine's JSON with its sequence number first,
+/// appended to `out`; `scratch` holds the engine's JSON on the way (kept
+/// by the caller from row to row, so that no row allocates for it).
+pub(crate) fn write_row(format: &RowFormat, row: &Row, seq: i64, scratch: &mut String, out: &mut String) {
+    scratch.clear();
+    format.write_row(row, scratch);
+    with_seq(scratch, seq, out);
 }
 
 /// A ledger entry as served: its sequence number and version first.
 pub(crate) fn write_ledger(format: &RowFormat, entry: &LedgerEntry, seq: i64, version: u32, out: &mut String) {
+    use std::fmt::Write;
     let mut line = String::new();
     format.write_ledger(entry, &mut line);
     let body = line.trim_end().strip_prefix('{').unwrap_or(&line);
-    out.push_str(&format!("{{\"seq\":{seq},\"version\":{version},"));
+    out.reserve(body.len() + 40);
+    let _ = write!(out, "{{\"seq\":{seq},\"version\":{version},");
     out.push_str(body);
 }
 
 /// `line` (one JSON object) with `"seq"` as its first member.
 pub(crate) fn with_seq(line: &str, seq: i64, out: &mut String) {
+    use std::fmt::Write;
     let body = line.trim_end().strip_prefix('{').unwrap_or(line);
-    out.push_str("{\"seq\":");
-    out.push_str(&seq.to_string());
-    out.push(',');
+    out.reserve(body.len() + 30);
+    let _ = write!(out, "{{\"seq\":{seq},");
     out.push_str(body);
 }
 

@@ -953,12 +953,12 @@ pub(crate) fn write_rows(
     let mut places = Vec::with_capacity(rows.len());
     let (mut earlier, mut keys, mut starts) =
         (Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()));
-    let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::new();
-    let mut one = String::new();
+    let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::with_capacity(rows.len());
+    let (mut one, mut scratch) = (String::new(), String::new());
     for (i, row) in rows.iter().enumerate() {
         let seq = first_seq + i as i64;
         let mut text = String::new();
-        write_row(w.format, row, seq, &mut text);
+        write_row(w.format, row, seq, &mut scratch, &mut text);
         sources_json(row, &mut one);
         seqs.push(seq);
         places.push(crate::rows::place(&row.key));

@@ -871,17 +871,29 @@ pub(crate) fn write_rows(
            window_end = excluded.window_end, status = excluded.status,
            revision = excluded.revision, row = excluded.row"
     ))?;
-    // Every row goes to the change stream; only the last of each window to `results`.
-    let mut texts = Vec::with_capacity(rows.len());
-    let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::new();
-    let mut sources = String::new();
+    // Every row goes to the change stream; only the last of each window to
+    // `results`. First, each row's earlier row of its window among these
+    // (its previous) and which rows are their window's last: only those
+    // rows' texts are kept past their insert.
+    let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::with_capacity(rows.len());
+    let earlier: Vec<Option<usize>> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, row)| last.insert((&row.key[..], row.window_start.unwrap_or(GLOBAL_START)), i))
+        .collect();
+    let mut is_last = vec![false; rows.len()];
+    for &i in last.values() {
+        is_last[i] = true;
+    }
+    let mut texts: Vec<(usize, String)> = Vec::with_capacity(last.len());
+    let (mut text, mut scratch, mut sources) = (String::new(), String::new(), String::new());
     let first_seq = seq;
     for (i, row) in rows.iter().enumerate() {
-        let mut text = String::new();
-        write_row(w.format, row, seq, &mut text);
+        text.clear();
+        write_row(w.format, row, seq, &mut scratch, &mut text);
         sources_json(row, &mut sources);
         let start = row.window_start.unwrap_or(GLOBAL_START);
-        let previous = match last.insert((&row.key[..], start), i) {
+        let previous = match earlier[i] {
             Some(earlier) => Some(first_seq + earlier as i64),
             None => {
                 let mut found = None;
@@ -897,12 +909,13 @@ pub(crate) fn write_rows(
         };
         let args = params![w.pipeline, seq, text, w.now_ms, w.run, sources, w.version, place(&row.key), previous];
         change.execute(args)?;
-        texts.push(text);
+        if is_last[i] {
+            texts.push((i, std::mem::take(&mut text)));
+        }
         seq += 1;
     }
-    let mut latest: Vec<usize> = last.into_values().collect();
-    latest.sort_unstable();
-    for i in latest {
+    // In the rows' order, as they were pushed.
+    for (i, text) in texts {
         let row = &rows[i];
         result.execute(params![
             w.pipeline,
@@ -911,7 +924,7 @@ pub(crate) fn write_rows(
             row.window_end,
             row.status.as_str(),
             row.revision,
-            texts[i],
+            text,
             w.version
         ])?;
     }
