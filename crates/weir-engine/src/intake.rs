@@ -12,6 +12,8 @@
 //! `has_reserved_member`, which the Kafka source asks of each record; used by
 //! the HTTP API and `weir produce --kafka`, fuzzed by `fuzz/`.
 
+use std::borrow::Cow;
+
 use serde::de::Error as _;
 
 use crate::json::{Bounds, Doc, Event, FieldRef, Names, ParseError, Tag, Val};
@@ -84,8 +86,8 @@ pub enum BodyError {
 pub const RESERVED_MEMBER: &str = "$kafka";
 
 /// One event of a body: its partitioning key's JSON text (when the field
-/// is there) and its line.
-pub type BodyEvent<'b> = (Option<String>, &'b [u8]);
+/// is there; borrowed from the line when the line spells it so) and its line.
+pub type BodyEvent<'b> = (Option<std::borrow::Cow<'b, str>>, &'b [u8]);
 
 /// A POST body's events: one JSON object a line (blank lines skipped, `\r\n`
 /// accepted), each with its partitioning key's JSON text when `key` names a
@@ -139,7 +141,7 @@ pub fn parse_body<'b>(body: &'b [u8], key: Option<&str>, limits: &Limits) -> Res
 pub fn key_of(line: &[u8], field: Option<&str>) -> Result<Option<String>, serde_json::Error> {
     let text = std::str::from_utf8(line).map_err(|_| serde_json::Error::custom("it is not UTF-8 text"))?;
     match LineReader::new(field).check(text, &Limits::size(usize::MAX)) {
-        Ok(key) => Ok(key),
+        Ok(key) => Ok(key.map(Cow::into_owned)),
         Err(LineError::Json(why) | LineError::OverLimit(why)) => Err(serde_json::Error::custom(why)),
         Err(LineError::NotObject(what)) => {
             Err(serde_json::Error::custom(format!("it is {what}, not a JSON object; an event is a JSON object")))
@@ -190,7 +192,7 @@ impl LineReader {
         LineReader { doc: Doc::default(), slots: Vec::new(), names, key, reserved }
     }
 
-    fn check(&mut self, line: &str, limits: &Limits) -> Result<Option<String>, LineError> {
+    fn check<'l>(&mut self, line: &'l str, limits: &Limits) -> Result<Option<Cow<'l, str>>, LineError> {
         // Bounds first, in a scan of their own: a line past them is refused
         // as over the limit (not as malformed), with the topic's words.
         measure(line.as_bytes(), limits).map_err(LineError::OverLimit)?;
@@ -216,7 +218,7 @@ impl LineReader {
             return Err(LineError::Reserved);
         }
         let Some(value) = self.key.as_ref().and_then(|k| event.get(k)) else { return Ok(None) };
-        let key = key_text(value);
+        let key = key_text(value, line);
         if key.len() > limits.max_key_bytes {
             return Err(LineError::OverLimit(format!(
                 "its key is {} bytes, over the topic's max_key_bytes = {}",
@@ -231,14 +233,19 @@ impl LineReader {
 /// A key's JSON text as partitioning hashes it: the value as `serde_json`
 /// writes it back (compact, escapes decoded and written its way, an
 /// exponent with its sign). A string without escapes, a number without an
-/// exponent and a literal are written back as they are.
-fn key_text(value: Val<'_>) -> String {
+/// exponent and a literal are written back as they are: borrowed from
+/// `line`, the text `value` was read from.
+fn key_text<'l>(value: Val<'_>, line: &'l str) -> Cow<'l, str> {
     let text = value.json_text();
+    let at = (text.as_ptr() as usize).wrapping_sub(line.as_ptr() as usize);
+    let own = line.get(at..at + text.len()).map_or(Cow::Owned(text.to_owned()), Cow::Borrowed);
     match value.tag() {
-        Tag::String if !text.contains('\\') => text.to_owned(),
-        Tag::Number if !text.contains(['e', 'E']) => text.to_owned(),
-        Tag::True | Tag::False | Tag::Null => text.to_owned(),
-        _ => serde_json::from_str::<serde_json::Value>(text).map_or_else(|_| text.to_owned(), |v| v.to_string()),
+        Tag::String if !text.contains('\\') => own,
+        Tag::Number if !text.contains(['e', 'E']) => own,
+        Tag::True | Tag::False | Tag::Null => own,
+        _ => Cow::Owned(
+            serde_json::from_str::<serde_json::Value>(text).map_or_else(|_| text.to_owned(), |v| v.to_string()),
+        ),
     }
 }
 
@@ -306,7 +313,7 @@ mod tests {
     fn a_body_is_refused_at_its_first_bad_line_and_keys_are_found() {
         let body = b"{\"account_id\":\"a1\",\"n\":1}\r\n\n  \n{\"b\":[1,2]}\n{\"account_id\":7}\n";
         let events = parse_body(body, Some("account_id"), &Limits::size(100)).unwrap();
-        let keys: Vec<Option<String>> = events.iter().map(|(k, _)| k.clone()).collect();
+        let keys: Vec<Option<String>> = events.iter().map(|(k, _)| k.as_deref().map(str::to_owned)).collect();
         assert_eq!(keys, [Some("\"a1\"".to_owned()), None, Some("7".to_owned())]);
         assert_eq!(events[0].1, b"{\"account_id\":\"a1\",\"n\":1}");
         assert_eq!(
@@ -445,7 +452,9 @@ mod tests {
                     continue;
                 }
                 let got = parse_body(&line, Some("account_id"), &Limits::size(1000));
-                let got = got.map(|events| events.into_iter().next().and_then(|(k, _)| k)).map_err(|_| ());
+                let got = got
+                    .map(|events| events.into_iter().next().and_then(|(k, _)| k.map(Cow::into_owned)))
+                    .map_err(|_| ());
                 assert_eq!(got, oracle(text), "{text}");
                 checked += 1;
             }

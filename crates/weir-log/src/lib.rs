@@ -142,14 +142,71 @@ struct Shared {
     queued: AtomicUsize,
 }
 
-/// Records for one partition of one topic, in order.
-type Batch = Vec<(u32, Vec<u8>)>;
+/// Records to append, in order: each one's partition and its bytes, cut
+/// from one buffer (a request's body as it arrived, or the payloads of a
+/// `Vec` laid end to end), so that an append copies each record once, into
+/// its segment.
+pub struct Records {
+    buffer: Box<dyn AsRef<[u8]> + Send + Sync>,
+    /// Each record's partition and its bytes' range in `buffer`.
+    spans: Vec<(u32, std::ops::Range<usize>)>,
+}
+
+impl Records {
+    /// Records cut from `buffer`, each `(partition, range)`; `None` when a
+    /// range is not within it.
+    pub fn cut(
+        buffer: impl AsRef<[u8]> + Send + Sync + 'static,
+        spans: Vec<(u32, std::ops::Range<usize>)>,
+    ) -> Option<Records> {
+        let len = buffer.as_ref().len();
+        if spans.iter().any(|(_, r)| r.start > r.end || r.end > len) {
+            return None;
+        }
+        Some(Records { buffer: Box::new(buffer), spans })
+    }
+
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// Each record's partition and bytes, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &[u8])> {
+        let buffer = (*self.buffer).as_ref();
+        self.spans.iter().map(move |(p, r)| (*p, &buffer[r.clone()]))
+    }
+
+    /// Keeps the records whose place (from 0) `keep` is true for.
+    pub fn retain_places(&mut self, mut keep: impl FnMut(usize) -> bool) {
+        let mut place = 0;
+        self.spans.retain(|_| {
+            place += 1;
+            keep(place - 1)
+        });
+    }
+}
+
+impl From<Vec<(u32, Vec<u8>)>> for Records {
+    fn from(records: Vec<(u32, Vec<u8>)>) -> Records {
+        let mut buffer = Vec::with_capacity(records.iter().map(|(_, r)| r.len()).sum());
+        let mut spans = Vec::with_capacity(records.len());
+        for (partition, payload) in records {
+            spans.push((partition, buffer.len()..buffer.len() + payload.len()));
+            buffer.extend_from_slice(&payload);
+        }
+        Records { buffer: Box::new(buffer), spans }
+    }
+}
 /// An append's answer: each record's (partition, offset), or why not.
 type Appended = Result<Vec<(u32, u64)>, LogError>;
 
 struct Request {
     topic: Arc<Topic>,
-    records: Batch,
+    records: Records,
     /// The tag every record of the request carries ([`Log::append_tagged`]).
     tag: Option<[u8; TAG]>,
     /// What it counts against the queue's bound.
@@ -313,31 +370,21 @@ impl Log {
     }
 
     /// Queues records `(partition, payload)` for the next group commit.
-    pub fn append(&self, topic: &str, records: Vec<(u32, Vec<u8>)>) -> Result<Pending, LogError> {
-        self.append_with(topic, records, None)
+    pub fn append(&self, topic: &str, records: impl Into<Records>) -> Result<Pending, LogError> {
+        self.append_with(topic, records.into(), None)
     }
 
     /// As [`Log::append`], each record carrying `tag` (read back as
     /// [`Record::tag`]): the records of one request can be told from any
     /// other's with the same bytes.
-    pub fn append_tagged(
-        &self,
-        topic: &str,
-        records: Vec<(u32, Vec<u8>)>,
-        tag: [u8; TAG],
-    ) -> Result<Pending, LogError> {
-        self.append_with(topic, records, Some(tag))
+    pub fn append_tagged(&self, topic: &str, records: impl Into<Records>, tag: [u8; TAG]) -> Result<Pending, LogError> {
+        self.append_with(topic, records.into(), Some(tag))
     }
 
-    fn append_with(
-        &self,
-        topic: &str,
-        records: Vec<(u32, Vec<u8>)>,
-        tag: Option<[u8; TAG]>,
-    ) -> Result<Pending, LogError> {
+    fn append_with(&self, topic: &str, records: Records, tag: Option<[u8; TAG]>) -> Result<Pending, LogError> {
         let t = self.topic(topic)?;
         let partitions = t.partitions.len() as u32;
-        if let Some(&(partition, _)) = records.iter().find(|(p, _)| *p >= partitions) {
+        if let Some((partition, _)) = records.iter().find(|(p, _)| *p >= partitions) {
             return Err(LogError::NoPartition { topic: topic.to_owned(), partition, partitions });
         }
         // A tag is part of the record's body, so it counts against the limit.
@@ -520,12 +567,12 @@ fn commit(shared: &Shared, group: Vec<Request>) -> Vec<Answer> {
     let mut touched: Vec<(Arc<Topic>, u32)> = Vec::new();
     for req in &group {
         let mut offsets = Vec::with_capacity(req.records.len());
-        for (partition, payload) in &req.records {
-            let mut p = lock(&req.topic.partitions[*partition as usize]);
+        for (partition, payload) in req.records.iter() {
+            let mut p = lock(&req.topic.partitions[partition as usize]);
             if !p.has_pending() {
-                touched.push((Arc::clone(&req.topic), *partition));
+                touched.push((Arc::clone(&req.topic), partition));
             }
-            offsets.push((*partition, p.push(payload, req.tag.as_ref(), now)));
+            offsets.push((partition, p.push(payload, req.tag.as_ref(), now)));
         }
         answers.push(offsets);
     }

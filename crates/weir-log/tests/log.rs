@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use weir_log::{Log, LogError, LogOptions};
+use weir_log::{Log, LogError, LogOptions, Records};
 
 struct Dir(PathBuf);
 
@@ -28,7 +28,7 @@ fn open(dir: &Path, segment_bytes: u64) -> Log {
 }
 
 fn append(log: &Log, topic: &str, records: &[(u32, &str)]) -> Result<Vec<(u32, u64)>, LogError> {
-    let batch = records.iter().map(|(p, r)| (*p, r.as_bytes().to_vec())).collect();
+    let batch: Vec<_> = records.iter().map(|(p, r)| (*p, r.as_bytes().to_vec())).collect();
     log.append(topic, batch)?.wait_blocking()
 }
 
@@ -41,6 +41,30 @@ fn segments(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
     files
+}
+
+/// Records cut from one buffer (a request's body) are appended as the
+/// bytes of their ranges, after the places a retry keeps; a range past the
+/// buffer is refused before anything is queued.
+#[test]
+fn records_cut_from_a_buffer_append_their_ranges() {
+    let dir = Dir::new("cut");
+    let log = open(&dir.0, 1 << 20);
+    log.ensure_topic("t", 2, None).unwrap();
+    let body = b"{\"a\":1}\n{\"b\":2}\r\n\n{\"c\":3}".to_vec();
+    let spans = vec![(1, 0..7), (0, 8..15), (1, 18..25)];
+    assert!(Records::cut(body.clone(), vec![(0, 20..26)]).is_none(), "past the end");
+    #[allow(clippy::reversed_empty_ranges)]
+    let backwards = vec![(0, 5..4)];
+    assert!(Records::cut(body.clone(), backwards).is_none(), "a range that ends before it starts");
+    let mut records = Records::cut(body, spans).unwrap();
+    let got: Vec<(u32, &[u8])> = records.iter().collect();
+    assert_eq!(got, vec![(1, &b"{\"a\":1}"[..]), (0, &b"{\"b\":2}"[..]), (1, &b"{\"c\":3}"[..])]);
+    records.retain_places(|place| place != 1);
+    assert_eq!(records.len(), 2);
+    assert_eq!(log.append("t", records).unwrap().wait_blocking().unwrap(), vec![(1, 0), (1, 1)]);
+    assert_eq!(payloads(&log, "t", 1, 0), vec![(0, "{\"a\":1}".into()), (1, "{\"c\":3}".into())]);
+    assert!(payloads(&log, "t", 0, 0).is_empty());
 }
 
 #[test]

@@ -846,7 +846,13 @@ impl Target for KafkaTarget {
             return Ok(());
         }
         self.runtime
-            .block_on(crate::kafka::produce(&self.producer, &self.topic, &records, &keys, None))
+            .block_on(crate::kafka::produce(
+                &self.producer,
+                &self.topic,
+                records.iter().map(|(_, p)| &p[..]),
+                &keys,
+                None,
+            ))
             .map(|_| ())
             .map_err(|e| Failure::Retry(format!("producing to {} failed: {e}", self.topic)))
     }

@@ -345,7 +345,7 @@ impl DrillLog {
         }
         match self {
             DrillLog::Embedded(log) => {
-                let batch = records.iter().map(|r| (r.partition, r.payload.clone())).collect();
+                let batch: Vec<_> = records.iter().map(|r| (r.partition, r.payload.clone())).collect();
                 log.append(topic, batch)?.wait_blocking()?;
             }
             DrillLog::Kafka { producer, runtime, .. } => {

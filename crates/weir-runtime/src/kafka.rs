@@ -446,7 +446,7 @@ pub fn record_key(json: &str) -> String {
 /// a record: its value is the request's tag, in hex.
 pub const REQUEST_HEADER: &str = "weir-request";
 
-/// Produces `records` (payload with their partitioning field's JSON text)
+/// Produces `payloads` (each with its partitioning field's JSON text in `keys`)
 /// and waits for every acknowledgement; the partitions and offsets written.
 /// `tag` (hex) goes in each record's [`REQUEST_HEADER`].
 /// Kafka has no all-or-nothing append without transactions: after an error
@@ -454,14 +454,14 @@ pub const REQUEST_HEADER: &str = "weir-request";
 pub async fn produce(
     producer: &FutureProducer,
     topic: &str,
-    records: &[(u32, Vec<u8>)],
+    payloads: impl IntoIterator<Item = &[u8]>,
     keys: &[Option<String>],
     tag: Option<&str>,
 ) -> Result<Vec<(u32, u64)>, String> {
-    let mut pending = Vec::with_capacity(records.len());
-    for ((_, payload), key) in records.iter().zip(keys) {
+    let mut pending = Vec::with_capacity(keys.len());
+    for (payload, key) in payloads.into_iter().zip(keys) {
         let key = key.as_deref().map(record_key);
-        let mut record = FutureRecord::<String, Vec<u8>>::to(topic).payload(payload);
+        let mut record = FutureRecord::<String, [u8]>::to(topic).payload(payload);
         if let Some(k) = &key {
             record = record.key(k);
         }

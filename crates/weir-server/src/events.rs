@@ -3,6 +3,7 @@
 //! in the embedded log or in Kafka) and `GET` of the raw records, for
 //! raw-readers (the embedded log only: 409 for a Kafka topic).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use axum::Extension;
 use sha2::Digest;
 use weir_engine::intake::BodyError;
 use weir_engine::time::format_rfc3339_ms;
-use weir_log::LogError;
+use weir_log::{LogError, Records};
 use weir_runtime::lock;
 use weir_store::idempotency::Found;
 
@@ -107,19 +108,26 @@ pub(crate) async fn post_events(
                 .into_response()
         }
     };
+    // Each event's partition and place in the body, which the records are
+    // cut from as it arrived; its key kept only for Kafka, which is sent it.
     let mut keys = Vec::with_capacity(events.len());
-    let mut records: Vec<(u32, Vec<u8>)> = Vec::with_capacity(events.len());
+    let mut spans = Vec::with_capacity(events.len());
+    let base = body.as_ptr() as usize;
     for (key, line) in events {
         let partition = match &key {
             Some(k) => (xxhash_rust::xxh3::xxh3_64(k.as_bytes()) % u64::from(partitions)) as u32,
             None => (app.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(partitions)) as u32,
         };
-        records.push((partition, line.to_vec()));
-        keys.push(key);
+        let at = line.as_ptr() as usize - base;
+        spans.push((partition, at..at + line.len()));
+        keys.push(key.filter(|_| kafka.is_some()).map(Cow::into_owned));
     }
-    if records.is_empty() {
+    if spans.is_empty() {
         return error(StatusCode::BAD_REQUEST, "the body has no events: send one JSON object per line");
     }
+    let Some(records) = Records::cut(body.clone(), spans) else {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "an event's place in the body was lost; nothing was appended");
+    };
     let count = records.len();
     // With an Idempotency-Key: at most once (SPEC.md 7).
     let key = match idempotency_key(&headers) {
@@ -174,7 +182,7 @@ pub(crate) async fn post_events(
                 // stamped after it began (a minute's margin for the clock);
                 // only the rest is appended now.
                 let tag = request_tag(&guard.key.1);
-                let wanted: Vec<Vec<u8>> = records.iter().map(|r| r.1.clone()).collect();
+                let wanted: Vec<Vec<u8>> = records.iter().map(|(_, r)| r.to_vec()).collect();
                 let (log, t, app2) = (app.log.clone(), topic.clone(), Arc::clone(&app));
                 let looked = tokio::task::spawn_blocking(move || match app2.brokers.get(&t) {
                     Some(brokers) => {
@@ -211,19 +219,14 @@ pub(crate) async fn post_events(
                         )
                     }
                 };
-                let mut left = Vec::new();
-                let mut left_keys = Vec::new();
-                for ((record, key), at) in records.into_iter().zip(keys).zip(at) {
-                    match at {
-                        Some(place) => found_before.push(place),
-                        None => {
-                            left.push(record);
-                            left_keys.push(key);
-                        }
-                    }
-                }
-                records = left;
-                keys = left_keys;
+                // Only what it did not append is left to append.
+                found_before.extend(at.iter().flatten());
+                records.retain_places(|i| at.get(i).is_some_and(Option::is_none));
+                let mut place = 0;
+                keys.retain(|_| {
+                    place += 1;
+                    at.get(place - 1).is_some_and(Option::is_none)
+                });
             }
         }
         append(&app, &topic, kafka, (records, keys, count), Some(guard), found_before).await
@@ -232,9 +235,6 @@ pub(crate) async fn post_events(
         error(StatusCode::INTERNAL_SERVER_ERROR, format!("the request with Idempotency-Key {named:?} failed: {e}"))
     })
 }
-
-/// Events as they are appended: each one's partition and bytes.
-type Records = Vec<(u32, Vec<u8>)>;
 
 /// Appends `records` (to Kafka or the log) and answers with where they
 /// went, keeping the answer under the request's Idempotency-Key
@@ -253,7 +253,9 @@ async fn append(
         (_, true) => Ok(Vec::new()),
         (Some(producer), false) => {
             let tag = in_flight.as_ref().map(|held| weir_store::digest::hex(&request_tag(&held.key.1)));
-            match weir_runtime::kafka::produce(&producer, topic, &records, &keys, tag.as_deref()).await {
+            match weir_runtime::kafka::produce(&producer, topic, records.iter().map(|(_, p)| p), &keys, tag.as_deref())
+                .await
+            {
                 Ok(offsets) => Ok(offsets),
                 Err(e) => {
                     if let Some(held) = &in_flight {

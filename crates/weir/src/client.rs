@@ -1003,8 +1003,13 @@ impl KafkaTarget {
             records.push((0, line.as_bytes().to_vec()));
             keys.push(key);
         }
-        let sent =
-            self.runtime.block_on(weir_runtime::kafka::produce(&self.producer, &self.topic, &records, &keys, None));
+        let sent = self.runtime.block_on(weir_runtime::kafka::produce(
+            &self.producer,
+            &self.topic,
+            records.iter().map(|(_, p)| &p[..]),
+            &keys,
+            None,
+        ));
         match sent {
             Ok(_) => Ok(true),
             Err(why) => {
