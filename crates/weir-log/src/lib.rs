@@ -201,6 +201,7 @@ impl From<Vec<(u32, Vec<u8>)>> for Records {
         Records { buffer: Box::new(buffer), spans }
     }
 }
+
 /// An append's answer: each record's (partition, offset), or why not.
 type Appended = Result<Vec<(u32, u64)>, LogError>;
 

@@ -118,8 +118,9 @@ pub(crate) async fn post_events(
             Some(k) => (xxhash_rust::xxh3::xxh3_64(k.as_bytes()) % u64::from(partitions)) as u32,
             None => (app.round_robin.fetch_add(1, Ordering::Relaxed) % u64::from(partitions)) as u32,
         };
-        let at = line.as_ptr() as usize - base;
-        spans.push((partition, at..at + line.len()));
+        // A line is a slice of the body; were it not, `Records::cut` refuses its range.
+        let at = (line.as_ptr() as usize).wrapping_sub(base);
+        spans.push((partition, at..at.wrapping_add(line.len())));
         keys.push(key.filter(|_| kafka.is_some()).map(Cow::into_owned));
     }
     if spans.is_empty() {
