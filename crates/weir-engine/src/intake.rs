@@ -87,7 +87,7 @@ pub const RESERVED_MEMBER: &str = "$kafka";
 
 /// One event of a body: its partitioning key's JSON text (when the field
 /// is there; borrowed from the line when the line spells it so) and its line.
-pub type BodyEvent<'b> = (Option<std::borrow::Cow<'b, str>>, &'b [u8]);
+pub type BodyEvent<'b> = (Option<Cow<'b, str>>, &'b [u8]);
 
 /// A POST body's events: one JSON object a line (blank lines skipped, `\r\n`
 /// accepted), each with its partitioning key's JSON text when `key` names a
@@ -104,8 +104,9 @@ pub fn parse_body<'b>(body: &'b [u8], key: Option<&str>, limits: &Limits) -> Res
     let mut from = 0;
     let mut n = 0;
     while from <= body.len() {
-        let to = memchr::memchr(b'\n', &body[from..]).map_or(body.len(), |at| from + at);
-        let raw = &body[from..to];
+        let start = from;
+        let to = memchr::memchr(b'\n', &body[start..]).map_or(body.len(), |at| start + at);
+        let raw = &body[start..to];
         from = to + 1;
         n += 1;
         let line = raw.strip_suffix(b"\r").unwrap_or(raw);
@@ -120,7 +121,7 @@ pub fn parse_body<'b>(body: &'b [u8], key: Option<&str>, limits: &Limits) -> Res
         }
         let text = match whole {
             // A line of a UTF-8 body, cut at ASCII bytes, is UTF-8 too.
-            Some(whole) => &whole[from - 1 - raw.len()..from - 1 - raw.len() + line.len()],
+            Some(whole) => &whole[start..start + line.len()],
             None => std::str::from_utf8(line).map_err(|_| BodyError::NotUtf8 { line: n })?,
         };
         let k = match reader.check(text, limits) {
