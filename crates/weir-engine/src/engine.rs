@@ -47,7 +47,7 @@ use crate::output::{LedgerEntry, Output, Reason, Row, RowFormat, Sources, Status
 use crate::plan::Plan;
 use crate::recall::{Recall, Recalled};
 use crate::rule::RuleError;
-use crate::table::HashedTable;
+use crate::table::{HashedTable, Spare};
 use crate::time::{parse_rfc3339_ms, TIME_MAX_MS, TIME_MIN_MS};
 
 /// Watermark before any event: -infinity.
@@ -444,6 +444,49 @@ pub struct Engine {
     /// A batch reads only events whose time is in this range
     /// ([`Engine::read_times`]).
     times: Option<std::ops::Range<i64>>,
+    /// With [`Engine::make_spares_ahead`]: the spares its tables want made,
+    /// not yet taken by [`Engine::take_spares_wanted`].
+    spares: Option<Vec<SpareWanted>>,
+}
+
+/// Memory one of an engine's tables will want when it doubles, to make on
+/// another thread ([`SpareWanted::make`]) and give back with
+/// [`Engine::give_spare`] (see [`Engine::make_spares_ahead`]).
+#[derive(Debug)]
+pub struct SpareWanted(Table, usize);
+
+/// A spare made by [`SpareWanted::make`].
+#[derive(Debug)]
+pub struct SpareMade(Made);
+
+#[derive(Debug, Clone, Copy)]
+enum Table {
+    Windows,
+    Keys,
+    Seen,
+    Counted,
+}
+
+#[derive(Debug)]
+enum Made {
+    Windows(Spare<Window>),
+    Keys(Spare<u32>),
+    Seen(Spare<Seen>),
+    Counted(Spare<Counted>),
+}
+
+impl SpareWanted {
+    /// Allocates and first writes the memory: the kernel zeroes its pages
+    /// here, on the caller's thread, not on the engine's when it doubles.
+    pub fn make(self) -> SpareMade {
+        let SpareWanted(table, slots) = self;
+        SpareMade(match table {
+            Table::Windows => Made::Windows(Spare::make(slots)),
+            Table::Keys => Made::Keys(Spare::make(slots)),
+            Table::Seen => Made::Seen(Spare::make(slots)),
+            Table::Counted => Made::Counted(Spare::make(slots)),
+        })
+    }
 }
 
 impl std::fmt::Debug for Engine {
@@ -493,7 +536,58 @@ impl Engine {
             batch_from: None,
             span_at: std::cell::Cell::new((0, 0)),
             times: None,
+            spares: None,
         }
+    }
+
+    /// From now on the engine's tables ask for their next memory ahead of
+    /// doubling: after [`Engine::process`], [`Engine::take_spares_wanted`]
+    /// gives what they want, which the caller makes on another thread and
+    /// gives back ([`Engine::give_spare`]). A table of a million slots then
+    /// doubles without its thread waiting for the kernel to zero tens of
+    /// megabytes, a stall that a server's latency shows. A spare that comes
+    /// too late is dropped; what the engine holds never depends on them.
+    /// Not kept in snapshots; set it again after a restore.
+    pub fn make_spares_ahead(&mut self) {
+        self.spares.get_or_insert_with(Vec::new);
+    }
+
+    /// The spares the tables want made (see [`Engine::make_spares_ahead`]).
+    pub fn take_spares_wanted(&mut self) -> Vec<SpareWanted> {
+        self.spares.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Gives a table the spare it asked for.
+    pub fn give_spare(&mut self, made: SpareMade) {
+        match made.0 {
+            Made::Windows(s) => self.st.windows.give_spare(s),
+            Made::Keys(s) => self.st.keys.give_spare(s),
+            Made::Seen(s) => self.st.seen.give_spare(s),
+            Made::Counted(s) => self.st.counted.give_spare(s),
+        }
+    }
+
+    /// How many times a table doubled into a spare given to it.
+    pub fn spares_used(&self) -> u32 {
+        let st = &self.st;
+        st.windows.spares_used() + st.keys.spares_used() + st.seen.spares_used() + st.counted.spares_used()
+    }
+
+    /// Asks for the spares of tables nearing their doubling: entries a
+    /// sweep would keep are those of windows and keys, ids the watermark
+    /// has not expired, and corrections within the horizon.
+    fn want_spares(&mut self) {
+        let Some(wanted) = &mut self.spares else { return };
+        let wm = self.st.wm;
+        let st = &mut self.st;
+        let horizon = self.plan.horizon_ms.filter(|_| self.plan.corrects);
+        let asked = [
+            (Table::Windows, st.windows.wants_spare(|_| true)),
+            (Table::Keys, st.keys.wants_spare(|_| true)),
+            (Table::Seen, st.seen.wants_spare(|s| s.expires > wm)),
+            (Table::Counted, st.counted.wants_spare(|c| horizon.is_none_or(|h| c.time.saturating_add(h) > wm))),
+        ];
+        wanted.extend(asked.into_iter().filter_map(|(table, slots)| Some(SpareWanted(table, slots?))));
     }
 
     /// Tells the engine the processing clock, in milliseconds since the
@@ -664,6 +758,7 @@ impl Engine {
         self.count_read(&reader.plan, event.partition, event.offset, text, &read, out);
         self.reader = Some(reader);
         self.read = Some(read);
+        self.want_spares();
     }
 
     /// An event its source refused before the engine read it (a Kafka

@@ -25,7 +25,9 @@ pub mod time;
 mod timers;
 
 pub use agg::OutValue;
-pub use engine::{Counters, Engine, EventIn, EventReader, Mode, PlanError, ReadEvent, WM_MAX, WM_MIN};
+pub use engine::{
+    Counters, Engine, EventIn, EventReader, Mode, PlanError, ReadEvent, SpareMade, SpareWanted, WM_MAX, WM_MIN,
+};
 pub use key::{encode as encode_key, write_json as key_json, KeyValue};
 pub use output::{LedgerEntry, Output, Reason, Row, RowFormat, Source, Sources, Status};
 pub use recall::Recall;

@@ -14,6 +14,15 @@
 //! with probability 2^-128, as any two hashes may); every key sits in the run
 //! of occupied slots that starts at its home slot; at most 7/10 of the slots
 //! are occupied, so every run ends; an empty slot holds `V::default()`.
+//!
+//! A table can have its next, doubled slots made ahead ([`Spare`]): the
+//! first write to new memory is the kernel zeroing its pages, which for a
+//! table of millions of slots stalls the thread that doubles it for tens
+//! of milliseconds. [`HashedTable::wants_spare`] says when a table nears
+//! its doubling; the caller makes the [`Spare`] on another thread and
+//! gives it back ([`HashedTable::give_spare`]), and the doubling moves the
+//! entries into it. A spare only changes where memory comes from, never
+//! what the table holds.
 
 #[derive(Debug, Clone, Default)]
 pub(crate) struct HashedTable<V> {
@@ -23,9 +32,60 @@ pub(crate) struct HashedTable<V> {
     /// Keys written or removed since the last `take_touched`, while tracking
     /// (`retain` does not record what it drops).
     touched: Option<Vec<u128>>,
+    /// The next slots, made ahead, and whether they were asked for since
+    /// the table last doubled or swept.
+    spare: Kept<V>,
 }
 
 const MIN_SLOTS: usize = 64;
+
+/// Below this many slots a table doubles without a spare: the memory is
+/// small enough to zero at once.
+pub(crate) const SPARE_MIN_SLOTS: usize = 1 << 15;
+
+/// A table's next slots, every page of them written already (see the
+/// module's comment). Made on any thread.
+#[derive(Debug)]
+pub(crate) struct Spare<V> {
+    keys: Vec<u128>,
+    values: Vec<V>,
+}
+
+impl<V: Default> Spare<V> {
+    /// `slots` empty slots, each written once, so that no later write to
+    /// them waits for the kernel.
+    pub(crate) fn make(slots: usize) -> Spare<V> {
+        // Not `vec![0; slots]`: that may take untouched zeroed pages from the
+        // system, which the kernel would zero at the doubling's first write.
+        #[expect(clippy::slow_vector_initialization, reason = "the write is the point: it touches every page here")]
+        let mut keys = Vec::with_capacity(slots);
+        keys.resize(slots, 0);
+        let mut values = Vec::with_capacity(slots);
+        values.resize_with(slots, V::default);
+        Spare { keys, values }
+    }
+}
+
+/// A table's spare and whether it was asked for: not copied with the table.
+#[derive(Debug)]
+struct Kept<V> {
+    spare: Option<Spare<V>>,
+    asked: bool,
+    /// Doublings that moved into a spare.
+    used: u32,
+}
+
+impl<V> Default for Kept<V> {
+    fn default() -> Self {
+        Kept { spare: None, asked: false, used: 0 }
+    }
+}
+
+impl<V> Clone for Kept<V> {
+    fn clone(&self) -> Self {
+        Kept::default()
+    }
+}
 
 impl<V: Default> HashedTable<V> {
     pub(crate) fn track(&mut self) {
@@ -97,6 +157,33 @@ impl<V: Default> HashedTable<V> {
         (self.len + 1) * 10 > self.keys.len() * 7
     }
 
+    /// The size of the spare this table will soon want, once: when it is
+    /// 6/10 full, has at least [`SPARE_MIN_SLOTS`], and at least 4/10 of its
+    /// slots hold entries `live` keeps (a sweep at 7/10 that leaves less
+    /// than half does not double). Asked again after it doubles or sweeps.
+    pub(crate) fn wants_spare(&mut self, mut live: impl FnMut(&V) -> bool) -> Option<usize> {
+        let slots = self.keys.len();
+        if self.spare.asked || self.len * 10 < slots * 6 || slots < SPARE_MIN_SLOTS {
+            return None;
+        }
+        self.spare.asked = true;
+        let live = self.keys.iter().zip(&self.values).filter(|(k, v)| **k != 0 && live(v)).count();
+        (live * 10 >= slots * 4).then_some(slots * 2)
+    }
+
+    /// Keeps `spare` for the next doubling; drops one of another size (the
+    /// table doubled before it came).
+    pub(crate) fn give_spare(&mut self, spare: Spare<V>) {
+        if spare.keys.len() == self.keys.len() * 2 {
+            self.spare.spare = Some(spare);
+        }
+    }
+
+    /// Doublings that moved into a spare.
+    pub(crate) fn spares_used(&self) -> u32 {
+        self.spare.used
+    }
+
     /// Doubles the slots when at least half are taken.
     pub(crate) fn grow_if_half_full(&mut self) {
         if self.len * 2 >= self.keys.len() {
@@ -156,6 +243,10 @@ impl<V: Default> HashedTable<V> {
                 step += 1;
             }
         }
+        self.spare.asked = false;
+        if self.len * 2 < self.keys.len() {
+            self.spare.spare = None;
+        }
     }
 
     fn mask(&self) -> usize {
@@ -209,9 +300,18 @@ impl<V: Default> HashedTable<V> {
 
     /// Moves every entry into a table of `slots` slots (a power of two that holds them).
     fn rehash(&mut self, slots: usize) {
-        let keys = std::mem::replace(&mut self.keys, vec![0; slots]);
-        let mut values = std::mem::take(&mut self.values);
-        self.values.resize_with(slots, V::default);
+        self.spare.asked = false;
+        let (keys, mut values) = match self.spare.spare.take() {
+            Some(spare) if spare.keys.len() == slots => {
+                self.spare.used += 1;
+                (std::mem::replace(&mut self.keys, spare.keys), std::mem::replace(&mut self.values, spare.values))
+            }
+            _ => {
+                let values = std::mem::take(&mut self.values);
+                self.values.resize_with(slots, V::default);
+                (std::mem::replace(&mut self.keys, vec![0; slots]), values)
+            }
+        };
         for (key, value) in keys.into_iter().zip(values.drain(..)).filter(|(k, _)| *k != 0) {
             let Err(slot) = self.find(key) else { continue };
             self.keys[slot] = key;
@@ -275,6 +375,63 @@ mod tests {
         }
         table.reserve(1);
         assert_eq!(table.slots(), slots, "room already there");
+    }
+
+    #[test]
+    fn a_spare_made_ahead_takes_the_doubling_and_every_entry_stays() {
+        let mut table = HashedTable::<i64>::default();
+        table.reserve(SPARE_MIN_SLOTS / 2);
+        assert_eq!(table.slots(), SPARE_MIN_SLOTS);
+        let key = |n: i64| (n as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835) | 1;
+        let mut asked = Vec::new();
+        for n in 0..(SPARE_MIN_SLOTS as i64) {
+            table.insert(key(n), n);
+            if let Some(slots) = table.wants_spare(|_| true) {
+                asked.push((table.len(), slots));
+                // One of the wrong size first: a table that doubled meanwhile drops it.
+                table.give_spare(Spare::make(slots / 2));
+                table.give_spare(Spare::make(slots));
+            }
+        }
+        // Asked once, at 6/10 (the doubled table holds these under 6/10).
+        let first = (SPARE_MIN_SLOTS * 6).div_ceil(10);
+        assert_eq!(asked, vec![(first, SPARE_MIN_SLOTS * 2)]);
+        assert_eq!((table.slots(), table.spares_used()), (SPARE_MIN_SLOTS * 2, 1));
+        for n in 0..(SPARE_MIN_SLOTS as i64) {
+            assert_eq!(table.get(key(n)), Some(&n), "entry {n}");
+        }
+        assert_eq!(table.iter().count(), SPARE_MIN_SLOTS);
+    }
+
+    #[test]
+    fn a_table_a_sweep_would_empty_asks_for_no_spare_until_it_swept() {
+        let mut table = HashedTable::<i64>::default();
+        table.reserve(SPARE_MIN_SLOTS / 2);
+        let live = |v: &i64| *v % 4 == 0;
+        let mut n = 0i64;
+        while table.len() * 10 < SPARE_MIN_SLOTS * 6 {
+            table.insert(n as u128 + 1, n);
+            n += 1;
+        }
+        // A quarter of the entries live: a sweep at 7/10 would leave a table under half full.
+        assert_eq!(table.wants_spare(live), None);
+        assert_eq!(table.wants_spare(|_| true), None, "asked once a cycle");
+        table.retain(live);
+        assert_eq!(table.slots(), SPARE_MIN_SLOTS);
+        while table.len() * 10 < SPARE_MIN_SLOTS * 6 {
+            table.insert(n as u128 + 1, 4 * n);
+            n += 1;
+        }
+        assert_eq!(table.wants_spare(live), Some(SPARE_MIN_SLOTS * 2), "asked again after the sweep");
+        table.give_spare(Spare::make(SPARE_MIN_SLOTS * 2));
+        // A sweep that leaves it under half full drops the spare.
+        table.retain(|_| false);
+        while !table.is_full() {
+            table.insert(n as u128 + 1, n);
+            n += 1;
+        }
+        table.insert(n as u128 + 1, n);
+        assert_eq!((table.slots(), table.spares_used()), (SPARE_MIN_SLOTS * 2, 0));
     }
 
     #[test]

@@ -648,6 +648,38 @@ proptest! {
 }
 
 #[test]
+fn spares_made_ahead_change_nothing() {
+    // Ids remembered and corrections kept for an hour: 100,000 events double
+    // the id tables past 2^15 slots, where spares are asked for.
+    let shape = Shape { window: WINDOWS[0], late: "discard", early: true, dedup: true, corrects: true };
+    let c = contract(&shape, 0, 1_000);
+    let mut lines: Vec<String> = (0..100_000).map(|i| line(i % 3, i as i64 * 20, i, (i % 1000) as u32, "ok")).collect();
+    for i in (9..lines.len()).step_by(10) {
+        lines[i] = lines[i - 3].clone();
+    }
+    let run = |spares: bool| {
+        let mut engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+        if spares {
+            engine.make_spares_ahead();
+        }
+        let mut out = Output::default();
+        for (i, l) in lines.iter().enumerate() {
+            engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: l.as_bytes() }, &mut out);
+            for wanted in engine.take_spares_wanted() {
+                engine.give_spare(wanted.make());
+            }
+        }
+        engine.finish(&mut out);
+        (out.rows, out.ledger, engine.spares_used())
+    };
+    let (rows, ledger, used) = run(true);
+    let (plain_rows, plain_ledger, plain_used) = run(false);
+    assert_eq!((used, plain_used), (4, 0), "the id and correction tables doubled twice each into spares");
+    assert!(rows == plain_rows && ledger == plain_ledger, "{} rows, {} ledger entries", rows.len(), ledger.len());
+    assert!(ledger.iter().any(|e| e.reason.as_str() == "duplicate"));
+}
+
+#[test]
 fn snapshots_refuse_another_format_or_contract() {
     let shape = Shape { window: "type = \"global\"", late: "discard", early: false, dedup: false, corrects: false };
     let c = contract(&shape, 0, 0);

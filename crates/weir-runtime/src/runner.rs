@@ -56,7 +56,7 @@ use std::time::{Duration, Instant};
 
 use weir_contract::{Contract, ServerConfig};
 use weir_engine::{Delta, RowFormat};
-use weir_engine::{Engine, EventIn, Mode, Output, Reason};
+use weir_engine::{Engine, EventIn, Mode, Output, Reason, SpareMade};
 use weir_store::checkpoint::{self, CheckpointError, Checkpoints, Scope, Write};
 use weir_store::{Replay, VersionState};
 
@@ -271,9 +271,20 @@ struct Part {
     reread: Option<u64>,
 }
 
+/// How a runner's engine works, whether new or restored: it tracks what
+/// changed for checkpoints, emits rows per batch, and has its tables'
+/// next memory made ahead on other threads ([`Held::make_spares`]).
+fn serving(engine: &mut Engine) {
+    engine.track_changes();
+    engine.emit_per_batch();
+    engine.make_spares_ahead();
+}
+
 /// A claimed scope: its engine and where it stands.
 struct Unit {
     engine: Engine,
+    /// Memory its engine's tables asked for, being made.
+    spares: Vec<std::thread::JoinHandle<SpareMade>>,
     out: Output,
     parts: BTreeMap<u32, Part>,
     generation: i64,
@@ -398,8 +409,7 @@ impl Held {
         if self.per_partition {
             engine.read_one_partition();
         }
-        engine.track_changes();
-        engine.emit_per_batch();
+        serving(&mut engine);
         let mut out = Output::default();
         let mut parts = BTreeMap::new();
         for &p in partitions {
@@ -430,9 +440,29 @@ impl Held {
             since: 0,
             dirty: false,
             republish_after: None,
+            spares: Vec::new(),
         };
         self.units.insert(scope, unit);
         Ok(())
+    }
+
+    /// Gives each engine the spares made since the last step, and starts
+    /// making, each on a thread of its own, those its tables now want. A
+    /// thread that cannot start leaves its table to double as before.
+    fn make_spares(&mut self) {
+        for unit in self.units.values_mut() {
+            let (made, making) = std::mem::take(&mut unit.spares).into_iter().partition(|job| job.is_finished());
+            unit.spares = making;
+            for job in made {
+                if let Ok(spare) = job.join() {
+                    unit.engine.give_spare(spare);
+                }
+            }
+            for wanted in unit.engine.take_spares_wanted() {
+                let job = std::thread::Builder::new().name("weir-spare".into()).spawn(move || wanted.make());
+                unit.spares.extend(job.ok());
+            }
+        }
     }
 
     /// The store, once the checkpoints committing behind have ended.
@@ -585,8 +615,7 @@ impl Held {
         let Some(partitions) = self.units.get(&scope).map(|u| u.parts.len() as u32) else { return Ok(()) };
         let mut engine = self.new_engine(partitions)?;
         engine.set_revision_floor(floor);
-        engine.track_changes();
-        engine.emit_per_batch();
+        serving(&mut engine);
         let run = self.store()?.start_run(scope, "replay")?;
         let (c, now) = (self.contract.clone(), self.now);
         let Some(unit) = self.units.get_mut(&scope) else { return Ok(()) };
@@ -932,6 +961,7 @@ impl Run {
             unit.since += 1;
             unit.dirty = true;
         }
+        held.make_spares();
         if !latencies.is_empty() || not_delivered > 0 {
             let mut s = lock(&r.status);
             s.offsets_not_delivered += not_delivered;
