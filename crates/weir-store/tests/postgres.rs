@@ -423,6 +423,33 @@ fn id_batches_are_stored_uncompressed_in_a_new_schema() {
 }
 
 #[test]
+fn a_worker_starting_while_another_writes_rows_and_ledger_takes_no_lock_on_them() {
+    let s = Schema::new("startlocks");
+    // Another worker's checkpoint, between its rows and its ledger entries.
+    let mut writer = pg::connect(&url()).unwrap();
+    let mut tx = writer.transaction().unwrap();
+    tx.batch_execute(&format!("LOCK TABLE {0}.changes, {0}.ledger IN ROW EXCLUSIVE MODE", s.name)).unwrap();
+    // A worker starting now migrates the current schema: it must not wait for
+    // either table (waiting there deadlocked with such a checkpoint).
+    let mut starting = pg::connect(&url()).unwrap();
+    starting.batch_execute("SET lock_timeout = '2s'").unwrap();
+    let migrated = pg::migrate(&mut starting, &s.name);
+    tx.rollback().unwrap();
+    migrated.unwrap_or_else(|e| panic!("migrating a current schema waited for a checkpoint's tables: {e}"));
+    // An index that is missing is still made.
+    starting.batch_execute(&format!("DROP INDEX {}.changes_by_version", s.name)).unwrap();
+    pg::migrate(&mut starting, &s.name).unwrap();
+    let found: i64 = starting
+        .query_one(
+            "SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname = 'changes_by_version'",
+            &[&s.name],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(found, 1);
+}
+
+#[test]
 fn a_version_2_schema_is_migrated_and_generations_go_on_above_the_old_ones() {
     let mut s = Schema::new("migrate3");
     let c = Contract::parse("paid.toml", CONTRACT).unwrap();

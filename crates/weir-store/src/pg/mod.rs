@@ -352,16 +352,36 @@ pub fn migrate(client: &mut Client, schema: &str) -> crate::Result<()> {
         &format!("UPDATE {schema}.meta SET value = $1 WHERE key = 'schema_version'"),
         &[&SCHEMA_VERSION.to_string()],
     )?;
-    tx.batch_execute(&format!(
-        "CREATE INDEX IF NOT EXISTS ledger_unerased ON {schema}.ledger (pipeline, at_ms) WHERE NOT erased;
-         DROP INDEX IF EXISTS {schema}.ledger_reason;
-         CREATE INDEX IF NOT EXISTS ledger_by_version ON {schema}.ledger (pipeline, version, reason, seq);
-         CREATE INDEX IF NOT EXISTS changes_by_version ON {schema}.changes (pipeline, version, seq);
-         DROP INDEX IF EXISTS {schema}.changes_by_place;
-         CREATE INDEX IF NOT EXISTS ledger_by_place ON {schema}.ledger (pipeline, version, place)
-           WHERE place IS NOT NULL;"
-    ))?;
+    index_ledger_and_changes(&mut tx, schema)?;
     tx.commit()?;
+    Ok(())
+}
+
+/// Creates the indexes of `ledger` and `changes` that are missing and drops
+/// those that are no longer used, reading the catalog first: `CREATE INDEX
+/// IF NOT EXISTS` locks its table before it looks, and a worker starting
+/// while another checkpoints (rows into `changes`, then entries into
+/// `ledger`) deadlocked with it and stopped. A current schema takes no lock
+/// on either table here.
+fn index_ledger_and_changes(tx: &mut Transaction<'_>, schema: &str) -> Result<(), postgres::Error> {
+    let present: Vec<String> = tx
+        .query("SELECT indexname::TEXT FROM pg_indexes WHERE schemaname = $1", &[&schema])?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let has = |name: &str| present.iter().any(|p| p == name);
+    let wanted = [
+        ("ledger_unerased", "ledger (pipeline, at_ms) WHERE NOT erased"),
+        ("ledger_by_version", "ledger (pipeline, version, reason, seq)"),
+        ("changes_by_version", "changes (pipeline, version, seq)"),
+        ("ledger_by_place", "ledger (pipeline, version, place) WHERE place IS NOT NULL"),
+    ];
+    for (name, on) in wanted.into_iter().filter(|(name, _)| !has(name)) {
+        tx.batch_execute(&format!("CREATE INDEX IF NOT EXISTS {name} ON {schema}.{on}"))?;
+    }
+    for name in ["ledger_reason", "changes_by_place"].into_iter().filter(|name| has(name)) {
+        tx.batch_execute(&format!("DROP INDEX IF EXISTS {schema}.{name}"))?;
+    }
     Ok(())
 }
 
