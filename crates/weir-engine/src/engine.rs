@@ -444,9 +444,9 @@ pub struct Engine {
     /// A batch reads only events whose time is in this range
     /// ([`Engine::read_times`]).
     times: Option<std::ops::Range<i64>>,
-    /// With [`Engine::make_spares_ahead`]: the spares its tables want made,
-    /// not yet taken by [`Engine::take_spares_wanted`].
-    spares: Option<Vec<SpareWanted>>,
+    /// Set by [`Engine::make_spares_ahead`]: [`Engine::take_spares_wanted`]
+    /// asks the tables what they want.
+    spares_ahead: bool,
 }
 
 /// Memory one of an engine's tables will want when it doubles, to make on
@@ -536,25 +536,42 @@ impl Engine {
             batch_from: None,
             span_at: std::cell::Cell::new((0, 0)),
             times: None,
-            spares: None,
+            spares_ahead: false,
         }
     }
 
     /// From now on the engine's tables ask for their next memory ahead of
-    /// doubling: after [`Engine::process`], [`Engine::take_spares_wanted`]
-    /// gives what they want, which the caller makes on another thread and
+    /// doubling: between steps, [`Engine::take_spares_wanted`] gives what
+    /// they want, which the caller makes on another thread and
     /// gives back ([`Engine::give_spare`]). A table of a million slots then
     /// doubles without its thread waiting for the kernel to zero tens of
     /// megabytes, a stall that a server's latency shows. A spare that comes
     /// too late is dropped; what the engine holds never depends on them.
     /// Not kept in snapshots; set it again after a restore.
     pub fn make_spares_ahead(&mut self) {
-        self.spares.get_or_insert_with(Vec::new);
+        self.spares_ahead = true;
     }
 
-    /// The spares the tables want made (see [`Engine::make_spares_ahead`]).
+    /// The spares the tables want made (see [`Engine::make_spares_ahead`]),
+    /// asked once a step: a spare comes back at the caller's next step at
+    /// the earliest, so asking after every event would not bring it sooner.
+    /// Tables nearing their doubling ask; entries a sweep would keep are
+    /// those of windows and keys, ids the watermark has not expired, and
+    /// corrections within the horizon.
     pub fn take_spares_wanted(&mut self) -> Vec<SpareWanted> {
-        self.spares.as_mut().map(std::mem::take).unwrap_or_default()
+        if !self.spares_ahead {
+            return Vec::new();
+        }
+        let wm = self.st.wm;
+        let st = &mut self.st;
+        let horizon = self.plan.horizon_ms.filter(|_| self.plan.corrects);
+        let asked = [
+            (Table::Windows, st.windows.wants_spare(|_| true)),
+            (Table::Keys, st.keys.wants_spare(|_| true)),
+            (Table::Seen, st.seen.wants_spare(|s| s.expires > wm)),
+            (Table::Counted, st.counted.wants_spare(|c| horizon.is_none_or(|h| c.time.saturating_add(h) > wm))),
+        ];
+        asked.into_iter().filter_map(|(table, slots)| Some(SpareWanted(table, slots?))).collect()
     }
 
     /// Gives a table the spare it asked for.
@@ -571,23 +588,6 @@ impl Engine {
     pub fn spares_used(&self) -> u32 {
         let st = &self.st;
         st.windows.spares_used() + st.keys.spares_used() + st.seen.spares_used() + st.counted.spares_used()
-    }
-
-    /// Asks for the spares of tables nearing their doubling: entries a
-    /// sweep would keep are those of windows and keys, ids the watermark
-    /// has not expired, and corrections within the horizon.
-    fn want_spares(&mut self) {
-        let Some(wanted) = &mut self.spares else { return };
-        let wm = self.st.wm;
-        let st = &mut self.st;
-        let horizon = self.plan.horizon_ms.filter(|_| self.plan.corrects);
-        let asked = [
-            (Table::Windows, st.windows.wants_spare(|_| true)),
-            (Table::Keys, st.keys.wants_spare(|_| true)),
-            (Table::Seen, st.seen.wants_spare(|s| s.expires > wm)),
-            (Table::Counted, st.counted.wants_spare(|c| horizon.is_none_or(|h| c.time.saturating_add(h) > wm))),
-        ];
-        wanted.extend(asked.into_iter().filter_map(|(table, slots)| Some(SpareWanted(table, slots?))));
     }
 
     /// Tells the engine the processing clock, in milliseconds since the
@@ -758,7 +758,6 @@ impl Engine {
         self.count_read(&reader.plan, event.partition, event.offset, text, &read, out);
         self.reader = Some(reader);
         self.read = Some(read);
-        self.want_spares();
     }
 
     /// An event its source refused before the engine read it (a Kafka
