@@ -36,6 +36,7 @@ pub mod sqlite;
 pub mod tokens;
 pub mod versions;
 pub mod views;
+pub mod window_batches;
 
 pub use backfill::{Backfill, BackfillAsk, BackfillState, Correction, Finish, Reconciliation, Schedule};
 pub use checkpoint::{CheckpointError, Checkpoints, Claimed, Scope};

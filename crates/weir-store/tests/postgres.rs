@@ -405,21 +405,24 @@ fn a_pause_holds_the_rows_of_every_worker_and_a_resume_publishes_them() {
 }
 
 /// How Postgres stores `state_ids.data`: `e` (external) is as it is, `x` compressed.
-fn id_batch_storage(s: &mut Schema) -> String {
-    let sql = format!(
-        "SELECT attstorage::TEXT FROM pg_attribute WHERE attrelid = '{}.state_ids'::regclass AND attname = 'data'",
-        s.name
-    );
-    s.client.query_one(&sql, &[]).unwrap().get(0)
+/// How the id and window batches' `data` is stored ("e": as it is, not compressed).
+fn batch_storage(s: &mut Schema) -> [String; 2] {
+    ["state_ids", "state_window_batches"].map(|table| {
+        let sql = format!(
+            "SELECT attstorage::TEXT FROM pg_attribute WHERE attrelid = '{}.{table}'::regclass AND attname = 'data'",
+            s.name
+        );
+        s.client.query_one(&sql, &[]).unwrap().get(0)
+    })
 }
 
 #[test]
-fn id_batches_are_stored_uncompressed_in_a_new_schema() {
+fn id_and_window_batches_are_stored_uncompressed_in_a_new_schema() {
     let mut s = Schema::new("idstorage");
-    assert_eq!(id_batch_storage(&mut s), "e");
+    assert_eq!(batch_storage(&mut s), ["e", "e"]);
     // Starting again on it changes nothing.
     pg::migrate(&mut s.client, &s.name).unwrap();
-    assert_eq!(id_batch_storage(&mut s), "e");
+    assert_eq!(batch_storage(&mut s), ["e", "e"]);
 }
 
 #[test]
@@ -471,7 +474,7 @@ fn a_version_2_schema_is_migrated_and_generations_go_on_above_the_old_ones() {
         .unwrap()
         .get(0);
     assert_eq!(version, pg::SCHEMA_VERSION.to_string());
-    assert_eq!(id_batch_storage(&mut s), "e", "a migrated schema stores id batches uncompressed");
+    assert_eq!(batch_storage(&mut s), ["e", "e"], "a migrated schema stores id and window batches uncompressed");
     let claim = pg::claim(&mut s.client, &s.name, "paid", 0, "new", (1, c.text_hash)).unwrap();
     assert!(claim.generation > 7, "{}", claim.generation);
     let other = pg::claim(&mut s.client, &s.name, "paid", 1, "new", (1, c.text_hash)).unwrap();
@@ -638,4 +641,65 @@ fn point_4_provenance_reads_each_rows_previous_as_written_and_older_rows_are_nam
     assert_eq!(read(&mut s.client, "changes", "previous"), previous);
     let again = pg::row_origin(&mut s.client, &s.name, "paid", 3).unwrap().unwrap();
     assert_eq!((again.previous, again.ledgered), (origin.previous, origin.ledgered));
+}
+
+#[test]
+fn windows_written_as_batches_restore_the_same_before_and_after_a_fold() {
+    let mut s = Schema::new("window_batches");
+    let c = Contract::parse("paid.toml", CONTRACT).unwrap();
+    let identity = (c.pipeline.version, c.text_hash);
+    register(&mut s.client, &s.name, &c);
+    let mut claim = pg::claim(&mut s.client, &s.name, "paid", 3, "worker-a", identity).unwrap();
+    let engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    let privacy = weir_store::privacy::Privacy::of(&c);
+    let count = |client: &mut postgres::Client, table: &str| -> i64 {
+        client.query_one(&format!("SELECT count(*) FROM {}.{table}", s.name), &[]).unwrap().get(0)
+    };
+    let fold_at = weir_store::window_batches::FOLD_BATCHES as u64;
+    let mut other = pg::connect(&url()).unwrap();
+    for i in 1..=fold_at + 50 {
+        let delta = weir_engine::Delta {
+            header: i.to_le_bytes().to_vec(),
+            windows: common::window_changes(i),
+            ids: Vec::new(),
+            ids_keep_until: 0,
+            forget_ids_through: 0,
+        };
+        let w = pg::PartitionWrite {
+            pipeline: "paid",
+            partition: 3,
+            generation: claim.generation,
+            version: c.pipeline.version,
+            text_hash: c.text_hash,
+            format: engine.format(),
+            out: &Output::default(),
+            delta,
+            next_offset: i,
+            now_ms: weir_log::now_ms(),
+            run: claim.run,
+            replay: None,
+            privacy: &privacy,
+        };
+        pg::checkpoint(&mut s.client, &s.name, w).unwrap();
+        if [1, 600, fold_at - 1, fold_at, fold_at + 50].contains(&i) {
+            // Another worker's claim restores what this one wrote; this one then claims back.
+            let taken = pg::claim(&mut other, &s.name, "paid", 3, "worker-b", identity).unwrap();
+            let mut windows = taken.checkpoint.unwrap().windows;
+            windows.sort();
+            assert_eq!(windows, common::windows_after(i), "after checkpoint {i}");
+            let back = pg::claim(&mut s.client, &s.name, "paid", 3, "worker-a", identity).unwrap();
+            assert!(back.generation > taken.generation);
+            claim = back;
+        }
+        if i == fold_at - 1 {
+            let counts = (count(&mut s.client, "state_window_batches"), count(&mut s.client, "state_windows"));
+            assert_eq!(counts, (i as i64, 0));
+        }
+        if i == fold_at {
+            let folded = common::windows_after(i).len() as i64;
+            let counts = (count(&mut s.client, "state_window_batches"), count(&mut s.client, "state_windows"));
+            assert_eq!(counts, (0, folded));
+        }
+    }
+    assert_eq!(count(&mut s.client, "state_window_batches"), 50);
 }

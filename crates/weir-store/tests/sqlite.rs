@@ -546,3 +546,102 @@ fn a_version_9_id_table_gets_row_ids_and_keeps_its_batches() {
     assert_eq!(version, weir_store::sqlite::SCHEMA_VERSION.to_string());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn windows_written_as_batches_restore_the_same_before_and_after_a_fold() {
+    batches_and_a_fold(false);
+}
+
+#[test]
+fn a_writer_folds_from_its_own_copy_of_the_batches_and_reads_them_back_after_a_checkpoint_that_failed() {
+    batches_and_a_fold(true);
+}
+
+/// Checkpoints of `common::window_changes` past a fold, restored at points
+/// on either side of it. With `keep`, one writer keeps its copy of the
+/// pending batches across checkpoints, and one checkpoint, with windows no
+/// other has, fails after writing its batch and is then written again.
+fn batches_and_a_fold(keep: bool) {
+    use weir_engine::{Delta, Engine, Mode, Output};
+    let dir = std::env::temp_dir().join(format!("weir-store-window-batches-{keep}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut conn = weir_store::sqlite::open(&dir.join("weir.db")).unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
+    let c = weir_contract::Contract::parse("paid.toml", CONTRACT).unwrap();
+    let privacy = weir_store::privacy::Privacy::of(&c);
+    let run = weir_store::sqlite::start_run(&conn, "paid", 1, c.text_hash, "test").unwrap();
+    let engine = Engine::new(&c, Mode::Stream, 1).unwrap();
+    let count = |conn: &Connection, table: &str| -> i64 {
+        conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0)).unwrap()
+    };
+    let mut kept = weir_store::window_batches::Pending::default();
+    let mut commit = |conn: &mut Connection, i: u64, windows| {
+        let delta = Delta {
+            header: i.to_le_bytes().to_vec(),
+            windows,
+            ids: Vec::new(),
+            ids_keep_until: 0,
+            forget_ids_through: 0,
+        };
+        let w = weir_store::sqlite::CheckpointWrite {
+            pipeline: "paid",
+            version: 1,
+            text_hash: c.text_hash,
+            format: engine.format(),
+            out: &Output::default(),
+            delta,
+            offsets: &[i],
+            now_ms: weir_log::now_ms(),
+            replay: None,
+            run,
+            privacy: &privacy,
+        };
+        match keep {
+            true => weir_store::sqlite::checkpoint_keeping(conn, w, &mut kept),
+            false => weir_store::sqlite::checkpoint(conn, w),
+        }
+    };
+    let fold_at = weir_store::window_batches::FOLD_BATCHES as u64;
+    for i in 1..=fold_at + 150 {
+        if keep && i == 700 {
+            conn.execute_batch(
+                "CREATE TEMP TRIGGER fail_once BEFORE INSERT ON offsets
+                 BEGIN SELECT RAISE(ABORT, 'a checkpoint that does not commit'); END;",
+            )
+            .unwrap();
+            let other: Vec<_> =
+                (0..300).map(|w| (u128::from(w as u64) << 64 | 7, Some(b"never written".to_vec()))).collect();
+            let failed = commit(&mut conn, i, other).unwrap_err().to_string();
+            assert!(failed.contains("does not commit"), "{failed}");
+            conn.execute_batch("DROP TRIGGER fail_once").unwrap();
+        }
+        commit(&mut conn, i, common::window_changes(i)).unwrap();
+        if [1, 600, fold_at - 1, fold_at, fold_at + 50, fold_at + 150].contains(&i) {
+            let loaded = weir_store::sqlite::load(&mut conn, "paid", 1).unwrap().unwrap();
+            assert_eq!(loaded.windows, common::windows_after(i), "after checkpoint {i}");
+        }
+        // Nothing folded before the bound; then one fold writes each window
+        // once, and later checkpoints delete the folded batches, 8 each.
+        let counts = (count(&conn, "state_window_batches"), count(&conn, "state_windows"));
+        let folded = common::windows_after(fold_at).len() as i64;
+        let i = i as i64;
+        let fold_at = fold_at as i64;
+        match i {
+            i if i < fold_at => assert_eq!(counts, (i, 0)),
+            i if i == fold_at => assert_eq!(counts, (fold_at - 1, folded)),
+            i if i == fold_at + 50 => assert_eq!(counts.0, fold_at - 1 - 8 * 50 + 50),
+            i if i == fold_at + 150 => assert_eq!(counts.0, 150, "every folded batch deleted"),
+            _ => {}
+        }
+    }
+    // A batch changed outside weir is refused with where it broke, not restored wrong.
+    conn.execute("UPDATE state_window_batches SET data = substr(data, 1, 30) WHERE seq = (SELECT max(seq) FROM state_window_batches)", []).unwrap();
+    let err = weir_store::sqlite::load(&mut conn, "paid", 1).err().expect("a batch cut short is refused").to_string();
+    assert!(
+        err.contains("30 bytes) has an entry at byte 0 that runs past its end") && err.contains("changed outside weir"),
+        "{err}"
+    );
+    drop(conn);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -12,7 +12,8 @@
 //! | `versions` | per pipeline and contract version: its state, contract text and hash, who started and promoted it (SPEC.md 8) |
 //! | `generations` | a sequence, never reset: every claim of a partition takes the next value as its fencing generation |
 //! | `partitions` | per pipeline, contract version and partition: the fencing `generation`, the worker that holds it and its contract (version and hash), the next Kafka offset to read, the engine header, the last checkpoint time, the last replay applied |
-//! | `state_windows` | per partition: the engine's open windows, by their hash |
+//! | `state_windows` | per partition: the engine's open windows, by their hash, as of the last fold |
+//! | `state_window_batches` | per partition: the windows each checkpoint since the last fold changed or dropped, one row per checkpoint, applied over `state_windows` in `seq` order (see `window_batches.rs`) |
 //! | `state_ids` | per partition: the ids each checkpoint remembered or forgot, one row per checkpoint in the engine's batch form (`Delta::ids`), deleted once all have expired |
 //! | `results` | the latest row of every key and window, with its revision |
 //! | `changes` | every row in commit order (`seq` from 1 per pipeline), with partition, time, run and sources |
@@ -67,8 +68,9 @@ use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError
 /// key's `place` (see `rows::place`), indexed for provenance; version 6
 /// has each row name its window's previous row (`previous`, see
 /// `sqlite::migrate_8_to_9`) in place of the index of rows by place, and
-/// keys `results` and `held_results` by window start before key.
-pub const SCHEMA_VERSION: i64 = 8;
+/// keys `results` and `held_results` by window start before key; version
+/// 9 adds `state_window_batches`, which a weir before it would not read.
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Connects to `url` (`postgresql://user@host:port/db` or `host=... user=...`),
 /// with TLS as its libpq settings say (see [`crate::pg_tls`]).
@@ -99,6 +101,9 @@ CREATE TABLE IF NOT EXISTS {schema}.partitions (
 CREATE TABLE IF NOT EXISTS {schema}.state_windows (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0, partition INTEGER NOT NULL, id BYTEA NOT NULL,
     data BYTEA NOT NULL, PRIMARY KEY (pipeline, version, partition, id));
+CREATE TABLE IF NOT EXISTS {schema}.state_window_batches (
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, partition INTEGER NOT NULL, seq BIGSERIAL,
+    data BYTEA NOT NULL, PRIMARY KEY (pipeline, version, partition, seq));
 CREATE TABLE IF NOT EXISTS {schema}.state_ids (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0, partition INTEGER NOT NULL, seq BIGSERIAL,
     max_expires BIGINT NOT NULL, data BYTEA NOT NULL, PRIMARY KEY (pipeline, version, partition, seq));
@@ -342,6 +347,14 @@ pub fn migrate(client: &mut Client, schema: &str) -> crate::Result<()> {
     if version == 7 {
         // The tables were renamed before the schema was made (`rename_incidents`).
         version = 8;
+    }
+    if version == 8 || fresh {
+        // `state_window_batches` was made by the schema; its batches are
+        // stored as they are, as id batches are.
+        tx.batch_execute(&format!(
+            "ALTER TABLE {schema}.state_window_batches ALTER COLUMN data SET STORAGE EXTERNAL;"
+        ))?;
+        version = version.max(9);
     }
     if version != SCHEMA_VERSION {
         return Err(crate::StoreError::Refused(format!(
@@ -675,6 +688,7 @@ pub fn forget_version(client: &mut Client, schema: &str, pipeline: &str, version
     for table in [
         "partitions",
         "state_windows",
+        "state_window_batches",
         "state_ids",
         "results",
         "held_results",
@@ -765,6 +779,9 @@ pub fn claim(
                 .into_iter()
                 .map(|r| (id_from(r.get::<_, &[u8]>(0)), r.get::<_, Vec<u8>>(1)))
                 .collect();
+            let batches = window_batches(&mut tx, schema, pipeline, (p, v))?;
+            let windows = crate::window_batches::restored(windows, &batches)
+                .map_err(|e| crate::StoreError::Refused(format!("partition {partition} of {pipeline}: {e}")))?;
             let id_batches = tx
                 .query(
                     &format!(
@@ -875,7 +892,7 @@ pub fn checkpoint(client: &mut Client, schema: &str, w: PartitionWrite<'_>) -> R
         paused = tx.query_opt(&format!("SELECT 1 FROM {schema}.pauses WHERE pipeline = $1"), &[&w.pipeline])?.is_some();
     }
     if w.replay.is_some() {
-        for table in ["state_windows", "state_ids"] {
+        for table in ["state_windows", "state_window_batches", "state_ids"] {
             tx.execute(
                 &format!("DELETE FROM {schema}.{table} WHERE pipeline = $1 AND version = $3 AND partition = $2"),
                 &[&w.pipeline, &p, &v],
@@ -1040,10 +1057,57 @@ pub(crate) fn write_rows(
     Ok(())
 }
 
-fn write_state(tx: &mut Transaction<'_>, schema: &str, w: &PartitionWrite<'_>) -> Result<(), postgres::Error> {
+/// A partition's pending window batches, in `seq` order.
+fn window_batches(
+    tx: &mut Transaction<'_>,
+    schema: &str,
+    pipeline: &str,
+    (p, v): (i32, i32),
+) -> Result<Vec<(i64, Vec<u8>)>, postgres::Error> {
+    let rows = tx.query(
+        &format!(
+            "SELECT seq, data FROM {schema}.state_window_batches
+              WHERE pipeline = $1 AND version = $3 AND partition = $2 ORDER BY seq"
+        ),
+        &[&pipeline, &p, &v],
+    )?;
+    Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Appends a checkpoint's changed windows to `state_window_batches` as one
+/// batch, or, once enough are pending, folds the pending batches and these
+/// windows into `state_windows`, each window written once (see
+/// `window_batches.rs`).
+fn write_windows(tx: &mut Transaction<'_>, schema: &str, w: &PartitionWrite<'_>) -> Result<(), CheckpointError> {
     let (p, v) = (w.partition as i32, w.version as i32);
+    if w.delta.windows.is_empty() {
+        return Ok(());
+    }
+    let batch = crate::window_batches::encode(&w.delta.windows);
+    let r = tx.query_one(
+        &format!(
+            "SELECT count(*), coalesce(sum(length(data)), 0)::BIGINT FROM {schema}.state_window_batches
+              WHERE pipeline = $1 AND version = $3 AND partition = $2"
+        ),
+        &[&w.pipeline, &p, &v],
+    )?;
+    if !crate::window_batches::folds((r.get(0), r.get(1)), batch.len()) {
+        tx.execute(
+            &format!(
+                "INSERT INTO {schema}.state_window_batches (pipeline, version, partition, data) VALUES ($1, $3, $2, $4)"
+            ),
+            &[&w.pipeline, &p, &v, &batch],
+        )?;
+        return Ok(());
+    }
+    // Read back: a partition's writer changes at every claim.
+    let batches = window_batches(tx, schema, w.pipeline, (p, v))?;
+    let earlier = crate::window_batches::decoded(&batches).map_err(|e| {
+        CheckpointError::Store(crate::StoreError::Refused(format!("partition {} of {}: {e}", w.partition, w.pipeline)))
+    })?;
+    let state = crate::window_batches::folded(earlier, w.delta.windows.clone());
     let (mut put_ids, mut put_data, mut drop_ids) = (Vec::new(), Vec::new(), Vec::new());
-    for (id, data) in &w.delta.windows {
+    for (id, data) in &state {
         match data {
             Some(bytes) => {
                 put_ids.push(id_bytes(*id).to_vec());
@@ -1070,6 +1134,16 @@ fn write_state(tx: &mut Transaction<'_>, schema: &str, w: &PartitionWrite<'_>) -
             &[&w.pipeline, &p, &drop_ids, &v],
         )?;
     }
+    tx.execute(
+        &format!("DELETE FROM {schema}.state_window_batches WHERE pipeline = $1 AND version = $3 AND partition = $2"),
+        &[&w.pipeline, &p, &v],
+    )?;
+    Ok(())
+}
+
+fn write_state(tx: &mut Transaction<'_>, schema: &str, w: &PartitionWrite<'_>) -> Result<(), CheckpointError> {
+    let (p, v) = (w.partition as i32, w.version as i32);
+    write_windows(tx, schema, w)?;
     if !w.delta.ids.is_empty() {
         let (data, max_expires) = (&w.delta.ids, w.delta.ids_keep_until);
         tx.execute(

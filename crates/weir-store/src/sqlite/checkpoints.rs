@@ -5,6 +5,7 @@ use weir_contract::Contract;
 
 use crate::checkpoint::{CheckpointError, Checkpoints, Claimed, Identity, Result, Scope, State, Write};
 use crate::versions::VersionState;
+use crate::window_batches::Pending;
 use crate::{sqlite, Replay};
 
 /// Checkpoints in `weir.db`: one per pipeline version, of the whole topic.
@@ -13,12 +14,14 @@ pub struct SqliteCheckpoints {
     id: Identity,
     /// Copies the write-ahead log that `conn`'s commits leave ([`sqlite::open_writer`]).
     _wal: Option<sqlite::WalCopier>,
+    /// The pending window batches this writer wrote, for its next fold.
+    pending: Pending,
 }
 
 impl SqliteCheckpoints {
     pub fn new(conn: Connection, contract: &Contract) -> SqliteCheckpoints {
         let wal = conn.path().filter(|p| !p.is_empty()).map(|p| sqlite::WalCopier::start(std::path::Path::new(p)));
-        SqliteCheckpoints { conn, id: Identity::of(contract), _wal: wal }
+        SqliteCheckpoints { conn, id: Identity::of(contract), _wal: wal, pending: Pending::default() }
     }
 
     /// The connection, for what is not a checkpoint (tests look into it).
@@ -73,7 +76,7 @@ impl Checkpoints for SqliteCheckpoints {
             run: w.run,
             privacy: &id.privacy,
         };
-        Ok(sqlite::checkpoint(&mut self.conn, write)?)
+        Ok(sqlite::checkpoint_keeping(&mut self.conn, write, &mut self.pending)?)
     }
 
     fn start_run(&mut self, scope: Scope, why: &str) -> Result<i64> {

@@ -25,7 +25,9 @@
 //! | `streams` | per pipeline: the next change and ledger `seq`, shared by its versions |
 //! | `pipelines` | per pipeline and version: contract hash, engine header, last checkpoint time, the last replay applied |
 //! | `offsets` | per pipeline, version and partition: the next log offset to read |
-//! | `state_windows` | the engine's open windows, by their hash |
+//! | `state_windows` | the engine's open windows, by their hash, as of the last fold |
+//! | `state_window_batches` | the windows each checkpoint changed or dropped, one row per checkpoint; those past the last fold are applied over `state_windows` in `seq` order (see `window_batches.rs`), those folded are deleted a few a checkpoint |
+//! | `state_window_folds` | per pipeline and version: the last window batch `seq` folded into `state_windows` |
 //! | `state_id_batches` | the ids each checkpoint remembered (or forgot, by a correction), one row per checkpoint in the engine's batch form (`Delta::ids`; 44 bytes an id without corrections), deleted once all have expired |
 //! | `results` | per version: the latest row of every window and key, in that order (so the rows of the windows a checkpoint changes sit side by side, new windows at the end) |
 //! | `changes` | every row of every version in emission order (`seq` from 1 per pipeline), with its version, the checkpoint's time, the run that made it, its sources (`[[partition, first offset, last offset, events], ...]`), its key's `place` (see [`place`]) and `previous`, the `seq` of the row its key and window had before it (none for a window's first); and the `version` entries of promotes and rollbacks (`kind = 'version'`) |
@@ -58,8 +60,9 @@ use crate::rows::{
 };
 use crate::rows::{place, Annotation, Notification, ResultFilter, ResultPage, RowOrigin, Run, ERASED_DETAIL};
 use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError, Version, VersionState};
+use crate::window_batches::Pending;
 
-pub const SCHEMA_VERSION: i64 = 11;
+pub const SCHEMA_VERSION: i64 = 12;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -79,6 +82,11 @@ CREATE TABLE IF NOT EXISTS offsets (
 CREATE TABLE IF NOT EXISTS state_windows (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL, id BLOB NOT NULL, data BLOB NOT NULL,
     PRIMARY KEY (pipeline, version, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS state_window_batches (
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (pipeline, version, seq));
+CREATE TABLE IF NOT EXISTS state_window_folds (
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, through INTEGER NOT NULL, PRIMARY KEY (pipeline, version));
 CREATE TABLE IF NOT EXISTS state_id_batches (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL, seq INTEGER NOT NULL, max_expires INTEGER NOT NULL,
     data BLOB NOT NULL, PRIMARY KEY (pipeline, version, seq));
@@ -439,6 +447,13 @@ pub fn migrate(conn: &Connection) -> crate::Result<()> {
         conn.execute("UPDATE meta SET value = '11' WHERE key = 'schema_version'", [])?;
         version = 11;
     }
+    if version == 11 {
+        // `state_window_batches` and `state_window_folds` were made by the
+        // schema; a weir before them would restore windows without their
+        // batches, so it must refuse.
+        conn.execute("UPDATE meta SET value = '12' WHERE key = 'schema_version'", [])?;
+        version = 12;
+    }
     if version != SCHEMA_VERSION {
         return Err(crate::StoreError::Refused(format!(
             "the results database has schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or move weir.db aside to rebuild results from the log"
@@ -656,6 +671,8 @@ pub fn load(conn: &mut Connection, pipeline: &str, version: u32) -> rusqlite::Re
     for row in rows {
         windows.push(row?);
     }
+    let batches = window_batches(conn, pipeline, version)?;
+    let windows = crate::window_batches::restored(windows, &batches).map_err(corrupt_batch)?;
     // In order: a later batch's record of an id replaces an earlier one.
     let mut stmt =
         conn.prepare("SELECT data FROM state_id_batches WHERE pipeline = ?1 AND version = ?2 ORDER BY seq")?;
@@ -676,7 +693,17 @@ pub fn forget_version(conn: &mut Connection, pipeline: &str, version: u32) -> ru
     // What is deleted is overwritten in the file, not only unlinked.
     conn.pragma_update(None, "secure_delete", "ON")?;
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let tables = ["offsets", "state_windows", "state_id_batches", "results", "held_results", "ledger", "ledger_raw"];
+    let tables = [
+        "offsets",
+        "state_windows",
+        "state_window_batches",
+        "state_window_folds",
+        "state_id_batches",
+        "results",
+        "held_results",
+        "ledger",
+        "ledger_raw",
+    ];
     for table in tables.into_iter().chain(["replays"]) {
         tx.execute(&format!("DELETE FROM {table} WHERE pipeline = ?1 AND version = ?2"), params![pipeline, version])?;
     }
@@ -749,16 +776,27 @@ pub(crate) fn set_stream_position(conn: &Connection, pipeline: &str, (seq, lseq)
 /// ledger entries take the pipeline's next sequence numbers (shared by
 /// every version, so `seq` never goes back), read in the transaction.
 pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Result<()> {
+    checkpoint_keeping(conn, w, &mut Pending::default())
+}
+
+/// [`checkpoint`], by a writer that keeps a copy of the version's pending
+/// window batches in `pending`, so that a fold does not read them back
+/// (see `window_batches.rs`).
+pub fn checkpoint_keeping(
+    conn: &mut Connection,
+    mut w: CheckpointWrite<'_>,
+    pending: &mut Pending,
+) -> rusqlite::Result<()> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let (mut seq, mut lseq) = stream_position(&tx, w.pipeline)?;
     // Paused by an operator (see [`pause`]): rows go to the change stream
     // past the pause point, hidden from readers, and to `held_results`.
     let paused = tx.prepare_cached("SELECT 1 FROM pauses WHERE pipeline = ?1")?.exists([w.pipeline])?;
     if w.replay.is_some() {
-        tx.prepare_cached("DELETE FROM state_windows WHERE pipeline = ?1 AND version = ?2")?
-            .execute(params![w.pipeline, w.version])?;
-        tx.prepare_cached("DELETE FROM state_id_batches WHERE pipeline = ?1 AND version = ?2")?
-            .execute(params![w.pipeline, w.version])?;
+        for table in ["state_windows", "state_window_batches", "state_window_folds", "state_id_batches"] {
+            tx.prepare_cached(&format!("DELETE FROM {table} WHERE pipeline = ?1 AND version = ?2"))?
+                .execute(params![w.pipeline, w.version])?;
+        }
     }
     let results_table = if paused { "held_results" } else { "results" };
     {
@@ -784,17 +822,7 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
             }
             lseq += 1;
         }
-        let mut put_window = tx.prepare_cached(
-            "INSERT OR REPLACE INTO state_windows (pipeline, version, id, data) VALUES (?1, ?2, ?3, ?4)",
-        )?;
-        let mut drop_window =
-            tx.prepare_cached("DELETE FROM state_windows WHERE pipeline = ?1 AND version = ?2 AND id = ?3")?;
-        for (id, data) in &w.delta.windows {
-            match data {
-                Some(bytes) => put_window.execute(params![w.pipeline, w.version, &id_bytes(*id)[..], bytes])?,
-                None => drop_window.execute(params![w.pipeline, w.version, &id_bytes(*id)[..]])?,
-            };
-        }
+        write_windows(&tx, (w.pipeline, w.version), std::mem::take(&mut w.delta.windows), pending)?;
         if !w.delta.ids.is_empty() {
             let (data, max_expires) = (&w.delta.ids, w.delta.ids_keep_until);
             tx.prepare_cached(
@@ -829,6 +857,94 @@ pub fn checkpoint(conn: &mut Connection, w: CheckpointWrite<'_>) -> rusqlite::Re
     }
     set_stream_position(&tx, w.pipeline, (seq, lseq))?;
     tx.commit()?;
+    Ok(())
+}
+
+/// The last window batch `seq` of a version folded into `state_windows`
+/// (0 for none).
+fn folded_through(conn: &Connection, pipeline: &str, version: u32) -> rusqlite::Result<i64> {
+    conn.prepare_cached("SELECT through FROM state_window_folds WHERE pipeline = ?1 AND version = ?2")?
+        .query_row(params![pipeline, version], |r| r.get(0))
+        .optional()
+        .map(Option::unwrap_or_default)
+}
+
+/// A version's pending window batches (those past its last fold), in `seq` order.
+fn window_batches(conn: &Connection, pipeline: &str, version: u32) -> rusqlite::Result<Vec<(i64, Vec<u8>)>> {
+    let through = folded_through(conn, pipeline, version)?;
+    conn.prepare_cached(
+        "SELECT seq, data FROM state_window_batches WHERE pipeline = ?1 AND version = ?2 AND seq > ?3 ORDER BY seq",
+    )?
+    .query_map(params![pipeline, version, through], |r| Ok((r.get(0)?, r.get(1)?)))?
+    .collect()
+}
+
+fn corrupt_batch(e: crate::window_batches::Corrupt) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Blob, Box::new(e))
+}
+
+/// Folded window batches deleted by each checkpoint: deleting all of a
+/// fold's at once (16 MB) took longer than the fold's writes.
+const FOLDED_DELETED_PER_CHECKPOINT: i64 = 8;
+
+/// Appends a checkpoint's changed windows to `state_window_batches` as one
+/// batch, or, once enough are pending, folds the pending batches and these
+/// windows into `state_windows`, each window written once, and marks the
+/// batches folded (see `window_batches.rs`). `pending` is the writer's copy
+/// of the pending batches, read back only when it is not sure. Deletes a
+/// few folded batches.
+fn write_windows(
+    tx: &Connection,
+    (pipeline, version): (&str, u32),
+    windows: Vec<(u128, Option<Vec<u8>>)>,
+    pending: &mut Pending,
+) -> rusqlite::Result<()> {
+    let through = folded_through(tx, pipeline, version)?;
+    tx.prepare_cached(
+        "DELETE FROM state_window_batches WHERE pipeline = ?1 AND version = ?2 AND seq IN (
+           SELECT seq FROM state_window_batches WHERE pipeline = ?1 AND version = ?2 AND seq <= ?3 ORDER BY seq LIMIT ?4)",
+    )?
+    .execute(params![pipeline, version, through, FOLDED_DELETED_PER_CHECKPOINT])?;
+    if windows.is_empty() {
+        return Ok(());
+    }
+    let batch = crate::window_batches::encode(&windows);
+    let (count, bytes, last): (i64, i64, i64) = tx
+        .prepare_cached(
+            "SELECT count(*), coalesce(sum(length(data)), 0), coalesce(max(seq), ?3)
+               FROM state_window_batches WHERE pipeline = ?1 AND version = ?2 AND seq > ?3",
+        )?
+        .query_row(params![pipeline, version, through], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    if !crate::window_batches::folds((count, bytes), batch.len()) {
+        tx.prepare_cached("INSERT INTO state_window_batches (pipeline, version, seq, data) VALUES (?1, ?2, ?3, ?4)")?
+            .execute(params![pipeline, version, last + 1, batch])?;
+        pending.wrote((count, last), windows);
+        return Ok(());
+    }
+    let earlier = match pending.holds(count, last) {
+        true => pending.take(),
+        false => {
+            pending.forget();
+            let batches = window_batches(tx, pipeline, version)?;
+            let earlier = crate::window_batches::decoded(&batches).map_err(corrupt_batch)?;
+            pending.take();
+            earlier
+        }
+    };
+    let mut put = tx
+        .prepare_cached("INSERT OR REPLACE INTO state_windows (pipeline, version, id, data) VALUES (?1, ?2, ?3, ?4)")?;
+    let mut drop = tx.prepare_cached("DELETE FROM state_windows WHERE pipeline = ?1 AND version = ?2 AND id = ?3")?;
+    for (id, data) in crate::window_batches::folded(earlier, windows) {
+        match data {
+            Some(bytes) => put.execute(params![pipeline, version, &id_bytes(id)[..], bytes])?,
+            None => drop.execute(params![pipeline, version, &id_bytes(id)[..]])?,
+        };
+    }
+    tx.prepare_cached(
+        "INSERT INTO state_window_folds (pipeline, version, through) VALUES (?1, ?2, ?3)
+         ON CONFLICT (pipeline, version) DO UPDATE SET through = excluded.through",
+    )?
+    .execute(params![pipeline, version, last])?;
     Ok(())
 }
 

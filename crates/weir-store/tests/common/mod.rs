@@ -34,3 +34,27 @@ pub fn event(id: u32, acct: u32, t_s: i64, amount: &str) -> String {
     let t = weir_engine::time::format_rfc3339_ms(1_764_374_400_000 + t_s * 1_000);
     format!(r#"{{"id":"p{id}","acct":"a{acct}","t":"{t}","amount":{amount}}}"#)
 }
+
+/// Checkpoint `i`'s changed windows, over 300 window ids: 40 written (each
+/// with bytes naming the checkpoint) and 5 dropped, so a window changes in
+/// many checkpoints and some are dropped and written again.
+pub fn window_changes(i: u64) -> Vec<(u128, Option<Vec<u8>>)> {
+    let id = |j: u64| u128::from((i * 37 + j * 61) % 300) << 64 | 7;
+    let put = (0..40).map(|j| (id(j), Some(format!("checkpoint {i} window {j}").into_bytes())));
+    let dropped = (40..45).map(|j| (id(j), None));
+    put.chain(dropped).collect()
+}
+
+/// The windows `window_changes(1..=n)` leave, in the order of their ids.
+pub fn windows_after(n: u64) -> Vec<(u128, Vec<u8>)> {
+    let mut state = std::collections::BTreeMap::new();
+    for i in 1..=n {
+        for (id, data) in window_changes(i) {
+            match data {
+                Some(d) => state.insert(id, d),
+                None => state.remove(&id),
+            };
+        }
+    }
+    state.into_iter().collect()
+}
