@@ -23,7 +23,7 @@ use std::collections::HashMap;
 
 /// The pending bytes of a scope's batches that make its next checkpoint
 /// fold them. A restore reads at most this much besides `state_windows`.
-pub const FOLD_BYTES: i64 = 16 << 20;
+pub const FOLD_BYTES: i64 = 8 << 20;
 
 /// The pending batches of a scope that make its next checkpoint fold them.
 pub const FOLD_BATCHES: i64 = 1024;
@@ -82,20 +82,26 @@ pub(crate) fn apply(batch: &[u8], seq: i64, state: &mut HashMap<u128, Option<Vec
 }
 
 /// A restore's windows: the folded ones, then each pending batch over them.
+/// Only the pending windows are hashed: the folded ones keep their order,
+/// with those a batch wrote again replaced or dropped, and the windows only
+/// a batch holds come after them (the engine reads them in any order).
 pub(crate) fn restored(
     folded: Vec<(u128, Vec<u8>)>,
     batches: &[(i64, Vec<u8>)],
 ) -> Result<Vec<(u128, Vec<u8>)>, Corrupt> {
-    if batches.is_empty() {
+    let mut pending = decoded(batches)?;
+    if pending.is_empty() {
         return Ok(folded);
     }
-    let mut state: HashMap<u128, Option<Vec<u8>>> = folded.into_iter().map(|(id, d)| (id, Some(d))).collect();
-    for (seq, batch) in batches {
-        apply(batch, *seq, &mut state)?;
+    let mut windows = Vec::with_capacity(folded.len() + pending.len());
+    for (id, data) in folded {
+        match pending.remove(&id) {
+            None => windows.push((id, data)),
+            Some(Some(newer)) => windows.push((id, newer)),
+            Some(None) => {}
+        }
     }
-    let mut windows: Vec<(u128, Vec<u8>)> = state.into_iter().filter_map(|(id, d)| Some((id, d?))).collect();
-    // In the order `state_windows` gives them, so a restore reads the same either way.
-    windows.sort_unstable_by_key(|(id, _)| *id);
+    windows.extend(pending.into_iter().filter_map(|(id, d)| Some((id, d?))));
     Ok(windows)
 }
 
@@ -193,6 +199,12 @@ mod tests {
         let got = restored(folded, &[(7, first), (8, second)]).unwrap();
         let want = vec![(1, b"uno".to_vec()), (2, b"back".to_vec()), (4, Vec::new())];
         assert_eq!(sorted(got), want);
+        // Folded windows no batch wrote again keep their place, first.
+        let got = restored(
+            vec![(9, b"x".to_vec()), (1, b"y".to_vec())],
+            &[(1, encode(&[(5, None), (3, Some(b"z".to_vec()))]))],
+        );
+        assert_eq!(got.unwrap(), vec![(9, b"x".to_vec()), (1, b"y".to_vec()), (3, b"z".to_vec())]);
     }
 
     #[test]

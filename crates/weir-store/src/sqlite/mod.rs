@@ -884,7 +884,8 @@ fn corrupt_batch(e: crate::window_batches::Corrupt) -> rusqlite::Error {
 }
 
 /// Folded window batches deleted by each checkpoint: deleting all of a
-/// fold's at once (16 MB) took longer than the fold's writes.
+/// fold's at once (16 MB of them, in a first version) took longer than
+/// the fold's writes.
 const FOLDED_DELETED_PER_CHECKPOINT: i64 = 8;
 
 /// Appends a checkpoint's changed windows to `state_window_batches` as one
