@@ -293,9 +293,9 @@ pub mod sqlite {
         {
             let mut published = tx.prepare_cached(
                 "SELECT max(revision) FROM (
-                   SELECT revision FROM results WHERE pipeline = ?1 AND version = ?2 AND key = ?3 AND window_start = ?4
+                   SELECT revision FROM latest WHERE pipeline = ?1 AND version = ?2 AND key = ?3 AND window_start = ?4
                    UNION ALL
-                   SELECT revision FROM held_results WHERE pipeline = ?1 AND version = ?2 AND key = ?3 AND window_start = ?4)",
+                   SELECT revision FROM held_latest WHERE pipeline = ?1 AND version = ?2 AND key = ?3 AND window_start = ?4)",
             )?;
             for c in corrections {
                 let start = c.row.window_start.unwrap_or(GLOBAL_START);
@@ -322,7 +322,7 @@ pub mod sqlite {
         let rows: Vec<Row> = corrections.iter().map(|c| c.row.clone()).collect();
         let at = RowsWrite { pipeline, version, format, now_ms, run: run_id };
         let next =
-            crate::sqlite::write_rows(&tx, &at, &rows, first_seq, if paused { "held_results" } else { "results" })?;
+            crate::sqlite::write_rows(&tx, &at, &rows, first_seq, if paused { "held_latest" } else { "latest" })?;
         crate::sqlite::set_stream_position(&tx, pipeline, (next, lseq))?;
         tx.execute(
             "UPDATE backfills SET state = 'done', finished_ms = ?2, run = ?3, report = ?4, lease_until = NULL WHERE id = ?1",

@@ -99,7 +99,11 @@ pub mod sqlite {
         out.join(", ")
     }
 
+    /// A table of weir's, or one of the views weir reads its results through.
     fn is_weirs_own(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+        if ["results", "held_results"].contains(&name) {
+            return Ok(true);
+        }
         conn.prepare("SELECT 1 FROM sqlite_master WHERE name = ?1 AND type != 'view'")?.exists([name])
     }
 

@@ -315,9 +315,15 @@ fn point_4_provenance_reads_its_keys_entries_by_place_and_older_rows_are_placed_
         )
         .unwrap();
     }
-    // `results` as version 8 keyed it: by key, then window start.
+    // `results` as version 8 keyed it: by key, then window start (a table
+    // then, as `held_results` was).
     conn.execute_batch(
-        "DROP TABLE results;
+        "DROP VIEW results;
+         DROP VIEW held_results;
+         CREATE TABLE held_results (
+             pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
+             window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
+             PRIMARY KEY (pipeline, version, key, window_start)) WITHOUT ROWID;
          CREATE TABLE results (
              pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
              window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
@@ -329,9 +335,10 @@ fn point_4_provenance_reads_its_keys_entries_by_place_and_older_rows_are_placed_
     .unwrap();
     conn.execute("UPDATE meta SET value = '7' WHERE key = 'schema_version'", []).unwrap();
     weir_store::sqlite::migrate(&conn).unwrap();
-    // Now keyed by window start, then key, with every row kept.
+    // Now keyed by window start, then key, with every row kept (named by
+    // its seq in `latest`; these texts are not their changes', so kept too).
     let keyed: Vec<String> = conn
-        .prepare("SELECT name FROM pragma_table_info('results') WHERE pk > 0 ORDER BY pk")
+        .prepare("SELECT name FROM pragma_table_info('latest') WHERE pk > 0 ORDER BY pk")
         .unwrap()
         .query_map([], |r| r.get(0))
         .unwrap()
@@ -491,6 +498,92 @@ fn point_4_each_row_written_names_its_windows_previous_row() {
     let named =
         origin.previous.as_ref().map(|(seq, row)| (*seq, row["revision"].as_i64(), row["values"]["total"].to_string()));
     assert_eq!(named, Some((8, Some(5), "53.00".to_owned())));
+    // Each window's latest row is stored once, in `changes`: `latest`
+    // names it by its seq and keeps no text.
+    let named: Vec<(Option<i64>, bool)> = conn
+        .prepare("SELECT seq, row IS NULL FROM latest WHERE pipeline = 'paid' ORDER BY seq")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(named, [(Some(5), true), (Some(6), true), (Some(9), true)]);
+    drop(conn);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_version_12_databases_results_are_named_by_seq_and_read_the_same() {
+    let dir = std::env::temp_dir().join(format!("weir-store-migrate-12-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let conn = weir_store::sqlite::open(&dir.join("weir.db")).unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
+    let kind: String =
+        conn.query_row("SELECT type FROM sqlite_master WHERE name = 'results'", [], |r| r.get(0)).unwrap();
+    assert_eq!(kind, "view", "a new database reads its results through a view");
+    // `results` and `held_results` as version 12 stored them: the row's
+    // text in each. Window 1's is its change's (seq 2); window 2's names
+    // seq 3, whose change has another text; window 3's is no JSON; the
+    // held row is seq 4's.
+    let text = |seq: i64, total: &str| format!(r#"{{"seq":{seq},"pipeline":"paid","values":{{"total":{total}}}}}"#);
+    let table = |name: &str| {
+        format!(
+            "CREATE TABLE {name} (
+                 pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
+                 window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
+                 PRIMARY KEY (pipeline, version, window_start, key)) WITHOUT ROWID;"
+        )
+    };
+    conn.execute_batch(&format!(
+        "DROP VIEW results; DROP VIEW held_results; {} {}
+         INSERT INTO pauses VALUES ('paid', 4, 0);
+         UPDATE meta SET value = '12' WHERE key = 'schema_version';",
+        table("results"),
+        table("held_results")
+    ))
+    .unwrap();
+    for (seq, total) in [(1, "1"), (2, "3"), (3, "5"), (4, "7")] {
+        conn.execute(
+            "INSERT INTO changes (pipeline, seq, row, version) VALUES ('paid', ?1, ?2, 1)",
+            rusqlite::params![seq, text(seq, total)],
+        )
+        .unwrap();
+    }
+    let stored = [(1, text(2, "3")), (2, text(3, "4")), (3, "not json".to_owned())];
+    for (window, row) in &stored {
+        conn.execute(
+            "INSERT INTO results VALUES ('paid', 1, x'01', ?1, ?1 + 1, 'settled', 1, ?2)",
+            rusqlite::params![window, row],
+        )
+        .unwrap();
+    }
+    conn.execute("INSERT INTO held_results VALUES ('paid', 1, x'01', 1, 2, 'provisional', 2, ?1)", [text(4, "7")])
+        .unwrap();
+    weir_store::sqlite::migrate(&conn).unwrap();
+    let version: String =
+        conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, weir_store::sqlite::SCHEMA_VERSION.to_string());
+    let named = |table: &str| -> Vec<(Option<i64>, Option<String>)> {
+        conn.prepare(&format!("SELECT seq, row FROM {table} ORDER BY window_start"))
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    };
+    // Only the texts their changes do not hold are kept.
+    assert_eq!(named("latest"), [(Some(2), None), (Some(3), Some(text(3, "4"))), (None, Some("not json".into()))]);
+    assert_eq!(named("held_latest"), [(Some(4), None)]);
+    let all = weir_store::ResultFilter { limit: 10, ..Default::default() };
+    let page = weir_store::sqlite::results(&conn, "paid", 1, &all).unwrap();
+    assert_eq!(page.rows, stored.iter().map(|(_, row)| row.clone()).collect::<Vec<_>>(), "the same texts");
+    // A resume publishes the held row by its seq.
+    assert!(weir_store::sqlite::resume(&conn, "paid").unwrap());
+    let page = weir_store::sqlite::results(&conn, "paid", 1, &all).unwrap();
+    assert_eq!(page.rows[0], text(4, "7"));
+    assert_eq!(named("held_latest"), []);
+    assert_eq!(weir_store::sqlite::max_revision(&conn, "paid", 1).unwrap(), 2);
     drop(conn);
     let _ = std::fs::remove_dir_all(&dir);
 }

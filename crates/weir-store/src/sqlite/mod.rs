@@ -7,7 +7,7 @@
 //! one, the engine's changed state, and the log offsets it consumed. After
 //! any crash the database holds some checkpoint whole, never a part.
 //!
-//! Schema version 9 (older ones are migrated in place: version 1's
+//! Schema version 13 (older ones are migrated in place: version 1's
 //! `changes` gains `at_ms`, `run` and `sources`, and `runs` is created;
 //! version 2's `audit` gains `origin` and its hash chain, and `tokens` is
 //! created; version 3's `ledger` gains `at_ms` and `erased`, its entries
@@ -16,7 +16,10 @@
 //! version 6's `audit` gains `key_id`; version 7's `changes` and `ledger`
 //! gain `place`; version 8's `changes` gains `previous`, computed for every
 //! row stored, and loses the index `changes_by_place`, and its `results` and
-//! `held_results` are keyed by window start before key):
+//! `held_results` are keyed by window start before key; version 12's
+//! `results` and `held_results` become `latest` and `held_latest`, each
+//! row named by its change's `seq`, with views of the old names and
+//! columns, see `rows_named_by_seq`):
 //!
 //! | table | holds |
 //! |---|---|
@@ -29,14 +32,15 @@
 //! | `state_window_batches` | the windows each checkpoint changed or dropped, one row per checkpoint; those past the last fold are applied over `state_windows` in `seq` order (see `window_batches.rs`), those folded are deleted a few a checkpoint |
 //! | `state_window_folds` | per pipeline and version: the last window batch `seq` folded into `state_windows` |
 //! | `state_id_batches` | the ids each checkpoint remembered (or forgot, by a correction), one row per checkpoint in the engine's batch form (`Delta::ids`; 44 bytes an id without corrections), deleted once all have expired |
-//! | `results` | per version: the latest row of every window and key, in that order (so the rows of the windows a checkpoint changes sit side by side, new windows at the end) |
+//! | `latest` | per version: the `seq` of the latest row of every window and key, in that order (so the windows a checkpoint changes sit side by side, new windows at the end); the row's text is its change's (`row` holds it only for a row from before version 13 whose change was not found) |
+//! | `results` (a view) | `latest` with each row's text: the columns `results` had as a table, read by `/results`, the typed views and anyone's SQL |
 //! | `changes` | every row of every version in emission order (`seq` from 1 per pipeline), with its version, the checkpoint's time, the run that made it, its sources (`[[partition, first offset, last offset, events], ...]`), its key's `place` (see [`place`]) and `previous`, the `seq` of the row its key and window had before it (none for a window's first); and the `version` entries of promotes and rollbacks (`kind = 'version'`) |
 //! | `runs` | every start of a pipeline (at server start, after a failure, at a replay): contract version and hash, weir's version |
 //! | `ledger` | every ledger entry in order (`seq` from 1), with its checkpoint's time and its key's `place`; `erased` once its payload and detail are erased for retention ([`erase_ledger_payloads`]) |
 //! | `ledger_raw` | where the contract names personal fields: each ledger entry whole (the `ledger` row is masked); read only for a raw-reader (see `privacy.rs`) |
 //! | `pauses` | a paused pipeline: the first change `seq` not published (written by the operator's action; every checkpoint reads it) |
 //! | `replays` | replays an operator asked for; the pipeline applies those above its `replayed` |
-//! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
+//! | `held_latest`, `held_results` (a view) | the same for the windows that changed while paused, moved to `latest` on resume |
 //! | `annotations` | notes on a pipeline and an event-time range; rows whose window overlaps one carry its id |
 //! | `reconciliations` | reconciliations against a system of record: who, why, the export, the verdict and the report (added without a version change) |
 //! | `backfills` | backfill runs (SPEC.md 9): range, who and why, state, the worker holding it and until when, its run and report (see `backfill.rs`; added without a version change: older builds ignore it) |
@@ -62,7 +66,7 @@ use crate::rows::{place, Annotation, Notification, ResultFilter, ResultPage, Row
 use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError, Version, VersionState};
 use crate::window_batches::Pending;
 
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 13;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -90,9 +94,15 @@ CREATE TABLE IF NOT EXISTS state_window_folds (
 CREATE TABLE IF NOT EXISTS state_id_batches (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL, seq INTEGER NOT NULL, max_expires INTEGER NOT NULL,
     data BLOB NOT NULL, PRIMARY KEY (pipeline, version, seq));
+-- `results` and `held_results` as tables, for the migrations from before
+-- version 13, which make them views (a view of the name keeps these out).
 CREATE TABLE IF NOT EXISTS results (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
     window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
+    PRIMARY KEY (pipeline, version, window_start, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS latest (
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
+    window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, seq INTEGER, row TEXT,
     PRIMARY KEY (pipeline, version, window_start, key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS changes (
     pipeline TEXT NOT NULL, seq INTEGER NOT NULL, row TEXT NOT NULL,
@@ -109,6 +119,10 @@ CREATE TABLE IF NOT EXISTS pauses (pipeline TEXT PRIMARY KEY, from_seq INTEGER N
 CREATE TABLE IF NOT EXISTS held_results (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
     window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, row TEXT NOT NULL,
+    PRIMARY KEY (pipeline, version, window_start, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS held_latest (
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BLOB NOT NULL, window_start INTEGER NOT NULL,
+    window_end INTEGER, status TEXT NOT NULL, revision INTEGER NOT NULL, seq INTEGER, row TEXT,
     PRIMARY KEY (pipeline, version, window_start, key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS annotations (
     id INTEGER PRIMARY KEY AUTOINCREMENT, pipeline TEXT NOT NULL, from_ms INTEGER NOT NULL, to_ms INTEGER NOT NULL,
@@ -345,8 +359,9 @@ pub fn migrate(conn: &Connection) -> crate::Result<()> {
         conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0)).optional()?;
     let mut version = match found {
         None => {
-            conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?1)", [SCHEMA_VERSION.to_string()])?;
-            SCHEMA_VERSION
+            // A new database: its `results` tables are made views at once.
+            conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '12')", [])?;
+            12
         }
         Some(v) => v.parse::<i64>().unwrap_or(i64::MAX),
     };
@@ -454,6 +469,13 @@ pub fn migrate(conn: &Connection) -> crate::Result<()> {
         conn.execute("UPDATE meta SET value = '12' WHERE key = 'schema_version'", [])?;
         version = 12;
     }
+    if version == 12 {
+        if let Err(e) = rows_named_by_seq(conn) {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(e.into());
+        }
+        version = 13;
+    }
     if version != SCHEMA_VERSION {
         return Err(crate::StoreError::Refused(format!(
             "the results database has schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or move weir.db aside to rebuild results from the log"
@@ -533,6 +555,52 @@ fn migrate_8_to_9(conn: &Connection) -> rusqlite::Result<()> {
          UPDATE meta SET value = '9' WHERE key = 'schema_version';
          COMMIT;"
     ))
+}
+
+/// The views `results` and `held_results` over `latest` and `held_latest`:
+/// each window's row is its change's text (`seq`), or, for a row a
+/// version before 13 stored whose change is not in `changes` with the
+/// same text, the text kept beside it (`row`, else NULL).
+const RESULT_VIEWS: &str = "
+CREATE VIEW results AS
+    SELECT l.pipeline, l.version, l.key, l.window_start, l.window_end, l.status, l.revision,
+           coalesce(l.row, c.row) AS row
+      FROM latest l LEFT JOIN changes c ON c.pipeline = l.pipeline AND c.seq = l.seq;
+CREATE VIEW held_results AS
+    SELECT l.pipeline, l.version, l.key, l.window_start, l.window_end, l.status, l.revision,
+           coalesce(l.row, c.row) AS row
+      FROM held_latest l LEFT JOIN changes c ON c.pipeline = l.pipeline AND c.seq = l.seq;
+";
+
+/// Version 12 to 13: a window's latest row is stored once, in `changes`;
+/// `latest` (and `held_latest` while paused) names it by its `seq`, and
+/// `results` and `held_results` become views of the same columns as the
+/// tables they were. A checkpoint wrote each row's text twice, and the
+/// upserts of about 300-byte rows in key order dirtied most of the
+/// table's pages (BENCHMARKS.md, "A window's latest row named by its seq").
+/// A row whose `seq` has no change of the same text keeps its text.
+/// Views already made are left as they are.
+fn rows_named_by_seq(conn: &Connection) -> rusqlite::Result<()> {
+    let viewed = conn.prepare("SELECT 1 FROM sqlite_master WHERE type = 'view' AND name = 'results'")?.exists([])?;
+    if viewed {
+        return conn.execute_batch("UPDATE meta SET value = '13' WHERE key = 'schema_version'");
+    }
+    let mut sql = String::from("BEGIN IMMEDIATE;");
+    for (table, named) in [("results", "latest"), ("held_results", "held_latest")] {
+        sql.push_str(&format!(
+            "INSERT INTO {named} (pipeline, version, key, window_start, window_end, status, revision, seq, row)
+                 SELECT r.pipeline, r.version, r.key, r.window_start, r.window_end, r.status, r.revision, r.seq,
+                        CASE WHEN EXISTS (SELECT 1 FROM changes c WHERE c.pipeline = r.pipeline AND c.seq = r.seq
+                                                                    AND c.row = r.row)
+                             THEN NULL ELSE r.row END
+                   FROM (SELECT *, CAST(json_extract(CASE WHEN json_valid(row) THEN row END, '$.seq') AS INTEGER) AS seq
+                           FROM {table}) r;
+             DROP TABLE {table};"
+        ));
+    }
+    sql.push_str(RESULT_VIEWS);
+    sql.push_str("UPDATE meta SET value = '13' WHERE key = 'schema_version'; COMMIT;");
+    conn.execute_batch(&sql)
 }
 
 /// Version 9 to 10: `state_id_batches` keeps its blobs (tens of kilobytes,
@@ -699,8 +767,8 @@ pub fn forget_version(conn: &mut Connection, pipeline: &str, version: u32) -> ru
         "state_window_batches",
         "state_window_folds",
         "state_id_batches",
-        "results",
-        "held_results",
+        "latest",
+        "held_latest",
         "ledger",
         "ledger_raw",
     ];
@@ -798,11 +866,11 @@ pub fn checkpoint_keeping(
                 .execute(params![w.pipeline, w.version])?;
         }
     }
-    let results_table = if paused { "held_results" } else { "results" };
+    let latest_table = if paused { "held_latest" } else { "latest" };
     {
         let rows =
             RowsWrite { pipeline: w.pipeline, version: w.version, format: w.format, now_ms: w.now_ms, run: w.run };
-        seq = write_rows(&tx, &rows, &w.out.rows, seq, results_table)?;
+        seq = write_rows(&tx, &rows, &w.out.rows, seq, latest_table)?;
         let mut text = String::new();
         let mut ledger = tx.prepare_cached(
             "INSERT INTO ledger (pipeline, seq, reason, entry, at_ms, version, place) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -958,17 +1026,17 @@ pub(crate) struct RowsWrite<'a> {
     pub run: i64,
 }
 
-/// Writes `rows` to the change stream from `seq` on and each window's last
-/// one to `results_table` (`results`, or `held_results` while paused);
-/// returns the next `seq`. Each row names its window's previous row: an
-/// earlier one of these rows, or the one `results_table` (then `results`)
-/// holds.
+/// Writes `rows` to the change stream from `seq` on and names each
+/// window's last one by its `seq` in `latest_table` (`latest`, or
+/// `held_latest` while paused); returns the next `seq`. Each row names its
+/// window's previous row: an earlier one of these rows, or the one
+/// `latest_table` (then `latest`) names.
 pub(crate) fn write_rows(
     tx: &Connection,
     w: &RowsWrite<'_>,
     rows: &[Row],
     mut seq: i64,
-    results_table: &str,
+    latest_table: &str,
 ) -> rusqlite::Result<i64> {
     let mut change = tx.prepare_cached(
         "INSERT INTO changes (pipeline, seq, row, at_ms, run, sources, version, place, previous)
@@ -976,22 +1044,21 @@ pub(crate) fn write_rows(
     )?;
     let stored_seq = |table: &str| {
         tx.prepare_cached(&format!(
-            "SELECT row FROM {table} WHERE pipeline = ?1 AND version = ?2 AND key = ?3 AND window_start = ?4"
+            "SELECT seq, row FROM {table} WHERE pipeline = ?1 AND version = ?2 AND key = ?3 AND window_start = ?4"
         ))
     };
-    let mut held = stored_seq(results_table)?;
-    let mut published = if results_table == "results" { None } else { Some(stored_seq("results")?) };
-    let mut result = tx.prepare_cached(&format!(
-        "INSERT INTO {results_table} (pipeline, version, key, window_start, window_end, status, revision, row)
+    let mut held = stored_seq(latest_table)?;
+    let mut published = if latest_table == "latest" { None } else { Some(stored_seq("latest")?) };
+    let mut latest = tx.prepare_cached(&format!(
+        "INSERT INTO {latest_table} (pipeline, version, key, window_start, window_end, status, revision, seq)
          VALUES (?1, ?8, ?2, ?3, ?4, ?5, ?6, ?7)
          ON CONFLICT (pipeline, version, window_start, key) DO UPDATE SET
            window_end = excluded.window_end, status = excluded.status,
-           revision = excluded.revision, row = excluded.row"
+           revision = excluded.revision, seq = excluded.seq, row = NULL"
     ))?;
-    // Every row goes to the change stream; only the last of each window to
-    // `results`. First, each row's earlier row of its window among these
-    // (its previous) and which rows are their window's last: only those
-    // rows' texts are kept past their insert.
+    // Every row goes to the change stream; only the last of each window is
+    // named in `latest`. First, each row's earlier row of its window among
+    // these (its previous) and which rows are their window's last.
     let mut last: std::collections::HashMap<(&[u8], i64), usize> = std::collections::HashMap::with_capacity(rows.len());
     let earlier: Vec<Option<usize>> = rows
         .iter()
@@ -1002,7 +1069,6 @@ pub(crate) fn write_rows(
     for &i in last.values() {
         is_last[i] = true;
     }
-    let mut texts: Vec<(usize, String)> = Vec::with_capacity(last.len());
     let (mut text, mut scratch, mut sources) = (String::new(), String::new(), String::new());
     let first_seq = seq;
     for (i, row) in rows.iter().enumerate() {
@@ -1016,7 +1082,7 @@ pub(crate) fn write_rows(
                 let mut found = None;
                 for stmt in std::iter::once(&mut held).chain(published.as_mut()) {
                     let args = params![w.pipeline, w.version, &row.key[..], start];
-                    found = stmt.query_row(args, |r| Ok(seq_of(r.get_ref(0)?.as_str()?))).optional()?.flatten();
+                    found = stmt.query_row(args, stored_seq_of).optional()?.flatten();
                     if found.is_some() {
                         break;
                     }
@@ -1026,26 +1092,31 @@ pub(crate) fn write_rows(
         };
         let args = params![w.pipeline, seq, text, w.now_ms, w.run, sources, w.version, place(&row.key), previous];
         change.execute(args)?;
-        if is_last[i] {
-            texts.push((i, std::mem::take(&mut text)));
-        }
         seq += 1;
     }
     // In the rows' order, as they were pushed.
-    for (i, text) in texts {
-        let row = &rows[i];
-        result.execute(params![
+    for (i, row) in rows.iter().enumerate().filter(|(i, _)| is_last[*i]) {
+        latest.execute(params![
             w.pipeline,
             &row.key[..],
             row.window_start.unwrap_or(GLOBAL_START),
             row.window_end,
             row.status.as_str(),
             row.revision,
-            text,
+            first_seq + i as i64,
             w.version
         ])?;
     }
     Ok(seq)
+}
+
+/// The `seq` a `latest` row names, or for a row kept from before version
+/// 13 whose `seq` was not found, the one its text starts with.
+fn stored_seq_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<Option<i64>> {
+    match r.get::<_, Option<i64>>(0)? {
+        Some(seq) => Ok(Some(seq)),
+        None => Ok(r.get::<_, Option<String>>(1)?.as_deref().and_then(seq_of)),
+    }
 }
 
 /// Gives the rows and ledger entries stored before places were theirs
@@ -1127,7 +1198,7 @@ pub fn results(conn: &Connection, pipeline: &str, version: u32, f: &ResultFilter
 /// `[first start, last end)` of a version's timed windows (see [`crate::Store::result_span`]).
 pub fn result_span(conn: &Connection, pipeline: &str, version: u32) -> rusqlite::Result<Option<(i64, i64)>> {
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT min(window_start), max(window_end) FROM results
+        "SELECT min(window_start), max(window_end) FROM latest
           WHERE pipeline = ?1 AND version = ?2 AND window_start != {GLOBAL_START} AND window_end IS NOT NULL"
     ))?;
     let (first, last): (Option<i64>, Option<i64>) =
@@ -1230,8 +1301,8 @@ pub fn resume(conn: &Connection, pipeline: &str) -> rusqlite::Result<bool> {
     let tx = own_transaction(conn)?;
     let removed = conn.execute("DELETE FROM pauses WHERE pipeline = ?1", [pipeline])?;
     if removed > 0 {
-        conn.execute("INSERT OR REPLACE INTO results SELECT * FROM held_results WHERE pipeline = ?1", [pipeline])?;
-        conn.execute("DELETE FROM held_results WHERE pipeline = ?1", [pipeline])?;
+        conn.execute("INSERT OR REPLACE INTO latest SELECT * FROM held_latest WHERE pipeline = ?1", [pipeline])?;
+        conn.execute("DELETE FROM held_latest WHERE pipeline = ?1", [pipeline])?;
     }
     commit(tx)?;
     Ok(removed > 0)
@@ -1308,8 +1379,8 @@ fn annotate_rows(conn: &Connection, pipeline: &str, rows: Vec<String>) -> rusqli
 /// The highest revision a version has published (or holds while paused).
 pub fn max_revision(conn: &Connection, pipeline: &str, version: u32) -> rusqlite::Result<u32> {
     conn.query_row(
-        "SELECT max(coalesce((SELECT max(revision) FROM results WHERE pipeline = ?1 AND version = ?2), 0),
-                    coalesce((SELECT max(revision) FROM held_results WHERE pipeline = ?1 AND version = ?2), 0))",
+        "SELECT max(coalesce((SELECT max(revision) FROM latest WHERE pipeline = ?1 AND version = ?2), 0),
+                    coalesce((SELECT max(revision) FROM held_latest WHERE pipeline = ?1 AND version = ?2), 0))",
         params![pipeline, version],
         |r| r.get::<_, i64>(0),
     )
