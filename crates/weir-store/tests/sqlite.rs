@@ -6,11 +6,46 @@ mod common;
 use common::{event, CONTRACT};
 use rusqlite::Connection;
 
+/// A directory of one test's own (`weir-store-WHAT-PID` in the system's
+/// temporary directory), removed when dropped.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(what: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("weir-store-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    /// `weir.db` in it, opened and migrated to this build's schema.
+    fn migrated(&self) -> Connection {
+        let conn = weir_store::sqlite::open(&self.0.join("weir.db")).unwrap();
+        weir_store::sqlite::migrate(&conn).unwrap();
+        conn
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The first two columns of each row `sql` selects.
+fn pairs<A: rusqlite::types::FromSql, B: rusqlite::types::FromSql>(conn: &Connection, sql: &str) -> Vec<(A, B)> {
+    conn.prepare(sql)
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap()
+}
+
 #[test]
 fn a_version_1_database_is_migrated_in_place() {
-    let dir = std::env::temp_dir().join(format!("weir-store-migrate-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = Scratch::new("migrate");
+    let dir = &scratch.0;
     let path = dir.join("weir.db");
     {
         // What schema version 1 wrote of the tables version 2 changes.
@@ -39,14 +74,12 @@ fn a_version_1_database_is_migrated_in_place() {
     conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'", []).unwrap();
     let refused = weir_store::sqlite::migrate(&conn).unwrap_err().to_string();
     assert!(refused.contains("schema version 99") && refused.contains("move weir.db aside"), "{refused}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_version_2_audit_log_is_chained_when_migrated() {
-    let dir = std::env::temp_dir().join(format!("weir-store-migrate-2-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = Scratch::new("migrate-2");
+    let dir = &scratch.0;
     let path = dir.join("weir.db");
     {
         // What schema version 2 wrote of the audit log, with its triggers.
@@ -82,14 +115,12 @@ fn a_version_2_audit_log_is_chained_when_migrated() {
     let verified = weir_store::audit::verify(&conn, &[]).unwrap().unwrap();
     assert_eq!(verified.entries, 3);
     assert!(conn.execute("UPDATE audit SET why = 'x'", []).unwrap_err().to_string().contains("append-only"));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_version_3_ledger_is_dated_and_its_payloads_can_be_erased_from_disk() {
-    let dir = std::env::temp_dir().join(format!("weir-store-migrate-3-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = Scratch::new("migrate-3");
+    let dir = &scratch.0;
     let path = dir.join("weir.db");
     let marker = "card-4242-4242-marker";
     {
@@ -136,14 +167,12 @@ fn a_version_3_ledger_is_dated_and_its_payloads_can_be_erased_from_disk() {
         let found = bytes.windows(marker.len()).any(|w| w == marker.as_bytes());
         assert!(!found, "the erased payload is still in {file}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_version_5_database_keeps_its_rows_as_the_live_version() {
-    let dir = std::env::temp_dir().join(format!("weir-store-migrate-5-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = Scratch::new("migrate-5");
+    let dir = &scratch.0;
     let path = dir.join("weir.db");
     {
         // What schema version 5 wrote: one pipeline at version 3, its checkpoint, a row, a change, a ledger entry.
@@ -197,14 +226,12 @@ fn a_version_5_database_keeps_its_rows_as_the_live_version() {
     assert!(matches!(registered, weir_store::Registration::New { state: weir_store::VersionState::Candidate, .. }));
     let (_, seq) = weir_store::sqlite::switch_version(&conn, "paid", Some(4), "op", "test").unwrap().unwrap();
     assert_eq!(seq, 2);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn point_7_entries_stored_whole_are_masked_and_forgetting_a_version_overwrites_its_text() {
-    let dir = std::env::temp_dir().join(format!("weir-store-forget-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = Scratch::new("forget");
+    let dir = &scratch.0;
     let path = dir.join("weir.db");
     let mut conn = weir_store::sqlite::open(&path).unwrap();
     weir_store::sqlite::migrate(&conn).unwrap();
@@ -259,14 +286,12 @@ fn point_7_entries_stored_whole_are_masked_and_forgetting_a_version_overwrites_i
         .collect();
     assert!(on_disk.is_empty(), "{marker} is still in {on_disk:?} at {dir:?}");
     drop(conn);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn point_4_provenance_reads_its_keys_entries_by_place_and_older_rows_are_placed_and_named_when_migrated() {
-    let dir = std::env::temp_dir().join(format!("weir-store-place-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = Scratch::new("place");
+    let dir = &scratch.0;
     let path = dir.join("weir.db");
     let conn = weir_store::sqlite::open(&path).unwrap();
     weir_store::sqlite::migrate(&conn).unwrap();
@@ -406,16 +431,14 @@ fn point_4_provenance_reads_its_keys_entries_by_place_and_older_rows_are_placed_
     assert_eq!(origin.previous.as_ref().map(|p| p.0), Some(1));
     assert_eq!(origin.ledgered, []);
     drop(conn);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A pipeline's writing connection leaves its pages in the write-ahead log
 /// at each commit; its `WalCopier` copies them into the database file.
 #[test]
 fn a_writers_commits_stay_in_the_wal_until_its_copier_copies_them() {
-    let dir = std::env::temp_dir().join(format!("weir-store-wal-copy-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = Scratch::new("wal-copy");
+    let dir = &scratch.0;
     let path = dir.join("weir.db");
     let conn = weir_store::sqlite::open_writer(&path).unwrap();
     conn.execute_batch("CREATE TABLE filler (b BLOB NOT NULL)").unwrap();
@@ -433,7 +456,6 @@ fn a_writers_commits_stay_in_the_wal_until_its_copier_copies_them() {
     assert!(size() >= 6 << 20, "the copier did not copy the log: the database has {} bytes", size());
     drop(copier);
     drop(conn);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Each row written names its window's previous row: one of the same
@@ -441,11 +463,8 @@ fn a_writers_commits_stay_in_the_wal_until_its_copier_copies_them() {
 #[test]
 fn point_4_each_row_written_names_its_windows_previous_row() {
     use weir_engine::{Engine, EventIn, Mode, Output};
-    let dir = std::env::temp_dir().join(format!("weir-store-previous-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut conn = weir_store::sqlite::open(&dir.join("weir.db")).unwrap();
-    weir_store::sqlite::migrate(&conn).unwrap();
+    let scratch = Scratch::new("previous");
+    let mut conn = scratch.migrated();
     let c = weir_contract::Contract::parse("paid.toml", CONTRACT).unwrap();
     let privacy = weir_store::privacy::Privacy::of(&c);
     let run = weir_store::sqlite::start_run(&conn, "paid", 1, c.text_hash, "test").unwrap();
@@ -485,13 +504,8 @@ fn point_4_each_row_written_names_its_windows_previous_row() {
     commit(&mut conn, &mut engine, &[event(6, 1, 4, "32.00")]);
     commit(&mut conn, &mut engine, &[event(7, 1, 5, "64.00")]);
     assert!(weir_store::sqlite::resume(&conn, "paid").unwrap());
-    let previous: Vec<(i64, Option<i64>)> = conn
-        .prepare("SELECT seq, previous FROM changes WHERE pipeline = 'paid' ORDER BY seq")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<rusqlite::Result<_>>()
-        .unwrap();
+    let previous: Vec<(i64, Option<i64>)> =
+        pairs(&conn, "SELECT seq, previous FROM changes WHERE pipeline = 'paid' ORDER BY seq");
     let expected = [(3, Some(1)), (4, Some(3)), (5, Some(2)), (6, None), (7, Some(4)), (8, Some(7)), (9, Some(8))];
     assert_eq!(previous, [&[(1, None), (2, None)][..], &expected].concat());
     let origin = weir_store::sqlite::row_origin(&conn, "paid", 9).unwrap().unwrap();
@@ -500,25 +514,16 @@ fn point_4_each_row_written_names_its_windows_previous_row() {
     assert_eq!(named, Some((8, Some(5), "53.00".to_owned())));
     // Each window's latest row is stored once, in `changes`: `latest`
     // names it by its seq and keeps no text.
-    let named: Vec<(Option<i64>, bool)> = conn
-        .prepare("SELECT seq, row IS NULL FROM latest WHERE pipeline = 'paid' ORDER BY seq")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<rusqlite::Result<_>>()
-        .unwrap();
+    let named: Vec<(Option<i64>, bool)> =
+        pairs(&conn, "SELECT seq, row IS NULL FROM latest WHERE pipeline = 'paid' ORDER BY seq");
     assert_eq!(named, [(Some(5), true), (Some(6), true), (Some(9), true)]);
     drop(conn);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_version_12_databases_results_are_named_by_seq_and_read_the_same() {
-    let dir = std::env::temp_dir().join(format!("weir-store-migrate-12-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let conn = weir_store::sqlite::open(&dir.join("weir.db")).unwrap();
-    weir_store::sqlite::migrate(&conn).unwrap();
+    let scratch = Scratch::new("migrate-12");
+    let conn = scratch.migrated();
     let kind: String =
         conn.query_row("SELECT type FROM sqlite_master WHERE name = 'results'", [], |r| r.get(0)).unwrap();
     assert_eq!(kind, "view", "a new database reads its results through a view");
@@ -585,16 +590,12 @@ fn a_version_12_databases_results_are_named_by_seq_and_read_the_same() {
     assert_eq!(named("held_latest"), []);
     assert_eq!(weir_store::sqlite::max_revision(&conn, "paid", 1).unwrap(), 2);
     drop(conn);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_version_9_id_table_gets_row_ids_and_keeps_its_batches() {
-    let dir = std::env::temp_dir().join(format!("weir-store-migrate-9-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let conn = weir_store::sqlite::open(&dir.join("weir.db")).unwrap();
-    weir_store::sqlite::migrate(&conn).unwrap();
+    let scratch = Scratch::new("migrate-9");
+    let conn = scratch.migrated();
     // The table as version 9 made it: without row ids, each batch a key of its one index.
     conn.execute_batch(
         "DROP TABLE state_id_batches;
@@ -637,7 +638,6 @@ fn a_version_9_id_table_gets_row_ids_and_keeps_its_batches() {
     let version: String =
         conn.query_row("SELECT value FROM meta WHERE key = 'schema_version'", [], |r| r.get(0)).unwrap();
     assert_eq!(version, weir_store::sqlite::SCHEMA_VERSION.to_string());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -656,11 +656,8 @@ fn a_writer_folds_from_its_own_copy_of_the_batches_and_reads_them_back_after_a_c
 /// other has, fails after writing its batch and is then written again.
 fn batches_and_a_fold(keep: bool) {
     use weir_engine::{Delta, Engine, Mode, Output};
-    let dir = std::env::temp_dir().join(format!("weir-store-window-batches-{keep}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut conn = weir_store::sqlite::open(&dir.join("weir.db")).unwrap();
-    weir_store::sqlite::migrate(&conn).unwrap();
+    let scratch = Scratch::new(&format!("window-batches-{keep}"));
+    let mut conn = scratch.migrated();
     let c = weir_contract::Contract::parse("paid.toml", CONTRACT).unwrap();
     let privacy = weir_store::privacy::Privacy::of(&c);
     let run = weir_store::sqlite::start_run(&conn, "paid", 1, c.text_hash, "test").unwrap();
@@ -737,5 +734,4 @@ fn batches_and_a_fold(keep: bool) {
         "{err}"
     );
     drop(conn);
-    let _ = std::fs::remove_dir_all(&dir);
 }
