@@ -499,9 +499,9 @@ pub mod pg {
                 .query_one(
                     &format!(
                         "SELECT max(revision) FROM (
-                           SELECT revision FROM {schema}.results WHERE pipeline = $1 AND version = $2 AND key = $3 AND window_start = $4
+                           SELECT revision FROM {schema}.latest WHERE pipeline = $1 AND version = $2 AND key = $3 AND window_start = $4
                            UNION ALL
-                           SELECT revision FROM {schema}.held_results WHERE pipeline = $1 AND version = $2 AND key = $3 AND window_start = $4) r"
+                           SELECT revision FROM {schema}.held_latest WHERE pipeline = $1 AND version = $2 AND key = $3 AND window_start = $4) r"
                     ),
                     &[&pipeline, &version, &&c.row.key[..], &start],
                 )?

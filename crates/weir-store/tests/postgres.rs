@@ -456,10 +456,12 @@ fn a_worker_starting_while_another_writes_rows_and_ledger_takes_no_lock_on_them(
 fn a_version_2_schema_is_migrated_and_generations_go_on_above_the_old_ones() {
     let mut s = Schema::new("migrate3");
     let c = Contract::parse("paid.toml", CONTRACT).unwrap();
-    // Make the schema look like version 2 with a partition at generation 7.
+    // Make the schema look like version 2 with a partition at generation 7
+    // (its `results` a table, which the schema makes again).
     s.client
         .batch_execute(&format!(
-            "DROP SEQUENCE {0}.generations; DROP TABLE {0}.pauses, {0}.held_results, {0}.replays, {0}.annotations;
+            "DROP SEQUENCE {0}.generations; DROP VIEW {0}.results, {0}.held_results;
+             DROP TABLE {0}.pauses, {0}.replays, {0}.annotations;
              ALTER TABLE {0}.partitions DROP COLUMN version, DROP COLUMN text_hash, DROP COLUMN replayed;
              UPDATE {0}.meta SET value = '2' WHERE key = 'schema_version';
              INSERT INTO {0}.pipelines (name, version, text_hash) VALUES ('paid', 1, '{1:016x}');
@@ -606,12 +608,17 @@ fn point_4_provenance_reads_each_rows_previous_as_written_and_older_rows_are_nam
     let held = pg::row_origin(&mut s.client, &s.name, "paid", 7).unwrap().unwrap();
     assert_eq!(held.previous.as_ref().map(|p| (p.0, p.1["revision"].as_i64())), Some((6, Some(4))));
 
-    // The same as version 4 stored it, without places or previous rows:
+    // The same as version 4 stored it, without places or previous rows,
+    // and with `results` and `held_results` tables of the rows' texts:
     // migrated, each has its place and its previous again.
     s.client
         .batch_execute(&format!(
             "UPDATE {0}.changes SET place = NULL, previous = NULL; UPDATE {0}.ledger SET place = NULL;
-             ALTER TABLE {0}.results DROP CONSTRAINT results_pkey, ADD PRIMARY KEY (pipeline, version, key, window_start);
+             CREATE TABLE {0}.results_v4 AS SELECT * FROM {0}.results;
+             CREATE TABLE {0}.held_results_v4 AS SELECT * FROM {0}.held_results;
+             DROP VIEW {0}.results, {0}.held_results; DELETE FROM {0}.latest; DELETE FROM {0}.held_latest;
+             ALTER TABLE {0}.results_v4 RENAME TO results; ALTER TABLE {0}.held_results_v4 RENAME TO held_results;
+             ALTER TABLE {0}.results ADD PRIMARY KEY (pipeline, version, key, window_start);
              UPDATE {0}.meta SET value = '4' WHERE key = 'schema_version';",
             s.name
         ))
@@ -620,14 +627,15 @@ fn point_4_provenance_reads_each_rows_previous_as_written_and_older_rows_are_nam
     let results_before = pg::results(&mut s.client, &s.name, "paid", 1, &all).unwrap().rows;
     assert_eq!(results_before.len(), 3, "a1's two windows and a2's: {results_before:?}");
     pg::migrate(&mut s.client, &s.name).unwrap();
-    // `results` is keyed by window start before key, and holds the same rows.
+    // `latest` is keyed by window start before key, and `results` holds the
+    // same rows, named by their seqs (no text kept: each is its change's).
     let keyed: Vec<String> = s
         .client
         .query(
             "SELECT a.attname::TEXT FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid
               WHERE i.indrelid = $1::TEXT::regclass AND i.indisprimary AND a.attnum = ANY(i.indkey)
               ORDER BY array_position(i.indkey::INT2[], a.attnum)",
-            &[&format!("{}.results", s.name)],
+            &[&format!("{}.latest", s.name)],
         )
         .unwrap()
         .iter()
@@ -636,11 +644,90 @@ fn point_4_provenance_reads_each_rows_previous_as_written_and_older_rows_are_nam
     assert_eq!(keyed, ["pipeline", "version", "window_start", "key"]);
     let results_after = pg::results(&mut s.client, &s.name, "paid", 1, &all).unwrap().rows;
     assert_eq!(results_after, results_before);
+    let kept: i64 = s
+        .client
+        .query_one(&format!("SELECT count(*) FROM {}.latest WHERE seq IS NULL OR row IS NOT NULL", s.name), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, 0, "every row named by its seq, no text kept");
     assert_eq!(read(&mut s.client, "changes", "place"), rows);
     assert_eq!(read(&mut s.client, "ledger", "place"), entries);
     assert_eq!(read(&mut s.client, "changes", "previous"), previous);
     let again = pg::row_origin(&mut s.client, &s.name, "paid", 3).unwrap().unwrap();
     assert_eq!((again.previous, again.ledgered), (origin.previous, origin.ledgered));
+}
+
+#[test]
+fn a_version_9_schemas_results_are_named_by_seq_and_read_the_same() {
+    let mut s = Schema::new("migrate10");
+    let kind: i8 = s
+        .client
+        .query_one(&format!("SELECT relkind FROM pg_class WHERE oid = '{}.results'::regclass", s.name), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(kind, b'v' as i8, "a new schema reads its results through a view");
+    // `results` and `held_results` as version 9 stored them: the row's
+    // text in each. Window 1's is its change's (seq 2); window 2's names
+    // seq 3, whose change has another text; window 3's has no seq; the
+    // held row is seq 4's.
+    let text = |seq: i64, total: &str| format!(r#"{{"seq":{seq},"pipeline":"paid","values":{{"total":{total}}}}}"#);
+    let table = |name: &str| {
+        format!(
+            "CREATE TABLE {}.{name} (
+                 pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BYTEA NOT NULL, window_start BIGINT NOT NULL,
+                 window_end BIGINT, status TEXT NOT NULL, revision BIGINT NOT NULL, row TEXT NOT NULL,
+                 PRIMARY KEY (pipeline, version, window_start, key));",
+            s.name
+        )
+    };
+    let old = format!(
+        "DROP VIEW {0}.results, {0}.held_results; {1} {2}
+         INSERT INTO {0}.pipelines (name, version, text_hash) VALUES ('paid', 1, '');
+         INSERT INTO {0}.pauses VALUES ('paid', 4, 0);
+         UPDATE {0}.meta SET value = '9' WHERE key = 'schema_version';",
+        s.name,
+        table("results"),
+        table("held_results")
+    );
+    s.client.batch_execute(&old).unwrap();
+    for (seq, total) in [(1i64, "1"), (2, "3"), (3, "5"), (4, "7")] {
+        let sql = format!(
+            "INSERT INTO {}.changes (pipeline, seq, partition, row, at_ms, run, sources, version)
+             VALUES ('paid', $1, 0, $2, 0, 0, '[]', 1)",
+            s.name
+        );
+        s.client.execute(&sql, &[&seq, &text(seq, total)]).unwrap();
+    }
+    let stored = [(1i64, text(2, "3")), (2, text(3, "4")), (3, "{}".to_owned())];
+    for (window, row) in &stored {
+        let sql =
+            format!("INSERT INTO {}.results VALUES ('paid', 1, '\\x01', $1, $1::BIGINT + 1, 'settled', 1, $2)", s.name);
+        s.client.execute(&sql, &[window, row]).unwrap();
+    }
+    let sql = format!("INSERT INTO {}.held_results VALUES ('paid', 1, '\\x01', 1, 2, 'provisional', 2, $1)", s.name);
+    s.client.execute(&sql, &[&text(4, "7")]).unwrap();
+    pg::migrate(&mut s.client, &s.name).unwrap();
+    let version: String = s
+        .client
+        .query_one(&format!("SELECT value FROM {}.meta WHERE key = 'schema_version'", s.name), &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, pg::SCHEMA_VERSION.to_string());
+    let mut named = |table: &str| -> Vec<(Option<i64>, Option<String>)> {
+        let sql = format!("SELECT seq, row FROM {}.{table} ORDER BY window_start", s.name);
+        s.client.query(&sql, &[]).unwrap().iter().map(|r| (r.get(0), r.get(1))).collect()
+    };
+    // Only the texts their changes do not hold are kept.
+    assert_eq!(named("latest"), [(Some(2), None), (Some(3), Some(text(3, "4"))), (None, Some("{}".into()))]);
+    assert_eq!(named("held_latest"), [(Some(4), None)]);
+    let all = weir_store::rows::ResultFilter { limit: 10, ..Default::default() };
+    let page = pg::results(&mut s.client, &s.name, "paid", 1, &all).unwrap();
+    assert_eq!(page.rows, stored.iter().map(|(_, row)| row.clone()).collect::<Vec<_>>(), "the same texts");
+    // A resume publishes the held row by its seq.
+    assert!(pg::resume(&mut s.client, &s.name, "paid").unwrap());
+    let page = pg::results(&mut s.client, &s.name, "paid", 1, &all).unwrap();
+    assert_eq!(page.rows[0], text(4, "7"));
+    assert_eq!(pg::max_revision(&mut s.client, &s.name, "paid", 1).unwrap(), 2);
 }
 
 #[test]

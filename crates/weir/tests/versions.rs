@@ -341,8 +341,8 @@ const FLOOD_ROWS: i64 = 1_000_000;
 /// from the row of account `a0` each version published: the same
 /// window for accounts `s1`, `s2`, ..., each of version 2's tenth windows
 /// with another payments count. The rows go in as the store keeps them
-/// (in SQLite, as a row from before `latest` named rows by `seq`: with its
-/// text, since the change stream has no such rows).
+/// (as a row from before `latest` named rows by `seq`: with its text,
+/// since the change stream has no such rows).
 fn flood(topology: &common::topology::Topology, data: &std::path::Path) {
     let row = r#"replace(row, '"a0"', '"s' || i || '"')"#;
     let differ = format!(
@@ -376,7 +376,7 @@ fn flood(topology: &common::topology::Topology, data: &std::path::Path) {
                 .unwrap();
             assert_eq!(rows.len(), 2, "one window each");
             db.batch_execute(&format!(
-                "INSERT INTO {s}.results (pipeline, version, key, window_start, window_end, status, revision, row)
+                "INSERT INTO {s}.latest (pipeline, version, key, window_start, window_end, status, revision, row)
                  SELECT pipeline, version, convert_to('k' || lpad(i::text, 8, '0'), 'UTF8'), window_start, window_end,
                         status, revision, {differ}
                    FROM generate_series(1, {FLOOD_ROWS}) AS i,

@@ -15,13 +15,14 @@
 //! | `state_windows` | per partition: the engine's open windows, by their hash, as of the last fold |
 //! | `state_window_batches` | per partition: the windows each checkpoint since the last fold changed or dropped, one row per checkpoint, applied over `state_windows` in `seq` order (see `window_batches.rs`) |
 //! | `state_ids` | per partition: the ids each checkpoint remembered or forgot, one row per checkpoint in the engine's batch form (`Delta::ids`), deleted once all have expired |
-//! | `results` | the latest row of every key and window, with its revision |
+//! | `latest` | the `seq` of the latest row of every key and window, with its revision; the row's text is its change's (`row` holds it only for a row from before version 10 whose change was not found) |
+//! | `results` (a view) | `latest` with each row's text: the columns `results` had as a table |
 //! | `changes` | every row in commit order (`seq` from 1 per pipeline), with partition, time, run and sources |
 //! | `ledger` | every ledger entry in commit order (`seq` from 1 per pipeline), with its checkpoint's time (`at_ms`); `erased` once its payload and detail are erased for retention |
 //! | `sinks` | per pipeline and Kafka sink topic: the next `seq` to publish |
 //! | `runs` | every time a worker took a partition: contract version and hash, weir's version, the worker |
 //! | `pauses` | a paused pipeline: the first change `seq` not published |
-//! | `held_results` | the latest rows of windows that changed while paused, moved to `results` on resume |
+//! | `held_latest`, `held_results` (a view) | the same for the windows that changed while paused, moved to `latest` on resume |
 //! | `replays` | replays an operator asked for; each partition's holder applies those above its `replayed` |
 //! | `annotations` | notes on a pipeline and an event-time range; rows whose window overlaps one carry its id |
 //! | `notifications` | every alert notification (firing, resolved) of a pipeline, with its time |
@@ -42,9 +43,9 @@
 //!   written under the lock of the pipeline's `pipelines` row, and every
 //!   checkpoint that publishes rows takes that lock first and then reads
 //!   it, so rows of every worker past the pause point are held; a resume
-//!   moves the held rows to `results` in the same transaction that removes
+//!   moves the held rows to `latest` in the same transaction that removes
 //!   the pause. A replay is a `replays` row that every worker reads.
-//! - **A row never goes back**: `results` is updated only by a higher
+//! - **A row never goes back**: `latest` is updated only by a higher
 //!   revision.
 //! - **`seq` is the commit order**: the pipeline's counters are taken under
 //!   the lock of its `pipelines` row, held to the commit, so a reader paging
@@ -69,8 +70,11 @@ use crate::versions::{hash_text, FileContract, Registration, Switch, SwitchError
 /// has each row name its window's previous row (`previous`, see
 /// `sqlite::migrate_8_to_9`) in place of the index of rows by place, and
 /// keys `results` and `held_results` by window start before key; version
-/// 9 adds `state_window_batches`, which a weir before it would not read.
-pub const SCHEMA_VERSION: i64 = 9;
+/// 9 adds `state_window_batches`, which a weir before it would not read;
+/// version 10 names each window's latest row by its `seq` in `latest` and
+/// `held_latest`, with `results` and `held_results` views of the columns
+/// they had as tables (see [`rows_named_by_seq`]).
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// Connects to `url` (`postgresql://user@host:port/db` or `host=... user=...`),
 /// with TLS as its libpq settings say (see [`crate::pg_tls`]).
@@ -110,6 +114,14 @@ CREATE TABLE IF NOT EXISTS {schema}.state_ids (
 CREATE TABLE IF NOT EXISTS {schema}.results (
     pipeline TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0, key BYTEA NOT NULL, window_start BIGINT NOT NULL,
     window_end BIGINT, status TEXT NOT NULL, revision BIGINT NOT NULL, row TEXT NOT NULL,
+    PRIMARY KEY (pipeline, version, window_start, key));
+CREATE TABLE IF NOT EXISTS {schema}.latest (
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BYTEA NOT NULL, window_start BIGINT NOT NULL,
+    window_end BIGINT, status TEXT NOT NULL, revision BIGINT NOT NULL, seq BIGINT, row TEXT,
+    PRIMARY KEY (pipeline, version, window_start, key));
+CREATE TABLE IF NOT EXISTS {schema}.held_latest (
+    pipeline TEXT NOT NULL, version INTEGER NOT NULL, key BYTEA NOT NULL, window_start BIGINT NOT NULL,
+    window_end BIGINT, status TEXT NOT NULL, revision BIGINT NOT NULL, seq BIGINT, row TEXT,
     PRIMARY KEY (pipeline, version, window_start, key));
 CREATE TABLE IF NOT EXISTS {schema}.changes (
     pipeline TEXT NOT NULL, seq BIGINT NOT NULL, partition INTEGER NOT NULL, row TEXT NOT NULL,
@@ -356,6 +368,10 @@ pub fn migrate(client: &mut Client, schema: &str) -> crate::Result<()> {
         ))?;
         version = version.max(9);
     }
+    if version == 9 || fresh {
+        rows_named_by_seq(&mut tx, schema)?;
+        version = version.max(10);
+    }
     if version != SCHEMA_VERSION {
         return Err(crate::StoreError::Refused(format!(
             "the Postgres schema {schema} has weir schema version {version}; this weir reads version {SCHEMA_VERSION}; use the weir release that wrote it, or another [postgres] schema"
@@ -367,6 +383,42 @@ pub fn migrate(client: &mut Client, schema: &str) -> crate::Result<()> {
     )?;
     index_ledger_and_changes(&mut tx, schema)?;
     tx.commit()?;
+    Ok(())
+}
+
+/// Version 9 to 10, as `sqlite::rows_named_by_seq` (SQLite's version 13):
+/// a window's latest row is stored once, in `changes`, and `latest` (and
+/// `held_latest` while paused) names it by its `seq`; `results` and
+/// `held_results` become views of the same columns. A row whose `seq` has
+/// no change of the same text keeps its text. Views already made are left
+/// as they are. The typed views of `{schema}_bi` read `results`: they go
+/// with the table and are made again at the start (`views.rs`).
+fn rows_named_by_seq(tx: &mut Transaction<'_>, schema: &str) -> Result<(), postgres::Error> {
+    for (table, named) in [("results", "latest"), ("held_results", "held_latest")] {
+        let kind: Option<i8> = tx
+            .query_opt(
+                "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                  WHERE n.nspname = $1 AND c.relname = $2",
+                &[&schema, &table],
+            )?
+            .map(|r| r.get(0));
+        if kind != Some(b'r' as i8) {
+            continue;
+        }
+        tx.batch_execute(&format!(
+            "INSERT INTO {schema}.{named} (pipeline, version, key, window_start, window_end, status, revision, seq, row)
+                 SELECT r.pipeline, r.version, r.key, r.window_start, r.window_end, r.status, r.revision, r.seq,
+                        CASE WHEN EXISTS (SELECT 1 FROM {schema}.changes c
+                                           WHERE c.pipeline = r.pipeline AND c.seq = r.seq AND c.row = r.row)
+                             THEN NULL ELSE r.row END
+                   FROM (SELECT *, substring(row from '^\\{{\"seq\":([0-9]+)')::BIGINT AS seq FROM {schema}.{table}) r;
+             DROP TABLE {schema}.{table} CASCADE;
+             CREATE VIEW {schema}.{table} AS
+                 SELECT l.pipeline, l.version, l.key, l.window_start, l.window_end, l.status, l.revision,
+                        coalesce(l.row, c.row) AS row
+                   FROM {schema}.{named} l LEFT JOIN {schema}.changes c ON c.pipeline = l.pipeline AND c.seq = l.seq;"
+        ))?;
+    }
     Ok(())
 }
 
@@ -690,8 +742,8 @@ pub fn forget_version(client: &mut Client, schema: &str, pipeline: &str, version
         "state_windows",
         "state_window_batches",
         "state_ids",
-        "results",
-        "held_results",
+        "latest",
+        "held_latest",
         "ledger",
         "ledger_raw",
         "replays",
@@ -967,11 +1019,11 @@ pub(crate) struct RowsAt<'a> {
     pub run: i64,
 }
 
-/// Writes `rows` to the change stream from `first_seq` on and each
-/// window's last one to `results` (`held_results` while paused), only over
-/// a lower revision. Each row names its window's previous row: an earlier
-/// one of these rows, or the one `held_results` (while paused) or
-/// `results` holds.
+/// Writes `rows` to the change stream from `first_seq` on and names each
+/// window's last one by its `seq` in `latest` (`held_latest` while
+/// paused), only over a lower revision. Each row names its window's
+/// previous row: an earlier one of these rows, or the one `held_latest`
+/// (while paused) or `latest` names.
 pub(crate) fn write_rows(
     tx: &mut Transaction<'_>,
     schema: &str,
@@ -1009,13 +1061,13 @@ pub(crate) fn write_rows(
     // A window's first row of the checkpoint: its previous is the stored one.
     let stored = |table: &str| {
         format!(
-            "(SELECT substring(o.row from '^\\{{\"seq\":([0-9]+)')::BIGINT FROM {schema}.{table} o
+            "(SELECT coalesce(o.seq, substring(o.row from '^\\{{\"seq\":([0-9]+)')::BIGINT) FROM {schema}.{table} o
                WHERE o.pipeline = $1 AND o.version = $8 AND o.key = k AND o.window_start = ws)"
         )
     };
     let previous = match paused {
-        true => format!("coalesce(pv, {}, {})", stored("held_results"), stored("results")),
-        false => format!("coalesce(pv, {})", stored("results")),
+        true => format!("coalesce(pv, {}, {})", stored("held_latest"), stored("latest")),
+        false => format!("coalesce(pv, {})", stored("latest")),
     };
     tx.execute(
         &format!(
@@ -1026,11 +1078,11 @@ pub(crate) fn write_rows(
         ),
         &[&w.pipeline, &p, &w.now_ms, &w.run, &seqs, &texts, &sources, &v, &places, &earlier, &keys, &starts],
     )?;
-    // Only each window's last row of the checkpoint goes to `results`, and
-    // only over a lower revision.
+    // Only each window's last row of the checkpoint is named in `latest`,
+    // and only over a lower revision.
     let mut latest: Vec<usize> = last.into_values().collect();
     latest.sort_unstable();
-    let (mut keys, mut starts, mut ends, mut statuses, mut revisions, mut latest_texts) =
+    let (mut keys, mut starts, mut ends, mut statuses, mut revisions, mut latest_seqs) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in latest {
         let row = &rows[i];
@@ -1039,20 +1091,20 @@ pub(crate) fn write_rows(
         ends.push(row.window_end);
         statuses.push(row.status.as_str());
         revisions.push(i64::from(row.revision));
-        latest_texts.push(texts[i].as_str());
+        latest_seqs.push(seqs[i]);
     }
-    let table = if paused { "held_results" } else { "results" };
+    let table = if paused { "held_latest" } else { "latest" };
     tx.execute(
         &format!(
-            "INSERT INTO {schema}.{table} (pipeline, version, key, window_start, window_end, status, revision, row)
-             SELECT $1, $8, k, s, e, st, rv, r
-               FROM UNNEST($2::BYTEA[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::TEXT[]) AS t(k, s, e, st, rv, r)
+            "INSERT INTO {schema}.{table} (pipeline, version, key, window_start, window_end, status, revision, seq)
+             SELECT $1, $8, k, s, e, st, rv, q
+               FROM UNNEST($2::BYTEA[], $3::BIGINT[], $4::BIGINT[], $5::TEXT[], $6::BIGINT[], $7::BIGINT[]) AS t(k, s, e, st, rv, q)
              ON CONFLICT (pipeline, version, window_start, key) DO UPDATE
                SET window_end = excluded.window_end, status = excluded.status,
-                   revision = excluded.revision, row = excluded.row
+                   revision = excluded.revision, seq = excluded.seq, row = NULL
                WHERE {schema}.{table}.revision < excluded.revision"
         ),
-        &[&w.pipeline, &keys, &starts, &ends, &statuses, &revisions, &latest_texts, &v],
+        &[&w.pipeline, &keys, &starts, &ends, &statuses, &revisions, &latest_seqs, &v],
     )?;
     Ok(())
 }
@@ -1217,7 +1269,7 @@ pub fn result_span(
 ) -> Result<Option<(i64, i64)>, postgres::Error> {
     let row = client.query_one(
         &format!(
-            "SELECT min(window_start), max(window_end) FROM {schema}.results
+            "SELECT min(window_start), max(window_end) FROM {schema}.latest
               WHERE pipeline = $1 AND version = $2 AND window_start != {GLOBAL_START} AND window_end IS NOT NULL"
         ),
         &[&pipeline, &(version as i32)],
@@ -1476,17 +1528,18 @@ pub fn resume(client: &mut Client, schema: &str, pipeline: &str) -> Result<bool,
     if removed > 0 {
         tx.execute(
             &format!(
-                "INSERT INTO {schema}.results (pipeline, version, key, window_start, window_end, status, revision, row)
-                 SELECT pipeline, version, key, window_start, window_end, status, revision, row FROM {schema}.held_results
+                "INSERT INTO {schema}.latest (pipeline, version, key, window_start, window_end, status, revision, seq, row)
+                 SELECT pipeline, version, key, window_start, window_end, status, revision, seq, row
+                   FROM {schema}.held_latest
                   WHERE pipeline = $1
                  ON CONFLICT (pipeline, version, window_start, key) DO UPDATE
                    SET window_end = excluded.window_end, status = excluded.status,
-                       revision = excluded.revision, row = excluded.row
-                   WHERE {schema}.results.revision < excluded.revision"
+                       revision = excluded.revision, seq = excluded.seq, row = excluded.row
+                   WHERE {schema}.latest.revision < excluded.revision"
             ),
             &[&pipeline],
         )?;
-        tx.execute(&format!("DELETE FROM {schema}.held_results WHERE pipeline = $1"), &[&pipeline])?;
+        tx.execute(&format!("DELETE FROM {schema}.held_latest WHERE pipeline = $1"), &[&pipeline])?;
     }
     tx.commit()?;
     Ok(removed > 0)
@@ -1542,8 +1595,8 @@ pub fn max_revision(client: &mut Client, schema: &str, pipeline: &str, version: 
     let v: i64 = client
         .query_one(
             &format!(
-                "SELECT greatest(coalesce((SELECT max(revision) FROM {schema}.results WHERE pipeline = $1 AND version = $2), 0),
-                                 coalesce((SELECT max(revision) FROM {schema}.held_results WHERE pipeline = $1 AND version = $2), 0))"
+                "SELECT greatest(coalesce((SELECT max(revision) FROM {schema}.latest WHERE pipeline = $1 AND version = $2), 0),
+                                 coalesce((SELECT max(revision) FROM {schema}.held_latest WHERE pipeline = $1 AND version = $2), 0))"
             ),
             &[&pipeline, &(version as i32)],
         )?
