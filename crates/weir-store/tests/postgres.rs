@@ -30,6 +30,14 @@ impl Schema {
         pg::migrate(&mut client, &name).unwrap();
         Schema { client, name }
     }
+
+    /// Migrates the schema and checks that it reached this build's version.
+    fn migrated_to_this_version(&mut self) {
+        pg::migrate(&mut self.client, &self.name).unwrap();
+        let sql = format!("SELECT value FROM {}.meta WHERE key = 'schema_version'", self.name);
+        let version: String = self.client.query_one(&sql, &[]).unwrap().get(0);
+        assert_eq!(version, pg::SCHEMA_VERSION.to_string());
+    }
 }
 
 impl Drop for Schema {
@@ -469,13 +477,7 @@ fn a_version_2_schema_is_migrated_and_generations_go_on_above_the_old_ones() {
             s.name, c.text_hash
         ))
         .unwrap();
-    pg::migrate(&mut s.client, &s.name).unwrap();
-    let version: String = s
-        .client
-        .query_one(&format!("SELECT value FROM {}.meta WHERE key = 'schema_version'", s.name), &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(version, pg::SCHEMA_VERSION.to_string());
+    s.migrated_to_this_version();
     assert_eq!(batch_storage(&mut s), ["e", "e"], "a migrated schema stores id and window batches uncompressed");
     let claim = pg::claim(&mut s.client, &s.name, "paid", 0, "new", (1, c.text_hash)).unwrap();
     assert!(claim.generation > 7, "{}", claim.generation);
@@ -706,13 +708,7 @@ fn a_version_9_schemas_results_are_named_by_seq_and_read_the_same() {
     }
     let sql = format!("INSERT INTO {}.held_results VALUES ('paid', 1, '\\x01', 1, 2, 'provisional', 2, $1)", s.name);
     s.client.execute(&sql, &[&text(4, "7")]).unwrap();
-    pg::migrate(&mut s.client, &s.name).unwrap();
-    let version: String = s
-        .client
-        .query_one(&format!("SELECT value FROM {}.meta WHERE key = 'schema_version'", s.name), &[])
-        .unwrap()
-        .get(0);
-    assert_eq!(version, pg::SCHEMA_VERSION.to_string());
+    s.migrated_to_this_version();
     let mut named = |table: &str| -> Vec<(Option<i64>, Option<String>)> {
         let sql = format!("SELECT seq, row FROM {}.{table} ORDER BY window_start", s.name);
         s.client.query(&sql, &[]).unwrap().iter().map(|r| (r.get(0), r.get(1))).collect()
