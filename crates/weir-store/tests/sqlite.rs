@@ -712,17 +712,20 @@ fn batches_and_a_fold(keep: bool) {
             windows.sort();
             assert_eq!(windows, common::windows_after(i), "after checkpoint {i}");
         }
-        // Nothing folded before the bound; then one fold writes each window
-        // once, and later checkpoints delete the folded batches, 8 each.
+        // Nothing folded before the bound; then each fold takes the oldest
+        // FOLD_STEP_BATCHES (these are small) and writes only the windows
+        // no later batch changed, and later checkpoints delete the folded
+        // batches, 8 each; the next fold comes when as many are pending again.
         let counts = (count(&conn, "state_window_batches"), count(&conn, "state_windows"));
-        let folded = common::windows_after(fold_at).len() as i64;
-        let i = i as i64;
-        let fold_at = fold_at as i64;
+        let step = weir_store::window_batches::FOLD_STEP_BATCHES as u64;
+        let settled = common::windows_last_changed_through(step, fold_at);
+        assert!(settled.len() >= 20, "the first fold has windows to write");
+        let (i, fold_at, step) = (i as i64, fold_at as i64, step as i64);
         match i {
             i if i < fold_at => assert_eq!(counts, (i, 0)),
-            i if i == fold_at => assert_eq!(counts, (fold_at - 1, folded)),
-            i if i == fold_at + 50 => assert_eq!(counts.0, fold_at - 1 - 8 * 50 + 50),
-            i if i == fold_at + 150 => assert_eq!(counts.0, 150, "every folded batch deleted"),
+            i if i == fold_at => assert_eq!(counts, (fold_at, settled.len() as i64)),
+            i if i == fold_at + 50 => assert_eq!(counts.0, fold_at + 50 - step),
+            i if i == fold_at + 150 => assert_eq!(counts.0, fold_at + 150 - 2 * step, "every folded batch deleted"),
             _ => {}
         }
     }

@@ -1127,9 +1127,8 @@ fn window_batches(
 }
 
 /// Appends a checkpoint's changed windows to `state_window_batches` as one
-/// batch, or, once enough are pending, folds the pending batches and these
-/// windows into `state_windows`, each window written once (see
-/// `window_batches.rs`).
+/// batch and, once enough are pending, folds the oldest into
+/// `state_windows` and deletes them (see `window_batches.rs`).
 fn write_windows(tx: &mut Transaction<'_>, schema: &str, w: &PartitionWrite<'_>) -> Result<(), CheckpointError> {
     let (p, v) = (w.partition as i32, w.version as i32);
     if w.delta.windows.is_empty() {
@@ -1143,21 +1142,22 @@ fn write_windows(tx: &mut Transaction<'_>, schema: &str, w: &PartitionWrite<'_>)
         ),
         &[&w.pipeline, &p, &v],
     )?;
+    tx.execute(
+        &format!(
+            "INSERT INTO {schema}.state_window_batches (pipeline, version, partition, data) VALUES ($1, $3, $2, $4)"
+        ),
+        &[&w.pipeline, &p, &v, &batch],
+    )?;
     if !crate::window_batches::folds((r.get(0), r.get(1)), batch.len()) {
-        tx.execute(
-            &format!(
-                "INSERT INTO {schema}.state_window_batches (pipeline, version, partition, data) VALUES ($1, $3, $2, $4)"
-            ),
-            &[&w.pipeline, &p, &v, &batch],
-        )?;
         return Ok(());
     }
     // Read back: a partition's writer changes at every claim.
     let batches = window_batches(tx, schema, w.pipeline, (p, v))?;
-    let earlier = crate::window_batches::decoded(&batches).map_err(|e| {
+    let mut pending = crate::window_batches::Pending::read(&batches).map_err(|e| {
         CheckpointError::Store(crate::StoreError::Refused(format!("partition {} of {}: {e}", w.partition, w.pipeline)))
     })?;
-    let state = crate::window_batches::folded(earlier, w.delta.windows.clone());
+    let Some(upto) = pending.fold_through() else { return Ok(()) };
+    let state = pending.fold(upto);
     let (mut put_ids, mut put_data, mut drop_ids) = (Vec::new(), Vec::new(), Vec::new());
     for (id, data) in &state {
         match data {
@@ -1187,8 +1187,10 @@ fn write_windows(tx: &mut Transaction<'_>, schema: &str, w: &PartitionWrite<'_>)
         )?;
     }
     tx.execute(
-        &format!("DELETE FROM {schema}.state_window_batches WHERE pipeline = $1 AND version = $3 AND partition = $2"),
-        &[&w.pipeline, &p, &v],
+        &format!(
+            "DELETE FROM {schema}.state_window_batches WHERE pipeline = $1 AND version = $3 AND partition = $2 AND seq <= $4"
+        ),
+        &[&w.pipeline, &p, &v, &upto],
     )?;
     Ok(())
 }

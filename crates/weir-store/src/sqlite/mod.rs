@@ -957,11 +957,10 @@ fn corrupt_batch(e: crate::window_batches::Corrupt) -> rusqlite::Error {
 const FOLDED_DELETED_PER_CHECKPOINT: i64 = 8;
 
 /// Appends a checkpoint's changed windows to `state_window_batches` as one
-/// batch, or, once enough are pending, folds the pending batches and these
-/// windows into `state_windows`, each window written once, and marks the
-/// batches folded (see `window_batches.rs`). `pending` is the writer's copy
-/// of the pending batches, read back only when it is not sure. Deletes a
-/// few folded batches.
+/// batch and, once enough are pending, folds the oldest into
+/// `state_windows` and marks them folded (see `window_batches.rs`).
+/// `pending` is the writer's copy of the pending batches, read back only
+/// when it is not sure. Deletes a few folded batches.
 fn write_windows(
     tx: &Connection,
     (pipeline, version): (&str, u32),
@@ -984,26 +983,21 @@ fn write_windows(
                FROM state_window_batches WHERE pipeline = ?1 AND version = ?2 AND seq > ?3",
         )?
         .query_row(params![pipeline, version, through], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
-    if !crate::window_batches::folds((count, bytes), batch.len()) {
-        tx.prepare_cached("INSERT INTO state_window_batches (pipeline, version, seq, data) VALUES (?1, ?2, ?3, ?4)")?
-            .execute(params![pipeline, version, last + 1, batch])?;
-        pending.wrote((count, last), windows);
+    tx.prepare_cached("INSERT INTO state_window_batches (pipeline, version, seq, data) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![pipeline, version, last + 1, batch])?;
+    let folds = crate::window_batches::folds((count, bytes), batch.len());
+    pending.wrote((count, last), batch.len(), windows);
+    if !folds {
         return Ok(());
     }
-    let earlier = match pending.holds(count, last) {
-        true => pending.take(),
-        false => {
-            pending.forget();
-            let batches = window_batches(tx, pipeline, version)?;
-            let earlier = crate::window_batches::decoded(&batches).map_err(corrupt_batch)?;
-            pending.take();
-            earlier
-        }
-    };
+    if !pending.holds(count + 1, last + 1) {
+        *pending = Pending::read(&window_batches(tx, pipeline, version)?).map_err(corrupt_batch)?;
+    }
+    let Some(upto) = pending.fold_through() else { return Ok(()) };
     let mut put = tx
         .prepare_cached("INSERT OR REPLACE INTO state_windows (pipeline, version, id, data) VALUES (?1, ?2, ?3, ?4)")?;
     let mut drop = tx.prepare_cached("DELETE FROM state_windows WHERE pipeline = ?1 AND version = ?2 AND id = ?3")?;
-    for (id, data) in crate::window_batches::folded(earlier, windows) {
+    for (id, data) in pending.fold(upto) {
         match data {
             Some(bytes) => put.execute(params![pipeline, version, &id_bytes(id)[..], bytes])?,
             None => drop.execute(params![pipeline, version, &id_bytes(id)[..]])?,
@@ -1013,7 +1007,7 @@ fn write_windows(
         "INSERT INTO state_window_folds (pipeline, version, through) VALUES (?1, ?2, ?3)
          ON CONFLICT (pipeline, version) DO UPDATE SET through = excluded.through",
     )?
-    .execute(params![pipeline, version, last])?;
+    .execute(params![pipeline, version, upto])?;
     Ok(())
 }
 
