@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 
 /// The pending bytes of a scope's batches that make its next checkpoint
-/// fold them. A restore reads at most this much besides `state_windows`.
+/// fold the oldest. A restore reads less than this besides `state_windows`.
 pub const FOLD_BYTES: i64 = 8 << 20;
 
 /// The pending batches of a scope that make its next checkpoint fold them.
@@ -187,16 +187,24 @@ impl Pending {
         self.batches.push_back((seq, bytes));
     }
 
-    /// The last `seq` of the oldest batches a fold takes; `None` with none pending.
+    /// The last `seq` of the oldest batches a fold takes; `None` with none
+    /// pending. It takes [`FOLD_STEP_BYTES`] or [`FOLD_STEP_BATCHES`], and
+    /// more if the rest would still be past [`FOLD_BYTES`] or
+    /// [`FOLD_BATCHES`] less a step: so after any checkpoint less than
+    /// [`FOLD_BYTES`] is pending, however large its batches.
     pub(crate) fn fold_through(&self) -> Option<i64> {
-        let mut bytes = 0;
+        let mut rest = self.batches.iter().map(|b| b.1 as i64).sum::<i64>();
+        let (mut bytes, mut through) = (0, None);
         for (n, &(seq, size)) in self.batches.iter().enumerate() {
-            bytes += size as i64;
-            if bytes >= FOLD_STEP_BYTES || n + 1 >= FOLD_STEP_BATCHES {
-                return Some(seq);
+            (bytes, rest, through) = (bytes + size as i64, rest - size as i64, Some(seq));
+            let (taken, left) = (n + 1, self.batches.len() - n - 1);
+            let stepped = bytes >= FOLD_STEP_BYTES || taken >= FOLD_STEP_BATCHES;
+            let under = rest <= FOLD_BYTES - FOLD_STEP_BYTES && left as i64 <= FOLD_BATCHES - FOLD_STEP_BATCHES as i64;
+            if stepped && under {
+                break;
             }
         }
-        self.batches.back().map(|b| b.0)
+        through
     }
 
     /// Folds the batches through `through`: what it writes to
@@ -268,6 +276,13 @@ mod tests {
         // A step holds at most FOLD_STEP_BATCHES small batches.
         let small: Vec<_> = (1..=FOLD_STEP_BATCHES as i64 + 5).map(|seq| (seq, encode(&[(1, None)]))).collect();
         assert_eq!(Pending::read(&small).unwrap().fold_through(), Some(FOLD_STEP_BATCHES as i64));
+        // More when the rest would still be past the bound less a step.
+        let many: Vec<_> = (1..=FOLD_BATCHES + 76).map(|seq| (seq, encode(&[(1, None)]))).collect();
+        let through = FOLD_BATCHES + 76 - (FOLD_BATCHES - FOLD_STEP_BATCHES as i64);
+        assert_eq!(Pending::read(&many).unwrap().fold_through(), Some(through));
+        let third = vec![0u8; (FOLD_BYTES / 3) as usize];
+        let large: Vec<_> = (1..=4).map(|seq| (seq, encode(&[(seq as u128, Some(third.clone()))]))).collect();
+        assert_eq!(Pending::read(&large).unwrap().fold_through(), Some(2), "the rest under 8 MB less a step");
     }
 
     /// Random batches, folded at random checkpoints: `state_windows` with
@@ -313,6 +328,8 @@ mod tests {
                     let taken: usize = stored.iter().filter(|b| b.0 <= upto).map(|b| b.1.len() / 20).sum();
                     let writes = pending.fold(upto);
                     assert!(writes.len() <= taken && writes.is_sorted_by_key(|w| w.0));
+                    let left = stored.iter().filter(|b| b.0 > upto).map(|b| b.1.len() as i64).sum::<i64>();
+                    assert!(left <= FOLD_BYTES - FOLD_STEP_BYTES, "{left} bytes left after a fold");
                     for (id, data) in writes {
                         match data {
                             Some(d) => table.insert(id, d),
