@@ -43,7 +43,7 @@ use crate::agg::{AggState, Contrib};
 use crate::json::{raw_hash, Doc, Event, ParseError, Tag, Val};
 use crate::key;
 use crate::number::parse_decimal;
-use crate::output::{LedgerEntry, Output, Reason, Row, RowFormat, Sources, Status, PAYLOAD_BYTES_MAX};
+use crate::output::{LedgerEntry, Output, Reason, Row, RowFormat, Sources, Status, Values, PAYLOAD_BYTES_MAX};
 use crate::plan::Plan;
 use crate::recall::{Recall, Recalled};
 use crate::rule::RuleError;
@@ -1848,7 +1848,7 @@ fn taken(row: &mut Row) -> Row {
         window_end: None,
         status: row.status,
         revision: 0,
-        values: Vec::new(),
+        values: Values::new(),
         events: 0,
         late_events: 0,
         sources: Sources::new(),

@@ -865,7 +865,7 @@ fn = "count"
             ]
         );
         assert!(d.corrections.iter().all(|c| c.row.status == Status::Corrected && c.row.watermark == Some(9 * MINUTE)));
-        assert_eq!(d.corrections[2].row.values, [OutValue::Null, OutValue::Int(0)], "no events: count 0, sum null");
+        assert_eq!(d.corrections[2].row.values[..], [OutValue::Null, OutValue::Int(0)], "no events: count 0, sum null");
         assert_eq!((d.checked, d.new, d.withdrawn, d.unsettled), (4, 1, 1, 1));
     }
 
