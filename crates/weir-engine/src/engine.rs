@@ -43,7 +43,9 @@ use crate::agg::{AggState, Contrib};
 use crate::json::{raw_hash, Doc, Event, ParseError, Tag, Val};
 use crate::key;
 use crate::number::parse_decimal;
-use crate::output::{LedgerEntry, Output, Reason, Row, RowFormat, Sources, Status, Values, PAYLOAD_BYTES_MAX};
+use crate::output::{
+    KeyBytes, LedgerEntry, Output, Reason, Row, RowFormat, Sources, Status, Values, PAYLOAD_BYTES_MAX,
+};
 use crate::plan::Plan;
 use crate::recall::{Recall, Recalled};
 use crate::rule::RuleError;
@@ -304,7 +306,7 @@ impl Counters {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Window {
     /// The group key's bytes (see `key`).
-    pub key: Box<[u8]>,
+    pub key: KeyBytes,
     pub start: i64,
     pub end: i64,
     pub events: u64,
@@ -362,7 +364,7 @@ pub(crate) struct State {
     pub wm: i64,
     pub windows: HashedTable<Window>,
     pub timers: crate::timers::Timers,
-    pub sessions: HashMap<Box<[u8]>, BTreeMap<i64, i64>>,
+    pub sessions: HashMap<KeyBytes, BTreeMap<i64, i64>>,
     /// With [`Plan::count_keys`]: open windows by a 128-bit hash of their
     /// key (see `key_id`). Not in snapshots: rebuilt from the windows.
     pub keys: HashedTable<u32>,
@@ -1189,7 +1191,7 @@ impl Engine {
 
     /// The group key of a counted version, from the first window it counts
     /// in (there while that window is open); `None` if it counts nowhere.
-    fn counted_key(&self, c: &Counted) -> Option<Box<[u8]>> {
+    fn counted_key(&self, c: &Counted) -> Option<KeyBytes> {
         self.first_counted(c.time, c.wm_at)?;
         self.st.windows.get(c.window).map(|w| w.key.clone())
     }
@@ -1349,7 +1351,7 @@ impl Engine {
     }
 
     /// The ledger entry of a version that counted and was replaced.
-    fn supersede(&mut self, old: &Counted, key: Option<Box<[u8]>>, seen: Seen, by: &Ctx<'_>, out: &mut Output) {
+    fn supersede(&mut self, old: &Counted, key: Option<KeyBytes>, seen: Seen, by: &Ctx<'_>, out: &mut Output) {
         self.st.counters.ledger[Reason::Superseded.index()] += 1;
         out.ledger.push(LedgerEntry {
             partition: seen.partition,
@@ -1357,7 +1359,7 @@ impl Engine {
             reason: Reason::Superseded,
             event_id: by.id().map(Cow::into_owned),
             event_time: Some(old.time),
-            key,
+            key: key.map(|k| k[..].into()),
             window: None,
             first_offset: None,
             superseded_by: Some(by.offset),
@@ -1607,7 +1609,7 @@ impl Engine {
         self.row_with(w, status, revision, w.key.clone(), w.sources.clone())
     }
 
-    fn row_with(&self, w: &Window, status: Status, revision: u32, key: Box<[u8]>, sources: Sources) -> Row {
+    fn row_with(&self, w: &Window, status: Status, revision: u32, key: KeyBytes, sources: Sources) -> Row {
         let global = matches!(self.plan.kind, WindowKind::Global);
         let wm = self.st.wm;
         Row {
@@ -1827,7 +1829,7 @@ impl Engine {
 
 fn new_window(plan: &Plan, key: &[u8], start: i64, end: i64) -> Window {
     Window {
-        key: key.into(),
+        key: KeyBytes::from_slice(key),
         start,
         end,
         events: 0,
@@ -1843,7 +1845,7 @@ fn new_window(plan: &Plan, key: &[u8], start: i64, end: i64) -> Window {
 /// `row`, moved out with an empty row left in its place: no allocation.
 fn taken(row: &mut Row) -> Row {
     let empty = Row {
-        key: Box::default(),
+        key: KeyBytes::new(),
         window_start: None,
         window_end: None,
         status: row.status,

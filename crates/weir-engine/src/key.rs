@@ -39,7 +39,7 @@ pub enum KeyValue<'a> {
 
 /// A group key's bytes from its fields' values, in the contract's key
 /// order: what [`write_json`] reads back.
-pub fn encode<'a>(values: impl IntoIterator<Item = KeyValue<'a>>) -> Box<[u8]> {
+pub fn encode<'a>(values: impl IntoIterator<Item = KeyValue<'a>>) -> crate::KeyBytes {
     let mut out = Vec::new();
     for v in values {
         match v {
@@ -48,7 +48,7 @@ pub fn encode<'a>(values: impl IntoIterator<Item = KeyValue<'a>>) -> Box<[u8]> {
             KeyValue::Bool(b) => push_field(b'b', if b { "1" } else { "0" }, &mut out),
         }
     }
-    out.into_boxed_slice()
+    crate::KeyBytes::from_vec(out)
 }
 
 /// Writes the key as a JSON object named by the contract's key paths.

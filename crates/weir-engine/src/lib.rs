@@ -29,7 +29,7 @@ pub use engine::{
     Counters, Engine, EventIn, EventReader, Mode, PlanError, ReadEvent, SpareMade, SpareWanted, WM_MAX, WM_MIN,
 };
 pub use key::{encode as encode_key, write_json as key_json, KeyValue};
-pub use output::{LedgerEntry, Output, Reason, Row, RowFormat, Source, Sources, Status, Values};
+pub use output::{KeyBytes, LedgerEntry, Output, Reason, Row, RowFormat, Source, Sources, Status, Values};
 pub use recall::Recall;
 pub use rule::Condition;
 pub use snapshot::{Delta, SnapshotError, SNAPSHOT_FORMAT};

@@ -33,7 +33,7 @@ impl Status {
 /// `watermark` is `None` while it is -infinity or once it is +infinity.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
-    pub key: Box<[u8]>,
+    pub key: KeyBytes,
     pub window_start: Option<i64>,
     pub window_end: Option<i64>,
     pub status: Status,
@@ -55,6 +55,11 @@ pub struct Source {
     pub last_offset: u64,
     pub events: u64,
 }
+
+/// A group key's bytes (`key::encode`): inline up to 24 bytes (a string
+/// field of 19), so that a window and its last row allocate nothing for
+/// their key.
+pub type KeyBytes = smallvec::SmallVec<[u8; 24]>;
 
 /// A row's values, one per aggregate in the contract's order: inline for
 /// up to two, so that a close's thousands of rows allocate nothing for

@@ -184,7 +184,7 @@ fn run_counted(c: &Contract, mode: Mode, lines: &[&str]) -> (Output, Counters) {
     (out, engine.counters().clone())
 }
 
-type WindowId = (Box<[u8]>, Option<i64>);
+type WindowId = (weir_engine::KeyBytes, Option<i64>);
 
 /// The last row of every key and window that was not retracted, and that
 /// holds events (a window whose versions were all corrected away says it

@@ -300,7 +300,7 @@ fn empty_value(func: AggFn) -> OutValue {
 }
 
 /// A row's `key` object back to the engine's key bytes, in the contract's key order.
-fn key_bytes(format: &RowFormat, key: &Value) -> Option<Box<[u8]>> {
+fn key_bytes(format: &RowFormat, key: &Value) -> Option<weir_engine::KeyBytes> {
     let names = &format.key_names;
     let mut parts = Vec::with_capacity(names.len());
     let texts: Vec<String> = names
