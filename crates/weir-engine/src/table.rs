@@ -284,7 +284,9 @@ impl<V: Default> HashedTable<V> {
             // The entry may move to `hole` when `hole` lies between its home and it.
             if (next.wrapping_sub(home) & mask) >= (next.wrapping_sub(hole) & mask) {
                 self.keys[hole] = self.keys[next];
-                self.values[hole] = std::mem::take(&mut self.values[next]);
+                // `hole` holds an empty value: a swap moves the entry back and
+                // leaves the empty value behind, with no drop or second copy.
+                self.values.swap(hole, next);
                 hole = next;
             }
             next = (next + 1) & mask;
