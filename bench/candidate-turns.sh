@@ -15,7 +15,11 @@ if [ "${1:-}" = "--early" ]; then
 fi
 for _ in $(seq "$rounds"); do
     for b in "$@"; do
-        line=$("$b" bench candidate --events "$events" "${early[@]}" 2>/dev/null | grep '^candidate')
+        # The servers' own lines are left out; a failed run stops the rounds and says which build.
+        if ! line=$("$b" bench candidate --events "$events" "${early[@]}" 2>/dev/null | grep '^candidate'); then
+            echo "$b: weir bench candidate failed; run it alone to see why" >&2
+            exit 1
+        fi
         # "... version 2 built in 21.54 s, ... weir run on the same events 7.19 s, ...; ratio 0.33"
         awk -v b="$b" '{
             for (i = 1; i <= NF; i++) {
