@@ -200,26 +200,37 @@ impl Engine {
             .map(|k| (k, self.st.windows.get(k).map(|w| postcard::to_allocvec(w).unwrap_or_default())))
             .collect();
         let wm = self.st.wm;
-        let mut keys = self.st.seen.take_touched();
-        keys.sort_unstable();
-        keys.dedup();
+        let keys = self.st.seen.take_touched_in_slot_order();
         let forgotten = std::mem::take(&mut self.st.forgotten);
-        let live = keys.into_iter().filter_map(|k| self.st.seen.get(k).filter(|s| s.expires > wm).map(|s| (k, *s)));
+        let (seen, counted) = (&self.st.seen, &self.st.counted);
+        let live = |k: u128| seen.get(k).filter(|s| s.expires > wm);
         let (ids, ids_keep_until) = if self.plan.corrects {
-            let mut records: Vec<IdRecord> = forgotten
-                .into_iter()
-                .filter(|(k, _)| self.st.seen.get(*k).is_none_or(|s| s.expires <= wm))
-                .map(|(id, keep_until)| IdRecord { id, keep_until, entry: None })
-                .collect();
-            for (id, seen) in live {
-                if let Some(c) = self.st.counted.get(id) {
-                    records.push(IdRecord { id, keep_until: c.keep_until, entry: Some((seen, c.clone())) });
+            // Written straight from the tables: a million ids a checkpoint, no copy of each first.
+            let base = keys.iter().find_map(|k| live(*k).and(counted.get(*k))).map_or(0, |c| c.time);
+            let mut batch = RecordsWriter::new(base, forgotten.len() + keys.len());
+            for (id, keep_until) in forgotten {
+                if live(id).is_none() {
+                    batch.forgotten(id, keep_until);
                 }
             }
-            let keep_until = records.iter().map(|r| r.keep_until).max().unwrap_or(i64::MIN);
-            (encode_records(&records), keep_until)
+            for (i, &id) in keys.iter().enumerate() {
+                if let Some(&ahead) = keys.get(i + PREFETCH_AHEAD) {
+                    seen.prefetch(ahead);
+                    counted.prefetch(ahead);
+                }
+                // Halfway there its slot has arrived: the amounts it gave are on the heap, a miss of their own.
+                if let Some(c) = keys.get(i + PREFETCH_AHEAD / 2).and_then(|k| counted.get(*k)) {
+                    if let Some(first) = c.given.first() {
+                        crate::prefetch::read(first);
+                    }
+                }
+                if let (Some(s), Some(c)) = (live(id), counted.get(id)) {
+                    batch.counted(id, c.keep_until, s, c);
+                }
+            }
+            batch.finish()
         } else {
-            encode_ids(live)
+            encode_ids(keys.into_iter().filter_map(|k| live(k).map(|s| (k, *s))))
         };
         Delta { header: self.image_bytes(Vec::new(), Vec::new()), windows, ids, ids_keep_until, forget_ids_through: wm }
     }
@@ -316,65 +327,139 @@ struct IdRecord {
     entry: Option<(Seen, Counted)>,
 }
 
-/// An id batch under corrections starts with this, then the number of
-/// records (u64) and the records: id (u128), keep until (i64), then 0
-/// (forgotten) or 1 and the counted version: partition (u32), offset,
-/// payload hash (u64), expiry, time (i64), first window (u128), watermark
-/// when counted, keep until (i64), the number of aggregates (u16) and for
-/// each 0 (nothing given), 1 and a mantissa (i128) and a scale (u8), or 2
-/// and a mantissa that fits an i64 and a scale; all little-endian.
+/// An id batch under corrections written by earlier builds starts with
+/// this, then the number of records (u64) and the records: id (u128), keep
+/// until (i64), then 0 (forgotten) or 1 and the counted version: partition
+/// (u32), offset, payload hash (u64), expiry, time (i64), first window
+/// (u128), watermark when counted, keep until (i64), the number of
+/// aggregates (u16) and for each 0 (nothing given), 1 and a mantissa (i128)
+/// and a scale (u8), or 2 and a mantissa that fits an i64 and a scale; all
+/// little-endian. 113 to 123 bytes a record for one or two aggregates.
 /// Batches written before it are a postcard `Vec<IdRecord>`, which cannot
 /// start with ten bytes of 0xff (a varint is at most ten bytes, and its
 /// tenth has no continuation bit).
 const RECORDS_MARK: [u8; 10] = [0xff; 10];
 
-/// The fewest bytes a record takes (a forgotten id).
-const RECORD_MIN_BYTES: usize = 25;
+/// An id batch under corrections as this build writes it: this mark (no
+/// postcard batch starts with it either), the number of records (u64), a
+/// base time (i64), then the records. Each is its id (u128, fixed) and:
+/// - 0 and the keep-until (a zigzag varint): forgotten;
+/// - 1 or 2 and the counted version: partition and offset (varints),
+///   payload hash (u64, fixed), time (zigzag varint, from the base),
+///   expiry (from the time), first window (u128, fixed), watermark when
+///   counted (from the time), the version's keep-until (from the expiry),
+///   then under 2 only the record's own keep-until (from the version's;
+///   under 1 it is the version's), the number of aggregates (varint) and
+///   for each 0 (nothing given) or 1, a mantissa (zigzag varint) and a
+///   scale (u8).
+///
+/// Differences wrap, so every value reads back exactly. Times differ by
+/// the horizon or less, so a record takes 60 to 70 bytes, about half of
+/// [`RECORDS_MARK`]'s: a candidate's checkpoint of a million ids writes
+/// 60 MB, not 120.
+const COMPACT_MARK: [u8; 10] = [0xfe; 10];
 
-fn encode_records(records: &[IdRecord]) -> Vec<u8> {
-    if records.is_empty() {
-        return Vec::new();
+/// The fewest bytes a record takes (a forgotten id) under [`RECORDS_MARK`].
+const RECORD_MIN_BYTES: usize = 25;
+/// The fewest bytes a record takes (a forgotten id) under [`COMPACT_MARK`].
+const COMPACT_MIN_BYTES: usize = 18;
+
+fn put_varint(out: &mut Vec<u8>, mut v: u128) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
     }
-    let mut out = Vec::with_capacity(18 + records.len() * 128);
-    out.extend_from_slice(&RECORDS_MARK);
-    out.extend_from_slice(&(records.len() as u64).to_le_bytes());
-    for r in records {
-        out.extend_from_slice(&r.id.to_le_bytes());
-        out.extend_from_slice(&r.keep_until.to_le_bytes());
-        let Some((s, c)) = &r.entry else {
-            out.push(0);
-            continue;
-        };
-        out.push(1);
-        out.extend_from_slice(&s.partition.to_le_bytes());
-        out.extend_from_slice(&s.offset.to_le_bytes());
+    out.push(v as u8);
+}
+
+fn zigzag(v: i64) -> u128 {
+    ((v << 1) ^ (v >> 63)) as u64 as u128
+}
+
+fn zigzag128(v: i128) -> u128 {
+    ((v << 1) ^ (v >> 127)) as u128
+}
+
+/// Writes an id batch in the [`COMPACT_MARK`] encoding, record by record.
+struct RecordsWriter {
+    out: Vec<u8>,
+    base: i64,
+    count: u64,
+    keep_until: i64,
+}
+
+impl RecordsWriter {
+    /// A batch whose times are written from `base`, with room for about `records`.
+    fn new(base: i64, records: usize) -> RecordsWriter {
+        let mut out = Vec::with_capacity(26 + records * 72);
+        out.extend_from_slice(&COMPACT_MARK);
+        out.extend_from_slice(&0u64.to_le_bytes());
+        out.extend_from_slice(&base.to_le_bytes());
+        RecordsWriter { out, base, count: 0, keep_until: i64::MIN }
+    }
+
+    fn forgotten(&mut self, id: u128, keep_until: i64) {
+        let out = &mut self.out;
+        out.extend_from_slice(&id.to_le_bytes());
+        out.push(0);
+        put_varint(out, zigzag(keep_until));
+        self.count += 1;
+        self.keep_until = self.keep_until.max(keep_until);
+    }
+
+    /// `id` remembered as `s`, counted as `c`, its record kept until `keep_until`.
+    fn counted(&mut self, id: u128, keep_until: i64, s: &Seen, c: &Counted) {
+        let out = &mut self.out;
+        out.extend_from_slice(&id.to_le_bytes());
+        let own = keep_until != c.keep_until;
+        out.push(if own { 2 } else { 1 });
+        put_varint(out, s.partition.into());
+        put_varint(out, s.offset.into());
         out.extend_from_slice(&s.payload_hash.to_le_bytes());
-        out.extend_from_slice(&s.expires.to_le_bytes());
-        out.extend_from_slice(&c.time.to_le_bytes());
+        put_varint(out, zigzag(c.time.wrapping_sub(self.base)));
+        put_varint(out, zigzag(s.expires.wrapping_sub(c.time)));
         out.extend_from_slice(&c.window.to_le_bytes());
-        out.extend_from_slice(&c.wm_at.to_le_bytes());
-        out.extend_from_slice(&c.keep_until.to_le_bytes());
-        // A plan has a handful of aggregates; the contract bounds them far below u16.
-        out.extend_from_slice(&(c.given.len() as u16).to_le_bytes());
+        put_varint(out, zigzag(c.wm_at.wrapping_sub(c.time)));
+        put_varint(out, zigzag(c.keep_until.wrapping_sub(s.expires)));
+        if own {
+            put_varint(out, zigzag(keep_until.wrapping_sub(c.keep_until)));
+        }
+        put_varint(out, c.given.len() as u128);
         for g in c.given.iter() {
             match g {
                 None => out.push(0),
-                Some(d) => match i64::try_from(d.mantissa()) {
-                    Ok(small) => {
-                        out.push(2);
-                        out.extend_from_slice(&small.to_le_bytes());
-                        out.push(d.scale() as u8);
-                    }
-                    Err(_) => {
-                        out.push(1);
-                        out.extend_from_slice(&d.mantissa().to_le_bytes());
-                        out.push(d.scale() as u8);
-                    }
-                },
+                Some(d) => {
+                    out.push(1);
+                    put_varint(out, zigzag128(d.mantissa()));
+                    out.push(d.scale() as u8);
+                }
             }
         }
+        self.count += 1;
+        self.keep_until = self.keep_until.max(keep_until);
     }
-    out
+
+    /// The batch (empty when it holds no record) and the latest keep-until of its records.
+    fn finish(mut self) -> (Vec<u8>, i64) {
+        if self.count == 0 {
+            return (Vec::new(), i64::MIN);
+        }
+        self.out[COMPACT_MARK.len()..COMPACT_MARK.len() + 8].copy_from_slice(&self.count.to_le_bytes());
+        (self.out, self.keep_until)
+    }
+}
+
+#[cfg(test)]
+fn encode_records(records: &[IdRecord]) -> Vec<u8> {
+    let base = records.iter().find_map(|r| r.entry.as_ref().map(|(_, c)| c.time)).unwrap_or(0);
+    let mut batch = RecordsWriter::new(base, records.len());
+    for r in records {
+        match &r.entry {
+            None => batch.forgotten(r.id, r.keep_until),
+            Some((s, c)) => batch.counted(r.id, r.keep_until, s, c),
+        }
+    }
+    batch.finish().0
 }
 
 /// Reads fixed-size little-endian fields off the front of a batch.
@@ -406,11 +491,45 @@ impl Fields<'_> {
     fn u128(&mut self) -> Result<u128, SnapshotError> {
         self.take().map(u128::from_le_bytes)
     }
+    /// A varint of at most `bits` bits.
+    fn varint(&mut self, bits: u32) -> Result<u128, SnapshotError> {
+        let mut v = 0u128;
+        for shift in (0..bits).step_by(7) {
+            let byte = self.u8()?;
+            let part = u128::from(byte & 0x7f);
+            if shift + 7 > bits && part >> (bits - shift) != 0 {
+                return Err(SnapshotError::Corrupt(format!("an id batch holds a varint past {bits} bits")));
+            }
+            v |= part << shift;
+            if byte & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(SnapshotError::Corrupt(format!("an id batch holds a varint past {bits} bits")))
+    }
+    fn var_u32(&mut self) -> Result<u32, SnapshotError> {
+        Ok(self.varint(32)? as u32)
+    }
+    fn var_u64(&mut self) -> Result<u64, SnapshotError> {
+        Ok(self.varint(64)? as u64)
+    }
+    /// A zigzag varint added (wrapping) to `to`.
+    fn var_i64(&mut self, to: i64) -> Result<i64, SnapshotError> {
+        let z = self.varint(64)? as u64;
+        Ok(to.wrapping_add((z >> 1) as i64 ^ -((z & 1) as i64)))
+    }
+    fn var_i128(&mut self) -> Result<i128, SnapshotError> {
+        let z = self.varint(128)?;
+        Ok((z >> 1) as i128 ^ -((z & 1) as i128))
+    }
 }
 
 /// The records of an id batch under corrections, in either encoding;
 /// `aggs` bounds what a record may say it gave.
 fn decode_records(batch: &[u8], aggs: usize) -> Result<Vec<IdRecord>, SnapshotError> {
+    if let Some(rest) = batch.strip_prefix(&COMPACT_MARK) {
+        return decode_compact(rest, aggs);
+    }
     let Some(rest) = batch.strip_prefix(&RECORDS_MARK) else {
         return postcard::from_bytes(batch).map_err(|e| SnapshotError::Corrupt(format!("an id batch: {e}")));
     };
@@ -462,6 +581,64 @@ fn decode_records(batch: &[u8], aggs: usize) -> Result<Vec<IdRecord>, SnapshotEr
     Ok(records)
 }
 
+/// The records after [`COMPACT_MARK`].
+fn decode_compact(rest: &[u8], aggs: usize) -> Result<Vec<IdRecord>, SnapshotError> {
+    let corrupt = |what: String| SnapshotError::Corrupt(format!("an id batch: {what}"));
+    let mut f = Fields(rest);
+    let count = f.u64()?;
+    let base = f.i64()?;
+    if count > (f.0.len() / COMPACT_MIN_BYTES) as u64 {
+        return Err(corrupt(format!("{count} records in {} bytes", rest.len() + COMPACT_MARK.len())));
+    }
+    let mut records = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let id = f.u128()?;
+        let tag = f.u8()?;
+        if tag == 0 {
+            records.push(IdRecord { id, keep_until: f.var_i64(0)?, entry: None });
+            continue;
+        }
+        if tag > 2 {
+            return Err(corrupt(format!("a record tagged {tag}")));
+        }
+        let (partition, offset, payload_hash) = (f.var_u32()?, f.var_u64()?, f.u64()?);
+        let time = f.var_i64(base)?;
+        let expires = f.var_i64(time)?;
+        let window = f.u128()?;
+        let wm_at = f.var_i64(time)?;
+        let counted_until = f.var_i64(expires)?;
+        let keep_until = match tag {
+            2 => f.var_i64(counted_until)?,
+            _ => counted_until,
+        };
+        let n = f.varint(16)? as usize;
+        if n != aggs {
+            return Err(corrupt(format!("a record gives {n} aggregates where the contract has {aggs}")));
+        }
+        let mut given = Vec::with_capacity(n);
+        for _ in 0..n {
+            given.push(match f.u8()? {
+                0 => None,
+                1 => {
+                    let mantissa = f.var_i128()?;
+                    let scale = f.u8()?;
+                    let d = rust_decimal::Decimal::try_from_i128_with_scale(mantissa, scale.into())
+                        .map_err(|e| corrupt(format!("an amount given: {e}")))?;
+                    Some(d)
+                }
+                t => return Err(corrupt(format!("an amount tagged {t}"))),
+            });
+        }
+        let seen = Seen { partition, offset, payload_hash, expires };
+        let counted = Counted { time, window, wm_at, given: given.into_boxed_slice(), keep_until: counted_until };
+        records.push(IdRecord { id, keep_until, entry: Some((seen, counted)) });
+    }
+    if !f.0.is_empty() {
+        return Err(corrupt(format!("{} bytes after its {count} records", f.0.len())));
+    }
+    Ok(records)
+}
+
 /// An id batch without corrections: 44 bytes an id (id, partition, offset,
 /// payload hash, expiry; little-endian).
 const ID_BYTES: usize = 44;
@@ -487,9 +664,11 @@ fn records_in(batch: &[u8], corrects: bool) -> usize {
     if !corrects {
         return batch.len() / ID_BYTES;
     }
-    if let Some(rest) = batch.strip_prefix(&RECORDS_MARK) {
-        let count = rest.first_chunk::<8>().map_or(0, |c| u64::from_le_bytes(*c));
-        return usize::try_from(count).unwrap_or(0).min(rest.len() / RECORD_MIN_BYTES);
+    for (mark, least) in [(&COMPACT_MARK, COMPACT_MIN_BYTES), (&RECORDS_MARK, RECORD_MIN_BYTES)] {
+        if let Some(rest) = batch.strip_prefix(mark) {
+            let count = rest.first_chunk::<8>().map_or(0, |c| u64::from_le_bytes(*c));
+            return usize::try_from(count).unwrap_or(0).min(rest.len() / least);
+        }
     }
     let mut count = 0usize;
     for (i, byte) in batch.iter().take(10).enumerate() {
@@ -710,7 +889,7 @@ mod tests {
             engine.process(EventIn { partition: 0, offset: i as u64 + 1, bytes: e.as_bytes() }, &mut out);
         }
         let delta = engine.take_delta();
-        assert!(delta.ids.starts_with(&RECORDS_MARK));
+        assert!(delta.ids.starts_with(&COMPACT_MARK));
         let records = decode_records(&delta.ids, 2).unwrap();
         assert_eq!(records.len(), 4);
         assert!(records.iter().any(|r| r.entry.is_none()), "the deletion's record");
@@ -719,13 +898,17 @@ mod tests {
         assert!(given.contains(&Some(rust_decimal::Decimal::new(1, 4))), "{given:?}");
         let big = rust_decimal::Decimal::from_i128_with_scale(1_234_567_890_123_456_789_015, 1);
         assert!(given.contains(&Some(big)), "{given:?}");
-        // The same records as a batch written before this encoding.
+        // The same records as batches written before this encoding: fixed fields, and postcard before them.
+        let fixed = encode_fixed(&records);
+        assert!(fixed.len() > delta.ids.len() * 3 / 2, "{} bytes fixed, {} compact", fixed.len(), delta.ids.len());
         let older = postcard::to_allocvec(&records).unwrap();
         let windows: Vec<(u128, Vec<u8>)> = delta.windows.iter().filter_map(|(k, w)| Some((*k, w.clone()?))).collect();
-        let now = Engine::restore_parts(&c, &delta.header, windows.clone(), [&delta.ids]).unwrap();
-        let before = Engine::restore_parts(&c, &delta.header, windows.clone(), [&older]).unwrap();
-        assert_eq!(now.snapshot(), engine.snapshot());
-        assert_eq!(before.snapshot(), engine.snapshot());
+        for batch in [&delta.ids, &fixed, &older] {
+            let restored = Engine::restore_parts(&c, &delta.header, windows.clone(), [batch]).unwrap();
+            assert_eq!(restored.snapshot(), engine.snapshot());
+        }
+        assert_eq!(records_in(&fixed, true), 4);
+        assert_eq!(records_in(&delta.ids, true), 4);
         // Every cut short and every byte changed: an error or records, never a panic.
         for cut in 0..delta.ids.len() {
             assert!(decode_records(&delta.ids[..cut], 2).is_err(), "cut at {cut}");
@@ -737,6 +920,90 @@ mod tests {
             let _ = Engine::restore_parts(&c, &delta.header, windows.clone(), [&bytes]);
         }
         assert!(decode_records(&delta.ids, 1).is_err(), "a record with more aggregates than the contract");
+    }
+
+    /// A batch in the fixed encoding that builds before [`COMPACT_MARK`] wrote.
+    fn encode_fixed(records: &[IdRecord]) -> Vec<u8> {
+        let mut out = RECORDS_MARK.to_vec();
+        out.extend_from_slice(&(records.len() as u64).to_le_bytes());
+        for r in records {
+            out.extend_from_slice(&r.id.to_le_bytes());
+            out.extend_from_slice(&r.keep_until.to_le_bytes());
+            let Some((s, c)) = &r.entry else {
+                out.push(0);
+                continue;
+            };
+            out.push(1);
+            for field in [&s.partition.to_le_bytes()[..], &s.offset.to_le_bytes(), &s.payload_hash.to_le_bytes()] {
+                out.extend_from_slice(field);
+            }
+            for field in [s.expires, c.time] {
+                out.extend_from_slice(&field.to_le_bytes());
+            }
+            out.extend_from_slice(&c.window.to_le_bytes());
+            out.extend_from_slice(&c.wm_at.to_le_bytes());
+            out.extend_from_slice(&c.keep_until.to_le_bytes());
+            out.extend_from_slice(&(c.given.len() as u16).to_le_bytes());
+            for g in c.given.iter() {
+                match g {
+                    None => out.push(0),
+                    Some(d) => match i64::try_from(d.mantissa()) {
+                        Ok(small) => {
+                            out.push(2);
+                            out.extend_from_slice(&small.to_le_bytes());
+                            out.push(d.scale() as u8);
+                        }
+                        Err(_) => {
+                            out.push(1);
+                            out.extend_from_slice(&d.mantissa().to_le_bytes());
+                            out.push(d.scale() as u8);
+                        }
+                    },
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_compact_batch_reads_back_every_value_at_its_extremes() {
+        let max = rust_decimal::Decimal::MAX;
+        let min = rust_decimal::Decimal::MIN;
+        let tiny = rust_decimal::Decimal::new(-1, 28);
+        let record = |id: u128, times: [i64; 5], given: Vec<Option<rust_decimal::Decimal>>| {
+            let [time, expires, wm_at, counted_until, keep_until] = times;
+            let seen = Seen { partition: u32::MAX, offset: u64::MAX, payload_hash: id as u64, expires };
+            let counted =
+                Counted { time, window: !id, wm_at, given: given.into_boxed_slice(), keep_until: counted_until };
+            IdRecord { id, keep_until, entry: Some((seen, counted)) }
+        };
+        let records = vec![
+            record(1, [i64::MAX, i64::MIN, i64::MAX, i64::MIN, i64::MAX], vec![Some(max), None]),
+            record(u128::MAX, [i64::MIN, i64::MAX, i64::MIN, i64::MAX, i64::MAX], vec![Some(min), Some(tiny)]),
+            record(3, [0, 0, 0, 0, 0], vec![None, Some(rust_decimal::Decimal::ZERO)]),
+            IdRecord { id: 4, keep_until: i64::MIN, entry: None },
+            IdRecord { id: 5, keep_until: i64::MAX, entry: None },
+        ];
+        let batch = encode_records(&records);
+        let read = decode_records(&batch, 2).unwrap();
+        assert_eq!(postcard::to_allocvec(&read).unwrap(), postcard::to_allocvec(&records).unwrap());
+        assert_eq!(records_in(&batch, true), records.len());
+        // Every cut short and every byte changed: an error or records, never a panic.
+        for cut in 0..batch.len() {
+            assert!(decode_records(&batch[..cut], 2).is_err(), "cut at {cut}");
+        }
+        for at in 0..batch.len() {
+            for flip in [0x01, 0x80, 0xff] {
+                let mut bytes = batch.clone();
+                bytes[at] ^= flip;
+                let _ = decode_records(&bytes, 2);
+            }
+        }
+        // A varint longer than its field is damage, not a value cut to size.
+        let mut f = Fields(&[0xff, 0xff, 0xff, 0xff, 0x7f]);
+        assert!(f.var_u32().is_err());
+        let mut f = Fields(&[0xff, 0xff, 0xff, 0xff, 0x0f]);
+        assert_eq!(f.var_u32().unwrap(), u32::MAX);
     }
 
     #[test]

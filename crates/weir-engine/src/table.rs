@@ -100,6 +100,21 @@ impl<V: Default> HashedTable<V> {
         self.touched.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
+    /// The keys touched since the last take, each once, in the order of
+    /// their home slots (then by key): looked up in this order, a million
+    /// keys walk the table's memory forward instead of missing the cache
+    /// on each.
+    pub(crate) fn take_touched_in_slot_order(&mut self) -> Vec<u128> {
+        let mut keys = self.take_touched();
+        // Rotated, a key's home slot (its low bits) leads its value, so a plain sort orders by slot.
+        let bits = self.keys.len().max(1).trailing_zeros();
+        keys.iter_mut().for_each(|k| *k = k.rotate_right(bits));
+        keys.sort_unstable();
+        keys.dedup();
+        keys.iter_mut().for_each(|k| *k = k.rotate_left(bits));
+        keys
+    }
+
     fn touch(&mut self, key: u128) {
         if let Some(touched) = &mut self.touched {
             touched.push(key);
@@ -357,6 +372,26 @@ mod tests {
         assert_eq!(table.len(), table.iter().count());
         table.retain(|_| false);
         assert_eq!((table.len(), table.iter().count()), (0, 0));
+    }
+
+    #[test]
+    fn touched_keys_come_once_each_in_the_order_of_their_home_slots() {
+        let mut table = HashedTable::<i64>::default();
+        table.track();
+        // Keys whose high bits disagree with their low bits' order, some touched twice.
+        let keys: Vec<u128> =
+            (0..5000u128).map(|i| ((5000 - i) << 100) | i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+        for (n, key) in keys.iter().enumerate() {
+            table.insert(*key, n as i64);
+        }
+        for key in keys.iter().step_by(3) {
+            table.insert(*key, -1);
+        }
+        let taken = table.take_touched_in_slot_order();
+        let mut expected = keys.clone();
+        expected.sort_unstable_by_key(|k| (table.home(*k), *k));
+        assert_eq!(taken, expected);
+        assert!(table.take_touched_in_slot_order().is_empty(), "taken once");
     }
 
     #[test]
