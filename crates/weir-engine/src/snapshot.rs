@@ -548,28 +548,13 @@ fn decode_records(batch: &[u8], aggs: usize) -> Result<Vec<IdRecord>, SnapshotEr
             1 => {
                 let seen = Seen { partition: f.u32()?, offset: f.u64()?, payload_hash: f.u64()?, expires: f.i64()? };
                 let (time, window, wm_at, keep_until) = (f.i64()?, f.u128()?, f.i64()?, f.i64()?);
-                let n = f.u16()? as usize;
-                if n != aggs {
-                    return Err(corrupt(format!("a record gives {n} aggregates where the contract has {aggs}")));
-                }
-                let mut given = Vec::with_capacity(n);
-                for _ in 0..n {
-                    given.push(match f.u8()? {
-                        0 => None,
-                        tag @ (1 | 2) => {
-                            let mantissa = match tag {
-                                1 => i128::from_le_bytes(f.take()?),
-                                _ => f.i64()?.into(),
-                            };
-                            let scale = f.u8()?;
-                            let d = rust_decimal::Decimal::try_from_i128_with_scale(mantissa, scale.into())
-                                .map_err(|e| corrupt(format!("an amount given: {e}")))?;
-                            Some(d)
-                        }
-                        t => return Err(corrupt(format!("an amount tagged {t}"))),
-                    });
-                }
-                Some((seen, Counted { time, window, wm_at, given: given.into_boxed_slice(), keep_until }))
+                let n = f.u16()?.into();
+                let given = read_given(&mut f, n, aggs, |f, tag| match tag {
+                    1 => Ok(Some(i128::from_le_bytes(f.take()?))),
+                    2 => Ok(Some(f.i64()?.into())),
+                    _ => Ok(None),
+                })?;
+                Some((seen, Counted { time, window, wm_at, given, keep_until }))
             }
             t => return Err(corrupt(format!("a record tagged {t}"))),
         };
@@ -579,6 +564,34 @@ fn decode_records(batch: &[u8], aggs: usize) -> Result<Vec<IdRecord>, SnapshotEr
         return Err(corrupt(format!("{} bytes after its {count} records", f.0.len())));
     }
     Ok(records)
+}
+
+/// A record's `n` amounts, where the contract has `aggs`: each a tag, 0
+/// for nothing given, or one whose mantissa `mantissa` reads (`None` for
+/// a tag it does not know), then a scale (u8).
+fn read_given(
+    f: &mut Fields<'_>,
+    n: usize,
+    aggs: usize,
+    mut mantissa: impl FnMut(&mut Fields<'_>, u8) -> Result<Option<i128>, SnapshotError>,
+) -> Result<Box<[Option<rust_decimal::Decimal>]>, SnapshotError> {
+    let corrupt = |what: String| SnapshotError::Corrupt(format!("an id batch: {what}"));
+    if n != aggs {
+        return Err(corrupt(format!("a record gives {n} aggregates where the contract has {aggs}")));
+    }
+    let mut given = Vec::with_capacity(n);
+    for _ in 0..n {
+        let tag = f.u8()?;
+        if tag == 0 {
+            given.push(None);
+            continue;
+        }
+        let Some(m) = mantissa(f, tag)? else { return Err(corrupt(format!("an amount tagged {tag}"))) };
+        let d = rust_decimal::Decimal::try_from_i128_with_scale(m, f.u8()?.into())
+            .map_err(|e| corrupt(format!("an amount given: {e}")))?;
+        given.push(Some(d));
+    }
+    Ok(given.into_boxed_slice())
 }
 
 /// The records after [`COMPACT_MARK`].
@@ -612,25 +625,12 @@ fn decode_compact(rest: &[u8], aggs: usize) -> Result<Vec<IdRecord>, SnapshotErr
             _ => counted_until,
         };
         let n = f.varint(16)? as usize;
-        if n != aggs {
-            return Err(corrupt(format!("a record gives {n} aggregates where the contract has {aggs}")));
-        }
-        let mut given = Vec::with_capacity(n);
-        for _ in 0..n {
-            given.push(match f.u8()? {
-                0 => None,
-                1 => {
-                    let mantissa = f.var_i128()?;
-                    let scale = f.u8()?;
-                    let d = rust_decimal::Decimal::try_from_i128_with_scale(mantissa, scale.into())
-                        .map_err(|e| corrupt(format!("an amount given: {e}")))?;
-                    Some(d)
-                }
-                t => return Err(corrupt(format!("an amount tagged {t}"))),
-            });
-        }
+        let given = read_given(&mut f, n, aggs, |f, tag| match tag {
+            1 => f.var_i128().map(Some),
+            _ => Ok(None),
+        })?;
         let seen = Seen { partition, offset, payload_hash, expires };
-        let counted = Counted { time, window, wm_at, given: given.into_boxed_slice(), keep_until: counted_until };
+        let counted = Counted { time, window, wm_at, given, keep_until: counted_until };
         records.push(IdRecord { id, keep_until, entry: Some((seen, counted)) });
     }
     if !f.0.is_empty() {

@@ -468,7 +468,8 @@ pub fn candidate(events: u64, early: bool) -> Result<(), Failure> {
     let agent = crate::client::agent();
     let built = loop {
         if let Some(s) = version_status(&agent, &server, 2) {
-            let checkpointed = s["checkpoint_age_ms"].as_i64().is_some();
+            // Built once it has read every event and its last checkpoint has committed.
+            let checkpointed = s["checkpoint_age_ms"].as_i64().is_some() && s["unsaved"] == false;
             if s["events"]["read"].as_u64() >= Some(events) && s["lag_records"] == 0 && checkpointed {
                 break started.elapsed().as_secs_f64();
             }
