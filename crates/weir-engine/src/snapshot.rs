@@ -524,7 +524,7 @@ impl Fields<'_> {
     }
 }
 
-/// The records of an id batch under corrections, in either encoding;
+/// The records of an id batch under corrections, in any of its three encodings (postcard, fixed, compact);
 /// `aggs` bounds what a record may say it gave.
 fn decode_records(batch: &[u8], aggs: usize) -> Result<Vec<IdRecord>, SnapshotError> {
     if let Some(rest) = batch.strip_prefix(&COMPACT_MARK) {
@@ -864,7 +864,7 @@ mod tests {
     }
 
     #[test]
-    fn an_id_batch_under_corrections_reads_the_same_in_either_encoding_and_damage_is_an_error() {
+    fn an_id_batch_under_corrections_reads_the_same_in_each_encoding_and_damage_is_an_error() {
         let text = "[pipeline]\nname = \"p\"\nversion = 1\nowner = \"o\"\nsteward = \"s\"\ndecision = \"d\"\n\
             [source]\ntopic = \"t\"\nevent_time = \"t\"\nkey = [\"k\"]\nevent_id = \"id\"\n\
             where = '!has(status) || status != \"void\"'\n\
